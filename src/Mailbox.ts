@@ -1,0 +1,337 @@
+/**
+ * Mailbox: an at-least-once queue with SQS semantics, the interface every
+ * backend implements (`MailboxMemory`, `MailboxSql`).
+ *
+ * A received message stays invisible to other receivers for its visibility
+ * timeout; the worker then acknowledges it (done), nacks it (give it back,
+ * optionally after a delay) or extends its visibility (still working). If the
+ * worker does none of these in time, the message becomes visible again and is
+ * redelivered with a higher `deliveryCount`. Each delivery gets a fresh,
+ * unguessable receipt handle that is valid only while that delivery's
+ * visibility lasts, so a worker that lost its lease cannot touch the message.
+ *
+ * Replies go to the mailbox named by `replyTo`, found through the
+ * `MailboxResolver` service. Option validation lives here so that every
+ * backend refuses the same inputs with the same `InvalidParameterError`.
+ */
+import * as Context from "effect/Context"
+import type * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Layer from "effect/Layer"
+import type * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
+import * as Durations from "./internal/duration.js"
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/** The receipt handle is stale: the delivery's visibility expired, or it was acknowledged, nacked or purged. */
+export class ReceiptHandleExpiredError extends Schema.TaggedError<ReceiptHandleExpiredError>()(
+  "ReceiptHandleExpiredError",
+  { mailbox: Schema.String, messageId: Schema.String, receiptHandle: Schema.String }
+) {
+  override get message(): string {
+    return `Receipt handle for message ${this.messageId} in mailbox "${this.mailbox}" has expired ` +
+      "(visibility timed out, or the message was already acknowledged, nacked or purged)"
+  }
+}
+
+/** The mailbox holds `maxSize` unacknowledged messages already. */
+export class MailboxFullError extends Schema.TaggedError<MailboxFullError>()("MailboxFullError", {
+  mailbox: Schema.String,
+  maxSize: Schema.Number
+}) {
+  override get message(): string {
+    return `Mailbox "${this.mailbox}" is full (maxSize ${this.maxSize})`
+  }
+}
+
+/** An option is out of range or malformed; `parameter` names it and `reason` says what is allowed. */
+export class InvalidParameterError extends Schema.TaggedError<InvalidParameterError>()("InvalidParameterError", {
+  parameter: Schema.String,
+  value: Schema.Unknown,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `Invalid ${this.parameter} ${formatValue(this.value)}: ${this.reason}`
+  }
+}
+
+/** `reply` was called on a message without `replyTo`. */
+export class ReplyNotAvailableError extends Schema.TaggedError<ReplyNotAvailableError>()("ReplyNotAvailableError", {
+  messageId: Schema.String
+}) {
+  override get message(): string {
+    return `Message ${this.messageId} has no replyTo mailbox to reply to`
+  }
+}
+
+/** `reply` was called after this delivery was acknowledged or nacked. */
+export class MessageFinalizedError extends Schema.TaggedError<MessageFinalizedError>()("MessageFinalizedError", {
+  messageId: Schema.String
+}) {
+  override get message(): string {
+    return `Message ${this.messageId} was already acknowledged or nacked: reply before settling it`
+  }
+}
+
+/** No mailbox answers to `name`. */
+export class MailboxResolutionError extends Schema.TaggedError<MailboxResolutionError>()("MailboxResolutionError", {
+  name: Schema.String
+}) {
+  override get message(): string {
+    return `No mailbox named "${this.name}" is known to the MailboxResolver`
+  }
+}
+
+/** A body could not be encoded for storage or decoded from it. */
+export class SerializationError extends Schema.TaggedError<SerializationError>()("SerializationError", {
+  mailbox: Schema.String,
+  messageId: Schema.optional(Schema.String),
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `Cannot serialize a body in mailbox "${this.mailbox}": ${this.reason}`
+  }
+}
+
+/** The backing store cannot be reached. */
+export class MailboxConnectionError extends Schema.TaggedError<MailboxConnectionError>()("MailboxConnectionError", {
+  mailbox: Schema.String,
+  cause: Schema.Defect
+}) {
+  override get message(): string {
+    return `Mailbox "${this.mailbox}" cannot reach its store: ${String(this.cause)}`
+  }
+}
+
+/** The mailbox was closed; it accepts no more messages. */
+export class MailboxClosedError extends Schema.TaggedError<MailboxClosedError>()("MailboxClosedError", {
+  mailbox: Schema.String
+}) {
+  override get message(): string {
+    return `Mailbox "${this.mailbox}" is closed`
+  }
+}
+
+const formatValue = (value: unknown): string => {
+  if (Duration.isDuration(value)) return Duration.format(value)
+  try {
+    return JSON.stringify(value) ?? String(value)
+  } catch {
+    return String(value)
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Interfaces
+// ---------------------------------------------------------------------------
+
+/** Options of `send`. */
+export interface SendOptions {
+  /** Name of the mailbox that replies go to. */
+  readonly replyTo?: string | undefined
+  /** Keep the message invisible this long after sending (0..15 min, default 0). */
+  readonly delay?: Duration.DurationInput | undefined
+}
+
+/** Options of `receive`. */
+export interface ReceiveOptions {
+  /** At most this many messages (clamped to 1..10, default 1). */
+  readonly maxMessages?: number | undefined
+  /** How long received messages stay invisible to others (0..12 h, default 30 s). */
+  readonly visibilityTimeout?: Duration.DurationInput | undefined
+  /** Long poll: wait up to this long for a message (0..20 s, default 0). */
+  readonly waitTime?: Duration.DurationInput | undefined
+}
+
+/** Errors of `send`. */
+export type SendError =
+  | MailboxClosedError
+  | MailboxFullError
+  | InvalidParameterError
+  | SerializationError
+  | MailboxConnectionError
+
+/** Errors a stored-state operation on a delivery can give. */
+export type SettleError = ReceiptHandleExpiredError | MailboxConnectionError
+
+/** Errors of `reply`. */
+export type ReplyError =
+  | ReplyNotAvailableError
+  | MessageFinalizedError
+  | MailboxResolutionError
+  | MailboxFullError
+  | MailboxClosedError
+  | InvalidParameterError
+  | SerializationError
+  | MailboxConnectionError
+
+/** One delivery of a message. */
+export interface Message<A, R = never> {
+  readonly id: string
+  readonly body: A
+  /** New on every delivery, unguessable; valid while this delivery's visibility lasts. */
+  readonly receiptHandle: string
+  /** 1 on the first delivery. */
+  readonly deliveryCount: number
+  readonly enqueuedAt: DateTime.Utc
+  readonly replyTo: Option.Option<string>
+  /** Deletes the message: it will not be delivered again. */
+  readonly acknowledge: Effect.Effect<void, SettleError>
+  /** Gives the message back, visible again after `visibilityTimeout` (0..12 h, default 0); kills this handle. */
+  readonly nack: (
+    visibilityTimeout?: Duration.DurationInput
+  ) => Effect.Effect<void, SettleError | InvalidParameterError>
+  /** Keeps the message invisible for `timeout` from now (0..12 h). */
+  readonly extendVisibility: (
+    timeout: Duration.DurationInput
+  ) => Effect.Effect<void, SettleError | InvalidParameterError>
+  /** Sends `body` to the `replyTo` mailbox; must come before acknowledge / nack. */
+  readonly reply: (body: R) => Effect.Effect<string, ReplyError, MailboxResolver>
+}
+
+/** An at-least-once queue of `A` whose replies carry `R`. */
+export interface Mailbox<A, R = never> {
+  readonly name: string
+  /** Enqueues `body` and returns the new message's id. */
+  readonly send: (
+    body: A,
+    options?: SendOptions
+  ) => Effect.Effect<string, SendError>
+  /** Receives up to `maxMessages` visible messages, first deliveries in enqueue order. */
+  readonly receive: (
+    options?: ReceiveOptions
+  ) => Effect.Effect<ReadonlyArray<Message<A, R>>, InvalidParameterError | MailboxConnectionError>
+  /** Deletes every unacknowledged message; returns how many. */
+  readonly purge: Effect.Effect<number, MailboxConnectionError>
+  /** Messages not yet acknowledged: visible, delayed or in flight. */
+  readonly approximateCount: Effect.Effect<number, MailboxConnectionError>
+  /** Refuses further sends and wakes blocked receivers; later receives return empty. */
+  readonly close: Effect.Effect<void>
+  readonly isClosed: Effect.Effect<boolean>
+}
+
+// ---------------------------------------------------------------------------
+// Option validation, shared by every backend
+// ---------------------------------------------------------------------------
+
+/** Limits every backend enforces (SQS's). */
+export const limits = {
+  maxDelay: Duration.minutes(15),
+  maxVisibilityTimeout: Duration.hours(12),
+  maxWaitTime: Duration.seconds(20),
+  maxMessages: 10,
+  defaultVisibilityTimeout: Duration.seconds(30)
+} as const
+
+/** Decodes a duration option and checks it lies in `0..max`. */
+export const validateDuration = (
+  parameter: string,
+  input: Duration.DurationInput | undefined,
+  fallback: Duration.Duration,
+  max: Duration.Duration
+): Either.Either<Duration.Duration, InvalidParameterError> => {
+  if (input === undefined) return Either.right(fallback)
+  const parsed = Durations.parse(input)
+  if (Either.isLeft(parsed)) {
+    return Either.left(new InvalidParameterError({ parameter, value: input, reason: parsed.left }))
+  }
+  if (Duration.greaterThan(parsed.right, max)) {
+    return Either.left(
+      new InvalidParameterError({ parameter, value: input, reason: `must be between 0 and ${Duration.format(max)}` })
+    )
+  }
+  return Either.right(parsed.right)
+}
+
+/** `receive` options after validation. */
+export interface ValidReceiveOptions {
+  readonly maxMessages: number
+  readonly visibilityTimeout: Duration.Duration
+  readonly waitTime: Duration.Duration
+}
+
+const defaultReceive: Either.Either<ValidReceiveOptions, InvalidParameterError> = Either.right({
+  maxMessages: 1,
+  visibilityTimeout: limits.defaultVisibilityTimeout,
+  waitTime: Duration.zero
+})
+
+/** Validates `receive` options: durations out of range fail, `maxMessages` is clamped to 1..10. */
+export const validateReceiveOptions = (
+  options: ReceiveOptions | undefined
+): Either.Either<ValidReceiveOptions, InvalidParameterError> => {
+  if (options === undefined) return defaultReceive
+  const requested = options.maxMessages ?? 1
+  if (typeof requested !== "number" || Number.isNaN(requested)) {
+    return Either.left(
+      new InvalidParameterError({ parameter: "maxMessages", value: requested, reason: "must be a number" })
+    )
+  }
+  const maxMessages = Math.min(limits.maxMessages, Math.max(1, Math.floor(requested)))
+  return Either.flatMap(
+    validateDuration(
+      "visibilityTimeout",
+      options.visibilityTimeout,
+      limits.defaultVisibilityTimeout,
+      limits.maxVisibilityTimeout
+    ),
+    (visibilityTimeout) =>
+      Either.map(
+        validateDuration("waitTime", options.waitTime, Duration.zero, limits.maxWaitTime),
+        (waitTime) => ({ maxMessages, visibilityTimeout, waitTime })
+      )
+  )
+}
+
+/** Validates the `delay` of `send` (0..15 min). */
+export const validateDelay = (
+  delay: Duration.DurationInput | undefined
+): Either.Either<Duration.Duration, InvalidParameterError> =>
+  validateDuration("delay", delay, Duration.zero, limits.maxDelay)
+
+/** Validates the timeout of `nack` / `extendVisibility` (0..12 h). */
+export const validateVisibility = (
+  parameter: string,
+  timeout: Duration.DurationInput | undefined
+): Either.Either<Duration.Duration, InvalidParameterError> =>
+  validateDuration(parameter, timeout, Duration.zero, limits.maxVisibilityTimeout)
+
+// ---------------------------------------------------------------------------
+// Resolver
+// ---------------------------------------------------------------------------
+
+/** Where a reply can be sent: any mailbox, seen only through `send`. */
+export interface ReplyTarget {
+  readonly name: string
+  readonly send: (body: unknown, options?: SendOptions) => Effect.Effect<string, SendError>
+}
+
+/** Finds the mailbox a reply goes to, by name. */
+export class MailboxResolver extends Context.Tag("leasehold/MailboxResolver")<MailboxResolver, {
+  readonly resolve: (name: string) => Effect.Effect<ReplyTarget, MailboxResolutionError>
+}>() {
+  /** A resolver over a fixed set of mailboxes (the reply body is trusted to match the target's type). */
+  static fromMailboxes(
+    ...mailboxes: ReadonlyArray<{ readonly name: string; readonly send: Mailbox<never>["send"] }>
+  ): MailboxResolver["Type"] {
+    const byName = new Map(mailboxes.map((mailbox) => [mailbox.name, mailbox as ReplyTarget]))
+    return {
+      resolve: (name) => {
+        const found = byName.get(name)
+        return found === undefined ? Effect.fail(new MailboxResolutionError({ name })) : Effect.succeed(found)
+      }
+    }
+  }
+
+  /** A layer with `fromMailboxes`. */
+  static layer(
+    ...mailboxes: ReadonlyArray<{ readonly name: string; readonly send: Mailbox<never>["send"] }>
+  ): Layer.Layer<MailboxResolver> {
+    return Layer.succeed(MailboxResolver, MailboxResolver.fromMailboxes(...mailboxes))
+  }
+}

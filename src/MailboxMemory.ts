@@ -1,0 +1,320 @@
+/**
+ * MailboxMemory: the in-memory `Mailbox` backend, for tests, demos and a
+ * single process.
+ *
+ * Every state change happens inside one synchronous step, so fibers never see
+ * a half-applied change. Visibility is computed from `Clock`: a message whose
+ * visibility ran out is visible again the next time anyone looks — there is no
+ * reaper fiber, and `TestClock.adjust` alone redelivers. Visible messages wait
+ * in a FIFO; hidden ones (in flight or delayed) sit in a min-heap keyed by the
+ * time they become visible, with stale heap entries skipped lazily.
+ *
+ * Long polls arm a wake-up signal in the same step that finds the queue empty,
+ * then sleep until the signal (a send, nack or close), the next visibility
+ * expiry or the end of the wait, whichever comes first.
+ */
+import * as DateTime from "effect/DateTime"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
+import * as FiberId from "effect/FiberId"
+import * as Option from "effect/Option"
+import type * as Scope from "effect/Scope"
+import { randomUUID } from "node:crypto"
+import { MinHeap } from "./internal/heap.js"
+import {
+  InvalidParameterError,
+  type Mailbox,
+  MailboxClosedError,
+  MailboxFullError,
+  MailboxResolver,
+  type Message,
+  MessageFinalizedError,
+  ReceiptHandleExpiredError,
+  type ReplyError,
+  ReplyNotAvailableError,
+  validateDelay,
+  validateReceiveOptions,
+  validateVisibility
+} from "./Mailbox.js"
+
+interface Entry<A> {
+  readonly id: string
+  readonly body: A
+  readonly enqueuedAt: DateTime.Utc
+  readonly replyTo: Option.Option<string>
+  deliveryCount: number
+  state: "ready" | "hidden" | "deleted"
+  /** While hidden: when it becomes visible again (epoch ms). */
+  visibleAt: number
+  /** While hidden by a receive: the current delivery's handle. */
+  receiptHandle: string | undefined
+}
+
+class Store<A> {
+  readonly entries = new Map<string, Entry<A>>()
+  readonly hidden = new MinHeap<Entry<A>>()
+  private ready: Array<Entry<A>> = []
+  private head = 0
+  closed = false
+  private signal: Deferred.Deferred<void> | undefined
+
+  enqueueReady(entry: Entry<A>): void {
+    entry.state = "ready"
+    entry.receiptHandle = undefined
+    this.ready.push(entry)
+  }
+
+  hide(entry: Entry<A>, visibleAt: number): void {
+    entry.state = "hidden"
+    entry.visibleAt = visibleAt
+    this.hidden.push(visibleAt, entry)
+  }
+
+  /** Moves every hidden entry whose time has come to the visible queue. */
+  promote(now: number): void {
+    for (let key = this.hidden.peekKey(); key !== undefined && key <= now; key = this.hidden.peekKey()) {
+      const entry = this.hidden.pop()!
+      // Stale heap node: the entry was extended, nacked, received again or deleted since.
+      if (entry.state === "hidden" && entry.visibleAt <= now) this.enqueueReady(entry)
+    }
+  }
+
+  /** Takes the next visible entry, skipping ones that changed state while queued. */
+  takeReady(): Entry<A> | undefined {
+    while (this.head < this.ready.length) {
+      const entry = this.ready[this.head++]!
+      if (entry.state === "ready") {
+        if (this.head > 1024 && this.head * 2 > this.ready.length) {
+          this.ready = this.ready.slice(this.head)
+          this.head = 0
+        }
+        return entry
+      }
+    }
+    if (this.head > 0) {
+      this.ready = []
+      this.head = 0
+    }
+    return undefined
+  }
+
+  purge(): number {
+    const count = this.entries.size
+    for (const entry of this.entries.values()) entry.state = "deleted"
+    this.entries.clear()
+    this.hidden.clear()
+    this.ready = []
+    this.head = 0
+    return count
+  }
+
+  /** The signal a waiting receiver sleeps on; armed in the same step that found nothing. */
+  arm(): Deferred.Deferred<void> {
+    return this.signal ??= Deferred.unsafeMake<void>(FiberId.none)
+  }
+
+  wake(): void {
+    if (this.signal !== undefined) {
+      Deferred.unsafeDone(this.signal, Exit.void)
+      this.signal = undefined
+    }
+  }
+}
+
+class MemoryMessage<A, R> implements Message<A, R> {
+  private finalized = false
+  constructor(
+    private readonly mailbox: string,
+    private readonly store: Store<A>,
+    private readonly entry: Entry<A>,
+    readonly receiptHandle: string,
+    readonly deliveryCount: number
+  ) {}
+
+  get id(): string {
+    return this.entry.id
+  }
+  get body(): A {
+    return this.entry.body
+  }
+  get enqueuedAt(): DateTime.Utc {
+    return this.entry.enqueuedAt
+  }
+  get replyTo(): Option.Option<string> {
+    return this.entry.replyTo
+  }
+
+  /** Runs `f` on the entry if this delivery's handle is still valid, else fails with the expired handle. */
+  private settle<B>(f: (entry: Entry<A>, now: number) => B): Effect.Effect<B, ReceiptHandleExpiredError> {
+    return Effect.clockWith((clock) =>
+      Effect.suspend(() => {
+        const now = clock.unsafeCurrentTimeMillis()
+        const entry = this.entry
+        if (entry.state !== "hidden" || entry.receiptHandle !== this.receiptHandle || now >= entry.visibleAt) {
+          return Effect.fail(
+            new ReceiptHandleExpiredError({
+              mailbox: this.mailbox,
+              messageId: entry.id,
+              receiptHandle: this.receiptHandle
+            })
+          )
+        }
+        return Effect.succeed(f(entry, now))
+      })
+    )
+  }
+
+  get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError> {
+    return this.settle((entry) => {
+      entry.state = "deleted"
+      this.store.entries.delete(entry.id)
+      this.finalized = true
+    })
+  }
+
+  nack(
+    visibilityTimeout?: Duration.DurationInput
+  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError> {
+    return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
+      onLeft: Effect.fail,
+      onRight: (timeout) =>
+        this.settle((entry, now) => {
+          this.finalized = true
+          entry.receiptHandle = undefined
+          if (Duration.isZero(timeout)) this.store.enqueueReady(entry)
+          else this.store.hide(entry, now + Duration.toMillis(timeout))
+          this.store.wake()
+        })
+    })
+  }
+
+  extendVisibility(
+    timeout: Duration.DurationInput
+  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError> {
+    return Either.match(validateVisibility("timeout", timeout), {
+      onLeft: Effect.fail,
+      onRight: (timeout) =>
+        this.settle((entry, now) => {
+          this.store.hide(entry, now + Duration.toMillis(timeout))
+        })
+    })
+  }
+
+  reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
+    return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
+      if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.entry.id }))
+      const replyTo = this.entry.replyTo
+      if (Option.isNone(replyTo)) return Effect.fail(new ReplyNotAvailableError({ messageId: this.entry.id }))
+      return Effect.flatMap(
+        MailboxResolver,
+        (resolver) => Effect.flatMap(resolver.resolve(replyTo.value), (target) => target.send(body))
+      )
+    })
+  }
+}
+
+/**
+ * Makes an in-memory mailbox, closed when the scope closes. `maxSize` bounds
+ * the unacknowledged messages (sends beyond it fail `MailboxFullError`); a
+ * `maxSize` that is not a positive integer, or an empty name, is a defect.
+ */
+export const make = <A, R = never>(options: {
+  readonly name: string
+  readonly maxSize?: number | undefined
+}): Effect.Effect<Mailbox<A, R>, never, Scope.Scope> => {
+  const { maxSize, name } = options
+  if (typeof name !== "string" || name.length === 0) {
+    return Effect.die(
+      new InvalidParameterError({ parameter: "name", value: name, reason: "must be a non-empty string" })
+    )
+  }
+  if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && maxSize > 0)) {
+    return Effect.die(
+      new InvalidParameterError({ parameter: "maxSize", value: maxSize, reason: "must be a positive integer" })
+    )
+  }
+  return Effect.suspend(() => {
+    const store = new Store<A>()
+
+    const send: Mailbox<A, R>["send"] = (body, sendOptions) =>
+      Either.match(validateDelay(sendOptions?.delay), {
+        onLeft: Effect.fail,
+        onRight: (delay) =>
+          Effect.clockWith((clock) =>
+            Effect.suspend((): Effect.Effect<string, MailboxClosedError | MailboxFullError> => {
+              if (store.closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
+              if (maxSize !== undefined && store.entries.size >= maxSize) {
+                return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
+              }
+              const now = clock.unsafeCurrentTimeMillis()
+              const entry: Entry<A> = {
+                id: randomUUID(),
+                body,
+                enqueuedAt: DateTime.unsafeMake(now),
+                replyTo: Option.fromNullable(sendOptions?.replyTo),
+                deliveryCount: 0,
+                state: "ready",
+                visibleAt: now,
+                receiptHandle: undefined
+              }
+              store.entries.set(entry.id, entry)
+              if (Duration.isZero(delay)) store.enqueueReady(entry)
+              else store.hide(entry, now + Duration.toMillis(delay))
+              store.wake()
+              return Effect.succeed(entry.id)
+            })
+          )
+      })
+
+    const receive: Mailbox<A, R>["receive"] = (receiveOptions) =>
+      Either.match(validateReceiveOptions(receiveOptions), {
+        onLeft: Effect.fail,
+        onRight: ({ maxMessages, visibilityTimeout, waitTime }) =>
+          Effect.clockWith((clock) => {
+            const visibilityMillis = Duration.toMillis(visibilityTimeout)
+            const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
+            const attempt: Effect.Effect<ReadonlyArray<Message<A, R>>> = Effect.suspend(() => {
+              if (store.closed) return Effect.succeed([])
+              const now = clock.unsafeCurrentTimeMillis()
+              store.promote(now)
+              const received: Array<Message<A, R>> = []
+              while (received.length < maxMessages) {
+                const entry = store.takeReady()
+                if (entry === undefined) break
+                entry.deliveryCount++
+                const handle = randomUUID()
+                entry.receiptHandle = handle
+                store.hide(entry, now + visibilityMillis)
+                received.push(new MemoryMessage<A, R>(name, store, entry, handle, entry.deliveryCount))
+              }
+              if (received.length > 0 || now >= waitUntil) return Effect.succeed(received)
+              const signal = store.arm()
+              const nextVisible = store.hidden.peekKey()
+              const sleepUntil = nextVisible === undefined ? waitUntil : Math.min(waitUntil, nextVisible)
+              return Effect.zipRight(
+                Effect.race(Deferred.await(signal), Effect.sleep(Duration.millis(Math.max(0, sleepUntil - now)))),
+                attempt
+              )
+            })
+            return attempt
+          })
+      })
+
+    const mailbox: Mailbox<A, R> = {
+      name,
+      send,
+      receive: (options) => Effect.withSpan(receive(options), "Mailbox.receive", { attributes: { mailbox: name } }),
+      purge: Effect.sync(() => store.purge()),
+      approximateCount: Effect.sync(() => store.entries.size),
+      close: Effect.sync(() => {
+        store.closed = true
+        store.wake()
+      }),
+      isClosed: Effect.sync(() => store.closed)
+    }
+    return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
+  })
+}

@@ -1,0 +1,144 @@
+/**
+ * Watchdog: notices a worker loop that stopped beating and acts on it.
+ *
+ * Each registered loop has a `Heartbeat`. On every tick of its `Schedule` the
+ * watchdog reads how long ago each one beat; one older than `threshold` is a
+ * stall: it is logged at error level with the loop's name, then the
+ * configured action runs once for that stall. The default action exits the
+ * process: a fiber that is stuck cannot be trusted to honour a graceful stop,
+ * and its messages come back by themselves once their leases run out. A beat
+ * clears the stall, so a later stall acts again.
+ */
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Metric from "effect/Metric"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
+import type * as Heartbeat from "./Heartbeat.js"
+import { DurationFromInput } from "./internal/duration.js"
+
+/** When a heartbeat counts as stalled, and how often to look. */
+export class WatchdogConfig extends Schema.Class<WatchdogConfig>("leasehold/WatchdogConfig")({
+  /** A heartbeat older than this is a stall (default 720 s). */
+  threshold: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(720) }),
+  /** Time between checks when no schedule is given (default 60 s). */
+  interval: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(60) })
+}) {}
+
+/** A loop whose heartbeat is older than the threshold. */
+export interface Stall {
+  readonly name: string
+  readonly elapsed: Duration.Duration
+}
+
+/** What to do about stalls. */
+export type StallAction = (stalls: ReadonlyArray<Stall>) => Effect.Effect<void>
+
+/** Exits the process with code 1 — the default action. */
+export const exitProcess: StallAction = () => Effect.sync(() => process.exit(1))
+
+/** Watches named heartbeats. */
+export interface Watchdog {
+  readonly config: WatchdogConfig
+  /** Watches `heartbeat` under `name` until the scope closes. */
+  readonly register: (name: string, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void, never, Scope.Scope>
+  /** Checks every heartbeat once: logs and acts on new stalls, returns every current stall. */
+  readonly check: Effect.Effect<ReadonlyArray<Stall>>
+  /** Starts the periodic check in the scope; a second call while running does nothing. */
+  readonly start: Effect.Effect<void, never, Scope.Scope>
+  /** Names of the loops currently stalled. */
+  readonly stalled: Effect.Effect<ReadonlyArray<string>>
+}
+
+/** Stalls detected. */
+export const stallsDetected = Metric.counter("leasehold_watchdog_stalls_total", {
+  description: "Heartbeat stalls detected by the watchdog"
+})
+
+/** Makes a watchdog; bad config fails with a readable `ParseError`. */
+export const make = (options?: {
+  readonly threshold?: Duration.DurationInput
+  readonly interval?: Duration.DurationInput
+  /** When to check; defaults to `Schedule.spaced(interval)`. */
+  readonly schedule?: Schedule.Schedule<unknown>
+  /** What to do about new stalls; defaults to `exitProcess`. */
+  readonly onStall?: StallAction
+}): Effect.Effect<Watchdog, ParseResult.ParseError> =>
+  Effect.map(
+    Schema.decodeUnknown(WatchdogConfig)({
+      ...(options?.threshold !== undefined ? { threshold: options.threshold } : {}),
+      ...(options?.interval !== undefined ? { interval: options.interval } : {})
+    }),
+    (config): Watchdog => {
+      const thresholdMillis = Duration.toMillis(config.threshold)
+      const onStall = options?.onStall ?? exitProcess
+      const schedule = options?.schedule ?? Schedule.spaced(config.interval)
+      const watched = new Map<string, Heartbeat.Heartbeat>()
+      const stalled = new Set<string>()
+      let started = false
+
+      const register = (name: string, heartbeat: Heartbeat.Heartbeat) =>
+        Effect.acquireRelease(
+          Effect.sync(() => {
+            watched.set(name, heartbeat)
+          }),
+          () =>
+            Effect.sync(() => {
+              if (watched.get(name) === heartbeat) watched.delete(name)
+              stalled.delete(name)
+            })
+        )
+
+      const check = Effect.gen(function*() {
+        const stalls: Array<Stall> = []
+        const fresh: Array<Stall> = []
+        for (const [name, heartbeat] of watched) {
+          const elapsed = yield* heartbeat.elapsed
+          if (Duration.toMillis(elapsed) > thresholdMillis) {
+            const stall = { name, elapsed }
+            stalls.push(stall)
+            if (!stalled.has(name)) fresh.push(stall)
+          } else {
+            stalled.delete(name)
+          }
+        }
+        if (fresh.length > 0) {
+          for (const stall of fresh) {
+            stalled.add(stall.name)
+            yield* Effect.logError(
+              `Loop "${stall.name}" has not beaten for ${Duration.format(stall.elapsed)} ` +
+                `(threshold ${Duration.format(config.threshold)}): it is stuck`
+            ).pipe(Effect.annotateLogs({ loop: stall.name }))
+          }
+          yield* Metric.incrementBy(stallsDetected, fresh.length)
+          yield* onStall(fresh)
+        }
+        return stalls
+      }).pipe(Effect.annotateLogs({ module: "Watchdog" }))
+
+      const start = Effect.suspend(() => {
+        if (started) return Effect.void
+        started = true
+        return check.pipe(
+          Effect.catchAllCause((cause) => Effect.logError("Watchdog check failed", cause)),
+          Effect.repeat(schedule),
+          Effect.ensuring(Effect.sync(() => {
+            started = false
+          })),
+          Effect.interruptible,
+          Effect.forkScoped,
+          Effect.asVoid
+        )
+      })
+
+      return {
+        config,
+        register,
+        check,
+        start,
+        stalled: Effect.sync(() => [...stalled])
+      }
+    }
+  )

@@ -1,0 +1,11 @@
+/**
+ * leasehold — long-running workers on at-least-once queues, in Effect.
+ * Each module is one concept; see README.md for a tour.
+ */
+export * as Budget from "./Budget.js"
+export * as Deadline from "./Deadline.js"
+export * as Heartbeat from "./Heartbeat.js"
+export * as LeaseExtender from "./LeaseExtender.js"
+export * as Mailbox from "./Mailbox.js"
+export * as MailboxMemory from "./MailboxMemory.js"
+export * as Watchdog from "./Watchdog.js"
