@@ -6,6 +6,10 @@
  * beat — the `LeaseExtender` uses one to extend a message's visibility only
  * while work really happens. Listeners run in registration order before
  * `beat` returns; one that fails is logged and does not stop the others.
+ *
+ * Beats are frequent (every tool call, every loop iteration), so a listener
+ * that usually has nothing to do can register with `onBeatAt` and return
+ * `undefined`: such a beat then costs little more than the `Ref.set` itself.
  */
 import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
@@ -23,46 +27,69 @@ export interface Heartbeat {
   readonly lastBeatMillis: Effect.Effect<number>
   /** Runs `listener` on every beat until the scope closes. */
   readonly onBeat: (listener: Effect.Effect<void>) => Effect.Effect<void, never, Scope.Scope>
+  /**
+   * Calls `listener` with the beat's time on every beat until the scope
+   * closes, and runs the effect it returns, if any.
+   */
+  readonly onBeatAt: (
+    listener: (beatAtMillis: number) => Effect.Effect<void> | undefined
+  ) => Effect.Effect<void, never, Scope.Scope>
 }
 
-const guard = (listener: Effect.Effect<void>): Effect.Effect<void> =>
-  Effect.catchAllCause(listener, (cause) => Effect.logWarning("Heartbeat listener failed", cause))
+type Listener = (beatAtMillis: number) => Effect.Effect<void> | undefined
+
+const guard = (effect: Effect.Effect<void>): Effect.Effect<void> =>
+  Effect.catchAllCause(effect, (cause) => Effect.logWarning("Heartbeat listener failed", cause))
+
+/** Calls every listener in order and collects the work they ask for, each guarded. */
+const collect = (listeners: ReadonlyArray<Listener>, now: number): Array<Effect.Effect<void>> | undefined => {
+  let work: Array<Effect.Effect<void>> | undefined
+  for (const listener of listeners) {
+    let effect: Effect.Effect<void> | undefined
+    try {
+      effect = listener(now)
+    } catch (defect) {
+      effect = Effect.die(defect)
+    }
+    if (effect !== undefined) (work ??= []).push(guard(effect))
+  }
+  return work
+}
 
 /** Makes a heartbeat whose first beat counts from now. */
 export const make: Effect.Effect<Heartbeat> = Effect.map(Clock.currentTimeMillis, (start) => {
   const last = Ref.unsafeMake(start)
   // Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go.
-  let listeners: ReadonlyArray<Effect.Effect<void>> = []
-  const runListeners = Effect.suspend(() => {
-    const current = listeners
-    switch (current.length) {
-      case 0:
-        return Effect.void
-      case 1:
-        return current[0]!
-      default:
-        return Effect.forEach(current, (listener) => listener, { discard: true })
-    }
-  })
+  let listeners: ReadonlyArray<Listener> = []
+
+  const onBeatAt = (listener: Listener) =>
+    Effect.acquireRelease(
+      Effect.sync(() => {
+        listeners = [...listeners, listener]
+      }),
+      () =>
+        Effect.sync(() => {
+          listeners = listeners.filter((l) => l !== listener)
+        })
+    )
+
   return {
-    beat: Effect.zipRight(Effect.flatMap(Clock.currentTimeMillis, (now) => Ref.set(last, now)), runListeners),
+    beat: Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      const current = listeners
+      if (current.length === 0) return Ref.set(last, now)
+      return Effect.flatMap(Ref.set(last, now), () => {
+        const work = collect(current, now)
+        if (work === undefined) return Effect.void
+        return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
+      })
+    }),
     elapsed: Effect.zipWith(
       Clock.currentTimeMillis,
       Ref.get(last),
       (now, at) => Duration.millis(Math.max(0, now - at))
     ),
     lastBeatMillis: Ref.get(last),
-    onBeat: (listener) => {
-      const guarded = guard(listener)
-      return Effect.acquireRelease(
-        Effect.sync(() => {
-          listeners = [...listeners, guarded]
-        }),
-        () =>
-          Effect.sync(() => {
-            listeners = listeners.filter((l) => l !== guarded)
-          })
-      )
-    }
+    onBeat: (listener) => onBeatAt(() => listener),
+    onBeatAt
   }
 })

@@ -110,21 +110,16 @@ export const make = (
         Effect.annotateLogs({ module: "LeaseExtender", messageId: attachment.message.id })
       )
 
-    const onBeat = (attachment: Attachment) =>
-      Effect.clockWith((clock) =>
-        Effect.suspend(() => {
-          if (current !== attachment || attachment.extending) return Effect.void
-          const now = clock.unsafeCurrentTimeMillis()
-          if (attachment.lastExtension !== undefined && now - attachment.lastExtension < intervalMillis) {
-            return Effect.void
-          }
-          attachment.extending = true
-          // A daemon, not a child of the beating fiber: the extension must finish even if that fiber moves on.
-          return Effect.map(Effect.forkDaemon(extend(attachment, now)), (fiber) => {
-            attachment.inFlight = fiber
-          })
-        })
-      )
+    // Called synchronously on every beat: the rate-limited path allocates no effect at all.
+    const onBeat = (attachment: Attachment) => (now: number): Effect.Effect<void> | undefined => {
+      if (current !== attachment || attachment.extending) return undefined
+      if (attachment.lastExtension !== undefined && now - attachment.lastExtension < intervalMillis) return undefined
+      attachment.extending = true
+      // A daemon, not a child of the beating fiber: the extension must finish even if that fiber moves on.
+      return Effect.map(Effect.forkDaemon(extend(attachment, now)), (fiber) => {
+        attachment.inFlight = fiber
+      })
+    }
 
     const attach = (message: Extendable, heartbeat: Heartbeat.Heartbeat) =>
       Effect.suspend(() => {
@@ -141,7 +136,7 @@ export const make = (
             return inFlight === undefined ? Effect.void : Effect.asVoid(Fiber.await(inFlight))
           })
         )
-        return Effect.zipRight(detach, heartbeat.onBeat(onBeat(attachment)))
+        return Effect.zipRight(detach, heartbeat.onBeatAt(onBeat(attachment)))
       })
 
     return {

@@ -3,7 +3,8 @@
  * single process.
  *
  * Every state change happens inside one synchronous step, so fibers never see
- * a half-applied change. Visibility is computed from `Clock`: a message whose
+ * a half-applied change. Visibility is computed from the `Clock` the mailbox
+ * was made with (so a mailbox made in a test runs on `TestClock`): a message whose
  * visibility ran out is visible again the next time anyone looks — there is no
  * reaper fiber, and `TestClock.adjust` alone redelivers. Visible messages wait
  * in a FIFO; hidden ones (in flight or delayed) sit in a min-heap keyed by the
@@ -13,6 +14,7 @@
  * then sleep until the signal (a send, nack or close), the next visibility
  * expiry or the end of the wait, whichever comes first.
  */
+import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -43,8 +45,8 @@ import {
 interface Entry<A> {
   readonly id: string
   readonly body: A
-  readonly enqueuedAt: DateTime.Utc
-  readonly replyTo: Option.Option<string>
+  readonly enqueuedAtMillis: number
+  readonly replyTo: string | undefined
   deliveryCount: number
   state: "ready" | "hidden" | "deleted"
   /** While hidden: when it becomes visible again (epoch ms). */
@@ -54,8 +56,10 @@ interface Entry<A> {
 }
 
 class Store<A> {
-  readonly entries = new Map<string, Entry<A>>()
-  readonly hidden = new MinHeap<Entry<A>>()
+  /** Unacknowledged entries: every one is either in `ready` or in `hidden`. */
+  live = 0
+  /** Hidden entries by visibility time; may hold stale nodes (see `promote`), compacted in `hide`. */
+  private hidden = new MinHeap<Entry<A>>()
   private ready: Array<Entry<A>> = []
   private head = 0
   closed = false
@@ -71,6 +75,26 @@ class Store<A> {
     entry.state = "hidden"
     entry.visibleAt = visibleAt
     this.hidden.push(visibleAt, entry)
+    // Acknowledged, extended and nacked entries leave stale nodes behind; rebuild before they dominate.
+    if (this.hidden.size > 1024 && this.hidden.size > 4 * this.live) this.compact()
+  }
+
+  private compact(): void {
+    const heap = new MinHeap<Entry<A>>()
+    this.hidden.forEach((key, entry) => {
+      if (entry.state === "hidden" && entry.visibleAt === key) heap.push(key, entry)
+    })
+    this.hidden = heap
+  }
+
+  delete(entry: Entry<A>): void {
+    entry.state = "deleted"
+    this.live--
+  }
+
+  /** When the next hidden entry may become visible (epoch ms), if any. */
+  nextVisibleAt(): number | undefined {
+    return this.hidden.peekKey()
   }
 
   /** Moves every hidden entry whose time has come to the visible queue. */
@@ -102,9 +126,12 @@ class Store<A> {
   }
 
   purge(): number {
-    const count = this.entries.size
-    for (const entry of this.entries.values()) entry.state = "deleted"
-    this.entries.clear()
+    const count = this.live
+    for (let i = this.head; i < this.ready.length; i++) this.ready[i]!.state = "deleted"
+    this.hidden.forEach((_, entry) => {
+      entry.state = "deleted"
+    })
+    this.live = 0
     this.hidden.clear()
     this.ready = []
     this.head = 0
@@ -128,6 +155,7 @@ class MemoryMessage<A, R> implements Message<A, R> {
   private finalized = false
   constructor(
     private readonly mailbox: string,
+    private readonly clock: Clock.Clock,
     private readonly store: Store<A>,
     private readonly entry: Entry<A>,
     readonly receiptHandle: string,
@@ -141,36 +169,34 @@ class MemoryMessage<A, R> implements Message<A, R> {
     return this.entry.body
   }
   get enqueuedAt(): DateTime.Utc {
-    return this.entry.enqueuedAt
+    return DateTime.unsafeMake(this.entry.enqueuedAtMillis)
   }
   get replyTo(): Option.Option<string> {
-    return this.entry.replyTo
+    return Option.fromNullable(this.entry.replyTo)
   }
 
   /** Runs `f` on the entry if this delivery's handle is still valid, else fails with the expired handle. */
-  private settle<B>(f: (entry: Entry<A>, now: number) => B): Effect.Effect<B, ReceiptHandleExpiredError> {
-    return Effect.clockWith((clock) =>
-      Effect.suspend(() => {
-        const now = clock.unsafeCurrentTimeMillis()
-        const entry = this.entry
-        if (entry.state !== "hidden" || entry.receiptHandle !== this.receiptHandle || now >= entry.visibleAt) {
-          return Effect.fail(
-            new ReceiptHandleExpiredError({
-              mailbox: this.mailbox,
-              messageId: entry.id,
-              receiptHandle: this.receiptHandle
-            })
-          )
-        }
-        return Effect.succeed(f(entry, now))
-      })
-    )
+  private settle(f: (entry: Entry<A>, now: number) => void): Effect.Effect<void, ReceiptHandleExpiredError> {
+    return Effect.suspend(() => {
+      const now = this.clock.unsafeCurrentTimeMillis()
+      const entry = this.entry
+      if (entry.state !== "hidden" || entry.receiptHandle !== this.receiptHandle || now >= entry.visibleAt) {
+        return Effect.fail(
+          new ReceiptHandleExpiredError({
+            mailbox: this.mailbox,
+            messageId: entry.id,
+            receiptHandle: this.receiptHandle
+          })
+        )
+      }
+      f(entry, now)
+      return Effect.void
+    })
   }
 
   get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError> {
     return this.settle((entry) => {
-      entry.state = "deleted"
-      this.store.entries.delete(entry.id)
+      this.store.delete(entry)
       this.finalized = true
     })
   }
@@ -207,10 +233,10 @@ class MemoryMessage<A, R> implements Message<A, R> {
     return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
       if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.entry.id }))
       const replyTo = this.entry.replyTo
-      if (Option.isNone(replyTo)) return Effect.fail(new ReplyNotAvailableError({ messageId: this.entry.id }))
+      if (replyTo === undefined) return Effect.fail(new ReplyNotAvailableError({ messageId: this.entry.id }))
       return Effect.flatMap(
         MailboxResolver,
-        (resolver) => Effect.flatMap(resolver.resolve(replyTo.value), (target) => target.send(body))
+        (resolver) => Effect.flatMap(resolver.resolve(replyTo), (target) => target.send(body))
       )
     })
   }
@@ -236,79 +262,101 @@ export const make = <A, R = never>(options: {
       new InvalidParameterError({ parameter: "maxSize", value: maxSize, reason: "must be a positive integer" })
     )
   }
-  return Effect.suspend(() => {
+  return Effect.flatMap(Effect.clock, (clock) => {
     const store = new Store<A>()
+    // Ids need to be unique, not secret (receipt handles are the secret): a random prefix and a counter.
+    const idPrefix = randomUUID().slice(0, 18)
+    let nextId = 0
 
     const send: Mailbox<A, R>["send"] = (body, sendOptions) =>
-      Either.match(validateDelay(sendOptions?.delay), {
-        onLeft: Effect.fail,
-        onRight: (delay) =>
-          Effect.clockWith((clock) =>
-            Effect.suspend((): Effect.Effect<string, MailboxClosedError | MailboxFullError> => {
-              if (store.closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-              if (maxSize !== undefined && store.entries.size >= maxSize) {
-                return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
-              }
-              const now = clock.unsafeCurrentTimeMillis()
-              const entry: Entry<A> = {
-                id: randomUUID(),
-                body,
-                enqueuedAt: DateTime.unsafeMake(now),
-                replyTo: Option.fromNullable(sendOptions?.replyTo),
-                deliveryCount: 0,
-                state: "ready",
-                visibleAt: now,
-                receiptHandle: undefined
-              }
-              store.entries.set(entry.id, entry)
-              if (Duration.isZero(delay)) store.enqueueReady(entry)
-              else store.hide(entry, now + Duration.toMillis(delay))
-              store.wake()
-              return Effect.succeed(entry.id)
-            })
-          )
+      Effect.suspend((): Effect.Effect<string, MailboxClosedError | MailboxFullError | InvalidParameterError> => {
+        let delayMillis = 0
+        if (sendOptions?.delay !== undefined) {
+          const delay = validateDelay(sendOptions.delay)
+          if (Either.isLeft(delay)) return Effect.fail(delay.left)
+          delayMillis = Duration.toMillis(delay.right)
+        }
+        if (store.closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
+        if (maxSize !== undefined && store.live >= maxSize) {
+          return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
+        }
+        const now = clock.unsafeCurrentTimeMillis()
+        const entry: Entry<A> = {
+          id: idPrefix + (nextId++).toString(36),
+          body,
+          enqueuedAtMillis: now,
+          replyTo: sendOptions?.replyTo,
+          deliveryCount: 0,
+          state: "ready",
+          visibleAt: now,
+          receiptHandle: undefined
+        }
+        store.live++
+        if (delayMillis === 0) store.enqueueReady(entry)
+        else store.hide(entry, now + delayMillis)
+        store.wake()
+        return Effect.succeed(entry.id)
+      })
+
+    /** Delivers up to `max` visible messages now, hiding each for `visibilityMillis`. */
+    const take = (max: number, visibilityMillis: number, now: number): Array<Message<A, R>> => {
+      store.promote(now)
+      const received: Array<Message<A, R>> = []
+      while (received.length < max) {
+        const entry = store.takeReady()
+        if (entry === undefined) break
+        entry.deliveryCount++
+        const handle = randomUUID()
+        entry.receiptHandle = handle
+        store.hide(entry, now + visibilityMillis)
+        received.push(new MemoryMessage<A, R>(name, clock, store, entry, handle, entry.deliveryCount))
+      }
+      return received
+    }
+
+    /** Sleeps until a wake-up, the next visibility expiry or `waitUntil`, then tries again. */
+    const longPoll = (
+      max: number,
+      visibilityMillis: number,
+      waitUntil: number
+    ): Effect.Effect<ReadonlyArray<Message<A, R>>> =>
+      Effect.suspend(() => {
+        if (store.closed) return Effect.succeed([])
+        const now = clock.unsafeCurrentTimeMillis()
+        const received = take(max, visibilityMillis, now)
+        if (received.length > 0 || now >= waitUntil) return Effect.succeed(received)
+        const signal = store.arm()
+        const nextVisible = store.nextVisibleAt()
+        const sleepUntil = nextVisible === undefined ? waitUntil : Math.min(waitUntil, nextVisible)
+        return Effect.zipRight(
+          Effect.race(Deferred.await(signal), Effect.sleep(Duration.millis(Math.max(0, sleepUntil - now)))),
+          longPoll(max, visibilityMillis, waitUntil)
+        )
       })
 
     const receive: Mailbox<A, R>["receive"] = (receiveOptions) =>
-      Either.match(validateReceiveOptions(receiveOptions), {
-        onLeft: Effect.fail,
-        onRight: ({ maxMessages, visibilityTimeout, waitTime }) =>
-          Effect.clockWith((clock) => {
-            const visibilityMillis = Duration.toMillis(visibilityTimeout)
-            const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
-            const attempt: Effect.Effect<ReadonlyArray<Message<A, R>>> = Effect.suspend(() => {
-              if (store.closed) return Effect.succeed([])
-              const now = clock.unsafeCurrentTimeMillis()
-              store.promote(now)
-              const received: Array<Message<A, R>> = []
-              while (received.length < maxMessages) {
-                const entry = store.takeReady()
-                if (entry === undefined) break
-                entry.deliveryCount++
-                const handle = randomUUID()
-                entry.receiptHandle = handle
-                store.hide(entry, now + visibilityMillis)
-                received.push(new MemoryMessage<A, R>(name, store, entry, handle, entry.deliveryCount))
-              }
-              if (received.length > 0 || now >= waitUntil) return Effect.succeed(received)
-              const signal = store.arm()
-              const nextVisible = store.hidden.peekKey()
-              const sleepUntil = nextVisible === undefined ? waitUntil : Math.min(waitUntil, nextVisible)
-              return Effect.zipRight(
-                Effect.race(Deferred.await(signal), Effect.sleep(Duration.millis(Math.max(0, sleepUntil - now)))),
-                attempt
-              )
-            })
-            return attempt
-          })
+      Effect.suspend(() => {
+        const valid = validateReceiveOptions(receiveOptions)
+        if (Either.isLeft(valid)) return Effect.fail(valid.left)
+        const { maxMessages, visibilityTimeout, waitTime } = valid.right
+        if (store.closed) return Effect.succeed([])
+        const now = clock.unsafeCurrentTimeMillis()
+        const visibilityMillis = Duration.toMillis(visibilityTimeout)
+        const received = take(maxMessages, visibilityMillis, now)
+        if (received.length > 0 || Duration.isZero(waitTime)) return Effect.succeed(received)
+        return longPoll(maxMessages, visibilityMillis, now + Duration.toMillis(waitTime))
       })
 
     const mailbox: Mailbox<A, R> = {
       name,
       send,
-      receive: (options) => Effect.withSpan(receive(options), "Mailbox.receive", { attributes: { mailbox: name } }),
+      receive: (options) =>
+        Effect.withSpan(receive(options), "Mailbox.receive", {
+          attributes: { mailbox: name },
+          captureStackTrace: false
+        }),
       purge: Effect.sync(() => store.purge()),
-      approximateCount: Effect.sync(() => store.entries.size),
+      approximateCount: Effect.sync(() => store.live),
       close: Effect.sync(() => {
         store.closed = true
         store.wake()

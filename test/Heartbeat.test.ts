@@ -45,4 +45,25 @@ describe("Heartbeat", () => {
       yield* hb.beat
       expect(yield* Ref.get(calls)).toBe(2)
     }))
+
+  it.scoped("onBeatAt passes the beat's time and runs only the work a listener returns; a throwing one is contained", () =>
+    Effect.gen(function*() {
+      const hb = yield* Heartbeat.make
+      const seen: Array<number> = []
+      const ran = yield* Ref.make(0)
+      yield* hb.onBeatAt(() => {
+        // A listener with a bug: the beat and the other listeners go on.
+        return (undefined as unknown as { boom: () => Effect.Effect<void> }).boom()
+      })
+      yield* hb.onBeatAt((at) => {
+        seen.push(at)
+        return at % 2000 === 0 ? Ref.update(ran, (n) => n + 1) : undefined
+      })
+      for (let i = 0; i < 4; i++) {
+        yield* hb.beat
+        yield* TestClock.adjust("1 second")
+      }
+      expect(seen).toEqual([0, 1_000, 2_000, 3_000])
+      expect(yield* Ref.get(ran)).toBe(2)
+    }))
 })

@@ -41,6 +41,11 @@ export class MinHeap<A> {
     return top
   }
 
+  /** Every key and value, in no particular order. */
+  forEach(f: (key: number, value: A) => void): void {
+    for (let i = 0; i < this.values.length; i++) f(this.keys[i]!, this.values[i]!)
+  }
+
   clear(): void {
     this.keys.length = 0
     this.seqs.length = 0

@@ -1,0 +1,90 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Ref, Schedule, TestClock } from "effect"
+import * as Heartbeat from "../src/Heartbeat.js"
+import * as Watchdog from "../src/Watchdog.js"
+import { captureLogs, runTsx } from "./helpers.js"
+
+const settle = Effect.repeatN(Effect.yieldNow(), 10)
+
+describe("Watchdog", () => {
+  it.scoped("logs a stall at error level naming the loop, acts once per stall, and a beat clears it", () => {
+    const logs = captureLogs()
+    return Effect.gen(function*() {
+      const actions = yield* Ref.make<ReadonlyArray<ReadonlyArray<string>>>([])
+      const watchdog = yield* Watchdog.make({
+        threshold: "10 seconds",
+        interval: "1 second",
+        onStall: (stalls) => Ref.update(actions, (all) => [...all, stalls.map((s) => s.name)])
+      })
+      const busy = yield* Heartbeat.make
+      const stuck = yield* Heartbeat.make
+      yield* watchdog.register("busy-loop", busy)
+      yield* watchdog.register("stuck-loop", stuck)
+      yield* watchdog.start
+      yield* watchdog.start // idempotent: one checker, not two
+      for (let t = 0; t < 15; t++) {
+        yield* busy.beat
+        yield* TestClock.adjust("1 second")
+        yield* settle
+      }
+      expect(yield* Ref.get(actions)).toEqual([["stuck-loop"]])
+      expect(yield* watchdog.stalled).toEqual(["stuck-loop"])
+      const errors = logs.lines.filter((l) => l.level === "ERROR")
+      expect(errors.length).toBe(1)
+      expect(errors[0]!.message).toContain("stuck-loop")
+
+      yield* stuck.beat
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(yield* watchdog.stalled).toEqual([])
+      yield* TestClock.adjust("12 seconds")
+      yield* settle
+      // Both loops have stopped beating now; each stall acts once, when it starts.
+      expect(yield* Ref.get(actions)).toEqual([["stuck-loop"], ["busy-loop"], ["stuck-loop"]])
+    }).pipe(Effect.provide(logs.layer))
+  })
+
+  it.scoped("check can be called directly and a custom schedule is honoured", () =>
+    Effect.gen(function*() {
+      const checks = yield* Ref.make(0)
+      const watchdog = yield* Watchdog.make({
+        threshold: "5 seconds",
+        schedule: Schedule.spaced("10 seconds").pipe(Schedule.tapOutput(() => Ref.update(checks, (n) => n + 1))),
+        onStall: () => Effect.void
+      })
+      const hb = yield* Heartbeat.make
+      yield* watchdog.register("loop", hb)
+      expect(yield* watchdog.check).toEqual([])
+      yield* TestClock.adjust("6 seconds")
+      const stalls = yield* watchdog.check
+      expect(stalls.map((s) => s.name)).toEqual(["loop"])
+      yield* watchdog.start
+      yield* TestClock.adjust("30 seconds")
+      yield* settle
+      expect(yield* Ref.get(checks)).toBe(4) // at 0, 10, 20 and 30 s
+    }))
+
+  it.scoped("a loop unregisters when its scope closes", () =>
+    Effect.gen(function*() {
+      const watchdog = yield* Watchdog.make({ threshold: "1 second", onStall: () => Effect.void })
+      yield* Effect.scoped(Effect.flatMap(Heartbeat.make, (hb) => watchdog.register("gone", hb)))
+      yield* TestClock.adjust("1 minute")
+      expect(yield* watchdog.check).toEqual([])
+    }))
+
+  it.effect("refuses bad config with a ParseError", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(Watchdog.make({ threshold: -1 }))
+      expect(error.message).toContain("threshold")
+    }))
+
+  it.live("by default exits the process with code 1 (a real child process)", () =>
+    Effect.gen(function*() {
+      const { code, stdout, stderr } = yield* runTsx("test/fixtures/watchdog-exit.ts")
+      expect(code).toBe(1)
+      const output = stdout + stderr
+      expect(output).toContain("watchdog started")
+      expect(output).toContain("stuck-loop")
+      expect(output).not.toContain("still alive")
+    }), 30_000)
+})

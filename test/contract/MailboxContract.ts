@@ -1,0 +1,412 @@
+/**
+ * The mailbox contract: every behaviour a `Mailbox` backend must have, run
+ * against whatever `make` builds. Time is driven with `TestClock`, so a
+ * backend passes only if it reads time from `Clock`.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Duration, Effect, Exit, Fiber, Option, type Scope, TestClock } from "effect"
+import { type Mailbox, MailboxResolver } from "../../src/Mailbox.js"
+
+/** Builds an empty mailbox of string bodies and string replies, removed when the scope closes. */
+export type MakeMailbox = (options: {
+  readonly name: string
+  readonly maxSize?: number
+}) => Effect.Effect<Mailbox<string, string>, unknown, Scope.Scope>
+
+const bodies = (messages: ReadonlyArray<{ readonly body: string }>) => messages.map((m) => m.body)
+
+/** Lets forked fibers run up to their next wait. */
+const settle = Effect.repeatN(Effect.yieldNow(), 20)
+
+export const mailboxContract = (label: string, make: MakeMailbox) =>
+  describe(`Mailbox contract: ${label}`, () => {
+    const fresh = (maxSize?: number) =>
+      make(maxSize === undefined ? { name: "requests" } : { name: "requests", maxSize })
+
+    describe("send and receive", () => {
+      it.scoped("delivers in enqueue order: 5 messages, maxMessages 3", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          for (const body of ["a", "b", "c", "d", "e"]) yield* mailbox.send(body)
+          const first = yield* mailbox.receive({ maxMessages: 3 })
+          expect(bodies(first)).toEqual(["a", "b", "c"])
+          const second = yield* mailbox.receive({ maxMessages: 3 })
+          expect(bodies(second)).toEqual(["d", "e"])
+          expect(yield* mailbox.receive({ maxMessages: 3 })).toEqual([])
+        }))
+
+      it.scoped("gives each message an id, a fresh receipt handle per delivery and a delivery count", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const id = yield* mailbox.send("a")
+          const [first] = yield* mailbox.receive({ visibilityTimeout: "1 second" })
+          expect(first!.id).toBe(id)
+          expect(first!.deliveryCount).toBe(1)
+          expect(Option.isNone(first!.replyTo)).toBe(true)
+          yield* TestClock.adjust("1 second")
+          const [second] = yield* mailbox.receive()
+          expect(second!.id).toBe(id)
+          expect(second!.deliveryCount).toBe(2)
+          expect(second!.receiptHandle).not.toBe(first!.receiptHandle)
+          expect(second!.receiptHandle.length).toBeGreaterThanOrEqual(32)
+        }))
+
+      it.scoped("clamps maxMessages to 1..10", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          for (let i = 0; i < 12; i++) yield* mailbox.send(`m${i}`)
+          expect((yield* mailbox.receive({ maxMessages: 0 })).length).toBe(1)
+          expect((yield* mailbox.receive({ maxMessages: -5 })).length).toBe(1)
+          expect((yield* mailbox.receive({ maxMessages: 50 })).length).toBe(10)
+        }))
+
+      it.scoped("a delayed message stays invisible for its delay", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("later", { delay: "10 seconds" })
+          expect(yield* mailbox.receive()).toEqual([])
+          expect(yield* mailbox.approximateCount).toBe(1)
+          yield* TestClock.adjust("10 seconds")
+          expect(bodies(yield* mailbox.receive())).toEqual(["later"])
+        }))
+
+      it.scoped("4 senders × 25 messages are all received and acknowledged exactly once", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const sent = yield* Effect.forEach(
+            [0, 1, 2, 3],
+            (sender) =>
+              Effect.forEach(
+                Array.from({ length: 25 }, (_, i) => `${sender}-${i}`),
+                (body) => Effect.zipRight(Effect.yieldNow(), mailbox.send(body))
+              ),
+            { concurrency: "unbounded" }
+          )
+          expect(sent.flat().length).toBe(100)
+          const seen: Array<string> = []
+          yield* Effect.forEach(
+            [0, 1, 2, 3],
+            () =>
+              Effect.gen(function*() {
+                for (;;) {
+                  const batch = yield* mailbox.receive({ maxMessages: 3 })
+                  if (batch.length === 0) return
+                  for (const message of batch) {
+                    seen.push(message.body)
+                    yield* message.acknowledge
+                  }
+                  yield* Effect.yieldNow()
+                }
+              }),
+            { concurrency: "unbounded", discard: true }
+          )
+          expect(seen.length).toBe(100)
+          expect(new Set(seen).size).toBe(100)
+          expect(yield* mailbox.approximateCount).toBe(0)
+        }))
+    })
+
+    describe("acknowledge, nack, extend", () => {
+      it.scoped("acknowledge deletes; a second acknowledge fails ReceiptHandleExpiredError", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive()
+          yield* message!.acknowledge
+          const error = yield* Effect.flip(message!.acknowledge)
+          expect(error._tag).toBe("ReceiptHandleExpiredError")
+          expect(yield* mailbox.approximateCount).toBe(0)
+          yield* TestClock.adjust("1 hour")
+          expect(yield* mailbox.receive()).toEqual([])
+        }))
+
+      it.scoped("nack(0) makes the message visible at once, with delivery count 2", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive()
+          yield* message!.nack(0)
+          const [again] = yield* mailbox.receive()
+          expect(again!.body).toBe("a")
+          expect(again!.deliveryCount).toBe(2)
+          expect((yield* Effect.flip(message!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        }))
+
+      it.scoped("nack(d) hides the message for d and kills the old handle", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive()
+          yield* message!.nack("5 seconds")
+          expect((yield* Effect.flip(message!.extendVisibility("1 minute")))._tag).toBe("ReceiptHandleExpiredError")
+          expect((yield* Effect.flip(message!.nack()))._tag).toBe("ReceiptHandleExpiredError")
+          yield* TestClock.adjust("4999 millis")
+          expect(yield* mailbox.receive()).toEqual([])
+          yield* TestClock.adjust("1 millis")
+          const [again] = yield* mailbox.receive()
+          expect(again!.deliveryCount).toBe(2)
+        }))
+
+      it.scoped("visibility 1 s, then +2 s: redelivered with count 2, and the old handle is stale", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive({ visibilityTimeout: "1 second" })
+          expect(yield* mailbox.receive()).toEqual([])
+          yield* TestClock.adjust("2 seconds")
+          const [again] = yield* mailbox.receive()
+          expect(again!.deliveryCount).toBe(2)
+          for (
+            const stale of [message!.acknowledge, message!.nack(0), message!.extendVisibility("1 minute")]
+          ) {
+            expect((yield* Effect.flip(stale))._tag).toBe("ReceiptHandleExpiredError")
+          }
+          yield* again!.acknowledge
+        }))
+
+      it.scoped("a handle expires at the instant its visibility ends", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive({ visibilityTimeout: "1 second" })
+          yield* TestClock.adjust("1 second")
+          expect((yield* Effect.flip(message!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        }))
+
+      it.scoped("extendVisibility prevents redelivery and counts from now", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive({ visibilityTimeout: "2 seconds" })
+          yield* TestClock.adjust("1 second")
+          yield* message!.extendVisibility("10 seconds") // now visible at 11 s, not 2 s
+          yield* TestClock.adjust("9999 millis")
+          expect(yield* mailbox.receive()).toEqual([])
+          yield* TestClock.adjust("1 millis")
+          const [again] = yield* mailbox.receive()
+          expect(again?.deliveryCount).toBe(2)
+          yield* again!.extendVisibility("1 minute")
+          yield* TestClock.adjust("59 seconds")
+          expect(yield* mailbox.receive()).toEqual([])
+          yield* again!.acknowledge
+        }))
+
+      it.scoped("a visibility timeout of 0 makes the message visible again at once", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [first] = yield* mailbox.receive({ visibilityTimeout: 0 })
+          const [second] = yield* mailbox.receive({ visibilityTimeout: "1 minute" })
+          expect(second!.id).toBe(first!.id)
+          expect(second!.deliveryCount).toBe(2)
+        }))
+    })
+
+    describe("long poll", () => {
+      it.scoped("returns as soon as another fiber sends", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const receiving = yield* Effect.fork(mailbox.receive({ waitTime: "20 seconds" }))
+          yield* settle
+          expect(Option.isNone(yield* Fiber.poll(receiving))).toBe(true)
+          yield* mailbox.send("hello")
+          const received = yield* Fiber.join(receiving)
+          expect(bodies(received)).toEqual(["hello"])
+        }))
+
+      it.scoped("an empty long poll returns empty after its wait", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const receiving = yield* Effect.fork(mailbox.receive({ waitTime: "5 seconds" }))
+          yield* settle
+          yield* TestClock.adjust("4999 millis")
+          expect(Option.isNone(yield* Fiber.poll(receiving))).toBe(true)
+          yield* TestClock.adjust("1 millis")
+          expect(yield* Fiber.join(receiving)).toEqual([])
+        }))
+
+      it.scoped("returns when an in-flight message's visibility expires during the wait", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          yield* mailbox.receive({ visibilityTimeout: "3 seconds" })
+          const receiving = yield* Effect.fork(mailbox.receive({ waitTime: "20 seconds" }))
+          yield* settle
+          yield* TestClock.adjust("3 seconds")
+          const [again] = yield* Fiber.join(receiving)
+          expect(again!.deliveryCount).toBe(2)
+        }))
+
+      it.scoped("returns when another receiver nacks", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive({ visibilityTimeout: "1 minute" })
+          const receiving = yield* Effect.fork(mailbox.receive({ waitTime: "20 seconds" }))
+          yield* settle
+          yield* message!.nack(0)
+          expect(bodies(yield* Fiber.join(receiving))).toEqual(["a"])
+        }))
+
+      it.scoped("close wakes a blocked receiver, which returns empty; later receives return empty at once", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const receiving = yield* Effect.fork(mailbox.receive({ waitTime: "20 seconds" }))
+          yield* settle
+          yield* mailbox.close
+          expect(yield* Fiber.join(receiving)).toEqual([])
+          expect(yield* mailbox.isClosed).toBe(true)
+          expect(yield* mailbox.receive({ waitTime: "20 seconds" })).toEqual([])
+          expect((yield* Effect.flip(mailbox.send("late")))._tag).toBe("MailboxClosedError")
+        }))
+    })
+
+    describe("capacity and housekeeping", () => {
+      it.scoped("maxSize bounds unacknowledged messages: MailboxFullError, room again after an ack", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh(2)
+          yield* mailbox.send("a")
+          yield* mailbox.send("b")
+          const error = yield* Effect.flip(mailbox.send("c"))
+          expect(error._tag).toBe("MailboxFullError")
+          const [message] = yield* mailbox.receive()
+          yield* mailbox.send("c").pipe(Effect.flip) // in flight still counts
+          yield* message!.acknowledge
+          yield* mailbox.send("c")
+        }))
+
+      it.scoped("approximateCount counts visible, delayed and in-flight messages; purge deletes them all", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("visible")
+          yield* mailbox.send("delayed", { delay: "1 minute" })
+          yield* mailbox.send("in flight")
+          yield* mailbox.receive() // takes "visible"
+          expect(yield* mailbox.approximateCount).toBe(3)
+          expect(yield* mailbox.purge).toBe(3)
+          expect(yield* mailbox.approximateCount).toBe(0)
+          yield* TestClock.adjust("2 minutes")
+          expect(yield* mailbox.receive({ maxMessages: 10 })).toEqual([])
+        }))
+
+      it.scoped("a purged message's handle is stale", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive()
+          yield* mailbox.purge
+          expect((yield* Effect.flip(message!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        }))
+    })
+
+    describe("validation", () => {
+      const invalid = <A, E extends { readonly _tag: string }>(effect: Effect.Effect<A, E>) =>
+        Effect.map(Effect.flip(effect), (error) => {
+          expect(error._tag).toBe("InvalidParameterError")
+          return error as unknown as { readonly parameter: string; readonly message: string }
+        })
+
+      it.scoped("receive: visibilityTimeout 0..12 h and waitTime 0..20 s", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const vt = yield* invalid(
+            mailbox.receive({ visibilityTimeout: "12 hours" }).pipe(
+              Effect.zipRight(mailbox.receive({ visibilityTimeout: Duration.sum("12 hours", "1 millis") }))
+            )
+          )
+          expect(vt.parameter).toBe("visibilityTimeout")
+          expect(vt.message).toContain("12h")
+          expect((yield* invalid(mailbox.receive({ visibilityTimeout: -1 }))).parameter).toBe("visibilityTimeout")
+          expect((yield* invalid(mailbox.receive({ waitTime: "21 seconds" }))).parameter).toBe("waitTime")
+          expect((yield* invalid(mailbox.receive({ waitTime: "-1 seconds" as Duration.DurationInput }))).parameter)
+            .toBe("waitTime")
+          expect((yield* invalid(mailbox.receive({ waitTime: "soon" as Duration.DurationInput }))).parameter)
+            .toBe("waitTime")
+          yield* mailbox.receive({ visibilityTimeout: 0, waitTime: 0 })
+          const fiber = yield* Effect.fork(mailbox.receive({ waitTime: "20 seconds" }))
+          yield* TestClock.adjust("20 seconds")
+          expect(yield* Fiber.join(fiber)).toEqual([])
+        }))
+
+      it.scoped("send: delay 0..15 min", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("ok", { delay: "15 minutes" })
+          expect((yield* invalid(mailbox.send("late", { delay: "16 minutes" }))).parameter).toBe("delay")
+          expect((yield* invalid(mailbox.send("early", { delay: -1 }))).parameter).toBe("delay")
+          expect(yield* mailbox.approximateCount).toBe(1)
+        }))
+
+      it.scoped("nack and extendVisibility: 0..12 h, and a bad value leaves the lease untouched", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          yield* mailbox.send("a")
+          const [message] = yield* mailbox.receive()
+          yield* invalid(message!.nack("13 hours"))
+          yield* invalid(message!.nack(-1))
+          yield* invalid(message!.extendVisibility("13 hours"))
+          yield* invalid(message!.extendVisibility(Number.NaN))
+          yield* message!.extendVisibility("12 hours")
+          yield* message!.acknowledge
+        }))
+    })
+
+    describe("replies", () => {
+      it.scoped("reply goes to the mailbox named by replyTo, resolved through MailboxResolver", () =>
+        Effect.gen(function*() {
+          const requests = yield* make({ name: "requests" })
+          const responses = yield* make({ name: "responses" })
+          yield* requests.send("ping", { replyTo: "responses" })
+          const [message] = yield* requests.receive()
+          expect(Option.getOrThrow(message!.replyTo)).toBe("responses")
+          const replyId = yield* message!.reply("pong").pipe(
+            Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests, responses))
+          )
+          yield* message!.acknowledge
+          const [reply] = yield* responses.receive()
+          expect(reply!.body).toBe("pong")
+          expect(reply!.id).toBe(replyId)
+        }))
+
+      it.scoped("reply fails ReplyNotAvailableError without replyTo and MessageFinalizedError after settling", () =>
+        Effect.gen(function*() {
+          const requests = yield* make({ name: "requests" })
+          const responses = yield* make({ name: "responses" })
+          const resolver = MailboxResolver.fromMailboxes(requests, responses)
+          yield* requests.send("no reply")
+          yield* requests.send("acked", { replyTo: "responses" })
+          yield* requests.send("nacked", { replyTo: "responses" })
+          const [noReply, acked, nacked] = yield* requests.receive({ maxMessages: 3 })
+          const reply = (message: typeof noReply) =>
+            message!.reply("x").pipe(Effect.provideService(MailboxResolver, resolver), Effect.flip)
+          expect((yield* reply(noReply))._tag).toBe("ReplyNotAvailableError")
+          yield* acked!.acknowledge
+          expect((yield* reply(acked))._tag).toBe("MessageFinalizedError")
+          yield* nacked!.nack("1 minute")
+          expect((yield* reply(nacked))._tag).toBe("MessageFinalizedError")
+          expect(yield* responses.approximateCount).toBe(0)
+        }))
+
+      it.scoped("a reply to an unknown name fails MailboxResolutionError naming it", () =>
+        Effect.gen(function*() {
+          const requests = yield* make({ name: "requests" })
+          yield* requests.send("ping", { replyTo: "nowhere" })
+          const [message] = yield* requests.receive()
+          const error = yield* message!.reply("pong").pipe(
+            Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests)),
+            Effect.flip
+          )
+          expect(error._tag).toBe("MailboxResolutionError")
+          expect(error.message).toContain("nowhere")
+          // The request is untouched and can still be settled.
+          yield* message!.acknowledge
+        }))
+    })
+
+    it.scoped("closing the scope closes the mailbox", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* Effect.scoped(fresh())
+        expect(yield* mailbox.isClosed).toBe(true)
+        expect(Exit.isFailure(yield* Effect.exit(mailbox.send("x")))).toBe(true)
+      }))
+  })

@@ -1,0 +1,46 @@
+/**
+ * Every program in examples/ runs in a child process and prints what its
+ * README promises; a new example without an entry here fails the suite.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { readdirSync } from "node:fs"
+import { runTsx } from "./helpers.js"
+
+const expectations: Record<string, ReadonlyArray<RegExp>> = {
+  "deadline.ts": [
+    /Deadline.make\("2030-01-01T00:00:00"\) refused: naive/,
+    /Deadline.make\("next tuesday"\) refused: invalid/,
+    /Deadline.make\("2000-01-01T00:00:00Z"\) refused: past/,
+    /slow tool: interrupted, cleaning up/,
+    /evaluation stopped: Deadline exceeded at \d{4}-/,
+    /subagent runs under the parent's deadline: true/,
+    /budget check: Budget exceeded: totalTokens used 1050 of 1000/
+  ],
+  "heartbeat-lease.ts": [
+    /worker-A received "steady-job" \(delivery 1\)/,
+    /worker-C received "stuck-job" \(delivery 2\): the stuck lease ran out/,
+    /worker-B wakes up and tries to ack: ReceiptHandleExpiredError/,
+    /worker-A finished "steady-job" after \d+ lease extensions: never redelivered/,
+    /done: 0 messages left in the mailbox/
+  ]
+}
+
+describe("examples", () => {
+  const files = readdirSync("examples").filter((file) => file.endsWith(".ts"))
+
+  it("each example has expectations", () => {
+    expect(files.filter((file) => !(file in expectations))).toEqual([])
+  })
+
+  for (const file of files) {
+    it.live(`examples/${file} runs and prints its story`, () =>
+      Effect.gen(function*() {
+        const { code, stderr, stdout } = yield* runTsx(`examples/${file}`)
+        expect(stderr).toBe("")
+        expect(code).toBe(0)
+        for (const pattern of expectations[file] ?? []) expect(stdout).toMatch(pattern)
+        expect(stdout).not.toMatch(/never printed/)
+      }), 60_000)
+  }
+})
