@@ -3,9 +3,12 @@
  * Each module is one concept; see README.md for a tour.
  */
 export * as Budget from "./Budget.js"
+export * as DeadLetter from "./DeadLetter.js"
 export * as Deadline from "./Deadline.js"
 export * as Heartbeat from "./Heartbeat.js"
 export * as LeaseExtender from "./LeaseExtender.js"
 export * as Mailbox from "./Mailbox.js"
 export * as MailboxMemory from "./MailboxMemory.js"
+export * as MailboxWorker from "./MailboxWorker.js"
+export * as MainLoop from "./MainLoop.js"
 export * as Watchdog from "./Watchdog.js"

@@ -1,0 +1,115 @@
+/**
+ * Dead letters: where a message goes when retrying it is pointless — it
+ * failed too often, or with an error that is known to be permanent — so a
+ * poison message stops blocking the queue and is kept for inspection.
+ *
+ * `DLQPolicy` decides per failure: an error whose tag is in `excludeErrors`
+ * is never dead-lettered (always retried); one in `includeErrors` is
+ * dead-lettered at once; otherwise a message is dead-lettered when its
+ * `deliveryCount` reaches `maxDeliveryCount`. Below that it is nacked with a
+ * growing backoff, `min(60 s × deliveryCount, 15 min)`. Exclude wins over
+ * include. The `DeadLetterConsumer` is a worker loop over the dead-letter
+ * mailbox: it acknowledges what its handler resolved and hides what failed
+ * for an hour.
+ */
+import type * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import type * as Heartbeat from "./Heartbeat.js"
+import type { Mailbox, Message } from "./Mailbox.js"
+import * as MailboxWorker from "./MailboxWorker.js"
+
+/** When to dead-letter instead of retrying. */
+export class DLQPolicy extends Schema.Class<DLQPolicy>("leasehold/DLQPolicy")({
+  /** Dead-letter once a message has been delivered this many times (default 5). */
+  maxDeliveryCount: Schema.optionalWith(Schema.Int.pipe(Schema.positive()), { default: () => 5 }),
+  /** Error tags that dead-letter at once. */
+  includeErrors: Schema.optionalWith(Schema.Array(Schema.String), { default: () => [] }),
+  /** Error tags that never dead-letter (exclude wins over include). */
+  excludeErrors: Schema.optionalWith(Schema.Array(Schema.String), { default: () => [] })
+}) {}
+
+/** Decodes a policy from plain options, failing with a readable `ParseError`. */
+export const policy = (
+  options?: Partial<{
+    maxDeliveryCount: number
+    includeErrors: ReadonlyArray<string>
+    excludeErrors: ReadonlyArray<string>
+  }>
+): Effect.Effect<DLQPolicy, ParseResult.ParseError> => Schema.decodeUnknown(DLQPolicy)(options ?? {})
+
+/** What to do with a failed message. */
+export type Decision = "dead-letter" | "retry"
+
+/** Applies the policy to a failure with `errorTag` on delivery `deliveryCount`. */
+export const decide = (policy: DLQPolicy, deliveryCount: number, errorTag: string): Decision => {
+  if (policy.excludeErrors.includes(errorTag)) return "retry"
+  if (policy.includeErrors.includes(errorTag)) return "dead-letter"
+  return deliveryCount >= policy.maxDeliveryCount ? "dead-letter" : "retry"
+}
+
+/** Visibility of a retried message: `min(60 s × deliveryCount, 15 min)`. */
+export const backoff = (deliveryCount: number): Duration.Duration =>
+  Duration.min(Duration.seconds(60 * Math.max(1, deliveryCount)), Duration.minutes(15))
+
+/** A message that was given up on, with what is known about why. */
+export interface DeadLetter<A> {
+  readonly messageId: string
+  readonly body: A
+  readonly sourceMailbox: string
+  readonly deliveryCount: number
+  readonly lastError: string
+  readonly lastErrorTag: string
+  readonly enqueuedAt: DateTime.Utc
+  readonly deadLetteredAt: DateTime.Utc
+  readonly requestId: string | undefined
+  readonly replyTo: string | undefined
+  readonly traceId: string | undefined
+}
+
+/** Where dead letters of `A` go and when. */
+export interface DeadLetterQueue<A> {
+  readonly mailbox: Mailbox<DeadLetter<A>, unknown>
+  readonly policy: DLQPolicy
+}
+
+/** Errors seen by the loops, reduced to a tag and a message for results and dead letters. */
+export interface ErrorInfo {
+  readonly tag: string
+  readonly message: string
+}
+
+/** Describes the failure in a handler's cause: its tag (`Defect` for a defect, `Interrupted`) and message. */
+export const describe = (error: unknown): ErrorInfo => {
+  if (typeof error === "object" && error !== null) {
+    const tag = "_tag" in error && typeof error._tag === "string" ? error._tag : error.constructor?.name ?? "Error"
+    const message = "message" in error && typeof error.message === "string" && error.message.length > 0
+      ? error.message
+      : tag
+    return { tag, message }
+  }
+  return { tag: "Error", message: String(error) }
+}
+
+/**
+ * A loop over a dead-letter mailbox: acknowledges a letter when `handle`
+ * succeeds, hides it for an hour when it fails (it will come back).
+ */
+export const consumer = <A, E, Req>(options: {
+  readonly name?: string
+  readonly mailbox: Mailbox<DeadLetter<A>, unknown>
+  readonly handle: (letter: DeadLetter<A>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void, E, Req>
+}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, Req> =>
+  MailboxWorker.make({
+    name: options.name ?? `${options.mailbox.name}-consumer`,
+    mailbox: options.mailbox,
+    handle: (message: Message<DeadLetter<A>, unknown>, heartbeat) => options.handle(message.body, heartbeat),
+    onSuccess: (message) => MailboxWorker.logSettleFailure("acknowledge of a dead letter")(message.acknowledge),
+    onFailure: (message, cause) =>
+      Effect.zipRight(
+        Effect.logWarning("Dead-letter handler failed; retrying in 1 hour", cause),
+        MailboxWorker.logSettleFailure("nack of a dead letter")(message.nack(Duration.hours(1)))
+      )
+  })

@@ -1,0 +1,259 @@
+/**
+ * MailboxWorker: the one poll loop behind MainLoop, EvalLoop and the
+ * dead-letter consumer.
+ *
+ * Each iteration receives a batch, beats, and handles the messages one by
+ * one: the lease extender is attached for the message, the handler (user
+ * code) runs inside `restore` of an `uninterruptibleMask`, and the message is
+ * settled by the handler's `Exit` — success and failure by the caller's
+ * policies, interruption by `nack(0)` so another worker gets it at once.
+ *
+ * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
+ * the received messages that have not started, lets the in-flight message
+ * finish up to the timeout, and otherwise interrupts it (and so nacks it).
+ * It returns true when the loop stopped without interrupting work. A loop can
+ * `run` again after a shutdown; it also stops when its mailbox closes.
+ */
+import type * as Cause from "effect/Cause"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schedule from "effect/Schedule"
+import * as Heartbeat from "./Heartbeat.js"
+import * as LeaseExtender from "./LeaseExtender.js"
+import {
+  InvalidParameterError,
+  type Mailbox,
+  type Message,
+  validateDuration,
+  validateReceiveOptions
+} from "./Mailbox.js"
+
+/** Options of `run`. */
+export interface RunOptions {
+  /** Stop after this many polls (empty ones included); unlimited by default. */
+  readonly maxIterations?: number | undefined
+  /** Visibility of received messages (default 300 s): longer than the slowest handler plus the shutdown timeout. */
+  readonly visibilityTimeout?: Duration.DurationInput | undefined
+  /** Long poll per receive (default 20 s). */
+  readonly waitTime?: Duration.DurationInput | undefined
+  /**
+   * Messages per receive (default 1, clamped to 1..10). Later messages of a
+   * batch wait while earlier ones run, and their visibility runs meanwhile.
+   */
+  readonly maxMessages?: number | undefined
+}
+
+/** A loop with a graceful stop: what MainLoop, EvalLoop and LoopGroup have in common. */
+export interface Runnable {
+  readonly name: string
+  /** Beaten on every poll and by the work itself; a Watchdog reads it. */
+  readonly heartbeat: Heartbeat.Heartbeat
+  /** Runs until `maxIterations`, `shutdown` or the mailbox closing. */
+  readonly run: (options?: RunOptions) => Effect.Effect<void, InvalidParameterError>
+  /** Stops the loop; true when it stopped within `timeout` (default 30 s) without interrupting work. */
+  readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput | undefined }) => Effect.Effect<boolean>
+  readonly running: Effect.Effect<boolean>
+}
+
+/** Messages handled, by outcome. */
+export const messagesProcessed = Metric.counter("leasehold_messages_processed_total", {
+  description: "Messages whose handler succeeded"
+})
+export const messagesFailed = Metric.counter("leasehold_messages_failed_total", {
+  description: "Messages whose handler failed"
+})
+export const messagesInterrupted = Metric.counter("leasehold_messages_interrupted_total", {
+  description: "Messages whose handler was interrupted (shutdown timeout) and that were given back"
+})
+export const messagesRedelivered = Metric.counter("leasehold_messages_redelivered_total", {
+  description: "Messages received with deliveryCount > 1"
+})
+
+/** How a worker settles messages; the handler's success and failure are the caller's to settle. */
+export interface Options<A, R, Out, E, Req> {
+  readonly name: string
+  readonly mailbox: Mailbox<A, R>
+  /** The user's work for one message; interruptible. */
+  readonly handle: (message: Message<A, R>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<Out, E, Req>
+  /** Settles a message whose handler succeeded (reply, then acknowledge, say). Runs uninterruptibly. */
+  readonly onSuccess: (message: Message<A, R>, output: Out) => Effect.Effect<void, never, Req>
+  /** Settles a message whose handler failed. Runs uninterruptibly. */
+  readonly onFailure: (message: Message<A, R>, cause: Cause.Cause<E>) => Effect.Effect<void, never, Req>
+  readonly leaseExtender?: Partial<
+    { interval: Duration.DurationInput; extension: Duration.DurationInput; enabled: boolean }
+  >
+}
+
+interface RunState<A, R> {
+  readonly stop: Deferred.Deferred<void>
+  readonly done: Deferred.Deferred<void>
+  stopping: boolean
+  /** Received, not started. */
+  pending: Array<Message<A, R>>
+  inFlight: Fiber.RuntimeFiber<void> | undefined
+}
+
+/** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
+export const logSettleFailure = (step: string) => <E>(effect: Effect.Effect<void, E>): Effect.Effect<void> =>
+  Effect.catchAllCause(effect, (cause) => Effect.logWarning(`${step} failed`, cause))
+
+/** Retry forever while the store is unreachable: 100 ms growing by 1.5× up to 10 s between tries. */
+const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
+
+/** Makes a worker; bad lease-extender config fails with a readable `ParseError`. */
+export const make = <A, R, Out, E, Req>(
+  options: Options<A, R, Out, E, Req>
+): Effect.Effect<Runnable, ParseResult.ParseError, Req> =>
+  Effect.gen(function*() {
+    const { mailbox, name } = options
+    const extender = yield* LeaseExtender.make(options.leaseExtender)
+    const heartbeat = yield* Heartbeat.make
+    const context = yield* Effect.context<Req>()
+    let state: RunState<A, R> | undefined
+
+    const nackAll = (messages: ReadonlyArray<Message<A, R>>) =>
+      Effect.forEach(messages, (message) => logSettleFailure("nack of an unstarted message")(message.nack(0)), {
+        discard: true
+      })
+
+    /** Handles one message to completion; interruption of the handler gives the message back. */
+    const process = (message: Message<A, R>): Effect.Effect<void, never, Req> =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.gen(function*() {
+          if (message.deliveryCount > 1) yield* Metric.increment(messagesRedelivered)
+          const exit = yield* Effect.scoped(
+            Effect.zipRight(
+              Effect.orDie(extender.attach(message, heartbeat)), // one message at a time: never already attached
+              Effect.exit(restore(options.handle(message, heartbeat)))
+            )
+          )
+          if (Exit.isSuccess(exit)) {
+            yield* Metric.increment(messagesProcessed)
+            return yield* options.onSuccess(message, exit.value)
+          }
+          if (Exit.isInterrupted(exit)) {
+            yield* Metric.increment(messagesInterrupted)
+            yield* Effect.logWarning("Handler interrupted; giving the message back")
+            return yield* logSettleFailure("nack after interruption")(message.nack(0))
+          }
+          yield* Metric.increment(messagesFailed)
+          return yield* options.onFailure(message, exit.cause)
+        }).pipe(
+          Effect.withSpan("MailboxWorker.handle", { attributes: { worker: name, messageId: message.id } }),
+          Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
+        )
+      )
+
+    const loop = (
+      run: RunState<A, R>,
+      receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
+      maxIterations: number
+    ) =>
+      Effect.gen(function*() {
+        const receive = mailbox.receive(receiveOptions).pipe(
+          Effect.tapError((error) => Effect.logWarning("Receive failed; retrying with backoff", error)),
+          Effect.retry({ schedule: receiveBackoff, while: (error) => error._tag === "MailboxConnectionError" }),
+          Effect.orDie // options were validated by `run`: any other failure is a bug
+        )
+        for (let iteration = 0; iteration < maxIterations; iteration++) {
+          if (run.stopping || (yield* mailbox.isClosed)) return
+          yield* heartbeat.beat
+          // Shutdown wins over an idle long poll at once.
+          const received = yield* Effect.raceFirst(
+            Effect.map(receive, Option.some),
+            Effect.as(Deferred.await(run.stop), Option.none())
+          )
+          if (Option.isNone(received)) return
+          run.pending = [...received.value]
+          for (let message = run.pending.shift(); message !== undefined; message = run.pending.shift()) {
+            if (run.stopping) {
+              yield* nackAll([message, ...run.pending])
+              run.pending = []
+              return
+            }
+            yield* heartbeat.beat
+            const fiber = yield* Effect.fork(process(message))
+            run.inFlight = fiber
+            yield* Fiber.await(fiber)
+            run.inFlight = undefined
+          }
+        }
+      })
+
+    const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError> =>
+      Effect.gen(function*() {
+        const receiveOptions = yield* validateReceiveOptions({
+          maxMessages: runOptions?.maxMessages ?? 1,
+          visibilityTimeout: runOptions?.visibilityTimeout ?? Duration.seconds(300),
+          waitTime: runOptions?.waitTime ?? Duration.seconds(20)
+        })
+        const maxIterations = runOptions?.maxIterations ?? Number.POSITIVE_INFINITY
+        if (!(maxIterations >= 0)) {
+          return yield* new InvalidParameterError({
+            parameter: "maxIterations",
+            value: maxIterations,
+            reason: "must be a non-negative number"
+          })
+        }
+        if (state !== undefined) {
+          return yield* new InvalidParameterError({
+            parameter: "run",
+            value: name,
+            reason: "the loop is already running"
+          })
+        }
+        const current: RunState<A, R> = {
+          stop: yield* Deferred.make<void>(),
+          done: yield* Deferred.make<void>(),
+          stopping: false,
+          pending: [],
+          inFlight: undefined
+        }
+        state = current
+        yield* loop(current, receiveOptions, maxIterations).pipe(
+          Effect.provide(context),
+          Effect.ensuring(Effect.suspend(() => {
+            const leftover = current.pending
+            current.pending = []
+            state = undefined
+            return Effect.zipRight(nackAll(leftover), Deferred.succeed(current.done, undefined))
+          }))
+        )
+      }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
+
+    const shutdown = (shutdownOptions?: { readonly timeout?: Duration.DurationInput | undefined }) =>
+      Effect.gen(function*() {
+        const current = state
+        if (current === undefined) return true
+        const timeout = Either.getOrElse(
+          validateDuration("timeout", shutdownOptions?.timeout, Duration.seconds(30), Duration.infinity),
+          () => Duration.seconds(30)
+        )
+        current.stopping = true
+        yield* Deferred.succeed(current.stop, undefined)
+        const unstarted = current.pending
+        current.pending = []
+        yield* nackAll(unstarted)
+        const stopped = yield* Effect.timeoutOption(Deferred.await(current.done), timeout)
+        if (Option.isSome(stopped)) return true
+        yield* Effect.logWarning(`Shutdown timed out after ${Duration.format(timeout)}; interrupting in-flight work`)
+        if (current.inFlight !== undefined) yield* Fiber.interrupt(current.inFlight)
+        yield* Deferred.await(current.done)
+        return false
+      }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
+
+    return {
+      name,
+      heartbeat,
+      run,
+      shutdown,
+      running: Effect.sync(() => state !== undefined)
+    }
+  })

@@ -1,0 +1,274 @@
+/**
+ * MainLoop: the request/reply worker users deploy.
+ *
+ * It pulls `MainLoopRequest`s from a mailbox, runs the user's `execute` under
+ * the request's deadline (the work is interrupted when it passes) with a
+ * heartbeat that keeps the message leased while work happens, replies a
+ * `MainLoopResult` to the request's `replyTo` and acknowledges. A failure
+ * becomes an error result, or, with a dead-letter queue, a retry with backoff
+ * until the policy dead-letters it. Nothing is lost on the way: a reply that
+ * cannot be sent nacks the request, a dead letter that cannot be stored
+ * nacks it too, and a handle that expired on ack is only logged.
+ *
+ * `layer` runs the loop for the layer's lifetime; closing the layer's scope
+ * (SIGTERM under `NodeRuntime.runMain`) is a graceful shutdown.
+ */
+import * as Cause from "effect/Cause"
+import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
+import { randomUUID } from "node:crypto"
+import { hostname } from "node:os"
+import * as Budget from "./Budget.js"
+import * as DeadLetter from "./DeadLetter.js"
+import * as Deadline from "./Deadline.js"
+import type * as Heartbeat from "./Heartbeat.js"
+import type { Mailbox, MailboxResolver, Message } from "./Mailbox.js"
+import * as MailboxWorker from "./MailboxWorker.js"
+
+/** A unit of work for the loop. */
+export interface MainLoopRequest<Req> {
+  readonly requestId: string
+  readonly request: Req
+  /** The work is interrupted when this passes. */
+  readonly deadline?: Deadline.Deadline | undefined
+  /** Token and deadline limits for the work; a tracker reaches `execute`. */
+  readonly budget?: Budget.Budget | undefined
+  readonly traceId?: string | undefined
+  readonly spanId?: string | undefined
+}
+
+/** Makes a request with a fresh `requestId` unless one is given. */
+export const request = <Req>(
+  body: Req,
+  options?: Omit<Partial<MainLoopRequest<Req>>, "request">
+): MainLoopRequest<Req> => ({ ...options, requestId: options?.requestId ?? randomUUID(), request: body })
+
+/** Who ran an attempt: stable worker id, fresh run id per attempt, attempt = delivery count. */
+export interface RunContext {
+  readonly workerId: string
+  readonly runId: string
+  readonly requestId: string
+  readonly attempt: number
+  readonly traceId?: string | undefined
+  readonly spanId?: string | undefined
+}
+
+/** The reply to a request: an output or an error, never both. */
+export class MainLoopResult<Out> {
+  readonly requestId: string
+  readonly output: Out | undefined
+  readonly error: DeadLetter.ErrorInfo | undefined
+  readonly runContext: RunContext
+  readonly completedAt: DateTime.Utc
+  constructor(fields: {
+    readonly requestId: string
+    readonly output?: Out | undefined
+    readonly error?: DeadLetter.ErrorInfo | undefined
+    readonly runContext: RunContext
+    readonly completedAt: DateTime.Utc
+  }) {
+    this.requestId = fields.requestId
+    this.output = fields.output
+    this.error = fields.error
+    this.runContext = fields.runContext
+    this.completedAt = fields.completedAt
+  }
+  get success(): boolean {
+    return this.error === undefined
+  }
+}
+
+/** What `execute` receives besides the request. */
+export interface ExecuteContext {
+  readonly heartbeat: Heartbeat.Heartbeat
+  readonly deadline: Deadline.Deadline | undefined
+  readonly budgetTracker: Budget.BudgetTracker | undefined
+  readonly runContext: RunContext
+}
+
+/** Options of the loop. */
+export interface MainLoopConfig<Req> {
+  /** Stable id of this worker (default `host-pid`). */
+  readonly workerId?: string | undefined
+  readonly leaseExtender?: MailboxWorker.Options<never, never, never, never, never>["leaseExtender"]
+  /** Dead-letter failed requests by this policy instead of replying an error at once. */
+  readonly deadLetters?: DeadLetter.DeadLetterQueue<MainLoopRequest<Req>> | undefined
+}
+
+/** Requests dead-lettered by a MainLoop. */
+export const deadLettered = Metric.counter("leasehold_messages_dead_lettered_total", {
+  description: "Messages moved to a dead-letter queue"
+})
+
+/** The default worker id: `host-pid`. */
+export const defaultWorkerId = (): string => `${hostname()}-${process.pid}`
+
+/** Makes a MainLoop over `requests`; bad config fails with a readable `ParseError`. */
+export const make = <Req, Out, E, R>(options: {
+  readonly name?: string
+  readonly requests: Mailbox<MainLoopRequest<Req>, MainLoopResult<Out>>
+  readonly execute: (request: Req, context: ExecuteContext) => Effect.Effect<Out, E, R>
+  readonly config?: MainLoopConfig<Req>
+}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
+  Effect.gen(function*() {
+    const { requests } = options
+    const workerId = options.config?.workerId ?? defaultWorkerId()
+    const deadLetters = options.config?.deadLetters
+    type Msg = Message<MainLoopRequest<Req>, MainLoopResult<Out>>
+
+    const runContextOf = (message: Msg): RunContext => ({
+      workerId,
+      runId: randomUUID(),
+      requestId: message.body.requestId,
+      attempt: message.deliveryCount,
+      traceId: message.body.traceId,
+      spanId: message.body.spanId
+    })
+    // The run context of each in-flight attempt, for the result; keyed by delivery.
+    const contexts = new WeakMap<Msg, RunContext>()
+
+    const result = (message: Msg, outcome: { output?: Out; error?: DeadLetter.ErrorInfo }) =>
+      Effect.map(DateTime.now, (completedAt) =>
+        new MainLoopResult<Out>({
+          requestId: message.body.requestId,
+          ...outcome,
+          runContext: contexts.get(message) ?? runContextOf(message),
+          completedAt
+        }))
+
+    /** Replies, then acknowledges; a reply that cannot be sent gives the request back with backoff. */
+    const replyAndAck = (message: Msg, reply: MainLoopResult<Out>) =>
+      Effect.gen(function*() {
+        if (Option.isSome(message.replyTo)) {
+          const sent = yield* Effect.either(message.reply(reply))
+          if (sent._tag === "Left") {
+            yield* Effect.logError("Reply could not be sent; the request goes back to the queue", sent.left)
+            return yield* MailboxWorker.logSettleFailure("nack after a failed reply")(
+              message.nack(DeadLetter.backoff(message.deliveryCount))
+            )
+          }
+        }
+        yield* MailboxWorker.logSettleFailure("acknowledge")(message.acknowledge)
+      })
+
+    const deadLetter = (
+      queue: DeadLetter.DeadLetterQueue<MainLoopRequest<Req>>,
+      message: Msg,
+      error: DeadLetter.ErrorInfo
+    ) =>
+      Effect.gen(function*() {
+        const letter: DeadLetter.DeadLetter<MainLoopRequest<Req>> = {
+          messageId: message.id,
+          body: message.body,
+          sourceMailbox: requests.name,
+          deliveryCount: message.deliveryCount,
+          lastError: error.message,
+          lastErrorTag: error.tag,
+          enqueuedAt: message.enqueuedAt,
+          deadLetteredAt: yield* DateTime.now,
+          requestId: message.body.requestId,
+          replyTo: Option.getOrUndefined(message.replyTo),
+          traceId: message.body.traceId
+        }
+        const stored = yield* Effect.either(queue.mailbox.send(letter))
+        if (stored._tag === "Left") {
+          yield* Effect.logError("Dead letter could not be stored; the request goes back to the queue", stored.left)
+          return yield* MailboxWorker.logSettleFailure("nack after a failed dead letter")(
+            message.nack(DeadLetter.backoff(message.deliveryCount))
+          )
+        }
+        yield* Metric.increment(deadLettered)
+        yield* Effect.logWarning(
+          `Request dead-lettered to "${queue.mailbox.name}" after ${message.deliveryCount} deliveries`
+        )
+        // The requester hears about it, but a failed error reply must not undo the dead letter.
+        if (Option.isSome(message.replyTo)) {
+          const reply = yield* result(message, { error })
+          yield* Effect.either(message.reply(reply)).pipe(
+            Effect.tap((sent) =>
+              sent._tag === "Left" ? Effect.logWarning("Error reply for a dead letter failed", sent.left) : Effect.void
+            )
+          )
+        }
+        yield* MailboxWorker.logSettleFailure("acknowledge of a dead-lettered request")(message.acknowledge)
+      })
+
+    const onFailure = (
+      message: Msg,
+      cause: Cause.Cause<E | Deadline.DeadlineExceededError | Budget.BudgetExceededError>
+    ) =>
+      Effect.gen(function*() {
+        const error = Option.match(Cause.failureOption(cause), {
+          onNone: () => ({ tag: "Defect", message: Cause.pretty(cause) }),
+          onSome: DeadLetter.describe
+        })
+        yield* Effect.logWarning(`Request ${message.body.requestId} failed: ${error.tag}: ${error.message}`)
+        if (deadLetters === undefined) {
+          return yield* replyAndAck(message, yield* result(message, { error }))
+        }
+        if (DeadLetter.decide(deadLetters.policy, message.deliveryCount, error.tag) === "dead-letter") {
+          return yield* deadLetter(deadLetters, message, error)
+        }
+        yield* MailboxWorker.logSettleFailure("nack with backoff")(
+          message.nack(DeadLetter.backoff(message.deliveryCount))
+        )
+      })
+
+    const handle = (message: Msg, heartbeat: Heartbeat.Heartbeat) =>
+      Effect.gen(function*() {
+        const body = message.body
+        const runContext = runContextOf(message)
+        contexts.set(message, runContext)
+        const budgetTracker = body.budget === undefined ? undefined : yield* Budget.makeTracker(body.budget)
+        const deadline = Deadline.earliest(body.deadline, body.budget?.deadline)
+        const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
+        return yield* deadline === undefined ? work : Deadline.within(work, deadline)
+      }).pipe(Effect.annotateLogs({ requestId: message.body.requestId }))
+
+    return yield* MailboxWorker.make<
+      MainLoopRequest<Req>,
+      MainLoopResult<Out>,
+      Out,
+      E | Deadline.DeadlineExceededError,
+      R | MailboxResolver
+    >({
+      name: options.name ?? `main-loop:${requests.name}`,
+      mailbox: requests,
+      handle,
+      onSuccess: (message, output) =>
+        Effect.flatMap(result(message, { output }), (reply) => replyAndAck(message, reply)),
+      onFailure,
+      ...(options.config?.leaseExtender !== undefined ? { leaseExtender: options.config.leaseExtender } : {})
+    })
+  })
+
+/**
+ * Runs a MainLoop for the lifetime of the layer; closing the layer's scope
+ * shuts it down gracefully within `shutdownTimeout` (default 30 s).
+ */
+export const layer = <Req, Out, E, R>(
+  options: Parameters<typeof make<Req, Out, E, R>>[0] & {
+    readonly run?: MailboxWorker.RunOptions
+    readonly shutdownTimeout?: Duration.DurationInput
+  }
+): Layer.Layer<never, ParseResult.ParseError, R | MailboxResolver> =>
+  Layer.scopedDiscard(
+    Effect.gen(function*() {
+      const loop = yield* make(options)
+      yield* Effect.addFinalizer(() =>
+        Effect.flatMap(
+          loop.shutdown({ timeout: options.shutdownTimeout ?? Duration.seconds(30) }),
+          (clean) =>
+            clean ? Effect.logInfo("MainLoop stopped cleanly") : Effect.logWarning("MainLoop shutdown timed out")
+        )
+      )
+      yield* Effect.forkScoped(
+        loop.run(options.run).pipe(Effect.catchAllCause((cause) => Effect.logError("MainLoop stopped", cause)))
+      )
+    })
+  )

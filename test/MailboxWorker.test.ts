@@ -1,0 +1,154 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Fiber, Ref, TestClock } from "effect"
+import * as Heartbeat from "../src/Heartbeat.js"
+import type { Mailbox } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MailboxWorker from "../src/MailboxWorker.js"
+
+const settle = Effect.repeatN(Effect.yieldNow(), 30)
+
+/** A worker over a string mailbox whose handler runs `work`; acks on success. */
+const worker = (
+  mailbox: Mailbox<string>,
+  work: (body: string, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void>
+) =>
+  MailboxWorker.make({
+    name: "test-worker",
+    mailbox,
+    handle: (message, heartbeat) => work(message.body, heartbeat),
+    onSuccess: (message) => MailboxWorker.logSettleFailure("ack")(message.acknowledge),
+    onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+  })
+
+describe("MailboxWorker shutdown", () => {
+  it.scoped("an idle loop blocked in a 20 s long poll stops at once", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker(mailbox, () => Effect.void)
+      const fiber = yield* Effect.fork(loop.run({ waitTime: "20 seconds" }))
+      yield* settle
+      expect(yield* loop.running).toBe(true)
+      expect(yield* loop.shutdown({ timeout: "5 seconds" })).toBe(true) // no clock advance needed
+      expect(Exit.isSuccess(yield* Fiber.await(fiber))).toBe(true)
+      expect(yield* loop.running).toBe(false)
+    }))
+
+  it.scoped("lets the in-flight message finish, nacks the rest of the batch at once, and returns true", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      for (const body of ["first", "second", "third"]) yield* mailbox.send(body)
+      const done = yield* Ref.make<Array<string>>([])
+      const loop = yield* worker(
+        mailbox,
+        (body) => Effect.zipRight(Effect.sleep("5 seconds"), Ref.update(done, (all) => [...all, body]))
+      )
+      const fiber = yield* Effect.fork(loop.run({ maxMessages: 3 }))
+      yield* settle
+      const stopping = yield* Effect.fork(loop.shutdown({ timeout: "30 seconds" }))
+      yield* settle
+      // The two unstarted messages are visible to another receiver right away.
+      const others = yield* mailbox.receive({ maxMessages: 10 })
+      expect(others.map((m) => [m.body, m.deliveryCount])).toEqual([["second", 2], ["third", 2]])
+      yield* TestClock.adjust("5 seconds")
+      expect(yield* Fiber.join(stopping)).toBe(true)
+      yield* Fiber.join(fiber)
+      expect(yield* Ref.get(done)).toEqual(["first"])
+      expect(yield* mailbox.approximateCount).toBe(2) // "first" acked; the others are with the other receiver
+    }))
+
+  it.scoped("a 100 ms timeout during a 5 s handler: returns false, interrupts the work, nacks it; the loop runs again", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("long")
+      const calls = yield* Ref.make(0)
+      const interrupted = yield* Ref.make(false)
+      const loop = yield* worker(
+        mailbox,
+        () =>
+          Effect.zipRight(Ref.update(calls, (n) => n + 1), Effect.sleep("5 seconds")).pipe(
+            Effect.onInterrupt(() => Ref.set(interrupted, true))
+          )
+      )
+      const fiber = yield* Effect.fork(loop.run())
+      yield* settle
+      const stopping = yield* Effect.fork(loop.shutdown({ timeout: "100 millis" }))
+      yield* settle
+      yield* TestClock.adjust("100 millis")
+      expect(yield* Fiber.join(stopping)).toBe(false)
+      yield* Fiber.join(fiber)
+      expect(yield* Ref.get(interrupted)).toBe(true)
+      const [again] = yield* mailbox.receive({ visibilityTimeout: 0 }) // visible at once: nacked, not left to expire
+      expect(again!.deliveryCount).toBe(2)
+
+      // It runs again after a shutdown.
+      const rerun = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
+      yield* settle
+      yield* TestClock.adjust("5 seconds")
+      yield* Fiber.join(rerun)
+      expect(yield* Ref.get(calls)).toBe(2)
+      expect(yield* mailbox.approximateCount).toBe(0)
+    }))
+
+  it.scoped("stops when its mailbox closes, and shutdown of a stopped loop is true", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker(mailbox, () => Effect.void)
+      const fiber = yield* Effect.fork(loop.run())
+      yield* settle
+      yield* mailbox.close
+      yield* Fiber.join(fiber)
+      expect(yield* loop.shutdown()).toBe(true)
+    }))
+
+  it.scoped("interrupting run gives back the in-flight message", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("m")
+      const loop = yield* worker(mailbox, () => Effect.never)
+      const fiber = yield* Effect.fork(loop.run())
+      yield* settle
+      yield* Fiber.interrupt(fiber)
+      expect((yield* mailbox.receive({ visibilityTimeout: 0 })).map((m) => m.deliveryCount)).toEqual([2])
+    }))
+
+  it.scoped("a second concurrent run and bad options fail with InvalidParameterError", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker(mailbox, () => Effect.void)
+      expect((yield* Effect.flip(loop.run({ waitTime: "1 minute" }))).parameter).toBe("waitTime")
+      expect((yield* Effect.flip(loop.run({ maxIterations: -1 }))).parameter).toBe("maxIterations")
+      yield* Effect.fork(loop.run())
+      yield* settle
+      expect((yield* Effect.flip(loop.run())).parameter).toBe("run")
+    }))
+})
+
+describe("MailboxWorker leases", () => {
+  it.scoped("beats from the handler extend the lease; a handler that stops beating loses it", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("beating")
+      const loop = yield* MailboxWorker.make({
+        name: "w",
+        mailbox,
+        handle: (_message, heartbeat) =>
+          Effect.gen(function*() {
+            for (let i = 0; i < 20; i++) {
+              yield* heartbeat.beat
+              yield* Effect.sleep("30 seconds")
+            }
+          }),
+        onSuccess: (message) => MailboxWorker.logSettleFailure("ack")(message.acknowledge),
+        onFailure: () => Effect.void,
+        leaseExtender: { interval: "20 seconds", extension: "60 seconds" }
+      })
+      const fiber = yield* Effect.fork(loop.run({ maxIterations: 1, visibilityTimeout: "60 seconds" }))
+      for (let t = 0; t < 20; t++) {
+        yield* settle
+        expect(yield* mailbox.receive()).toEqual([]) // never visible to others while the worker beats
+        yield* TestClock.adjust("30 seconds")
+      }
+      yield* Fiber.join(fiber)
+      expect(yield* mailbox.approximateCount).toBe(0)
+    }))
+})

@@ -1,0 +1,252 @@
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Fiber, Ref, TestClock } from "effect"
+import * as DeadLetter from "../src/DeadLetter.js"
+import * as Deadline from "../src/Deadline.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MainLoop from "../src/MainLoop.js"
+
+class ToolBroke extends Error {
+  readonly _tag = "ToolBroke"
+}
+class Permanent extends Error {
+  readonly _tag = "Permanent"
+}
+
+const settle = Effect.repeatN(Effect.yieldNow(), 30)
+
+/** A requests mailbox, a responses mailbox and a resolver that knows both. */
+const setup = Effect.gen(function*() {
+  const requests = yield* MailboxMemory.make<
+    MainLoop.MainLoopRequest<string>,
+    MainLoop.MainLoopResult<string>
+  >({ name: "requests" })
+  const responses = yield* MailboxMemory.make<MainLoop.MainLoopResult<string>>({ name: "responses" })
+  const deadLetters = yield* MailboxMemory.make<DeadLetter.DeadLetter<MainLoop.MainLoopRequest<string>>, unknown>({
+    name: "dead-letters"
+  })
+  const send = (body: string, options?: Parameters<typeof MainLoop.request<string>>[1]) =>
+    requests.send(MainLoop.request(body, options), { replyTo: "responses" })
+  const replies = Effect.map(responses.receive({ maxMessages: 10 }), (messages) => messages.map((m) => m.body))
+  return {
+    requests,
+    responses,
+    deadLetters,
+    send,
+    replies,
+    resolver: MailboxResolver.fromMailboxes(requests, responses)
+  }
+})
+
+const withResolver = <A, E, R>(resolver: MailboxResolver["Type"], effect: Effect.Effect<A, E, R>) =>
+  Effect.provideService(effect, MailboxResolver, resolver)
+
+describe("MainLoop", () => {
+  it.scoped("processes a request: replies the result to replyTo, then acknowledges", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      const requestId = "req-1"
+      yield* send("hello", { requestId, traceId: "trace-9" })
+      const seen = yield* Ref.make<Array<MainLoop.ExecuteContext>>([])
+      const loop = yield* MainLoop.make({
+        requests,
+        execute: (request: string, context) =>
+          Effect.as(Ref.update(seen, (all) => [...all, context]), request.toUpperCase()),
+        config: { workerId: "worker-7" }
+      })
+      yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      const [result] = yield* replies
+      expect(result!.success).toBe(true)
+      expect(result!.output).toBe("HELLO")
+      expect(result!.requestId).toBe(requestId)
+      expect(result!.runContext).toMatchObject({ workerId: "worker-7", requestId, attempt: 1, traceId: "trace-9" })
+      const [context] = yield* Ref.get(seen)
+      expect(context!.runContext.runId).toBe(result!.runContext.runId)
+      expect(context!.deadline).toBeUndefined()
+      expect(yield* requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("the default workerId is host-pid", () =>
+    Effect.sync(() => expect(MainLoop.defaultWorkerId()).toMatch(new RegExp(`-${process.pid}$`))))
+
+  it.scoped("an execute failure without a DLQ: error reply, then acknowledge", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      yield* send("x")
+      const loop = yield* MainLoop.make({ requests, execute: () => Effect.fail(new ToolBroke("the tool broke")) })
+      yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      const [result] = yield* replies
+      expect(result!.success).toBe(false)
+      expect(result!.error).toEqual({ tag: "ToolBroke", message: "the tool broke" })
+      expect(yield* requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("maxIterations bounds the polls", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      for (const body of ["a", "b", "c"]) yield* send(body)
+      const loop = yield* MainLoop.make({ requests, execute: (r: string) => Effect.succeed(r) })
+      yield* withResolver(resolver, loop.run({ maxIterations: 2, waitTime: 0 }))
+      expect((yield* replies).map((r) => r.output)).toEqual(["a", "b"])
+      expect(yield* requests.approximateCount).toBe(1)
+      expect(yield* loop.running).toBe(false)
+    }))
+
+  it.scoped("a request deadline shorter than the work: interrupted, error result naming the deadline", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      const interrupted = yield* Ref.make(false)
+      yield* send("slow", { deadline: yield* Deadline.after("2 seconds") })
+      const loop = yield* MainLoop.make({
+        requests,
+        execute: (_: string, context) =>
+          Effect.as(Effect.sleep("10 seconds"), `deadline was ${context.deadline?.iso}`).pipe(
+            Effect.onInterrupt(() => Ref.set(interrupted, true))
+          )
+      })
+      const fiber = yield* Effect.fork(withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 })))
+      yield* settle
+      yield* TestClock.adjust("2 seconds")
+      yield* Fiber.join(fiber)
+      const [result] = yield* replies
+      expect(result!.error?.tag).toBe("DeadlineExceededError")
+      expect(result!.error?.message).toContain("1970-01-01T00:00:02.000Z")
+      expect(yield* Ref.get(interrupted)).toBe(true)
+    }))
+
+  it.scoped("a budget reaches execute as a tracker, and its deadline applies too", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      const { Budget } = yield* Effect.promise(() => import("../src/index.js"))
+      yield* send("x", { budget: yield* Budget.make({ maxTotalTokens: 10 }) })
+      const loop = yield* MainLoop.make({
+        requests,
+        execute: (_: string, { budgetTracker }) =>
+          Effect.gen(function*() {
+            yield* budgetTracker!.record("e", { inputTokens: 8, outputTokens: 8 }).pipe(Effect.orDie)
+            yield* budgetTracker!.check
+            return "never"
+          })
+      })
+      yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      const [result] = yield* replies
+      expect(result!.error?.tag).toBe("BudgetExceededError")
+    }))
+})
+
+describe("MainLoop with a dead-letter queue", () => {
+  const failingLoop = (
+    env: Effect.Effect.Success<typeof setup>,
+    error: () => Error,
+    policy: Parameters<typeof DeadLetter.policy>[0]
+  ) =>
+    Effect.gen(function*() {
+      return yield* MainLoop.make({
+        requests: env.requests,
+        execute: () => Effect.fail(error()),
+        config: { deadLetters: { mailbox: env.deadLetters, policy: yield* DeadLetter.policy(policy) } }
+      })
+    })
+
+  it.scoped("maxDeliveryCount 1: dead letter with its metadata, and an error reply", () =>
+    Effect.gen(function*() {
+      const env = yield* setup
+      yield* env.send("poison", { requestId: "req-p", traceId: "t-1" })
+      const loop = yield* failingLoop(env, () => new ToolBroke("boom"), { maxDeliveryCount: 1 })
+      yield* withResolver(env.resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      const [letter] = yield* env.deadLetters.receive()
+      expect(letter!.body).toMatchObject({
+        sourceMailbox: "requests",
+        deliveryCount: 1,
+        lastError: "boom",
+        lastErrorTag: "ToolBroke",
+        requestId: "req-p",
+        replyTo: "responses",
+        traceId: "t-1"
+      })
+      expect(letter!.body.body.request).toBe("poison")
+      const [reply] = yield* env.replies
+      expect(reply!.error?.tag).toBe("ToolBroke")
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("maxDeliveryCount 5: nack with backoff min(60 s × deliveryCount, 15 min), dead letter at the 5th", () =>
+    Effect.gen(function*() {
+      const env = yield* setup
+      yield* env.send("flaky")
+      const loop = yield* failingLoop(env, () => new ToolBroke("boom"), { maxDeliveryCount: 5 })
+      const runOnce = withResolver(env.resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      for (let delivery = 1; delivery <= 4; delivery++) {
+        yield* runOnce
+        expect(yield* env.replies).toEqual([]) // no reply while retrying
+        yield* TestClock.adjust(`${60 * delivery - 1} seconds`)
+        expect(yield* env.requests.receive({ visibilityTimeout: 0 })).toEqual([]) // still hidden
+        yield* TestClock.adjust("1 second")
+      }
+      yield* runOnce
+      expect((yield* env.deadLetters.receive()).map((m) => m.body.deliveryCount)).toEqual([5])
+      expect(DeadLetter.backoff(20)).toEqual(DeadLetter.backoff(15))
+    }))
+
+  it.scoped("includeErrors dead-letters at once; excludeErrors never does, and exclude wins", () =>
+    Effect.gen(function*() {
+      const env = yield* setup
+      yield* env.send("a")
+      const include = yield* failingLoop(env, () => new Permanent("no"), { includeErrors: ["Permanent"] })
+      yield* withResolver(env.resolver, include.run({ maxIterations: 1, waitTime: 0 }))
+      expect((yield* env.deadLetters.receive()).length).toBe(1)
+
+      yield* env.send("b")
+      const both = yield* failingLoop(env, () => new Permanent("no"), {
+        maxDeliveryCount: 1,
+        includeErrors: ["Permanent"],
+        excludeErrors: ["Permanent"]
+      })
+      yield* withResolver(env.resolver, both.run({ maxIterations: 1, waitTime: 0 }))
+      expect(yield* env.deadLetters.receive()).toEqual([])
+      expect(yield* env.requests.approximateCount).toBe(1) // retried, not lost
+      expect(DeadLetter.decide(yield* DeadLetter.policy({ excludeErrors: ["X"] }), 100, "X")).toBe("retry")
+    }))
+
+  it.effect("a bad policy is a ParseError", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(DeadLetter.policy({ maxDeliveryCount: 0 }))
+      expect(error.message).toContain("maxDeliveryCount")
+    }))
+})
+
+describe("MainLoop settling never loses a request", () => {
+  it.scoped("a reply that cannot be sent nacks the request, which stays queued", () =>
+    Effect.gen(function*() {
+      const { requests, resolver } = yield* setup
+      yield* requests.send(MainLoop.request("x"), { replyTo: "nowhere" })
+      const loop = yield* MainLoop.make({ requests, execute: (r: string) => Effect.succeed(r) })
+      yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      expect(yield* requests.approximateCount).toBe(1)
+      yield* TestClock.adjust("60 seconds")
+      const [again] = yield* requests.receive()
+      expect(again!.deliveryCount).toBe(2)
+    }))
+
+  it.scoped("a handle that expired before the ack is logged, and the loop goes on", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      yield* send("slow")
+      yield* send("next")
+      const loop = yield* MainLoop.make({
+        requests,
+        execute: (r: string) => r === "slow" ? Effect.as(Effect.sleep("2 seconds"), r) : Effect.succeed(r),
+        config: { leaseExtender: { enabled: false } }
+      })
+      const fiber = yield* Effect.fork(
+        withResolver(resolver, loop.run({ maxIterations: 2, waitTime: 0, visibilityTimeout: "1 second" }))
+      )
+      yield* settle
+      yield* TestClock.adjust("2 seconds")
+      yield* Fiber.join(fiber)
+      // "slow" was replied (at-least-once: it may run again), then its ack failed; "next" was still processed.
+      const outputs = (yield* replies).map((r) => r.output)
+      expect(outputs).toContain("slow")
+      expect(outputs.length).toBe(2)
+    }))
+})
