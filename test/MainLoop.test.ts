@@ -48,12 +48,15 @@ describe("MainLoop", () => {
       const requestId = "req-1"
       yield* send("hello", { requestId, traceId: "trace-9" })
       const seen = yield* Ref.make<Array<MainLoop.ExecuteContext>>([])
-      const loop = yield* MainLoop.make({
-        requests,
-        execute: (request: string, context) =>
-          Effect.as(Ref.update(seen, (all) => [...all, context]), request.toUpperCase()),
-        config: { workerId: "worker-7" }
-      })
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (request: string, context) =>
+            Effect.as(Ref.update(seen, (all) => [...all, context]), request.toUpperCase()),
+          config: { workerId: "worker-7" }
+        })
+      )
       yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
       const [result] = yield* replies
       expect(result!.success).toBe(true)
@@ -73,7 +76,10 @@ describe("MainLoop", () => {
     Effect.gen(function*() {
       const { replies, requests, resolver, send } = yield* setup
       yield* send("x")
-      const loop = yield* MainLoop.make({ requests, execute: () => Effect.fail(new ToolBroke("the tool broke")) })
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({ requests, execute: () => Effect.fail(new ToolBroke("the tool broke")) })
+      )
       yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
       const [result] = yield* replies
       expect(result!.success).toBe(false)
@@ -85,7 +91,7 @@ describe("MainLoop", () => {
     Effect.gen(function*() {
       const { replies, requests, resolver, send } = yield* setup
       for (const body of ["a", "b", "c"]) yield* send(body)
-      const loop = yield* MainLoop.make({ requests, execute: (r: string) => Effect.succeed(r) })
+      const loop = yield* withResolver(resolver, MainLoop.make({ requests, execute: (r: string) => Effect.succeed(r) }))
       yield* withResolver(resolver, loop.run({ maxIterations: 2, waitTime: 0 }))
       expect((yield* replies).map((r) => r.output)).toEqual(["a", "b"])
       expect(yield* requests.approximateCount).toBe(1)
@@ -97,13 +103,16 @@ describe("MainLoop", () => {
       const { replies, requests, resolver, send } = yield* setup
       const interrupted = yield* Ref.make(false)
       yield* send("slow", { deadline: yield* Deadline.after("2 seconds") })
-      const loop = yield* MainLoop.make({
-        requests,
-        execute: (_: string, context) =>
-          Effect.as(Effect.sleep("10 seconds"), `deadline was ${context.deadline?.iso}`).pipe(
-            Effect.onInterrupt(() => Ref.set(interrupted, true))
-          )
-      })
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (_: string, context) =>
+            Effect.as(Effect.sleep("10 seconds"), `deadline was ${context.deadline?.iso}`).pipe(
+              Effect.onInterrupt(() => Ref.set(interrupted, true))
+            )
+        })
+      )
       const fiber = yield* Effect.fork(withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 })))
       yield* settle
       yield* TestClock.adjust("2 seconds")
@@ -119,15 +128,18 @@ describe("MainLoop", () => {
       const { replies, requests, resolver, send } = yield* setup
       const { Budget } = yield* Effect.promise(() => import("../src/index.js"))
       yield* send("x", { budget: yield* Budget.make({ maxTotalTokens: 10 }) })
-      const loop = yield* MainLoop.make({
-        requests,
-        execute: (_: string, { budgetTracker }) =>
-          Effect.gen(function*() {
-            yield* budgetTracker!.record("e", { inputTokens: 8, outputTokens: 8 }).pipe(Effect.orDie)
-            yield* budgetTracker!.check
-            return "never"
-          })
-      })
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (_: string, { budgetTracker }) =>
+            Effect.gen(function*() {
+              yield* budgetTracker!.record("e", { inputTokens: 8, outputTokens: 8 }).pipe(Effect.orDie)
+              yield* budgetTracker!.check
+              return "never"
+            })
+        })
+      )
       yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
       const [result] = yield* replies
       expect(result!.error?.tag).toBe("BudgetExceededError")
@@ -141,11 +153,14 @@ describe("MainLoop with a dead-letter queue", () => {
     policy: Parameters<typeof DeadLetter.policy>[0]
   ) =>
     Effect.gen(function*() {
-      return yield* MainLoop.make({
-        requests: env.requests,
-        execute: () => Effect.fail(error()),
-        config: { deadLetters: { mailbox: env.deadLetters, policy: yield* DeadLetter.policy(policy) } }
-      })
+      return yield* withResolver(
+        env.resolver,
+        MainLoop.make({
+          requests: env.requests,
+          execute: () => Effect.fail(error()),
+          config: { deadLetters: { mailbox: env.deadLetters, policy: yield* DeadLetter.policy(policy) } }
+        })
+      )
     })
 
   it.scoped("maxDeliveryCount 1: dead letter with its metadata, and an error reply", () =>
@@ -220,7 +235,7 @@ describe("MainLoop settling never loses a request", () => {
     Effect.gen(function*() {
       const { requests, resolver } = yield* setup
       yield* requests.send(MainLoop.request("x"), { replyTo: "nowhere" })
-      const loop = yield* MainLoop.make({ requests, execute: (r: string) => Effect.succeed(r) })
+      const loop = yield* withResolver(resolver, MainLoop.make({ requests, execute: (r: string) => Effect.succeed(r) }))
       yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
       expect(yield* requests.approximateCount).toBe(1)
       yield* TestClock.adjust("60 seconds")
@@ -233,11 +248,14 @@ describe("MainLoop settling never loses a request", () => {
       const { replies, requests, resolver, send } = yield* setup
       yield* send("slow")
       yield* send("next")
-      const loop = yield* MainLoop.make({
-        requests,
-        execute: (r: string) => r === "slow" ? Effect.as(Effect.sleep("2 seconds"), r) : Effect.succeed(r),
-        config: { leaseExtender: { enabled: false } }
-      })
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (r: string) => r === "slow" ? Effect.as(Effect.sleep("2 seconds"), r) : Effect.succeed(r),
+          config: { leaseExtender: { enabled: false } }
+        })
+      )
       const fiber = yield* Effect.fork(
         withResolver(resolver, loop.run({ maxIterations: 2, waitTime: 0, visibilityTimeout: "1 second" }))
       )
