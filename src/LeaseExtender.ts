@@ -65,11 +65,13 @@ export interface LeaseExtender {
 
 /** Extensions that succeeded. */
 export const extensions = Metric.counter("leasehold_lease_extensions_total", {
-  description: "Lease extensions that succeeded"
+  description: "Lease extensions that succeeded",
+  incremental: true
 })
 /** Extensions that failed (expired handle or store error). */
 export const extensionFailures = Metric.counter("leasehold_lease_extension_failures_total", {
-  description: "Lease extensions that failed"
+  description: "Lease extensions that failed",
+  incremental: true
 })
 
 interface Attachment {

@@ -64,16 +64,20 @@ export interface Runnable {
 
 /** Messages handled, by outcome. */
 export const messagesProcessed = Metric.counter("leasehold_messages_processed_total", {
-  description: "Messages whose handler succeeded"
+  description: "Messages whose handler succeeded",
+  incremental: true
 })
 export const messagesFailed = Metric.counter("leasehold_messages_failed_total", {
-  description: "Messages whose handler failed"
+  description: "Messages whose handler failed",
+  incremental: true
 })
 export const messagesInterrupted = Metric.counter("leasehold_messages_interrupted_total", {
-  description: "Messages whose handler was interrupted (shutdown timeout) and that were given back"
+  description: "Messages whose handler was interrupted (shutdown timeout) and that were given back",
+  incremental: true
 })
 export const messagesRedelivered = Metric.counter("leasehold_messages_redelivered_total", {
-  description: "Messages received with deliveryCount > 1"
+  description: "Messages received with deliveryCount > 1",
+  incremental: true
 })
 
 /** How a worker settles messages; the handler's success and failure are the caller's to settle. */

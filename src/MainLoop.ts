@@ -10,8 +10,10 @@
  * cannot be sent nacks the request, a dead letter that cannot be stored
  * nacks it too, and a handle that expired on ack is only logged.
  *
- * `layer` runs the loop for the layer's lifetime; closing the layer's scope
- * (SIGTERM under `NodeRuntime.runMain`) is a graceful shutdown.
+ * `make` captures its environment (the services `execute` needs and the
+ * `MailboxResolver` for replies). `layer` runs the loop for the layer's
+ * lifetime; closing the layer's scope (SIGTERM under `NodeRuntime.runMain`)
+ * is a graceful shutdown.
  */
 import * as Cause from "effect/Cause"
 import * as DateTime from "effect/DateTime"
@@ -102,7 +104,8 @@ export interface MainLoopConfig<Req> {
 
 /** Requests dead-lettered by a MainLoop. */
 export const deadLettered = Metric.counter("leasehold_messages_dead_lettered_total", {
-  description: "Messages moved to a dead-letter queue"
+  description: "Messages moved to a dead-letter queue",
+  incremental: true
 })
 
 /** The default worker id: `host-pid`. */
@@ -260,15 +263,16 @@ export const layer = <Req, Out, E, R>(
   Layer.scopedDiscard(
     Effect.gen(function*() {
       const loop = yield* make(options)
+      yield* Effect.forkScoped(
+        loop.run(options.run).pipe(Effect.catchAllCause((cause) => Effect.logError("MainLoop stopped", cause)))
+      )
+      // Added after the fork, so it runs before the fork is interrupted: a graceful stop, not an interruption.
       yield* Effect.addFinalizer(() =>
         Effect.flatMap(
           loop.shutdown({ timeout: options.shutdownTimeout ?? Duration.seconds(30) }),
           (clean) =>
             clean ? Effect.logInfo("MainLoop stopped cleanly") : Effect.logWarning("MainLoop shutdown timed out")
         )
-      )
-      yield* Effect.forkScoped(
-        loop.run(options.run).pipe(Effect.catchAllCause((cause) => Effect.logError("MainLoop stopped", cause)))
       )
     })
   )

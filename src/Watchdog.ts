@@ -54,7 +54,8 @@ export interface Watchdog {
 
 /** Stalls detected. */
 export const stallsDetected = Metric.counter("leasehold_watchdog_stalls_total", {
-  description: "Heartbeat stalls detected by the watchdog"
+  description: "Heartbeat stalls detected by the watchdog",
+  incremental: true
 })
 
 /** Makes a watchdog; bad config fails with a readable `ParseError`. */

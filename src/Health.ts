@@ -1,0 +1,133 @@
+/**
+ * Health: what an orchestrator (Kubernetes, a load balancer) asks a worker.
+ *
+ * `GET /health/live` answers 200 while the process serves at all.
+ * `GET /health/ready` answers 200, or 503 with the reasons when the worker is
+ * shutting down, a registered loop is not running, or a loop's heartbeat is
+ * older than `staleAfter` (use the watchdog's threshold). `GET /metrics` is
+ * every Effect `Metric` of the runtime in Prometheus text, rendered by
+ * OpenTelemetry's Prometheus serializer through `@effect/opentelemetry`.
+ * Anything else is 404.
+ */
+import * as Metrics from "@effect/opentelemetry/Metrics"
+import * as Resource from "@effect/opentelemetry/Resource"
+import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
+import type * as HttpServer from "@effect/platform/HttpServer"
+import type { ServeError } from "@effect/platform/HttpServerError"
+import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
+import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporter-prometheus"
+import * as Context from "effect/Context"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import type * as Scope from "effect/Scope"
+import { createServer } from "node:http"
+import type * as MailboxWorker from "./MailboxWorker.js"
+
+/** The readiness verdict and why. */
+export interface Readiness {
+  readonly ready: boolean
+  readonly reasons: ReadonlyArray<string>
+}
+
+/** Tracks what readiness depends on. */
+export class Health extends Context.Tag("leasehold/Health")<Health, {
+  /** Counts `loop` in readiness until the scope closes. */
+  readonly register: (loop: MailboxWorker.Runnable) => Effect.Effect<void, never, Scope.Scope>
+  /** From now on, not ready: the worker is draining. */
+  readonly setShuttingDown: Effect.Effect<void>
+  readonly readiness: Effect.Effect<Readiness>
+  /** `http://host:port` of the health server, when one is serving. */
+  readonly url: string | undefined
+}>() {}
+
+const makeRegistry = (staleAfter: Duration.Duration, url: string | undefined): Health["Type"] => {
+  const loops = new Set<MailboxWorker.Runnable>()
+  let shuttingDown = false
+  return {
+    register: (loop) =>
+      Effect.acquireRelease(Effect.sync(() => loops.add(loop)), () => Effect.sync(() => loops.delete(loop))),
+    setShuttingDown: Effect.sync(() => {
+      shuttingDown = true
+    }),
+    readiness: Effect.gen(function*() {
+      const reasons: Array<string> = []
+      if (shuttingDown) reasons.push("shutting down")
+      for (const loop of loops) {
+        if (!(yield* loop.running)) reasons.push(`loop "${loop.name}" is not running`)
+        const elapsed = yield* loop.heartbeat.elapsed
+        if (Duration.greaterThan(elapsed, staleAfter)) {
+          reasons.push(`loop "${loop.name}" has not beaten for ${Duration.format(elapsed)}`)
+        }
+      }
+      return { ready: reasons.length === 0, reasons }
+    }),
+    url
+  }
+}
+
+/** Readiness tracking without a server (for tests, or a process that serves health elsewhere). */
+export const layerRegistry = (options?: { readonly staleAfter?: Duration.DurationInput }): Layer.Layer<Health> =>
+  Layer.sync(Health, () => makeRegistry(Duration.decode(options?.staleAfter ?? Duration.seconds(720)), undefined))
+
+/** Prometheus text of every metric in the runtime, rendered by OpenTelemetry's serializer. */
+const prometheusText: Effect.Effect<Effect.Effect<string>, never, Scope.Scope> = Effect.gen(function*() {
+  const exporter = new PrometheusExporter({ preventServerStart: true })
+  const producer = yield* Metrics.makeProducer.pipe(
+    Effect.provide(Resource.layer({ serviceName: "leasehold" }))
+  )
+  yield* Metrics.registerProducer(producer, () => exporter)
+  const serializer = new PrometheusSerializer()
+  return Effect.map(
+    Effect.promise(() => exporter.collect()),
+    ({ resourceMetrics }) => serializer.serialize(resourceMetrics)
+  )
+})
+
+/**
+ * Serves health and metrics on `port` (0 picks a free one; see `url`) until
+ * the layer closes. `staleAfter` (default 720 s, the watchdog's default
+ * threshold) is how old a heartbeat may be in a ready worker.
+ */
+export const layer = (options: {
+  readonly port: number
+  readonly host?: string
+  readonly staleAfter?: Duration.DurationInput
+}): Layer.Layer<Health, ServeError> =>
+  Layer.scoped(
+    Health,
+    Effect.gen(function*() {
+      const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => createServer(), {
+        port: options.port,
+        host: options.host ?? "0.0.0.0"
+      })
+      const address = server.address
+      const url = address._tag === "TcpAddress"
+        ? `http://${
+          address.hostname === "0.0.0.0" || address.hostname === "::" ? "127.0.0.1" : address.hostname
+        }:${address.port}`
+        : undefined
+      const health = makeRegistry(Duration.decode(options.staleAfter ?? Duration.seconds(720)), url)
+      const metrics = yield* prometheusText
+      yield* server.serve(
+        Effect.gen(function*() {
+          const request = yield* HttpServerRequest.HttpServerRequest
+          switch (request.url.split("?")[0]) {
+            case "/health/live":
+              return HttpServerResponse.unsafeJson({ live: true })
+            case "/health/ready": {
+              const readiness = yield* health.readiness
+              return HttpServerResponse.unsafeJson(readiness, { status: readiness.ready ? 200 : 503 })
+            }
+            case "/metrics":
+              return HttpServerResponse.text(yield* metrics, { contentType: "text/plain; version=0.0.4" })
+            default:
+              return HttpServerResponse.text("not found\n", { status: 404 })
+          }
+        })
+      )
+      yield* Effect.logInfo(`Health server listening on ${url}`)
+      return health
+    })
+  )
