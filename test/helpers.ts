@@ -1,6 +1,6 @@
 /** Test helpers shared by several test files. */
 import { Effect, Logger, type LogLevel } from "effect"
-import { execFile } from "node:child_process"
+import { execFile, spawn } from "node:child_process"
 
 /** A logger that records level and message, and the layer that installs it. */
 export const captureLogs = () => {
@@ -25,3 +25,53 @@ export const runTsx = (file: string, args: ReadonlyArray<string> = [], timeoutMs
     )
     return Effect.sync(() => child.kill("SIGKILL"))
   })
+
+/** A child process running a TypeScript file, with its output collected as it comes. */
+export interface Child {
+  readonly pid: number
+  readonly output: () => string
+  /** Resolves once the output matches `pattern` (fails after `timeoutMs`). */
+  readonly waitFor: (pattern: RegExp, timeoutMs?: number) => Effect.Effect<void>
+  readonly signal: (signal: NodeJS.Signals) => Effect.Effect<void>
+  /** Resolves when the process exits, with its code (null if a signal ended it) and signal. */
+  readonly exited: Effect.Effect<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
+}
+
+/** Spawns `node --import tsx file args`, killed when the scope closes if still running. */
+export const spawnTsx = (file: string, args: ReadonlyArray<string> = []) =>
+  Effect.acquireRelease(
+    Effect.sync((): Child => {
+      const child = spawn("node", ["--import", "tsx", file, ...args], {
+        env: { ...process.env, NO_COLOR: "1" },
+        stdio: ["ignore", "pipe", "pipe"]
+      })
+      let output = ""
+      child.stdout.on("data", (chunk) => (output += chunk))
+      child.stderr.on("data", (chunk) => (output += chunk))
+      const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+        child.on("exit", (code, signal) => resolve({ code, signal }))
+      )
+      return {
+        pid: child.pid!,
+        output: () => output,
+        waitFor: (pattern, timeoutMs = 30_000) =>
+          Effect.promise(() =>
+            new Promise<void>((resolve, reject) => {
+              const started = performance.now()
+              const check = () => {
+                if (pattern.test(output)) return resolve()
+                if (performance.now() - started > timeoutMs || child.exitCode !== null) {
+                  return reject(new Error(`timed out waiting for ${pattern}; output so far:\n${output}`))
+                }
+                setTimeout(check, 20)
+              }
+              check()
+            })
+          ),
+        signal: (signal) => Effect.sync(() => void child.kill(signal)),
+        exited: Effect.promise(() => exited)
+      }
+    }),
+    // Already gone is the usual case: then kill fails and that is fine.
+    (child) => Effect.ignore(Effect.try(() => process.kill(child.pid, "SIGKILL")))
+  )
