@@ -30,6 +30,7 @@ import * as LeaseExtender from "./LeaseExtender.js"
 import {
   InvalidParameterError,
   type Mailbox,
+  type MailboxResolver,
   type Message,
   validateDuration,
   validateReceiveOptions
@@ -109,6 +110,27 @@ export const logSettleFailure = (step: string) => <E>(effect: Effect.Effect<void
   Effect.catchAllCause(effect, (cause) => Effect.logWarning(`${step} failed`, cause))
 
 /** Retry forever while the store is unreachable: 100 ms growing by 1.5× up to 10 s between tries. */
+/**
+ * Replies, then acknowledges. A reply that cannot be sent gives the message
+ * back after `retryAfter` instead of losing the work; a message without
+ * `replyTo` is only acknowledged.
+ */
+export const replyThenAck = <A, R>(
+  message: Message<A, R>,
+  reply: R,
+  retryAfter: Duration.Duration
+): Effect.Effect<void, never, MailboxResolver> =>
+  Effect.gen(function*() {
+    if (Option.isSome(message.replyTo)) {
+      const sent = yield* Effect.either(message.reply(reply))
+      if (sent._tag === "Left") {
+        yield* Effect.logError("Reply could not be sent; the message goes back to the queue", sent.left)
+        return yield* logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
+      }
+    }
+    yield* logSettleFailure("acknowledge")(message.acknowledge)
+  })
+
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 
 /** Makes a worker; bad lease-extender config fails with a readable `ParseError`. */

@@ -144,20 +144,8 @@ export const make = <Req, Out, E, R>(options: {
           completedAt
         }))
 
-    /** Replies, then acknowledges; a reply that cannot be sent gives the request back with backoff. */
     const replyAndAck = (message: Msg, reply: MainLoopResult<Out>) =>
-      Effect.gen(function*() {
-        if (Option.isSome(message.replyTo)) {
-          const sent = yield* Effect.either(message.reply(reply))
-          if (sent._tag === "Left") {
-            yield* Effect.logError("Reply could not be sent; the request goes back to the queue", sent.left)
-            return yield* MailboxWorker.logSettleFailure("nack after a failed reply")(
-              message.nack(DeadLetter.backoff(message.deliveryCount))
-            )
-          }
-        }
-        yield* MailboxWorker.logSettleFailure("acknowledge")(message.acknowledge)
-      })
+      MailboxWorker.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
 
     const deadLetter = (
       queue: DeadLetter.DeadLetterQueue<MainLoopRequest<Req>>,

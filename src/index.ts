@@ -3,8 +3,11 @@
  * Each module is one concept; see README.md for a tour.
  */
 export * as Budget from "./Budget.js"
+export * as Dataset from "./Dataset.js"
 export * as DeadLetter from "./DeadLetter.js"
 export * as Deadline from "./Deadline.js"
+export * as EvalLoop from "./EvalLoop.js"
+export * as Evaluator from "./Evaluator.js"
 export * as Health from "./Health.js"
 export * as Heartbeat from "./Heartbeat.js"
 export * as LeaseExtender from "./LeaseExtender.js"

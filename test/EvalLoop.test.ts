@@ -1,0 +1,160 @@
+import { NodeFileSystem } from "@effect/platform-node"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Fiber, Schema, TestClock } from "effect"
+import { mkdtempSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Dataset from "../src/Dataset.js"
+import * as EvalLoop from "../src/EvalLoop.js"
+import * as Evaluator from "../src/Evaluator.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+
+const settle = Effect.repeatN(Effect.yieldNow(), 30)
+const schemas = { input: Schema.Number, expected: Schema.Number }
+
+describe("Dataset", () => {
+  it.effect("decodes JSON Lines with the Schemas, skipping blank lines", () =>
+    Effect.gen(function*() {
+      const samples = yield* Dataset.fromJsonl(
+        `{"id":"a","input":1,"expected":2}\n\n{"id":"b","input":2,"expected":4}\n`,
+        schemas
+      )
+      expect(samples).toEqual([{ id: "a", input: 1, expected: 2 }, { id: "b", input: 2, expected: 4 }])
+    }))
+
+  it.effect("names the line of bad JSON, a Schema mismatch and a duplicate id", () =>
+    Effect.gen(function*() {
+      const bad = (text: string) => Effect.flip(Dataset.fromJsonl(text, schemas, "evals.jsonl"))
+      const notJson = yield* bad(`{"id":"a","input":1,"expected":2}\n{oops`)
+      expect(notJson.line).toBe(2)
+      expect(notJson.message).toMatch(/^Dataset evals.jsonl, line 2: not JSON/)
+      const mismatch = yield* bad(`\n\n{"id":"a","input":"one","expected":2}`)
+      expect(mismatch.line).toBe(3)
+      expect(mismatch.message).toContain("input")
+      const duplicate = yield* bad(`{"id":"a","input":1,"expected":2}\n{"id":"a","input":1,"expected":2}`)
+      expect(duplicate.message).toContain(`line 2: duplicate sample id "a"`)
+    }))
+
+  it.effect("loads a file, and a missing file is a DatasetError naming it", () =>
+    Effect.gen(function*() {
+      const dir = mkdtempSync(join(tmpdir(), "leasehold-dataset-"))
+      const path = join(dir, "evals.jsonl")
+      writeFileSync(path, `{"id":"x","input":3,"expected":6}\n`)
+      expect((yield* Dataset.loadJsonl(path, schemas)).length).toBe(1)
+      const missing = yield* Effect.flip(Dataset.loadJsonl(join(dir, "missing.jsonl"), schemas))
+      expect(missing.line).toBe(0)
+      expect(missing.message).toContain("missing.jsonl")
+    }).pipe(Effect.provide(NodeFileSystem.layer)))
+})
+
+describe("Evaluators", () => {
+  it.effect("exactMatch compares structurally, contains looks for text, allOf averages, anyOf takes the best", () =>
+    Effect.gen(function*() {
+      expect((yield* Evaluator.exactMatch({ a: [1, 2] }, { a: [1, 2] })).passed).toBe(true)
+      expect((yield* Evaluator.exactMatch("x", "y")).value).toBe(0)
+      expect((yield* Evaluator.contains("the answer is 42", "42")).passed).toBe(true)
+      const even: Evaluator.Evaluator<number, number> = (output) =>
+        Effect.succeed(
+          new Evaluator.Score({ value: output % 2 === 0 ? 1 : 0, passed: output % 2 === 0, reason: "even" })
+        )
+      const all = yield* Evaluator.allOf<number, number>(Evaluator.exactMatch, even)(4, 6)
+      expect([all.value, all.passed]).toEqual([0.5, false])
+      const any = yield* Evaluator.anyOf<number, number>(Evaluator.exactMatch, even)(4, 6)
+      expect([any.value, any.passed]).toEqual([1, true])
+      const error = yield* Effect.flip(Schema.decodeUnknown(Evaluator.Score)({ value: 1.5, passed: true, reason: "" }))
+      expect(error.message).toContain("between 0 and 1")
+    }))
+})
+
+describe("EvalLoop end to end", () => {
+  it.scoped("20 samples × 2 experiments through a scripted execute: the report's figures, checked by hand", () =>
+    Effect.gen(function*() {
+      const requests = yield* MailboxMemory.make<EvalLoop.EvalRequest<number, number>, EvalLoop.EvalResult>({
+        name: "evals"
+      })
+      const results = yield* MailboxMemory.make<EvalLoop.EvalResult>({ name: "results" })
+      const samples = Array.from({ length: 20 }, (_, i) => ({ id: `s${i + 1}`, input: i + 1, expected: 2 * (i + 1) }))
+      // n % 5 == 0 fails; in "baseline", n % 3 == 0 answers 2n + 2 (even, but wrong). Sample n takes 10·n ms.
+      const execute = (n: number, { experiment }: EvalLoop.EvalContext) =>
+        Effect.gen(function*() {
+          yield* TestClock.adjust(`${10 * n} millis`)
+          if (n % 5 === 0) return yield* Effect.fail(new Error(`tool broke on ${n}`))
+          return experiment === "baseline" && n % 3 === 0 ? 2 * n + 2 : 2 * n
+        })
+      const even: Evaluator.Evaluator<number, number> = (output) =>
+        Effect.succeed(
+          new Evaluator.Score({ value: output % 2 === 0 ? 1 : 0, passed: output % 2 === 0, reason: "even" })
+        )
+      const loop = yield* EvalLoop.make({
+        requests,
+        execute,
+        evaluator: Evaluator.allOf<number, number>(Evaluator.exactMatch, even)
+      }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests, results)))
+
+      yield* EvalLoop.submitDataset(requests, samples, { experiment: "baseline", replyTo: "results" })
+      yield* EvalLoop.submitDataset(requests, samples, { experiment: "treatment", replyTo: "results" })
+      yield* loop.run({ maxIterations: 40, waitTime: 0 })
+      const collected = yield* EvalLoop.collectResults(results, 40, "1 second")
+      expect(collected.length).toBe(40)
+      const failed = collected.find((r) => r.sampleId === "s5" && r.experiment === "baseline")!
+      expect(failed.error).toBe("Error: tool broke on 5")
+      expect(failed.score.value).toBe(0)
+
+      const report = EvalLoop.report(collected)
+      // baseline: 16 successful (5, 10, 15, 20 failed); wrong: 3, 6, 9, 12, 18 → 11 passed;
+      // scores 11 × 1 + 5 × 0.5 = 13.5; latency of successful: 10 × (210 − 50) / 16 = 100 ms.
+      expect(report.experiments["baseline"]).toEqual({
+        total: 20,
+        successful: 16,
+        failed: 4,
+        passed: 11,
+        passRate: 11 / 16,
+        meanScore: 13.5 / 16,
+        meanLatencyMs: 100
+      })
+      expect(report.experiments["treatment"]).toMatchObject({ successful: 16, passed: 16, passRate: 1, meanScore: 1 })
+      expect(report).toMatchObject({ total: 40, successful: 32, passed: 27, passRate: 27 / 32, meanScore: 29.5 / 32 })
+      expect(EvalLoop.compare(report, "baseline", "treatment")).toEqual({
+        baseline: "baseline",
+        treatment: "treatment",
+        passRateDelta: 1 - 11 / 16,
+        meanScoreDelta: 1 - 13.5 / 16,
+        meanLatencyMsDelta: 0
+      })
+      expect(EvalLoop.compare(report, "baseline", "missing")).toBeUndefined()
+    }))
+
+  it.scoped("collectResults returns what arrived when the timeout passes", () =>
+    Effect.gen(function*() {
+      const results = yield* MailboxMemory.make<EvalLoop.EvalResult>({ name: "results" })
+      const fiber = yield* Effect.fork(EvalLoop.collectResults(results, 3, "30 seconds"))
+      yield* settle
+      yield* TestClock.adjust("30 seconds")
+      expect(yield* Fiber.join(fiber)).toEqual([])
+    }))
+
+  it.scoped("a sample's execution beats the loop's heartbeat, which keeps the eval message leased", () =>
+    Effect.gen(function*() {
+      const requests = yield* MailboxMemory.make<EvalLoop.EvalRequest<number, number>, EvalLoop.EvalResult>({
+        name: "evals"
+      })
+      const loop = yield* EvalLoop.make({
+        requests,
+        execute: (n: number, { heartbeat }) =>
+          Effect.gen(function*() {
+            for (let i = 0; i < 5; i++) {
+              yield* heartbeat.beat
+              yield* settle
+              yield* TestClock.adjust("900 millis") // 4.5 s in all, against a 1 s visibility timeout
+            }
+            return n
+          }),
+        evaluator: Evaluator.exactMatch,
+        leaseExtender: { interval: 0, extension: "1 second" }
+      }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests)))
+      yield* requests.send({ requestId: "r", experiment: "e", sample: { id: "s", input: 1, expected: 1 } })
+      yield* loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "1 second" })
+      expect(yield* requests.approximateCount).toBe(0) // the ack found its lease still valid
+    }))
+})
