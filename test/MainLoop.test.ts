@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber, Ref, TestClock } from "effect"
+import { Effect, Exit, Fiber, Layer, Ref, Scope, TestClock } from "effect"
 import * as DeadLetter from "../src/DeadLetter.js"
 import * as Deadline from "../src/Deadline.js"
 import { MailboxResolver } from "../src/Mailbox.js"
@@ -266,5 +266,29 @@ describe("MainLoop settling never loses a request", () => {
       const outputs = (yield* replies).map((r) => r.output)
       expect(outputs).toContain("slow")
       expect(outputs.length).toBe(2)
+    }))
+})
+
+describe("MainLoop.layer", () => {
+  it.scoped("closing the layer's scope is a graceful shutdown: the in-flight request completes and is replied", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      yield* send("slow")
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        MainLoop.layer({
+          requests,
+          execute: (r: string) => Effect.as(Effect.sleep("2 seconds"), r.toUpperCase()),
+          shutdownTimeout: "10 seconds"
+        }).pipe(Layer.provide(Layer.succeed(MailboxResolver, resolver))),
+        scope
+      )
+      yield* settle
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      yield* settle
+      yield* TestClock.adjust("2 seconds")
+      yield* Fiber.join(closing)
+      expect((yield* replies).map((r) => r.output)).toEqual(["SLOW"])
+      expect(yield* requests.approximateCount).toBe(0)
     }))
 })
