@@ -4,7 +4,8 @@
  * after a warm-up; the machine is recorded with them.
  */
 import { Clock, Effect, Queue, Ref, type Scope } from "effect"
-import { Heartbeat, LeaseExtender, MailboxMemory } from "leasehold"
+import { Heartbeat, LeaseExtender, Mailbox, MailboxMemory, MainLoop } from "leasehold"
+import { spawn } from "node:child_process"
 import { writeFileSync } from "node:fs"
 import * as os from "node:os"
 import { performance } from "node:perf_hooks"
@@ -119,6 +120,64 @@ const queueThroughput = (consumers: number) => () =>
     return MESSAGES
   })
 
+// --- MainLoop ---------------------------------------------------------------------------------
+const LOOP_MESSAGES = 20_000
+
+/** A bare receive → acknowledge loop on the in-memory mailbox: what any worker must do per message. */
+const bareLoop = () =>
+  Effect.gen(function*() {
+    const mailbox = yield* MailboxMemory.make<number>({ name: "bench" })
+    for (let i = 0; i < LOOP_MESSAGES; i++) yield* mailbox.send(i)
+    for (let i = 0; i < LOOP_MESSAGES; i++) {
+      const [message] = yield* mailbox.receive({ waitTime: 0 })
+      yield* message!.acknowledge
+    }
+    return LOOP_MESSAGES
+  }).pipe(Effect.orDie)
+
+/** The same messages through MainLoop: lease extender attached, execute, result, acknowledge (no replyTo). */
+const mainLoop = () =>
+  Effect.gen(function*() {
+    const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<number>, MainLoop.MainLoopResult<number>>({
+      name: "bench"
+    })
+    for (let i = 0; i < LOOP_MESSAGES; i++) yield* requests.send(MainLoop.request(i))
+    const loop = yield* MainLoop.make({ requests, execute: (n: number) => Effect.succeed(n) }).pipe(
+      Effect.provideService(Mailbox.MailboxResolver, Mailbox.MailboxResolver.fromMailboxes(requests))
+    )
+    yield* loop.run({ maxIterations: LOOP_MESSAGES, waitTime: 0 })
+    return LOOP_MESSAGES
+  }).pipe(Effect.orDie)
+
+// --- SIGTERM to exit ---------------------------------------------------------------------------
+/** Milliseconds from SIGTERM to exit of a process that printed `ready`, median of `rounds`. */
+const signalToExit = async (args: ReadonlyArray<string>, ready: RegExp, rounds: number): Promise<number> => {
+  const times: Array<number> = []
+  for (let i = 0; i < rounds; i++) {
+    times.push(
+      await new Promise<number>((resolve, reject) => {
+        const child = spawn("node", args, { stdio: ["ignore", "pipe", "pipe"] })
+        let output = ""
+        let signalled = 0
+        const onData = (chunk: Buffer) => {
+          output += chunk
+          if (signalled === 0 && ready.test(output)) {
+            // Give an idle worker time to enter its long poll, then signal.
+            setTimeout(() => {
+              signalled = performance.now()
+              child.kill("SIGTERM")
+            }, 300)
+          }
+        }
+        child.stdout.on("data", onData)
+        child.stderr.on("data", onData)
+        child.on("exit", (code) => code === 0 ? resolve(performance.now() - signalled) : reject(new Error(output)))
+      })
+    )
+  }
+  return median(times)
+}
+
 // --- Report -----------------------------------------------------------------------------------
 const fmt = (n: number) => Math.round(n).toLocaleString("en-US")
 
@@ -142,6 +201,25 @@ const main = async () => {
       )
     }
   }
+
+  const { baseline: bareRate, subject: loopRate } = await measurePair(mainLoop, bareLoop)
+  log(
+    `MainLoop: ${fmt(loopRate)} msg/s, bare receive→ack ${fmt(bareRate)} msg/s, overhead ${
+      (bareRate / loopRate).toFixed(2)
+    }×`
+  )
+
+  const workerExit = await signalToExit(
+    ["--import", "tsx", "examples/loop-group-signals.ts", "--idle"],
+    /worker ready/,
+    ROUNDS
+  )
+  const bareExit = await signalToExit(
+    ["-e", "process.on('SIGTERM', () => process.exit(0)); setInterval(() => {}, 1000); console.log('ready')"],
+    /ready/,
+    ROUNDS
+  )
+  log(`SIGTERM → exit: idle worker ${workerExit.toFixed(1)} ms, bare node ${bareExit.toFixed(1)} ms`)
 
   const cpus = os.cpus()
   rows.push(
@@ -174,6 +252,28 @@ const main = async () => {
     "| consumers | maxMessages | mailbox msg/s | Queue msg/s | mailbox / Queue |",
     "| ---: | ---: | ---: | ---: | ---: |",
     ...mailboxRows,
+    "",
+    "## MainLoop overhead per message",
+    "",
+    `${fmt(LOOP_MESSAGES)} queued messages, one loop, \`execute\` returns at once, no replyTo. Baseline: a bare`,
+    "receive → acknowledge loop on the same in-memory mailbox. Target: ≤ 1.3×.",
+    "",
+    "| case | msg/s | cost vs baseline |",
+    "| --- | ---: | ---: |",
+    `| baseline: receive → acknowledge | ${fmt(bareRate)} | 1.00× |`,
+    `| MainLoop (lease extender, result, ack) | ${fmt(loopRate)} | ${(bareRate / loopRate).toFixed(2)}× |`,
+    "",
+    "## SIGTERM to exit, idle worker",
+    "",
+    "A worker process (examples/loop-group-signals.ts --idle: MainLoop in a LoopGroup under",
+    "NodeRuntime.runMain, blocked in a 20 s long poll) gets SIGTERM 300 ms after it is ready; time until",
+    "the process has exited. Peer: a bare Node process that exits on SIGTERM. Target: < 100 ms more than the peer.",
+    "",
+    "| process | SIGTERM → exit (ms) |",
+    "| --- | ---: |",
+    `| bare node | ${bareExit.toFixed(1)} |`,
+    `| idle leasehold worker | ${workerExit.toFixed(1)} |`,
+    `| difference | ${(workerExit - bareExit).toFixed(1)} |`,
     ""
   )
   writeFileSync("BENCHMARKS.md", rows.join("\n"))

@@ -34,6 +34,8 @@ export interface Heartbeat {
   readonly onBeatAt: (
     listener: (beatAtMillis: number) => Effect.Effect<void> | undefined
   ) => Effect.Effect<void, never, Scope.Scope>
+  /** `onBeatAt` without a scope: adds the listener now and returns the function that removes it. */
+  readonly unsafeOnBeatAt: (listener: (beatAtMillis: number) => Effect.Effect<void> | undefined) => () => void
 }
 
 type Listener = (beatAtMillis: number) => Effect.Effect<void> | undefined
@@ -62,15 +64,16 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Clock.currentTimeMillis
   // Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go.
   let listeners: ReadonlyArray<Listener> = []
 
+  const unsafeOnBeatAt = (listener: Listener) => {
+    listeners = [...listeners, listener]
+    return () => {
+      listeners = listeners.filter((l) => l !== listener)
+    }
+  }
   const onBeatAt = (listener: Listener) =>
-    Effect.acquireRelease(
-      Effect.sync(() => {
-        listeners = [...listeners, listener]
-      }),
-      () =>
-        Effect.sync(() => {
-          listeners = listeners.filter((l) => l !== listener)
-        })
+    Effect.flatMap(
+      Effect.sync(() => unsafeOnBeatAt(listener)),
+      (remove) => Effect.addFinalizer(() => Effect.sync(remove))
     )
 
   return {
@@ -90,6 +93,7 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Clock.currentTimeMillis
     ),
     lastBeatMillis: Ref.get(last),
     onBeat: (listener) => onBeatAt(() => listener),
-    onBeatAt
+    onBeatAt,
+    unsafeOnBeatAt
   }
 })

@@ -61,6 +61,12 @@ export interface LeaseExtender {
     message: Extendable,
     heartbeat: Heartbeat.Heartbeat
   ) => Effect.Effect<void, AlreadyAttachedError, Scope.Scope>
+  /** Runs `effect` with `message` attached, detaching when it ends: `attach` without the cost of a Scope. */
+  readonly extendWhile: <A, E, R>(
+    message: Extendable,
+    heartbeat: Heartbeat.Heartbeat,
+    effect: Effect.Effect<A, E, R>
+  ) => Effect.Effect<A, E | AlreadyAttachedError, R>
 }
 
 /** Extensions that succeeded. */
@@ -107,6 +113,7 @@ export const make = (
         ),
         Effect.ensuring(Effect.sync(() => {
           attachment.extending = false
+          attachment.inFlight = undefined
         })),
         Effect.withSpan("LeaseExtender.extend", { attributes: { messageId: attachment.message.id } }),
         Effect.annotateLogs({ module: "LeaseExtender", messageId: attachment.message.id })
@@ -119,31 +126,56 @@ export const make = (
       attachment.extending = true
       // A daemon, not a child of the beating fiber: the extension must finish even if that fiber moves on.
       return Effect.map(Effect.forkDaemon(extend(attachment, now)), (fiber) => {
-        attachment.inFlight = fiber
+        // Not when the extension already finished (it ran before this step): a stale fiber would be awaited.
+        if (attachment.extending) attachment.inFlight = fiber
+      })
+    }
+
+    /** Attaches now; returns the detach step (stop listening, then wait for an extension in flight). */
+    const start = (message: Extendable, heartbeat: Heartbeat.Heartbeat): Effect.Effect<void> | AlreadyAttachedError => {
+      if (current !== undefined) {
+        return new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id })
+      }
+      const attachment: Attachment = { message, lastExtension: undefined, extending: false, inFlight: undefined }
+      current = attachment
+      const stopListening = heartbeat.unsafeOnBeatAt(onBeat(attachment))
+      const awaitInFlight: Effect.Effect<void> = Effect.suspend(() => {
+        if (!attachment.extending) return Effect.void
+        // Started but its fiber not recorded yet (the beating fiber is between two steps): look again.
+        if (attachment.inFlight === undefined) return Effect.zipRight(Effect.yieldNow(), awaitInFlight)
+        return Effect.asVoid(Fiber.await(attachment.inFlight))
+      })
+      return Effect.suspend(() => {
+        stopListening()
+        current = undefined
+        return awaitInFlight
       })
     }
 
     const attach = (message: Extendable, heartbeat: Heartbeat.Heartbeat) =>
       Effect.suspend(() => {
-        if (current !== undefined) {
-          return Effect.fail(new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id }))
-        }
-        const attachment: Attachment = { message, lastExtension: undefined, extending: false, inFlight: undefined }
-        current = attachment
-        // Registered before the listener, so it runs after the listener is removed (finalizers run in reverse).
-        const detach = Effect.addFinalizer(() =>
-          Effect.suspend(() => {
-            current = undefined
-            const inFlight = attachment.inFlight
-            return inFlight === undefined ? Effect.void : Effect.asVoid(Fiber.await(inFlight))
-          })
-        )
-        return Effect.zipRight(detach, heartbeat.onBeatAt(onBeat(attachment)))
+        const detach = start(message, heartbeat)
+        return detach instanceof AlreadyAttachedError ? Effect.fail(detach) : Effect.addFinalizer(() => detach)
       })
+
+    const extendWhile = <A, E, R>(
+      message: Extendable,
+      heartbeat: Heartbeat.Heartbeat,
+      effect: Effect.Effect<A, E, R>
+    ) =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.suspend((): Effect.Effect<A, E | AlreadyAttachedError, R> => {
+          const detach = start(message, heartbeat)
+          return detach instanceof AlreadyAttachedError
+            ? Effect.fail(detach)
+            : Effect.ensuring(restore(effect), detach)
+        })
+      )
 
     return {
       config,
-      attach: config.enabled ? attach : () => Effect.void
+      attach: config.enabled ? attach : () => Effect.void,
+      extendWhile: config.enabled ? extendWhile : (_message, _heartbeat, effect) => effect
     }
   })
 

@@ -97,12 +97,14 @@ export interface Options<A, R, Out, E, Req> {
 }
 
 interface RunState<A, R> {
-  readonly stop: Deferred.Deferred<void>
   readonly done: Deferred.Deferred<void>
   stopping: boolean
+  /** "receiving" while the loop waits on the mailbox: the only time shutdown interrupts it right away. */
+  phase: "receiving" | "processing"
   /** Received, not started. */
   pending: Array<Message<A, R>>
-  inFlight: Fiber.RuntimeFiber<void> | undefined
+  /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
+  fiber: Fiber.RuntimeFiber<void> | undefined
 }
 
 /** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
@@ -124,11 +126,14 @@ export const replyThenAck = <A, R>(
     if (Option.isSome(message.replyTo)) {
       const sent = yield* Effect.either(message.reply(reply))
       if (sent._tag === "Left") {
-        yield* Effect.logError("Reply could not be sent; the message goes back to the queue", sent.left)
+        yield* Effect.logError(
+          `Reply to ${message.id} could not be sent; the message goes back to the queue`,
+          sent.left
+        )
         return yield* logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
       }
     }
-    yield* logSettleFailure("acknowledge")(message.acknowledge)
+    yield* logSettleFailure(`acknowledge of ${message.id}`)(message.acknowledge)
   })
 
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
@@ -154,26 +159,30 @@ export const make = <A, R, Out, E, Req>(
       Effect.uninterruptibleMask((restore) =>
         Effect.gen(function*() {
           if (message.deliveryCount > 1) yield* Metric.increment(messagesRedelivered)
-          const exit = yield* Effect.scoped(
-            Effect.zipRight(
-              Effect.orDie(extender.attach(message, heartbeat)), // one message at a time: never already attached
-              Effect.exit(restore(options.handle(message, heartbeat)))
-            )
+          // One message at a time, so the extender is never already attached.
+          const exit = yield* Effect.orDie(
+            extender.extendWhile(message, heartbeat, Effect.exit(restore(options.handle(message, heartbeat))))
           )
           if (Exit.isSuccess(exit)) {
             yield* Metric.increment(messagesProcessed)
             return yield* options.onSuccess(message, exit.value)
           }
+          // Log annotations cost a FiberRef update per message: only the paths that log pay for them.
+          const annotate = Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
           if (Exit.isInterrupted(exit)) {
             yield* Metric.increment(messagesInterrupted)
-            yield* Effect.logWarning("Handler interrupted; giving the message back")
-            return yield* logSettleFailure("nack after interruption")(message.nack(0))
+            return yield* annotate(Effect.zipRight(
+              Effect.logWarning("Handler interrupted; giving the message back"),
+              logSettleFailure("nack after interruption")(message.nack(0))
+            ))
           }
           yield* Metric.increment(messagesFailed)
-          return yield* options.onFailure(message, exit.cause)
+          return yield* annotate(options.onFailure(message, exit.cause))
         }).pipe(
-          Effect.withSpan("MailboxWorker.handle", { attributes: { worker: name, messageId: message.id } }),
-          Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
+          Effect.withSpan("MailboxWorker.handle", {
+            attributes: { worker: name, messageId: message.id },
+            captureStackTrace: false
+          })
         )
       )
 
@@ -191,13 +200,18 @@ export const make = <A, R, Out, E, Req>(
         for (let iteration = 0; iteration < maxIterations; iteration++) {
           if (run.stopping || (yield* mailbox.isClosed)) return
           yield* heartbeat.beat
-          // Shutdown wins over an idle long poll at once.
-          const received = yield* Effect.raceFirst(
-            Effect.map(receive, Option.some),
-            Effect.as(Deferred.await(run.stop), Option.none())
+          // Interruptible only while waiting: once messages are in hand they are recorded as pending
+          // before an interruption can land, so the ensuring of `run` gives them back.
+          yield* Effect.uninterruptibleMask((restore) =>
+            Effect.flatMap(
+              Effect.zipRight(Effect.sync(() => (run.phase = "receiving")), restore(receive)),
+              (received) =>
+                Effect.sync(() => {
+                  run.phase = "processing"
+                  run.pending = [...received]
+                })
+            )
           )
-          if (Option.isNone(received)) return
-          run.pending = [...received.value]
           for (let message = run.pending.shift(); message !== undefined; message = run.pending.shift()) {
             if (run.stopping) {
               yield* nackAll([message, ...run.pending])
@@ -205,10 +219,7 @@ export const make = <A, R, Out, E, Req>(
               return
             }
             yield* heartbeat.beat
-            const fiber = yield* Effect.fork(process(message))
-            run.inFlight = fiber
-            yield* Fiber.await(fiber)
-            run.inFlight = undefined
+            yield* process(message)
           }
         }
       })
@@ -236,20 +247,29 @@ export const make = <A, R, Out, E, Req>(
           })
         }
         const current: RunState<A, R> = {
-          stop: yield* Deferred.make<void>(),
           done: yield* Deferred.make<void>(),
           stopping: false,
+          phase: "processing",
           pending: [],
-          inFlight: undefined
+          fiber: undefined
         }
         state = current
-        yield* loop(current, receiveOptions, maxIterations).pipe(
+        const fiber = yield* loop(current, receiveOptions, maxIterations).pipe(
           Effect.provide(context),
           Effect.ensuring(Effect.suspend(() => {
             const leftover = current.pending
             current.pending = []
+            return nackAll(leftover)
+          })),
+          Effect.fork
+        )
+        current.fiber = fiber
+        // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message back).
+        yield* Fiber.await(fiber).pipe(
+          Effect.onInterrupt(() => Fiber.interrupt(fiber)),
+          Effect.ensuring(Effect.suspend(() => {
             state = undefined
-            return Effect.zipRight(nackAll(leftover), Deferred.succeed(current.done, undefined))
+            return Deferred.succeed(current.done, undefined)
           }))
         )
       }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
@@ -263,14 +283,15 @@ export const make = <A, R, Out, E, Req>(
           () => Duration.seconds(30)
         )
         current.stopping = true
-        yield* Deferred.succeed(current.stop, undefined)
         const unstarted = current.pending
         current.pending = []
         yield* nackAll(unstarted)
+        // An idle long poll must not delay the stop.
+        if (current.phase === "receiving" && current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
         const stopped = yield* Effect.timeoutOption(Deferred.await(current.done), timeout)
         if (Option.isSome(stopped)) return true
         yield* Effect.logWarning(`Shutdown timed out after ${Duration.format(timeout)}; interrupting in-flight work`)
-        if (current.inFlight !== undefined) yield* Fiber.interrupt(current.inFlight)
+        if (current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
         yield* Deferred.await(current.done)
         return false
       }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))

@@ -200,3 +200,26 @@ describe("LeaseExtender with a real mailbox", () => {
       expect(yield* mailbox.approximateCount).toBe(0)
     }))
 })
+
+describe("LeaseExtender.extendWhile", () => {
+  it.scoped("extends while the effect runs, detaches after it, and refuses a second message meanwhile", () =>
+    Effect.gen(function*() {
+      const { calls, message } = yield* fakeMessage()
+      const extender = yield* LeaseExtender.make({ interval: 0 })
+      const hb = yield* Heartbeat.make
+      const inner = yield* extender.extendWhile(
+        message,
+        hb,
+        Effect.gen(function*() {
+          yield* hb.beat
+          yield* settle
+          return yield* Effect.flip(extender.attach({ ...message, id: "m-2" }, hb))
+        })
+      )
+      expect(inner._tag).toBe("AlreadyAttachedError")
+      yield* hb.beat // after: nothing
+      yield* settle
+      expect((yield* Ref.get(calls)).length).toBe(1)
+      yield* extender.attach({ ...message, id: "m-3" }, hb) // free again
+    }))
+})
