@@ -33,7 +33,16 @@ export class ShutdownCoordinator extends Context.Tag("leasehold/ShutdownCoordina
   /** Triggers shutdown: runs every registered callback in registration order; later calls do nothing. */
   readonly trigger: Effect.Effect<void>
   readonly triggered: Effect.Effect<boolean>
-}>() {}
+}>() {
+  /** With SIGTERM / SIGINT handlers (see `layer`). */
+  static get layer(): Layer.Layer<ShutdownCoordinator> {
+    return layer
+  }
+  /** Without signal handlers (see `layerManual`). */
+  static get layerManual(): Layer.Layer<ShutdownCoordinator> {
+    return layerManual
+  }
+}
 
 const guard = (callback: Effect.Effect<void>) =>
   Effect.catchAllCause(callback, (cause) => Effect.logError("Shutdown callback failed", cause))
@@ -115,7 +124,7 @@ export interface LoopGroup {
   readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput }) => Effect.Effect<boolean>
 }
 
-/** Makes a group; with `watchdog`, a stalled loop is handled as `Watchdog` says. */
+/** Makes a group; with `watchdog`, a stalled loop is handled as `Watchdog` says. Also `LoopGroup.make`. */
 export const makeGroup = (
   loops: ReadonlyArray<MailboxWorker.Runnable>,
   options?: {
@@ -173,3 +182,6 @@ export const makeGroup = (
 
   return { loops, run, shutdown }
 }
+
+/** `LoopGroup.make(loops, { shutdownTimeout })`, the name the design uses. */
+export const LoopGroup = { make: makeGroup } as const

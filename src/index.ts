@@ -17,3 +17,6 @@ export * as MailboxMemory from "./MailboxMemory.js"
 export * as MailboxWorker from "./MailboxWorker.js"
 export * as MainLoop from "./MainLoop.js"
 export * as Watchdog from "./Watchdog.js"
+
+// The design names these two directly: `LoopGroup.make`, `ShutdownCoordinator.layer`.
+export { LoopGroup, ShutdownCoordinator } from "./Lifecycle.js"

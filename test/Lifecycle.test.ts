@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Fiber, Ref, TestClock } from "effect"
+import * as Health from "../src/Health.js"
 import * as Lifecycle from "../src/Lifecycle.js"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
@@ -94,4 +95,42 @@ describe("LoopGroup", () => {
       yield* Fiber.join(running)
       expect(yield* loop.running).toBe(false)
     }))
+
+  it.scoped("watches its loops' heartbeats: a handler that hangs without beating is a stall", () =>
+    Effect.gen(function*() {
+      const box = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* box.send("hangs")
+      const stalls = yield* Ref.make<Array<string>>([])
+      const loop = yield* worker("hanging-loop", box, Effect.never)
+      const group = Lifecycle.LoopGroup.make([loop], {
+        watchdog: {
+          threshold: "10 seconds",
+          interval: "1 second",
+          onStall: (found) => Ref.update(stalls, (all) => [...all, ...found.map((s) => s.name)])
+        }
+      })
+      yield* Effect.fork(group.run())
+      for (let t = 0; t < 12; t++) {
+        yield* settle
+        yield* TestClock.adjust("1 second")
+      }
+      yield* settle
+      expect(yield* Ref.get(stalls)).toEqual(["hanging-loop"])
+      expect(yield* group.shutdown({ timeout: 0 })).toBe(false) // the hung handler has to be interrupted
+    }))
+
+  it.scoped("reports its loops to Health: ready while running, not ready once shutdown begins", () =>
+    Effect.gen(function*() {
+      const box = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker("w", box, Effect.void)
+      const group = Lifecycle.LoopGroup.make([loop])
+      const health = yield* Health.Health
+      yield* Effect.fork(group.run())
+      yield* settle
+      expect(yield* health.readiness).toEqual({ ready: true, reasons: [] })
+      expect(yield* group.shutdown()).toBe(true)
+      const after = yield* health.readiness
+      expect(after.ready).toBe(false)
+      expect(after.reasons).toContain("shutting down")
+    }).pipe(Effect.provide(Health.layerRegistry())))
 })
