@@ -13,6 +13,17 @@ const drivenElsewhere: Record<string, string> = {
 }
 
 const expectations: Record<string, ReadonlyArray<RegExp>> = {
+  "main-loop.ts": [
+    /r1: ok HELLO/,
+    /r2: error DeadlineExceededError/,
+    /r3: error Error/,
+    /dead letter r3 after 1 delivery: cannot handle "%%%" \(attempt 1\)/
+  ],
+  "eval-loop.ts": [
+    /careful: pass rate 1, mean score 1/,
+    /sloppy: pass rate 0.5, mean score 0.5/,
+    /sloppy vs careful: pass rate -0.5/
+  ],
   "deadline.ts": [
     /Deadline.make\("2030-01-01T00:00:00"\) refused: naive/,
     /Deadline.make\("next tuesday"\) refused: invalid/,
