@@ -223,6 +223,51 @@ describe("MainLoop with a dead-letter queue", () => {
       expect(DeadLetter.decide(yield* DeadLetter.policy({ excludeErrors: ["X"] }), 100, "X")).toBe("retry")
     }))
 
+  it.scoped("an error reply that cannot be sent does not block the dead letter", () =>
+    Effect.gen(function*() {
+      const env = yield* setup
+      yield* env.requests.send(MainLoop.request("poison"), { replyTo: "nowhere" })
+      const loop = yield* failingLoop(env, () => new ToolBroke("boom"), { maxDeliveryCount: 1 })
+      yield* withResolver(env.resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      expect((yield* env.deadLetters.receive()).map((m) => m.body.replyTo)).toEqual(["nowhere"])
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("a dead letter that cannot be stored nacks the request instead of losing it", () =>
+    Effect.gen(function*() {
+      const env = yield* setup
+      yield* env.send("poison")
+      yield* env.deadLetters.close
+      const loop = yield* failingLoop(env, () => new ToolBroke("boom"), { maxDeliveryCount: 1 })
+      yield* withResolver(env.resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      expect(yield* env.requests.approximateCount).toBe(1)
+      expect(yield* env.replies).toEqual([]) // no error reply for a request that is still queued
+    }))
+
+  it.scoped("DeadLetter.consumer acknowledges what its handler resolves and hides a failure for an hour", () =>
+    Effect.gen(function*() {
+      const env = yield* setup
+      yield* env.send("a", { requestId: "ok" })
+      yield* env.send("b", { requestId: "fails" })
+      const loop = yield* failingLoop(env, () => new ToolBroke("boom"), { maxDeliveryCount: 1 })
+      yield* withResolver(env.resolver, loop.run({ maxIterations: 2, waitTime: 0 }))
+      const handled: Array<string> = []
+      const consumer = yield* DeadLetter.consumer({
+        mailbox: env.deadLetters,
+        handle: (letter) =>
+          letter.requestId === "fails"
+            ? Effect.fail(new Permanent("still broken"))
+            : Effect.sync(() => void handled.push(letter.requestId!))
+      })
+      yield* consumer.run({ maxIterations: 2, waitTime: 0 })
+      expect(handled).toEqual(["ok"])
+      expect(yield* env.deadLetters.approximateCount).toBe(1)
+      yield* TestClock.adjust("59 minutes")
+      expect(yield* env.deadLetters.receive()).toEqual([])
+      yield* TestClock.adjust("1 minute")
+      expect((yield* env.deadLetters.receive()).map((m) => m.body.requestId)).toEqual(["fails"])
+    }))
+
   it.effect("a bad policy is a ParseError", () =>
     Effect.gen(function*() {
       const error = yield* Effect.flip(DeadLetter.policy({ maxDeliveryCount: 0 }))
