@@ -204,7 +204,13 @@ export const make = <A, R, Out, E, Req>(
           // before an interruption can land, so the ensuring of `run` gives them back.
           yield* Effect.uninterruptibleMask((restore) =>
             Effect.flatMap(
-              Effect.zipRight(Effect.sync(() => (run.phase = "receiving")), restore(receive)),
+              // Checked in the same step that marks the phase: a shutdown either sees "receiving" (and
+              // interrupts the wait) or was seen here — never a long poll that nobody cuts short.
+              Effect.suspend(() => {
+                if (run.stopping) return Effect.succeed([])
+                run.phase = "receiving"
+                return restore(receive)
+              }),
               (received) =>
                 Effect.sync(() => {
                   run.phase = "processing"
