@@ -88,15 +88,14 @@ const toUtc = (input: unknown): Either.Either<DateTime.Utc, InvalidDeadlineReaso
   return Either.left("invalid")
 }
 
-const validateAgainstNow = (expiresAt: DateTime.Utc, input: unknown) =>
-  Effect.flatMap(Clock.currentTimeMillis, (now) => {
-    const at = DateTime.toEpochMillis(expiresAt)
-    if (at < now) return Effect.fail(new InvalidDeadlineError({ reason: "past", input }))
-    if (at < now + Duration.toMillis(minimumLead)) {
-      return Effect.fail(new InvalidDeadlineError({ reason: "too-soon", input }))
-    }
-    return Effect.succeed(new Deadline({ expiresAt }, true))
-  })
+const validateAgainstNow = (expiresAt: DateTime.Utc, input: unknown, now: number) => {
+  const at = DateTime.toEpochMillis(expiresAt)
+  if (at < now) return Effect.fail(new InvalidDeadlineError({ reason: "past", input }))
+  if (at < now + Duration.toMillis(minimumLead)) {
+    return Effect.fail(new InvalidDeadlineError({ reason: "too-soon", input }))
+  }
+  return Effect.succeed(new Deadline({ expiresAt }, true))
+}
 
 /**
  * Makes a deadline from a `DateTime`, a `Date` or an ISO-8601 string with a
@@ -105,17 +104,17 @@ const validateAgainstNow = (expiresAt: DateTime.Utc, input: unknown) =>
 export const make = (input: DateTime.DateTime | Date | string): Effect.Effect<Deadline, InvalidDeadlineError> =>
   Either.match(toUtc(input), {
     onLeft: (reason) => Effect.fail(new InvalidDeadlineError({ reason, input })),
-    onRight: (expiresAt) => validateAgainstNow(expiresAt, input)
+    onRight: (expiresAt) => Effect.flatMap(Clock.currentTimeMillis, (now) => validateAgainstNow(expiresAt, input, now))
   })
 
-/** Makes a deadline `duration` from now (at least one second). */
+/** Makes a deadline `duration` from now (at least one second), checked against the same clock reading. */
 export const after = (duration: Duration.DurationInput): Effect.Effect<Deadline, InvalidDeadlineError> =>
   Either.match(Durations.parse(duration), {
     onLeft: () => Effect.fail(new InvalidDeadlineError({ reason: "invalid", input: duration })),
     onRight: (d) =>
       Effect.flatMap(
         Clock.currentTimeMillis,
-        (now) => validateAgainstNow(DateTime.unsafeMake(now + Duration.toMillis(d)), duration)
+        (now) => validateAgainstNow(DateTime.unsafeMake(now + Duration.toMillis(d)), duration, now)
       )
   })
 

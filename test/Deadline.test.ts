@@ -153,3 +153,10 @@ describe("Deadline.within", () => {
       expect(outcome._tag).toBe("Left")
     }))
 })
+
+describe("Deadline.after on the real clock", () => {
+  it.live("after(1 second) is always valid, even when the clock moves between reads", () =>
+    Effect.gen(function*() {
+      for (let i = 0; i < 2_000; i++) yield* Deadline.after("1 second")
+    }))
+})
