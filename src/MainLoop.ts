@@ -23,14 +23,19 @@ import * as Layer from "effect/Layer"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import { hostname } from "node:os"
 import * as Budget from "./Budget.js"
 import * as DeadLetter from "./DeadLetter.js"
 import * as Deadline from "./Deadline.js"
 import type * as Heartbeat from "./Heartbeat.js"
+import { DurationFromInput } from "./internal/duration.js"
 import type { Mailbox, MailboxResolver, Message } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
+import type * as Prompt from "./Prompt.js"
+import type { PromptEvaluationError, PromptResponse, ProviderAdapter } from "./ProviderAdapter.js"
+import * as Session from "./Session.js"
 
 /** A unit of work for the loop. */
 export interface MainLoopRequest<Req> {
@@ -100,7 +105,15 @@ export interface MainLoopConfig<Req> {
   readonly leaseExtender?: MailboxWorker.Options<never, never, never, never, never>["leaseExtender"]
   /** Dead-letter failed requests by this policy instead of replying an error at once. */
   readonly deadLetters?: DeadLetter.DeadLetterQueue<MainLoopRequest<Req>> | undefined
+  /** Time limit for a request that carries no deadline, counted from when its execution starts. */
+  readonly timeout?: Duration.DurationInput | undefined
+  /** Budget for a request that carries none (the request's own budget wins). */
+  readonly budget?: Budget.Budget | undefined
 }
+
+const RequestTimeout = DurationFromInput.pipe(
+  Schema.filter((d) => Duration.greaterThanOrEqualTo(d, Duration.seconds(1)) || "timeout must be at least 1 second")
+).annotations({ identifier: "timeout" })
 
 /** Requests dead-lettered by a MainLoop. */
 export const deadLettered = Metric.counter("leasehold_messages_dead_lettered_total", {
@@ -122,6 +135,9 @@ export const make = <Req, Out, E, R>(options: {
     const { requests } = options
     const workerId = options.config?.workerId ?? defaultWorkerId()
     const deadLetters = options.config?.deadLetters
+    const timeout = options.config?.timeout === undefined
+      ? undefined
+      : yield* Schema.decodeUnknown(RequestTimeout)(options.config.timeout)
     type Msg = Message<MainLoopRequest<Req>, MainLoopResult<Out>>
 
     const runContextOf = (message: Msg): RunContext => ({
@@ -215,8 +231,13 @@ export const make = <Req, Out, E, R>(options: {
         const body = message.body
         const runContext = runContextOf(message)
         contexts.set(message, runContext)
-        const budgetTracker = body.budget === undefined ? undefined : yield* Budget.makeTracker(body.budget)
-        const deadline = Deadline.earliest(body.deadline, body.budget?.deadline)
+        // The request's own budget and deadline override the loop's config.
+        const budget = body.budget ?? options.config?.budget
+        const budgetTracker = budget === undefined ? undefined : yield* Budget.makeTracker(budget)
+        const fallback = body.deadline === undefined && timeout !== undefined
+          ? yield* Effect.orDie(Deadline.after(timeout)) // ≥ 1 s, checked at construction: cannot be refused
+          : undefined
+        const deadline = Deadline.earliest(body.deadline ?? fallback, budget?.deadline)
         const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
         return yield* deadline === undefined ? work : Deadline.within(work, deadline)
       }).pipe(Effect.annotateLogs({ requestId: message.body.requestId }))
@@ -264,3 +285,38 @@ export const layer = <Req, Out, E, R>(
       )
     })
   )
+
+/**
+ * A MainLoop whose `execute` is an agent: `prepare` turns the request into a
+ * prompt, the adapter evaluates it with the request's deadline, budget
+ * tracker and the loop's heartbeat (so tool beats keep the request leased),
+ * and `finalize` (default: the output) makes the reply.
+ */
+export const agent = <Req, O, Out = O, E = never, R = never>(options: {
+  readonly name?: string
+  readonly requests: Mailbox<MainLoopRequest<Req>, MainLoopResult<Out>>
+  readonly adapter: ProviderAdapter["Type"]
+  readonly prepare: (request: Req, context: ExecuteContext) => Effect.Effect<Prompt.Prompt<O>, E, R>
+  readonly finalize?: (response: PromptResponse<O>, session: Session.Session) => Effect.Effect<Out, E, R>
+  readonly config?: MainLoopConfig<Req>
+}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
+  make<Req, Out, E | PromptEvaluationError, R>({
+    ...(options.name !== undefined ? { name: options.name } : {}),
+    requests: options.requests,
+    ...(options.config !== undefined ? { config: options.config } : {}),
+    execute: (request, context) =>
+      Effect.gen(function*() {
+        const prompt = yield* options.prepare(request, context)
+        const session = yield* Session.make
+        const response = yield* options.adapter.evaluate(prompt, {
+          session,
+          deadline: context.deadline,
+          budgetTracker: context.budgetTracker,
+          heartbeat: context.heartbeat,
+          runContext: context.runContext
+        })
+        return options.finalize === undefined
+          ? response.output as unknown as Out
+          : yield* options.finalize(response, session)
+      })
+  })

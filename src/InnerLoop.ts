@@ -1,0 +1,205 @@
+/**
+ * InnerLoop: the agentic exchange every adapter shares — ask the model, run
+ * the tools it calls, give it the results, ask again, until it answers.
+ *
+ * An adapter only supplies `complete` (one model turn). The loop beats at
+ * every iteration; checks the deadline before each model request (`phase:
+ * "request"`; the request itself is interrupted if the deadline passes while
+ * it runs) and while finalising (`phase: "response"`); records every turn in
+ * the session and checks the budget after it (`reason: "budget"`); and
+ * decodes the final answer with the prompt's Schema (`reason: "output"`).
+ * Retries of a failed request re-check the deadline before each attempt.
+ */
+import * as Clock from "effect/Clock"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as ParseResult from "effect/ParseResult"
+import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
+import { randomUUID } from "node:crypto"
+import * as Deadline from "./Deadline.js"
+import type * as Prompt from "./Prompt.js"
+import {
+  deadlinePayload,
+  type EvaluateOptions,
+  PromptEvaluationError,
+  type PromptResponse,
+  type ProviderAdapter
+} from "./ProviderAdapter.js"
+import * as Session from "./Session.js"
+import type * as Tool from "./Tool.js"
+import * as ToolExecutor from "./ToolExecutor.js"
+
+/** One request to the model: the conversation so far and the tools on offer. */
+export interface ModelRequest {
+  readonly prompt: Prompt.Prompt<unknown>
+  readonly messages: ReadonlyArray<Prompt.ChatMessage>
+  readonly tools: ReadonlyArray<Tool.Any>
+}
+
+/** One model turn: tool calls to run, or (with none) the final text. */
+export interface ModelTurn {
+  readonly text: string
+  readonly toolCalls: ReadonlyArray<Prompt.ToolCall>
+  readonly usage: Session.Usage
+}
+
+/** The model could not be reached or answered nonsense. */
+export class ProviderError extends Schema.TaggedError<ProviderError>()("ProviderError", {
+  detail: Schema.String
+}) {
+  override get message(): string {
+    return this.detail
+  }
+}
+
+/** One model turn, supplied by an adapter. */
+export type Complete = (request: ModelRequest) => Effect.Effect<ModelTurn, ProviderError>
+
+/** Options of the loop. */
+export interface Options {
+  /** Retry schedule for failed model requests (none by default). */
+  readonly retry?: Schedule.Schedule<unknown, unknown> | undefined
+  /** Stop after this many model turns (default 32). */
+  readonly maxTurns?: number | undefined
+}
+
+/** Runs `prompt` to its final output. */
+export const run = <Out>(
+  adapter: ProviderAdapter["Type"],
+  complete: Complete,
+  prompt: Prompt.Prompt<Out>,
+  options: EvaluateOptions,
+  loopOptions?: Options
+): Effect.Effect<PromptResponse<Out>, PromptEvaluationError> =>
+  Effect.gen(function*() {
+    const fail = (
+      phase: PromptEvaluationError["phase"],
+      reason: PromptEvaluationError["reason"],
+      detail: string,
+      providerPayload?: Record<string, unknown>
+    ) =>
+      new PromptEvaluationError({
+        phase,
+        reason,
+        promptName: prompt.name,
+        detail,
+        ...(providerPayload !== undefined ? { providerPayload } : {})
+      })
+
+    // Preflight: a deadline object can come from deserialisation or an untrusted caller.
+    if (options.deadline !== undefined && (yield* Deadline.isExpired(options.deadline))) {
+      return yield* fail("preflight", "deadline", "the deadline had already passed", deadlinePayload(options.deadline))
+    }
+    const deadline = Deadline.earliest(options.deadline, Option.getOrUndefined(yield* Deadline.current))
+    const deadlineFailure = (phase: "request" | "response") =>
+      fail(phase, "deadline", `deadline ${deadline?.iso} passed`, deadlinePayload(deadline))
+    const checkpoint = (phase: "request" | "response") =>
+      deadline !== undefined
+        ? Effect.flatMap(
+          Deadline.isExpired(deadline),
+          (expired) => expired ? Effect.fail(deadlineFailure(phase)) : Effect.void
+        )
+        : Effect.void
+    const beat = options.heartbeat?.beat ?? Effect.void
+    const evaluationId = randomUUID()
+    const context: Tool.ToolContext = {
+      deadline,
+      heartbeat: options.heartbeat,
+      beat,
+      runContext: options.runContext,
+      prompt: prompt as Prompt.Prompt<unknown>,
+      session: options.session,
+      budgetTracker: options.budgetTracker,
+      adapter
+    }
+
+    const attempt = (request: ModelRequest) =>
+      Effect.zipRight(
+        checkpoint("request"),
+        (deadline === undefined ? complete(request) : Deadline.within(complete(request), deadline)).pipe(
+          Effect.catchTag("DeadlineExceededError", () => Effect.fail(deadlineFailure("request")))
+        )
+      )
+    const request = (model: ModelRequest) =>
+      (loopOptions?.retry === undefined
+        ? attempt(model)
+        : Effect.retry(attempt(model), {
+          schedule: loopOptions.retry,
+          while: (error) => error._tag === "ProviderError"
+        })).pipe(
+          Effect.catchTag("ProviderError", (error) => Effect.fail(fail("request", "provider", error.detail)))
+        )
+
+    let messages: ReadonlyArray<Prompt.ChatMessage> = [
+      { role: "system", content: prompt.instructions },
+      ...prompt.messages
+    ]
+    let usage: Session.Usage = { inputTokens: 0, outputTokens: 0 }
+    const maxTurns = loopOptions?.maxTurns ?? 32
+    for (let turnNumber = 1;; turnNumber++) {
+      yield* beat
+      if (turnNumber > maxTurns) return yield* fail("response", "provider", `no final answer after ${maxTurns} turns`)
+      const started = yield* Clock.currentTimeMillis
+      const turn = yield* request({ prompt: prompt as Prompt.Prompt<unknown>, messages, tools: prompt.tools })
+      yield* options.session.record({
+        _tag: "ProviderCall",
+        promptName: prompt.name,
+        at: started,
+        durationMs: yield* Session.since(started),
+        usage: turn.usage
+      })
+      usage = {
+        inputTokens: usage.inputTokens + turn.usage.inputTokens,
+        outputTokens: usage.outputTokens + turn.usage.outputTokens
+      }
+      if (options.budgetTracker !== undefined) {
+        yield* options.budgetTracker.record(evaluationId, usage).pipe(
+          Effect.mapError((error) => fail("response", "provider", `invalid usage from the provider: ${error.message}`))
+        )
+        yield* options.budgetTracker.check.pipe(
+          Effect.mapError((error) => fail("response", "budget", error.message, { dimension: error.dimension }))
+        )
+      }
+      if (turn.toolCalls.length === 0) {
+        yield* checkpoint("response")
+        const output = yield* decodeOutput(prompt, turn.text, fail)
+        return { output, text: turn.text, usage }
+      }
+      messages = [...messages, { role: "assistant", content: turn.text, toolCalls: turn.toolCalls }]
+      for (const call of turn.toolCalls) {
+        const result = yield* ToolExecutor.execute(call, context)
+        messages = [...messages, {
+          role: "tool",
+          toolCallId: call.id,
+          content: result._tag === "Ok" ? JSON.stringify(result.value) ?? "null" : `error: ${result.message}`
+        }]
+      }
+    }
+  }).pipe(Effect.withSpan("InnerLoop.run", { attributes: { prompt: prompt.name }, captureStackTrace: false }))
+
+const decodeOutput = <Out>(
+  prompt: Prompt.Prompt<Out>,
+  text: string,
+  fail: (phase: "response", reason: "output", detail: string) => PromptEvaluationError
+): Effect.Effect<Out, PromptEvaluationError> => {
+  if (prompt.output === undefined) return Effect.succeed(text as Out)
+  let json: unknown
+  try {
+    json = JSON.parse(text)
+  } catch (error) {
+    return Effect.fail(fail("response", "output", `the answer is not JSON: ${(error as Error).message}`))
+  }
+  return Schema.decodeUnknown(prompt.output)(json).pipe(
+    Effect.mapError((error) => fail("response", "output", ParseResult.TreeFormatter.formatErrorSync(error)))
+  )
+}
+
+/** An adapter whose model turns come from `complete`. */
+export const makeAdapter = (name: string, complete: Complete, loopOptions?: Options): ProviderAdapter["Type"] => {
+  const adapter: ProviderAdapter["Type"] = {
+    name,
+    evaluate: (prompt, options) => run(adapter, complete, prompt, options, loopOptions)
+  }
+  return adapter
+}

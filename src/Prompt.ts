@@ -1,0 +1,54 @@
+/**
+ * Prompt: what an agent is asked — a name, instructions, the conversation so
+ * far, the tools it may call, and optionally a Schema its final answer must
+ * decode with (the answer is then JSON).
+ */
+import type * as Schema from "effect/Schema"
+import type * as Tool from "./Tool.js"
+
+/** One message of a conversation. */
+export interface ChatMessage {
+  readonly role: "system" | "user" | "assistant" | "tool"
+  readonly content: string
+  /** On a tool message: the call it answers. */
+  readonly toolCallId?: string | undefined
+  /** On an assistant message: the tools it asked for. */
+  readonly toolCalls?: ReadonlyArray<ToolCall> | undefined
+}
+
+/** A tool the model asked for, with its arguments as the model wrote them. */
+export interface ToolCall {
+  readonly id: string
+  readonly name: string
+  readonly params: unknown
+}
+
+/** A prompt whose final output is `Out`. */
+export interface Prompt<Out = string> {
+  readonly name: string
+  readonly instructions: string
+  readonly messages: ReadonlyArray<ChatMessage>
+  readonly tools: ReadonlyArray<Tool.Any>
+  /** Without it, the output is the final text. */
+  readonly output: Schema.Schema<Out, unknown> | undefined
+}
+
+/** Makes a prompt; `input` is shorthand for a single user message. */
+export const make = <Out = string, I = unknown>(options: {
+  readonly name: string
+  readonly instructions: string
+  readonly input?: string
+  readonly messages?: ReadonlyArray<ChatMessage>
+  readonly tools?: ReadonlyArray<Tool.Any>
+  readonly output?: Schema.Schema<Out, I>
+}): Prompt<Out> => ({
+  name: options.name,
+  instructions: options.instructions,
+  messages: [
+    ...(options.messages ?? []),
+    ...(options.input !== undefined ? [{ role: "user" as const, content: options.input }] : [])
+  ],
+  tools: options.tools ?? [],
+  // The encoded side only matters to decoding, which takes unknown input.
+  output: options.output as Schema.Schema<Out, unknown> | undefined
+})

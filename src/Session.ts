@@ -1,0 +1,72 @@
+/**
+ * Session: the record of one evaluation — every provider call, tool call and
+ * tool result with its timing and token usage — kept so evaluators, reports
+ * and operators can see what an agent actually did.
+ */
+import * as Clock from "effect/Clock"
+import * as Effect from "effect/Effect"
+import * as Ref from "effect/Ref"
+import { randomUUID } from "node:crypto"
+
+/** Tokens one provider call used. */
+export interface Usage {
+  readonly inputTokens: number
+  readonly outputTokens: number
+}
+
+/** What happened during an evaluation, in order. */
+export type SessionEvent =
+  | {
+    readonly _tag: "ProviderCall"
+    readonly promptName: string
+    readonly at: number
+    readonly durationMs: number
+    readonly usage: Usage
+  }
+  | {
+    readonly _tag: "ToolCall"
+    readonly promptName: string
+    readonly toolName: string
+    readonly callId: string
+    readonly params: unknown
+    readonly at: number
+  }
+  | {
+    readonly _tag: "ToolResult"
+    readonly promptName: string
+    readonly toolName: string
+    readonly callId: string
+    readonly ok: boolean
+    readonly value: unknown
+    readonly durationMs: number
+  }
+
+/** The event log of one evaluation (subagents write to their parent's session). */
+export interface Session {
+  readonly id: string
+  readonly record: (event: SessionEvent) => Effect.Effect<void>
+  readonly events: Effect.Effect<ReadonlyArray<SessionEvent>>
+  /** Tokens used by every provider call so far. */
+  readonly usage: Effect.Effect<Usage>
+}
+
+/** Makes an empty session. */
+export const make: Effect.Effect<Session> = Effect.map(Ref.make<ReadonlyArray<SessionEvent>>([]), (events) => ({
+  id: randomUUID(),
+  record: (event) => Ref.update(events, (all) => [...all, event]),
+  events: Ref.get(events),
+  usage: Effect.map(Ref.get(events), (all) =>
+    all.reduce(
+      (sum, event) =>
+        event._tag === "ProviderCall"
+          ? {
+            inputTokens: sum.inputTokens + event.usage.inputTokens,
+            outputTokens: sum.outputTokens + event.usage.outputTokens
+          }
+          : sum,
+      { inputTokens: 0, outputTokens: 0 }
+    ))
+}))
+
+/** Milliseconds since `start` by `Clock`. */
+export const since = (start: number): Effect.Effect<number> => Effect.map(Clock.currentTimeMillis, (now) => now - start)

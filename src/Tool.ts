@@ -1,0 +1,68 @@
+/**
+ * Tool: a function the model may call, with Schemas for its parameters and
+ * its result.
+ *
+ * The handler gets a `ToolContext`: the active deadline, the heartbeat
+ * (`beat` proves progress and keeps the request leased; it is a no-op when
+ * there is no heartbeat), the run context, the prompt and the session. A tool
+ * that fails does not crash the evaluation: the failure becomes a
+ * `ToolResult.error` the model sees. Only a deadline ends the evaluation.
+ */
+import * as Data from "effect/Data"
+import * as Effect from "effect/Effect"
+import type * as Schema from "effect/Schema"
+import type * as Budget from "./Budget.js"
+import type * as Deadline from "./Deadline.js"
+import type * as Heartbeat from "./Heartbeat.js"
+import type * as MainLoop from "./MainLoop.js"
+import type * as Prompt from "./Prompt.js"
+import type * as ProviderAdapter from "./ProviderAdapter.js"
+import type * as Session from "./Session.js"
+
+/** What a tool handler receives besides its parameters. */
+export interface ToolContext {
+  readonly deadline: Deadline.Deadline | undefined
+  readonly heartbeat: Heartbeat.Heartbeat | undefined
+  /** Proves progress; a no-op without a heartbeat. */
+  readonly beat: Effect.Effect<void>
+  readonly runContext: MainLoop.RunContext | undefined
+  readonly prompt: Prompt.Prompt<unknown>
+  readonly session: Session.Session
+  readonly budgetTracker: Budget.BudgetTracker | undefined
+  /** The adapter evaluating the prompt, for subagents. */
+  readonly adapter: ProviderAdapter.ProviderAdapter["Type"]
+}
+
+/** What the model sees of a tool call: its encoded result, or an error message. */
+export type ToolResult = Data.TaggedEnum<{
+  Ok: { readonly value: unknown }
+  Error: { readonly message: string }
+}>
+export const ToolResult = Data.taggedEnum<ToolResult>()
+
+/** A tool with parameters `P` and result `S`. */
+export interface Tool<P, S, E = never> {
+  readonly name: string
+  readonly description: string
+  readonly parameters: Schema.Schema<P, unknown>
+  readonly success: Schema.Schema<S, unknown>
+  readonly handler: (params: P, context: ToolContext) => Effect.Effect<S, E>
+}
+
+/** Any tool, as a prompt holds them. */
+export interface Any {
+  readonly name: string
+  readonly description: string
+  readonly parameters: Schema.Schema<unknown, unknown>
+  readonly success: Schema.Schema<unknown, unknown>
+  readonly handler: (params: never, context: ToolContext) => Effect.Effect<unknown, unknown>
+}
+
+/** Makes a tool. Its name must be unique within a prompt. */
+export const make = <P, PI, S, SI, E = never>(options: {
+  readonly name: string
+  readonly description: string
+  readonly parameters: Schema.Schema<P, PI>
+  readonly success: Schema.Schema<S, SI>
+  readonly handler: (params: P, context: ToolContext) => Effect.Effect<S, E>
+}): Tool<P, S, E> & Any => options as unknown as Tool<P, S, E> & Any

@@ -1,0 +1,413 @@
+import { describe, expect, it } from "@effect/vitest"
+import { DateTime, Effect, Fiber, Option, Ref, Schedule, Schema, TestClock } from "effect"
+import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
+import * as Budget from "../src/Budget.js"
+import * as Deadline from "../src/Deadline.js"
+import * as Heartbeat from "../src/Heartbeat.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MainLoop from "../src/MainLoop.js"
+import * as Prompt from "../src/Prompt.js"
+import type { PromptEvaluationError } from "../src/ProviderAdapter.js"
+import * as Session from "../src/Session.js"
+import * as Subagent from "../src/Subagent.js"
+import * as Tool from "../src/Tool.js"
+import * as ToolExecutor from "../src/ToolExecutor.js"
+
+const settle = Effect.repeatN(Effect.yieldNow(), 30)
+
+const echo = Tool.make({
+  name: "echo",
+  description: "Echoes its text",
+  parameters: Schema.Struct({ text: Schema.String }),
+  success: Schema.String,
+  handler: ({ text }) => Effect.succeed(text)
+})
+
+const evaluate = <Out>(
+  adapter: ScriptedAdapter.Scripted,
+  prompt: Prompt.Prompt<Out>,
+  options?: { deadline?: Deadline.Deadline; budgetTracker?: Budget.BudgetTracker; heartbeat?: Heartbeat.Heartbeat }
+) =>
+  Effect.flatMap(
+    Session.make,
+    (session) => Effect.map(adapter.evaluate(prompt, { session, ...options }), (response) => ({ response, session }))
+  )
+
+describe("InnerLoop with the scripted adapter", () => {
+  it.effect("runs tool calls and returns the final output; the session records calls, params, results and usage", () =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([
+        { toolCalls: [{ name: "echo", params: { text: "hi" } }], usage: { inputTokens: 10, outputTokens: 5 } },
+        { output: { answer: 42 }, usage: { inputTokens: 20, outputTokens: 3 } }
+      ])
+      const prompt = Prompt.make({
+        name: "answer",
+        instructions: "Answer.",
+        input: "What is it?",
+        tools: [echo],
+        output: Schema.Struct({ answer: Schema.Number })
+      })
+      const { response, session } = yield* evaluate(adapter, prompt)
+      expect(response.output).toEqual({ answer: 42 })
+      expect(response.usage).toEqual({ inputTokens: 30, outputTokens: 8 })
+      const events = yield* session.events
+      expect(events.map((e) => e._tag)).toEqual(["ProviderCall", "ToolCall", "ToolResult", "ProviderCall"])
+      expect(events[1]).toMatchObject({ toolName: "echo", params: { text: "hi" } })
+      expect(events[2]).toMatchObject({ ok: true, value: "hi" })
+      expect(yield* session.usage).toEqual({ inputTokens: 30, outputTokens: 8 })
+      const requests = yield* adapter.requests
+      expect(requests[1]!.messages.at(-1)).toMatchObject({ role: "tool", content: "\"hi\"" })
+    }))
+
+  it.effect("a failing tool, bad parameters and an unknown tool become results the model sees", () =>
+    Effect.gen(function*() {
+      const broken = Tool.make({
+        name: "broken",
+        description: "Always fails",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: () => Effect.fail(new Error("disk full"))
+      })
+      const adapter = yield* ScriptedAdapter.make([
+        {
+          toolCalls: [
+            { name: "broken", params: {} },
+            { name: "echo", params: { text: 7 } },
+            { name: "nope", params: {} }
+          ]
+        },
+        { text: "gave up" }
+      ])
+      const { response } = yield* evaluate(
+        adapter,
+        Prompt.make({ name: "p", instructions: "", tools: [echo, broken] })
+      )
+      expect(response.output).toBe("gave up")
+      const toolMessages = (yield* adapter.requests)[1]!.messages.filter((m) => m.role === "tool").map((m) => m.content)
+      expect(toolMessages[0]).toContain("disk full")
+      expect(toolMessages[1]).toContain("invalid parameters for \"echo\"")
+      expect(toolMessages[2]).toContain("unknown tool \"nope\"")
+    }))
+
+  it.effect("an answer that does not decode fails with reason output and the parse error", () =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([{ output: { answer: "forty-two" } }, { text: "not json" }])
+      const prompt = Prompt.make({ name: "p", instructions: "", output: Schema.Struct({ answer: Schema.Number }) })
+      const first = yield* Effect.flip(evaluate(adapter, prompt))
+      expect([first.phase, first.reason]).toEqual(["response", "output"])
+      expect(first.detail).toContain("answer")
+      const second = yield* Effect.flip(evaluate(adapter, prompt))
+      expect(second.detail).toContain("not JSON")
+    }))
+
+  it.effect("a budget exceeded mid-evaluation stops it with reason budget, naming the dimension", () =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([
+        { toolCalls: [{ name: "echo", params: { text: "a" } }], usage: { inputTokens: 40, outputTokens: 20 } },
+        { toolCalls: [{ name: "echo", params: { text: "b" } }], usage: { inputTokens: 40, outputTokens: 20 } },
+        { text: "never reached" }
+      ])
+      const budgetTracker = yield* Budget.makeTracker(yield* Budget.make({ maxTotalTokens: 100 }))
+      const error = yield* Effect.flip(
+        evaluate(adapter, Prompt.make({ name: "p", instructions: "", tools: [echo] }), { budgetTracker })
+      )
+      expect([error.phase, error.reason]).toEqual(["response", "budget"])
+      expect(error.detail).toContain("totalTokens")
+      expect(error.providerPayload).toEqual({ dimension: "totalTokens" })
+      expect((yield* adapter.requests).length).toBe(2)
+    }))
+
+  it.effect("provider retries re-check the deadline before each attempt", () =>
+    Effect.gen(function*() {
+      const flaky = yield* ScriptedAdapter.make([{ fail: "503" }, { fail: "503" }, { text: "ok" }], {
+        retry: Schedule.recurs(3)
+      })
+      expect((yield* evaluate(flaky, Prompt.make({ name: "p", instructions: "" }))).response.output).toBe("ok")
+
+      const slow = yield* ScriptedAdapter.make(
+        [{ fail: "503", latency: "2 seconds" }, { fail: "503", latency: "2 seconds" }, { text: "late" }],
+        { retry: Schedule.spaced("2 seconds") }
+      )
+      const deadline = yield* Deadline.after("5 seconds")
+      const fiber = yield* Effect.fork(
+        Effect.flip(evaluate(slow, Prompt.make({ name: "p", instructions: "" }), { deadline }))
+      )
+      for (let i = 0; i < 10; i++) {
+        yield* settle
+        yield* TestClock.adjust("1 second")
+      }
+      const error = yield* Fiber.join(fiber)
+      expect([error.phase, error.reason]).toEqual(["request", "deadline"])
+      expect((yield* slow.requests).length).toBeLessThanOrEqual(2) // no attempt after the deadline
+    }))
+})
+
+describe("deadlines on the agent path", () => {
+  const recordDeadline = (seen: Ref.Ref<Option.Option<Deadline.Deadline | undefined>>) =>
+    Tool.make({
+      name: "look",
+      description: "Records the deadline it sees",
+      parameters: Schema.Struct({}),
+      success: Schema.Null,
+      handler: (_, context) => Effect.as(Ref.set(seen, Option.some(context.deadline)), null)
+    })
+
+  it.effect("the tool context receives the deadline; omitting it changes nothing", () =>
+    Effect.gen(function*() {
+      const seen = yield* Ref.make<Option.Option<Deadline.Deadline | undefined>>(Option.none())
+      const prompt = Prompt.make({ name: "p", instructions: "", tools: [recordDeadline(seen)] })
+      const turns = [{ toolCalls: [{ name: "look", params: {} }] }, { text: "done" }]
+      const deadline = yield* Deadline.after("1 minute")
+      yield* evaluate(yield* ScriptedAdapter.make(turns), prompt, { deadline })
+      expect(Option.getOrThrow(yield* Ref.get(seen))).toBe(deadline)
+      const { response } = yield* evaluate(yield* ScriptedAdapter.make(turns), prompt)
+      expect(response.output).toBe("done")
+      expect(Option.getOrThrow(yield* Ref.get(seen))).toBeUndefined()
+    }))
+
+  it.effect("an already-expired deadline object fails in preflight; the provider is never called", () =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([{ text: "x" }])
+      const deadline = yield* Deadline.after("1 second")
+      yield* TestClock.adjust("2 seconds")
+      const error = yield* Effect.flip(evaluate(adapter, Prompt.make({ name: "p", instructions: "" }), { deadline }))
+      expect([error.phase, error.reason]).toEqual(["preflight", "deadline"])
+      expect(yield* adapter.requests).toEqual([])
+    }))
+
+  it.effect("a deadline that passed before a provider request never reaches the provider (phase request)", () =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([{ text: "x" }])
+      const deadline = yield* Deadline.after("1 second")
+      // Inherited (not passed), and overrun by uninterruptible work before the evaluation starts.
+      const caught = yield* Ref.make<PromptEvaluationError | undefined>(undefined)
+      yield* Effect.uninterruptible(
+        Effect.zipRight(
+          TestClock.adjust("2 seconds"),
+          Effect.flatMap(
+            Effect.flip(evaluate(adapter, Prompt.make({ name: "p", instructions: "" }))),
+            (e) => Ref.set(caught, e)
+          )
+        )
+      ).pipe(Deadline.within(deadline), Effect.ignore)
+      const error = (yield* Ref.get(caught))!
+      expect([error.phase, error.reason]).toEqual(["request", "deadline"])
+      expect(error.providerPayload).toEqual({ deadline_expires_at: "1970-01-01T00:00:01.000Z" })
+      expect(yield* adapter.requests).toEqual([])
+    }))
+
+  it.effect("a handler raising DeadlineExceededError aborts with phase tool, reason deadline and the ISO payload", () =>
+    Effect.gen(function*() {
+      const giveUp = Tool.make({
+        name: "give-up",
+        description: "Knows it cannot finish in time",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: (_, { deadline }) =>
+          Effect.fail(new Deadline.DeadlineExceededError({ expiresAt: deadline!.expiresAt }))
+      })
+      const adapter = yield* ScriptedAdapter.make([{ toolCalls: [{ name: "give-up", params: {} }] }, { text: "no" }])
+      const deadline = yield* Deadline.after("1 minute")
+      const error = yield* Effect.flip(
+        evaluate(adapter, Prompt.make({ name: "p", instructions: "", tools: [giveUp] }), { deadline })
+      )
+      expect([error.phase, error.reason]).toEqual(["tool", "deadline"])
+      expect(error.providerPayload).toEqual({ deadline_expires_at: deadline.iso })
+      expect((yield* adapter.requests).length).toBe(1)
+    }))
+
+  it.effect("a handler that simply runs too long is interrupted at the deadline: phase tool, reason deadline", () =>
+    Effect.gen(function*() {
+      const interrupted = yield* Ref.make(false)
+      const slow = Tool.make({
+        name: "slow",
+        description: "Ignores the deadline",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: () =>
+          Effect.as(Effect.sleep("1 hour"), "late").pipe(Effect.onInterrupt(() => Ref.set(interrupted, true)))
+      })
+      const adapter = yield* ScriptedAdapter.make([{ toolCalls: [{ name: "slow", params: {} }] }, { text: "no" }])
+      const deadline = yield* Deadline.after("10 seconds")
+      const fiber = yield* Effect.fork(
+        Effect.flip(evaluate(adapter, Prompt.make({ name: "p", instructions: "", tools: [slow] }), { deadline }))
+      )
+      yield* settle
+      yield* TestClock.adjust("10 seconds")
+      const error = yield* Fiber.join(fiber)
+      expect([error.phase, error.reason]).toEqual(["tool", "deadline"])
+      expect(error.providerPayload).toEqual({ deadline_expires_at: "1970-01-01T00:00:10.000Z" })
+      expect(yield* Ref.get(interrupted)).toBe(true)
+    }))
+
+  it.effect("the handler is never called when the deadline already passed", () =>
+    Effect.gen(function*() {
+      const called = yield* Ref.make(false)
+      const tool = Tool.make({
+        name: "t",
+        description: "",
+        parameters: Schema.Struct({}),
+        success: Schema.Null,
+        handler: () => Effect.as(Ref.set(called, true), null)
+      })
+      const deadline = yield* Deadline.after("1 second")
+      yield* TestClock.adjust("1 second")
+      const adapter = yield* ScriptedAdapter.make([])
+      const error = yield* Effect.flip(ToolExecutor.execute({ id: "c", name: "t", params: {} }, {
+        deadline,
+        heartbeat: undefined,
+        beat: Effect.void,
+        runContext: undefined,
+        prompt: Prompt.make({ name: "p", instructions: "", tools: [tool] }) as Prompt.Prompt<unknown>,
+        session: yield* Session.make,
+        budgetTracker: undefined,
+        adapter
+      }))
+      expect([error.phase, error.reason]).toEqual(["tool", "deadline"])
+      expect(yield* Ref.get(called)).toBe(false)
+    }))
+
+  it.effect("a subagent with a later deadline still stops at the parent's, as a deadline failure of the parent", () =>
+    Effect.gen(function*() {
+      const childDeadline = yield* Ref.make<Deadline.Deadline | undefined>(undefined)
+      const delegate = Tool.make({
+        name: "delegate",
+        description: "Asks a subagent",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: (_, context) =>
+          Effect.gen(function*() {
+            const own = yield* Deadline.after("1 hour")
+            const child = Prompt.make({
+              name: "child",
+              instructions: "",
+              tools: [Tool.make({
+                name: "peek",
+                description: "",
+                parameters: Schema.Struct({}),
+                success: Schema.Null,
+                handler: (_, childContext) => Effect.as(Ref.set(childDeadline, childContext.deadline), null)
+              })]
+            })
+            const response = yield* Subagent.evaluate(context, child, { deadline: own })
+            return response.output
+          })
+      })
+      const adapter = yield* ScriptedAdapter.make([
+        { toolCalls: [{ name: "delegate", params: {} }] }, // parent
+        { toolCalls: [{ name: "peek", params: {} }] }, // child
+        { text: "child thinking", latency: "1 hour" }, // child, too slow
+        { text: "parent never gets here" }
+      ])
+      const parentDeadline = yield* Deadline.after("30 seconds")
+      const fiber = yield* Effect.fork(Effect.flip(
+        evaluate(adapter, Prompt.make({ name: "parent", instructions: "", tools: [delegate] }), {
+          deadline: parentDeadline
+        })
+      ))
+      yield* settle
+      yield* TestClock.adjust("30 seconds")
+      const error = yield* Fiber.join(fiber)
+      expect([error.promptName, error.phase, error.reason]).toEqual(["parent", "tool", "deadline"])
+      expect(DateTime.toEpochMillis((yield* Ref.get(childDeadline))!.expiresAt)).toBe(30_000)
+    }))
+})
+
+describe("MainLoop.agent", () => {
+  const mailboxes = Effect.gen(function*() {
+    const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<string>>({
+      name: "requests"
+    })
+    const responses = yield* MailboxMemory.make<MainLoop.MainLoopResult<string>>({ name: "responses" })
+    return { requests, responses, resolver: MailboxResolver.fromMailboxes(requests, responses) }
+  })
+
+  /** A tool that runs 20 minutes, beating every 30 s (or not at all when stuck). */
+  const container = (beats: boolean) =>
+    Tool.make({
+      name: "container",
+      description: "Runs a long job",
+      parameters: Schema.Struct({}),
+      success: Schema.String,
+      handler: (_, { beat }) =>
+        Effect.gen(function*() {
+          for (let i = 0; i < 40; i++) {
+            if (beats) yield* beat
+            yield* Effect.sleep("30 seconds")
+          }
+          return "built"
+        })
+    })
+
+  const agentLoop = (env: Effect.Effect.Success<typeof mailboxes>, beats: boolean) =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([
+        { toolCalls: [{ name: "container", params: {} }] },
+        { text: "all done" }
+      ])
+      return yield* MainLoop.agent({
+        requests: env.requests,
+        adapter,
+        prepare: (request: string) =>
+          Effect.succeed(Prompt.make({ name: "build", instructions: "", input: request, tools: [container(beats)] })),
+        config: { leaseExtender: { interval: "20 seconds", extension: "60 seconds" } }
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+    })
+
+  it.scoped("a tool beating every 30 s for 20 minutes keeps the request invisible (visibility 60 s) and completes", () =>
+    Effect.gen(function*() {
+      const env = yield* mailboxes
+      yield* env.requests.send(MainLoop.request("build it"), { replyTo: "responses" })
+      const loop = yield* agentLoop(env, true)
+      const fiber = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "60 seconds" }))
+      for (let t = 0; t < 41; t++) {
+        yield* settle
+        expect(yield* env.requests.receive()).toEqual([]) // a second receiver sees nothing
+        yield* TestClock.adjust("30 seconds")
+      }
+      yield* Fiber.join(fiber)
+      const [reply] = yield* env.responses.receive()
+      expect(reply!.body.output).toBe("all done")
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("the same tool without beats (stuck) lets the request reappear after the visibility timeout", () =>
+    Effect.gen(function*() {
+      const env = yield* mailboxes
+      yield* env.requests.send(MainLoop.request("build it"), { replyTo: "responses" })
+      const loop = yield* agentLoop(env, false)
+      yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "60 seconds" }))
+      yield* settle
+      yield* TestClock.adjust("59 seconds")
+      expect(yield* env.requests.receive()).toEqual([])
+      yield* TestClock.adjust("1 second")
+      const [again] = yield* env.requests.receive()
+      expect(again!.deliveryCount).toBe(2)
+    }))
+
+  it.scoped("the request's deadline overrides the config's timeout, which applies when the request has none", () =>
+    Effect.gen(function*() {
+      const env = yield* mailboxes
+      const seen: Array<number | undefined> = []
+      const adapter = yield* ScriptedAdapter.make([{ text: "a" }, { text: "b" }])
+      const loop = yield* MainLoop.agent({
+        requests: env.requests,
+        adapter,
+        prepare: (request: string, { deadline }) =>
+          Effect.sync(() => {
+            seen.push(deadline && DateTime.toEpochMillis(deadline.expiresAt))
+            return Prompt.make({ name: "p", instructions: "", input: request })
+          }),
+        config: { timeout: "1 minute" }
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      yield* env.requests.send(MainLoop.request("own", { deadline: yield* Deadline.after("5 seconds") }))
+      yield* env.requests.send(MainLoop.request("none"))
+      yield* loop.run({ maxIterations: 2, waitTime: 0 })
+      expect(seen).toEqual([5_000, 60_000])
+      const error = yield* Effect.flip(
+        MainLoop.make({ requests: env.requests, execute: () => Effect.succeed("x"), config: { timeout: "10 millis" } })
+      ).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      expect(error.message).toContain("at least 1 second")
+    }))
+})
