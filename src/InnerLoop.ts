@@ -172,6 +172,7 @@ export const run = <Out>(
         messages = [...messages, {
           role: "tool",
           toolCallId: call.id,
+          toolName: call.name,
           content: result._tag === "Ok" ? JSON.stringify(result.value) ?? "null" : `error: ${result.message}`
         }]
       }

@@ -10,8 +10,9 @@ import type * as Tool from "./Tool.js"
 export interface ChatMessage {
   readonly role: "system" | "user" | "assistant" | "tool"
   readonly content: string
-  /** On a tool message: the call it answers. */
+  /** On a tool message: the call it answers, and the tool's name. */
   readonly toolCallId?: string | undefined
+  readonly toolName?: string | undefined
   /** On an assistant message: the tools it asked for. */
   readonly toolCalls?: ReadonlyArray<ToolCall> | undefined
 }

@@ -1,0 +1,93 @@
+/**
+ * EffectAi: a `ProviderAdapter` over any `@effect/ai` `LanguageModel`
+ * (OpenAI, Anthropic, a local OpenAI-compatible server...).
+ *
+ * Each model turn is one `generateText` call with leasehold's tools declared
+ * to the provider (their parameter Schemas become the provider's JSON
+ * Schemas) and tool-call resolution turned off: the tool calls come back to
+ * leasehold's `InnerLoop`, which runs them with heartbeats and deadlines.
+ */
+import * as LanguageModel from "@effect/ai/LanguageModel"
+import type * as AiPrompt from "@effect/ai/Prompt"
+import * as AiTool from "@effect/ai/Tool"
+import type * as Toolkit from "@effect/ai/Toolkit"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Schema from "effect/Schema"
+import * as InnerLoop from "../InnerLoop.js"
+import type * as Prompt from "../Prompt.js"
+import { ProviderAdapter } from "../ProviderAdapter.js"
+import type * as Tool from "../Tool.js"
+
+const toAiMessage = (message: Prompt.ChatMessage): AiPrompt.MessageEncoded => {
+  switch (message.role) {
+    case "system":
+      return { role: "system", content: message.content }
+    case "user":
+      return { role: "user", content: message.content }
+    case "assistant":
+      return {
+        role: "assistant",
+        content: [
+          ...(message.content.length > 0 ? [{ type: "text" as const, text: message.content }] : []),
+          ...(message.toolCalls ?? []).map((call) => ({
+            type: "tool-call" as const,
+            id: call.id,
+            name: call.name,
+            params: call.params,
+            providerExecuted: false
+          }))
+        ]
+      }
+    case "tool":
+      return {
+        role: "tool",
+        content: [{
+          type: "tool-result",
+          id: message.toolCallId ?? "",
+          name: message.toolName ?? "",
+          isFailure: message.content.startsWith("error: "),
+          result: message.content,
+          providerExecuted: false
+        }]
+      }
+  }
+}
+
+/** The provider sees each tool with the encoded side of its parameter Schema: what the model must write. */
+const toAiTool = (tool: Tool.Any): AiTool.Any =>
+  AiTool.make(tool.name, { description: tool.description, success: Schema.Unknown }).setParameters(
+    Schema.encodedSchema(tool.parameters) as unknown as AiTool.AnyStructSchema
+  ) as unknown as AiTool.Any
+
+const complete = (model: LanguageModel.Service): InnerLoop.Complete => (request) =>
+  Effect.gen(function*() {
+    const prompt = request.messages.map(toAiMessage)
+    const tools = Object.fromEntries(request.tools.map((tool) => [tool.name, toAiTool(tool)]))
+    // Never called: resolution is off, so the calls come back to the InnerLoop.
+    const toolkit = {
+      tools,
+      handle: () => Effect.dieMessage("leasehold runs tools itself")
+    } as unknown as Toolkit.WithHandler<Record<string, AiTool.Any>>
+    const response = yield* model.generateText({
+      prompt,
+      ...(request.tools.length > 0 ? { toolkit, disableToolCallResolution: true as const } : {})
+    }).pipe(
+      Effect.mapError((error) => new InnerLoop.ProviderError({ detail: error.message }))
+    )
+    return {
+      text: response.text,
+      toolCalls: response.toolCalls.map((call) => ({ id: call.id, name: call.name, params: call.params })),
+      usage: { inputTokens: response.usage.inputTokens ?? 0, outputTokens: response.usage.outputTokens ?? 0 }
+    }
+  })
+
+/** An adapter over the `LanguageModel` in the context. */
+export const make = (
+  options?: InnerLoop.Options
+): Effect.Effect<ProviderAdapter["Type"], never, LanguageModel.LanguageModel> =>
+  Effect.map(LanguageModel.LanguageModel, (model) => InnerLoop.makeAdapter("effect-ai", complete(model), options))
+
+/** The adapter as the `ProviderAdapter` service. */
+export const layer = (options?: InnerLoop.Options): Layer.Layer<ProviderAdapter, never, LanguageModel.LanguageModel> =>
+  Layer.effect(ProviderAdapter, make(options))

@@ -1,0 +1,127 @@
+/**
+ * The EffectAi adapter over @effect/ai-openai, against a small
+ * OpenAI-compatible server started on a free local port (real HTTP). The
+ * server replies from a script: first a tool call, then a structured answer.
+ */
+import { OpenAiClient, OpenAiLanguageModel } from "@effect/ai-openai"
+import { FetchHttpClient } from "@effect/platform"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Layer, Redacted, Schema } from "effect"
+import { createServer } from "node:http"
+import type { AddressInfo } from "node:net"
+import * as EffectAi from "../src/adapters/EffectAi.js"
+import * as Prompt from "../src/Prompt.js"
+import * as Session from "../src/Session.js"
+import * as Tool from "../src/Tool.js"
+
+const responseEnvelope = (id: string, output: ReadonlyArray<unknown>, usage: { input: number; output: number }) => ({
+  id,
+  object: "response",
+  created_at: 0,
+  status: "completed",
+  error: null,
+  incomplete_details: null,
+  instructions: null,
+  model: "stub-model",
+  output,
+  parallel_tool_calls: true,
+  tool_choice: "auto",
+  tools: [],
+  metadata: {},
+  temperature: null,
+  top_p: null,
+  usage: {
+    input_tokens: usage.input,
+    input_tokens_details: { cached_tokens: 0 },
+    output_tokens: usage.output,
+    output_tokens_details: { reasoning_tokens: 0 },
+    total_tokens: usage.input + usage.output
+  }
+})
+
+const script = [
+  responseEnvelope("resp_1", [{
+    type: "function_call",
+    id: "fc_1",
+    call_id: "call_1",
+    name: "lookup_weather",
+    arguments: JSON.stringify({ city: "Paris" }),
+    status: "completed"
+  }], { input: 50, output: 10 }),
+  responseEnvelope("resp_2", [{
+    type: "message",
+    id: "msg_1",
+    role: "assistant",
+    status: "completed",
+    content: [{ type: "output_text", text: JSON.stringify({ city: "Paris", celsius: 21 }), annotations: [] }]
+  }], { input: 80, output: 12 })
+]
+
+/** Serves the script on a free port; records the request bodies. */
+const stubServer = Effect.acquireRelease(
+  Effect.async<{ readonly url: string; readonly bodies: Array<Record<string, unknown>>; readonly close: () => void }>(
+    (resume) => {
+      const bodies: Array<Record<string, unknown>> = []
+      const server = createServer((request, response) => {
+        let raw = ""
+        request.on("data", (chunk) => (raw += chunk))
+        request.on("end", () => {
+          bodies.push(JSON.parse(raw || "{}"))
+          const reply = script[bodies.length - 1]
+          response.writeHead(reply === undefined ? 500 : 200, { "content-type": "application/json" })
+          response.end(JSON.stringify(reply ?? { error: { message: "script exhausted" } }))
+        })
+      })
+      server.listen(0, "127.0.0.1", () => {
+        const { port } = server.address() as AddressInfo
+        resume(Effect.succeed({ url: `http://127.0.0.1:${port}/v1`, bodies, close: () => server.close() }))
+      })
+    }
+  ),
+  (stub) => Effect.sync(() => stub.close())
+)
+
+describe("EffectAi adapter (OpenAI-compatible server over real HTTP)", () => {
+  it.live("a tool call and a final structured output round-trip, with usage in the session", () =>
+    Effect.gen(function*() {
+      const stub = yield* stubServer
+      const weather = Tool.make({
+        name: "lookup_weather",
+        description: "Current temperature of a city",
+        parameters: Schema.Struct({ city: Schema.String }),
+        success: Schema.Struct({ celsius: Schema.Number }),
+        handler: ({ city }) => Effect.succeed({ celsius: city === "Paris" ? 21 : 0 })
+      })
+      const prompt = Prompt.make({
+        name: "weather",
+        instructions: "Answer with JSON.",
+        input: "How warm is Paris?",
+        tools: [weather],
+        output: Schema.Struct({ city: Schema.String, celsius: Schema.Number })
+      })
+      const session = yield* Session.make
+      const adapter = yield* EffectAi.make().pipe(
+        Effect.provide(
+          OpenAiLanguageModel.layer({ model: "stub-model" }).pipe(
+            Layer.provide(OpenAiClient.layer({ apiKey: Redacted.make("test-key"), apiUrl: stub.url })),
+            Layer.provide(FetchHttpClient.layer)
+          )
+        )
+      )
+      const response = yield* adapter.evaluate(prompt, { session })
+      expect(response.output).toEqual({ city: "Paris", celsius: 21 })
+      expect(response.usage).toEqual({ inputTokens: 130, outputTokens: 22 })
+      const events = yield* session.events
+      expect(events.filter((e) => e._tag === "ToolCall")).toMatchObject([{
+        toolName: "lookup_weather",
+        params: { city: "Paris" }
+      }])
+      expect(yield* session.usage).toEqual({ inputTokens: 130, outputTokens: 22 })
+
+      // What the provider saw: the tool's JSON Schema, then the tool's result in the follow-up request.
+      expect(stub.bodies.length).toBe(2)
+      expect(JSON.stringify(stub.bodies[0]!["tools"])).toContain("lookup_weather")
+      expect(JSON.stringify(stub.bodies[0]!["tools"])).toContain("\"city\"")
+      expect(JSON.stringify(stub.bodies[1]!["input"])).toContain("celsius")
+    }).pipe(Effect.scoped))
+})
