@@ -314,6 +314,40 @@ describe("deadlines on the agent path", () => {
     }))
 })
 
+describe("subagents share the parent's heartbeat and budget tracker", () => {
+  it.effect("the child's beats reach the parent's heartbeat and its tokens count against the parent's budget", () =>
+    Effect.gen(function*() {
+      const delegate = Tool.make({
+        name: "delegate",
+        description: "",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: (_, context) =>
+          Effect.map(Subagent.evaluate(context, Prompt.make({ name: "child", instructions: "" })), (r) => r.output)
+      })
+      const adapter = yield* ScriptedAdapter.make([
+        { toolCalls: [{ name: "delegate", params: {} }], usage: { inputTokens: 10, outputTokens: 1 } },
+        { text: "child answer", usage: { inputTokens: 100, outputTokens: 10 } },
+        { text: "parent answer", usage: { inputTokens: 20, outputTokens: 2 } }
+      ])
+      const heartbeat = yield* Heartbeat.make
+      const beats = yield* Ref.make(0)
+      yield* Effect.scoped(Effect.gen(function*() {
+        yield* heartbeat.onBeat(Ref.update(beats, (n) => n + 1))
+        const budgetTracker = yield* Budget.makeTracker(yield* Budget.make({ maxTotalTokens: 1_000 }))
+        const { response } = yield* evaluate(
+          adapter,
+          Prompt.make({ name: "parent", instructions: "", tools: [delegate] }),
+          { budgetTracker, heartbeat }
+        )
+        expect(response.output).toBe("parent answer")
+        expect((yield* budgetTracker.consumed).totalTokens).toBe(143) // parent 33 + child 110
+      }))
+      // Parent: 2 iterations + 2 around the tool; child: 1 iteration.
+      expect(yield* Ref.get(beats)).toBe(5)
+    }))
+})
+
 describe("MainLoop.agent", () => {
   const mailboxes = Effect.gen(function*() {
     const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<string>>({
