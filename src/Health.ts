@@ -21,8 +21,11 @@ import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import { createServer } from "node:http"
+import { DurationFromInput } from "./internal/duration.js"
 import type * as MailboxWorker from "./MailboxWorker.js"
 
 /** The readiness verdict and why. */
@@ -68,8 +71,21 @@ const makeRegistry = (staleAfter: Duration.Duration, url: string | undefined): H
 }
 
 /** Readiness tracking without a server (for tests, or a process that serves health elsewhere). */
-export const layerRegistry = (options?: { readonly staleAfter?: Duration.DurationInput }): Layer.Layer<Health> =>
-  Layer.sync(Health, () => makeRegistry(Duration.decode(options?.staleAfter ?? Duration.seconds(720)), undefined))
+export const layerRegistry = (
+  options?: { readonly staleAfter?: Duration.DurationInput }
+): Layer.Layer<Health, ParseResult.ParseError> =>
+  Layer.effect(
+    Health,
+    Effect.map(decodeStaleAfter(options?.staleAfter), (staleAfter) => makeRegistry(staleAfter, undefined))
+  )
+
+/** `staleAfter` (default 720 s), refused with a readable `ParseError` when it is not a duration. */
+const decodeStaleAfter = (input: Duration.DurationInput | undefined) =>
+  Schema.decodeUnknown(DurationFromInput)(input ?? Duration.seconds(720)).pipe(
+    Effect.mapError((error) =>
+      new ParseResult.ParseError({ issue: new ParseResult.Pointer("staleAfter", input, error.issue) })
+    )
+  )
 
 /** Prometheus text of every metric in the runtime, rendered by OpenTelemetry's serializer. */
 const prometheusText: Effect.Effect<Effect.Effect<string>, never, Scope.Scope> = Effect.gen(function*() {
@@ -94,10 +110,11 @@ export const layer = (options: {
   readonly port: number
   readonly host?: string
   readonly staleAfter?: Duration.DurationInput
-}): Layer.Layer<Health, ServeError> =>
+}): Layer.Layer<Health, ServeError | ParseResult.ParseError> =>
   Layer.scoped(
     Health,
     Effect.gen(function*() {
+      const staleAfter = yield* decodeStaleAfter(options.staleAfter)
       const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => createServer(), {
         port: options.port,
         host: options.host ?? "0.0.0.0"
@@ -108,7 +125,7 @@ export const layer = (options: {
           address.hostname === "0.0.0.0" || address.hostname === "::" ? "127.0.0.1" : address.hostname
         }:${address.port}`
         : undefined
-      const health = makeRegistry(Duration.decode(options.staleAfter ?? Duration.seconds(720)), url)
+      const health = makeRegistry(staleAfter, url)
       const metrics = yield* prometheusText
       yield* server.serve(
         Effect.gen(function*() {

@@ -17,6 +17,7 @@ import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
 import * as Runtime from "effect/Runtime"
 import type * as Scope from "effect/Scope"
 import * as Health from "./Health.js"
@@ -119,7 +120,9 @@ export interface LoopGroup {
    * down gracefully first. Registers with the `ShutdownCoordinator` and the
    * `Health` server when they are provided.
    */
-  readonly run: (options?: MailboxWorker.RunOptions) => Effect.Effect<void, InvalidParameterError, Scope.Scope>
+  readonly run: (
+    options?: MailboxWorker.RunOptions
+  ) => Effect.Effect<void, InvalidParameterError | ParseResult.ParseError, Scope.Scope>
   /** Asks every loop to stop within `timeout` (default: the group's); true when all stopped cleanly. */
   readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput }) => Effect.Effect<boolean>
 }
@@ -161,7 +164,7 @@ export const makeGroup = (
       }
       if (Option.isSome(health)) yield* Effect.forEach(loops, health.value.register, { discard: true })
       if (options?.watchdog !== undefined) {
-        const watchdog = yield* Effect.orDie(Watchdog.make(options.watchdog))
+        const watchdog = yield* Watchdog.make(options.watchdog)
         yield* Effect.forEach(loops, (loop) => watchdog.register(loop.name, loop.heartbeat), { discard: true })
         yield* watchdog.start
       }

@@ -284,10 +284,10 @@ export const make = <A, R, Out, E, Req>(
       Effect.gen(function*() {
         const current = state
         if (current === undefined) return true
-        const timeout = Either.getOrElse(
-          validateDuration("timeout", shutdownOptions?.timeout, Duration.seconds(30), Duration.infinity),
-          () => Duration.seconds(30)
-        )
+        const decoded = validateDuration("timeout", shutdownOptions?.timeout, Duration.seconds(30), Duration.infinity)
+        // `shutdown` cannot fail (it is what a signal handler calls): a bad timeout is reported and replaced.
+        if (Either.isLeft(decoded)) yield* Effect.logError(`${decoded.left.message}; using 30 s`)
+        const timeout = Either.getOrElse(decoded, () => Duration.seconds(30))
         current.stopping = true
         const unstarted = current.pending
         current.pending = []

@@ -74,3 +74,13 @@ describe("Health server (real HTTP on a free port)", () => {
       Effect.scoped
     ))
 })
+
+describe("Health config", () => {
+  it.effect("a bad staleAfter is a ParseError naming it", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(Layer.build(Health.layerRegistry({ staleAfter: -5 })).pipe(Effect.scoped))
+      expect(error._tag).toBe("ParseError")
+      expect(error.message).toContain("staleAfter")
+      expect(error.message).toContain("must not be negative")
+    }))
+})

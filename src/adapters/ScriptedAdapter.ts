@@ -4,7 +4,7 @@
  * `Clock`, so `TestClock` drives it) — for tests, examples and demos. It
  * records every request that reached it, so a test can prove one did not.
  */
-import * as Duration from "effect/Duration"
+import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Ref from "effect/Ref"
@@ -49,7 +49,7 @@ export const make = (
         if (turn === undefined) {
           return yield* new InnerLoop.ProviderError({ detail: `the script has only ${turns.length} turns` })
         }
-        if (turn.latency !== undefined) yield* Effect.sleep(Duration.decode(turn.latency))
+        if (turn.latency !== undefined) yield* Effect.sleep(turn.latency)
         if (turn.fail !== undefined) return yield* new InnerLoop.ProviderError({ detail: turn.fail })
         return {
           text: turn.output !== undefined ? JSON.stringify(turn.output) : turn.text ?? "",
