@@ -21,6 +21,7 @@ import * as Evaluator from "./Evaluator.js"
 import type * as Heartbeat from "./Heartbeat.js"
 import type { Mailbox, MailboxResolver, SendError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
+import * as Session from "./Session.js"
 
 /** One sample to run under an experiment. */
 export interface EvalRequest<I, E> {
@@ -43,6 +44,8 @@ export interface EvalResult {
 /** What `execute` receives besides the input. */
 export interface EvalContext {
   readonly heartbeat: Heartbeat.Heartbeat
+  /** A fresh session per sample: pass it to the adapter so session-aware evaluators can read it. */
+  readonly session: Session.Session
   readonly sampleId: string
   readonly experiment: string
 }
@@ -61,9 +64,10 @@ export const make = <I, E, O, Err, R>(options: {
     handle: (message, heartbeat) =>
       Effect.gen(function*() {
         const { experiment, requestId, sample } = message.body
+        const session = yield* Session.make
         const started = yield* Clock.currentTimeMillis
         const outcome = yield* Effect.either(
-          options.execute(sample.input, { heartbeat, sampleId: sample.id, experiment })
+          options.execute(sample.input, { heartbeat, session, sampleId: sample.id, experiment })
         )
         const latencyMs = (yield* Clock.currentTimeMillis) - started
         const base = { requestId, sampleId: sample.id, experiment, latencyMs }
@@ -75,7 +79,7 @@ export const make = <I, E, O, Err, R>(options: {
             error: `${error.tag}: ${error.message}`
           } satisfies EvalResult
         }
-        const score = yield* options.evaluator(outcome.right, sample.expected)
+        const score = yield* options.evaluator(outcome.right, sample.expected, session)
         return { ...base, score, error: undefined } satisfies EvalResult
       }),
     onSuccess: (message, result) =>

@@ -4,13 +4,15 @@
  * A `Score` is a value in 0..1, a pass/fail verdict and a reason. The basic
  * evaluators compare values (`exactMatch`, structurally) or text
  * (`contains`); `allOf` combines by mean (passing when all pass) and `anyOf`
- * by maximum (passing when any passes). An evaluator is an Effect so it can
- * call a model or read a session.
+ * by maximum (passing when any passes). Every evaluator also receives the
+ * sample's `Session`, so the session-aware ones (`usedTool`, `maxToolCalls`,
+ * `maxTokens`) judge how the agent got there, not only what it answered.
  */
 import * as Effect from "effect/Effect"
 import * as Equal from "effect/Equal"
 import * as Schema from "effect/Schema"
 import * as Utils from "effect/Utils"
+import type * as Session from "./Session.js"
 
 /** A score in 0..1 with a verdict. */
 export class Score extends Schema.Class<Score>("leasehold/Score")({
@@ -19,8 +21,8 @@ export class Score extends Schema.Class<Score>("leasehold/Score")({
   reason: Schema.String
 }) {}
 
-/** Scores an output against the expected value. */
-export type Evaluator<O, E> = (output: O, expected: E) => Effect.Effect<Score>
+/** Scores an output against the expected value; the session holds what the agent did. */
+export type Evaluator<O, E> = (output: O, expected: E, session: Session.Session) => Effect.Effect<Score>
 
 const verdict = (passed: boolean, reason: string) => new Score({ value: passed ? 1 : 0, passed, reason })
 
@@ -47,8 +49,8 @@ const combine = <O, E>(
   passed: (verdicts: ReadonlyArray<boolean>) => boolean,
   label: string
 ): Evaluator<O, E> =>
-(output, expected) =>
-  Effect.map(Effect.forEach(evaluators, (evaluate) => evaluate(output, expected)), (scores) =>
+(output, expected, session) =>
+  Effect.map(Effect.forEach(evaluators, (evaluate) => evaluate(output, expected, session)), (scores) =>
     new Score({
       value: scores.length === 0 ? 0 : value(scores.map((s) => s.value)),
       passed: scores.length > 0 && passed(scores.map((s) => s.passed)),
@@ -62,3 +64,25 @@ export const allOf = <O, E>(...evaluators: ReadonlyArray<Evaluator<O, E>>): Eval
 /** Maximum of the scores; passes when any evaluator passes. */
 export const anyOf = <O, E>(...evaluators: ReadonlyArray<Evaluator<O, E>>): Evaluator<O, E> =>
   combine(evaluators, (values) => Math.max(...values), (v) => v.some(Boolean), "anyOf")
+
+/** 1 when the agent called tool `name` at least once during the sample. */
+export const usedTool = (name: string): Evaluator<unknown, unknown> => (_output, _expected, session) =>
+  Effect.map(session.events, (events) => {
+    const used = events.some((event) => event._tag === "ToolCall" && event.toolName === name)
+    return verdict(used, used ? `called ${name}` : `never called ${name}`)
+  })
+
+/** 1 when the agent made at most `max` tool calls. */
+export const maxToolCalls = (max: number): Evaluator<unknown, unknown> => (_output, _expected, session) =>
+  Effect.map(session.events, (events) => {
+    const calls = events.filter((event) => event._tag === "ToolCall").length
+    return verdict(calls <= max, `${calls} tool calls (at most ${max})`)
+  })
+
+/** 1 when the sample used at most `max` tokens in all. */
+export const maxTokens = (max: number): Evaluator<unknown, unknown> => (_output, _expected, session) =>
+  Effect.map(
+    session.usage,
+    ({ inputTokens, outputTokens }) =>
+      verdict(inputTokens + outputTokens <= max, `${inputTokens + outputTokens} tokens (at most ${max})`)
+  )

@@ -9,6 +9,7 @@ import * as EvalLoop from "../src/EvalLoop.js"
 import * as Evaluator from "../src/Evaluator.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as Session from "../src/Session.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
 const schemas = { input: Schema.Number, expected: Schema.Number }
@@ -51,19 +52,70 @@ describe("Dataset", () => {
 describe("Evaluators", () => {
   it.effect("exactMatch compares structurally, contains looks for text, allOf averages, anyOf takes the best", () =>
     Effect.gen(function*() {
-      expect((yield* Evaluator.exactMatch({ a: [1, 2] }, { a: [1, 2] })).passed).toBe(true)
-      expect((yield* Evaluator.exactMatch("x", "y")).value).toBe(0)
-      expect((yield* Evaluator.contains("the answer is 42", "42")).passed).toBe(true)
+      const session = yield* Session.make
+      expect((yield* Evaluator.exactMatch({ a: [1, 2] }, { a: [1, 2] }, session)).passed).toBe(true)
+      expect((yield* Evaluator.exactMatch("x", "y", session)).value).toBe(0)
+      expect((yield* Evaluator.contains("the answer is 42", "42", session)).passed).toBe(true)
       const even: Evaluator.Evaluator<number, number> = (output) =>
         Effect.succeed(
           new Evaluator.Score({ value: output % 2 === 0 ? 1 : 0, passed: output % 2 === 0, reason: "even" })
         )
-      const all = yield* Evaluator.allOf<number, number>(Evaluator.exactMatch, even)(4, 6)
+      const all = yield* Evaluator.allOf<number, number>(Evaluator.exactMatch, even)(4, 6, session)
       expect([all.value, all.passed]).toEqual([0.5, false])
-      const any = yield* Evaluator.anyOf<number, number>(Evaluator.exactMatch, even)(4, 6)
+      const any = yield* Evaluator.anyOf<number, number>(Evaluator.exactMatch, even)(4, 6, session)
       expect([any.value, any.passed]).toEqual([1, true])
       const error = yield* Effect.flip(Schema.decodeUnknown(Evaluator.Score)({ value: 1.5, passed: true, reason: "" }))
       expect(error.message).toContain("between 0 and 1")
+    }))
+})
+
+describe("session-aware evaluators", () => {
+  it.effect("usedTool, maxToolCalls and maxTokens read what the agent did", () =>
+    Effect.gen(function*() {
+      const session = yield* Session.make
+      yield* session.record({ _tag: "ToolCall", promptName: "p", toolName: "search", callId: "1", params: {}, at: 0 })
+      yield* session.record({ _tag: "ToolCall", promptName: "p", toolName: "search", callId: "2", params: {}, at: 0 })
+      yield* session.record({
+        _tag: "ProviderCall",
+        promptName: "p",
+        at: 0,
+        durationMs: 5,
+        usage: { inputTokens: 300, outputTokens: 50 }
+      })
+      expect((yield* Evaluator.usedTool("search")(null, null, session)).passed).toBe(true)
+      expect((yield* Evaluator.usedTool("calculator")(null, null, session)).reason).toBe("never called calculator")
+      expect((yield* Evaluator.maxToolCalls(1)(null, null, session)).passed).toBe(false)
+      expect((yield* Evaluator.maxTokens(350)(null, null, session)).passed).toBe(true)
+      expect((yield* Evaluator.maxTokens(349)(null, null, session)).reason).toBe("350 tokens (at most 349)")
+    }))
+
+  it.scoped("EvalLoop gives execute a session per sample and scores with it", () =>
+    Effect.gen(function*() {
+      const requests = yield* MailboxMemory.make<EvalLoop.EvalRequest<number, number>, EvalLoop.EvalResult>({
+        name: "evals"
+      })
+      const results = yield* MailboxMemory.make<EvalLoop.EvalResult>({ name: "results" })
+      const loop = yield* EvalLoop.make({
+        requests,
+        execute: (n: number, { session }) =>
+          Effect.as(
+            n > 1
+              ? session.record({ _tag: "ToolCall", promptName: "p", toolName: "calc", callId: "c", params: {}, at: 0 })
+              : Effect.void,
+            n
+          ),
+        evaluator: Evaluator.allOf<number, number>(Evaluator.exactMatch, Evaluator.usedTool("calc"))
+      }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests, results)))
+      yield* EvalLoop.submitDataset(
+        requests,
+        [{ id: "a", input: 1, expected: 1 }, { id: "b", input: 2, expected: 2 }],
+        {
+          replyTo: "results"
+        }
+      )
+      yield* loop.run({ maxIterations: 2, waitTime: 0 })
+      const scores = (yield* EvalLoop.collectResults(results, 2, "1 second")).map((r) => [r.sampleId, r.score.value])
+      expect(scores).toEqual([["a", 0.5], ["b", 1]])
     }))
 })
 
