@@ -1,0 +1,354 @@
+/**
+ * WorkLease: exclusive, FIFO processing per domain, with fencing tokens.
+ *
+ * For each `domainId` at most one offset is in flight under a lease; offsets
+ * that arrive meanwhile wait in a de-duplicated FIFO backlog, and terminal
+ * offsets (succeeded, or failed for good) are never acquired again. The
+ * component does not hand work on: `succeed` and `fail` clear or keep the
+ * lease and return a hint (the backlog head) for the external orchestrator,
+ * which also owns timing (from `acquiredAt` and `retryCount`). Every
+ * acquisition in a domain gets the next `fencingToken`, so storage can refuse
+ * a zombie holder (`assertCurrent`). Misuse that the seed spec calls a hard
+ * bug (out-of-order acquire, wrong token, no lease) is a typed failure.
+ *
+ * State lives in STM: a `TMap` from domain id to a `TRef` of the domain's
+ * state, created once and never replaced — which is why a plain map of the
+ * TRefs can serve lookups outside the transaction. Tokens and the clock are
+ * read before the transaction, which stays pure.
+ *
+ * Bounded memory: processed offsets are kept as a low-water mark (every offset
+ * below it is terminal) plus the processed offsets above it; failed offsets
+ * (give-ups, which should be rare) are always kept, exactly. The mark
+ * advances while the terminal offsets are contiguous, so a domain whose
+ * offsets run 0, 1, 2, … keeps O(1) state with exact answers. Offsets that
+ * finish out of order, or a domain that starts at a high offset, keep a set
+ * that grows; the optional `retention.maxOutOfOrder` cap bounds it by raising
+ * the mark past the smallest kept offsets (never past the lease or the
+ * backlog head). The trade-off of the cap: an offset below the mark that was
+ * never seen also answers `AlreadyProcessed`.
+ */
+import * as Clock from "effect/Clock"
+import * as Data from "effect/Data"
+import * as DateTime from "effect/DateTime"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as Order from "effect/Order"
+import * as Schema from "effect/Schema"
+import * as SortedSet from "effect/SortedSet"
+import * as STM from "effect/STM"
+import * as TMap from "effect/TMap"
+import * as TRef from "effect/TRef"
+import { randomUUID } from "node:crypto"
+
+/** What `tryAcquire` found. */
+export type AcquireResult = Data.TaggedEnum<{
+  Acquired: { readonly token: string; readonly fencingToken: number }
+  AlreadyAcquired: { readonly token: string }
+  Enqueued: {}
+  AlreadyProcessed: {}
+  AlreadyFailed: {}
+}>
+export const AcquireResult = Data.taggedEnum<AcquireResult>()
+
+/** What `succeed` leaves for the orchestrator. */
+export type SucceedResult = Data.TaggedEnum<{
+  NoBacklog: {}
+  NextHint: { readonly offset: number }
+}>
+export const SucceedResult = Data.taggedEnum<SucceedResult>()
+
+/** What `fail` did. */
+export type FailResult = Data.TaggedEnum<{
+  RetryScheduled: { readonly retryCount: number }
+  GiveUpNoBacklog: {}
+  GiveUpNextHint: { readonly offset: number }
+}>
+export const FailResult = Data.taggedEnum<FailResult>()
+
+/** `tryAcquire` of an offset that is not the backlog head while the domain is idle. */
+export class BacklogOrderingError extends Schema.TaggedError<BacklogOrderingError>()("BacklogOrderingError", {
+  domainId: Schema.String,
+  expected: Schema.Number,
+  got: Schema.Number
+}) {
+  override get message(): string {
+    return `Domain "${this.domainId}": offset ${this.got} acquired out of order; the backlog head is ${this.expected}`
+  }
+}
+
+/** `succeed` / `fail` on a domain without a lease. */
+export class LeaseNotFoundError extends Schema.TaggedError<LeaseNotFoundError>()("LeaseNotFoundError", {
+  domainId: Schema.String
+}) {
+  override get message(): string {
+    return `Domain "${this.domainId}" has no lease to settle`
+  }
+}
+
+/** `succeed` / `fail` with a token that is not the current lease's. */
+export class TokenMismatchError extends Schema.TaggedError<TokenMismatchError>()("TokenMismatchError", {
+  domainId: Schema.String
+}) {
+  override get message(): string {
+    return `Domain "${this.domainId}": the token does not match the current lease (a stale holder?)`
+  }
+}
+
+/** A fencing token that is not the current holder's. */
+export class StaleFencingTokenError extends Schema.TaggedError<StaleFencingTokenError>()("StaleFencingTokenError", {
+  domainId: Schema.String,
+  fencingToken: Schema.Number,
+  current: Schema.optional(Schema.Number)
+}) {
+  override get message(): string {
+    return `Domain "${this.domainId}": fencing token ${this.fencingToken} is stale (current: ${this.current ?? "none"})`
+  }
+}
+
+/** Offsets are non-negative safe integers. */
+export class InvalidOffsetError extends Schema.TaggedError<InvalidOffsetError>()("InvalidOffsetError", {
+  domainId: Schema.String,
+  offset: Schema.Unknown
+}) {
+  override get message(): string {
+    return `Domain "${this.domainId}": offset ${String(this.offset)} is not a non-negative safe integer`
+  }
+}
+
+/** The lease of a domain, as `inspect` shows it. */
+export interface LeaseView {
+  readonly offset: number
+  readonly token: string
+  readonly fencingToken: number
+  readonly acquiredAt: DateTime.Utc
+  readonly retryCount: number
+}
+
+/** A domain as `inspect` shows it. */
+export interface DomainSnapshot {
+  readonly lease: Option.Option<LeaseView>
+  readonly backlog: ReadonlyArray<number>
+  /** Every offset below it is terminal. */
+  readonly lowWaterMark: number
+  /** Terminal offsets kept above the mark (the retention policy's memory). */
+  readonly retainedTerminal: number
+}
+
+/** The contract, whatever the storage. */
+export interface WorkLease {
+  readonly tryAcquire: (
+    domainId: string,
+    offset: number
+  ) => Effect.Effect<AcquireResult, BacklogOrderingError | InvalidOffsetError>
+  readonly succeed: (
+    domainId: string,
+    token: string
+  ) => Effect.Effect<SucceedResult, LeaseNotFoundError | TokenMismatchError>
+  readonly fail: (domainId: string, token: string) => Effect.Effect<FailResult, LeaseNotFoundError | TokenMismatchError>
+  readonly inspect: (domainId: string) => Effect.Effect<DomainSnapshot>
+  /** Fails unless `fencingToken` is the current lease's: storage calls it to refuse a zombie holder. */
+  readonly assertCurrent: (domainId: string, fencingToken: number) => Effect.Effect<void, StaleFencingTokenError>
+}
+
+interface Lease {
+  readonly offset: number
+  readonly token: string
+  readonly fencingToken: number
+  readonly acquiredAt: number
+  readonly retryCount: number
+}
+
+interface DomainState {
+  readonly lease: Lease | undefined
+  readonly backlog: ReadonlyArray<number>
+  readonly lowWater: number
+  readonly processed: SortedSet.SortedSet<number>
+  readonly failed: SortedSet.SortedSet<number>
+  /** The last fencing token issued (0 before the first acquisition). */
+  readonly fencingToken: number
+}
+
+const emptyOffsets = SortedSet.empty<number>(Order.number)
+
+const initialState: DomainState = {
+  lease: undefined,
+  backlog: [],
+  lowWater: 0,
+  processed: emptyOffsets,
+  failed: emptyOffsets,
+  fencingToken: 0
+}
+
+const first = (set: SortedSet.SortedSet<number>): number | undefined => {
+  const next = SortedSet.values(set).next()
+  return next.done === true ? undefined : next.value
+}
+
+/**
+ * Records `offset` as terminal and applies the retention policy. Failed
+ * offsets are always kept (so they keep answering `AlreadyFailed`); the mark
+ * only absorbs processed ones and steps over failed ones.
+ */
+const markTerminal = (
+  state: DomainState,
+  offset: number,
+  kind: "processed" | "failed",
+  maxOutOfOrder: number | undefined
+): DomainState => {
+  let { lowWater, processed } = state
+  const failed = kind === "failed" ? SortedSet.add(state.failed, offset) : state.failed
+  if (kind === "processed") processed = SortedSet.add(processed, offset)
+  const drainContiguous = () => {
+    for (;;) {
+      if (SortedSet.has(processed, lowWater)) processed = SortedSet.remove(processed, lowWater)
+      else if (!SortedSet.has(failed, lowWater)) return
+      lowWater++
+    }
+  }
+  drainContiguous()
+  if (maxOutOfOrder !== undefined) {
+    // Never past pending work: the lease and the backlog must stay above the mark.
+    const ceiling = Math.min(state.lease?.offset ?? Infinity, state.backlog[0] ?? Infinity)
+    while (SortedSet.size(processed) > maxOutOfOrder) {
+      const smallest = first(processed)!
+      if (smallest + 1 > ceiling) break
+      lowWater = smallest
+      drainContiguous()
+    }
+  }
+  return { ...state, processed, failed, lowWater }
+}
+
+const hint = (state: DomainState) => state.backlog[0]
+
+/** Makes an in-memory WorkLease. */
+export const make = (options?: {
+  /** `fail` gives up once `retryCount >= maxRetries` (default 3). */
+  readonly maxRetries?: number
+  readonly retention?: { readonly maxOutOfOrder?: number }
+}): Effect.Effect<WorkLease> =>
+  Effect.gen(function*() {
+    const maxRetries = options?.maxRetries ?? 3
+    const maxOutOfOrder = options?.retention?.maxOutOfOrder
+    const domains = yield* STM.commit(TMap.empty<string, TRef.TRef<DomainState>>())
+    // A domain's TRef is created once and never replaced, so this cache is always right.
+    const known = new Map<string, TRef.TRef<DomainState>>()
+
+    const domain = (domainId: string): Effect.Effect<TRef.TRef<DomainState>> => {
+      const cached = known.get(domainId)
+      if (cached !== undefined) return Effect.succeed(cached)
+      return STM.commit(
+        STM.flatMap(
+          TMap.get(domains, domainId),
+          Option.match({
+            onSome: STM.succeed,
+            onNone: () => STM.tap(TRef.make(initialState), (ref) => TMap.set(domains, domainId, ref))
+          })
+        )
+      ).pipe(Effect.tap((ref) => Effect.sync(() => known.set(domainId, ref))))
+    }
+
+    const existing = (domainId: string): Effect.Effect<TRef.TRef<DomainState> | undefined> => {
+      const cached = known.get(domainId)
+      if (cached !== undefined) return Effect.succeed(cached)
+      return Effect.map(STM.commit(TMap.get(domains, domainId)), Option.getOrUndefined)
+    }
+
+    const tryAcquire: WorkLease["tryAcquire"] = (domainId, offset) =>
+      Effect.gen(function*() {
+        if (!Number.isSafeInteger(offset) || offset < 0) return yield* new InvalidOffsetError({ domainId, offset })
+        const ref = yield* domain(domainId)
+        const token = randomUUID()
+        const now = yield* Clock.currentTimeMillis
+        return yield* STM.commit(STM.flatMap(TRef.get(ref), (state): STM.STM<AcquireResult, BacklogOrderingError> => {
+          if (SortedSet.has(state.failed, offset)) return STM.succeed(AcquireResult.AlreadyFailed())
+          if (offset < state.lowWater || SortedSet.has(state.processed, offset)) {
+            return STM.succeed(AcquireResult.AlreadyProcessed())
+          }
+          if (state.lease !== undefined) {
+            if (state.lease.offset === offset) {
+              return STM.succeed(AcquireResult.AlreadyAcquired({ token: state.lease.token }))
+            }
+            if (state.backlog.includes(offset)) return STM.succeed(AcquireResult.Enqueued())
+            return STM.as(TRef.set(ref, { ...state, backlog: [...state.backlog, offset] }), AcquireResult.Enqueued())
+          }
+          const head = state.backlog[0]
+          if (head !== undefined && head !== offset) {
+            return STM.fail(new BacklogOrderingError({ domainId, expected: head, got: offset }))
+          }
+          const fencingToken = state.fencingToken + 1
+          return STM.as(
+            TRef.set(ref, {
+              ...state,
+              backlog: head === undefined ? state.backlog : state.backlog.slice(1),
+              lease: { offset, token, fencingToken, acquiredAt: now, retryCount: 0 },
+              fencingToken
+            }),
+            AcquireResult.Acquired({ token, fencingToken })
+          )
+        }))
+      })
+
+    /** Runs `f` on the domain's lease after the token checks. */
+    const settle = <A>(
+      domainId: string,
+      token: string,
+      f: (state: DomainState, lease: Lease) => readonly [A, DomainState]
+    ): Effect.Effect<A, LeaseNotFoundError | TokenMismatchError> =>
+      Effect.flatMap(existing(domainId), (ref) => {
+        if (ref === undefined) return Effect.fail(new LeaseNotFoundError({ domainId }))
+        return STM.commit(STM.flatMap(TRef.get(ref), (state): STM.STM<A, LeaseNotFoundError | TokenMismatchError> => {
+          if (state.lease === undefined) return STM.fail(new LeaseNotFoundError({ domainId }))
+          if (state.lease.token !== token) return STM.fail(new TokenMismatchError({ domainId }))
+          const [result, next] = f(state, state.lease)
+          return STM.as(TRef.set(ref, next), result)
+        }))
+      })
+
+    const succeed: WorkLease["succeed"] = (domainId, token) =>
+      settle(domainId, token, (state, lease) => {
+        const next = { ...markTerminal(state, lease.offset, "processed", maxOutOfOrder), lease: undefined }
+        const head = hint(next)
+        return [head === undefined ? SucceedResult.NoBacklog() : SucceedResult.NextHint({ offset: head }), next]
+      })
+
+    const fail: WorkLease["fail"] = (domainId, token) =>
+      settle(domainId, token, (state, lease): readonly [FailResult, DomainState] => {
+        if (lease.retryCount >= maxRetries) {
+          const next = { ...markTerminal(state, lease.offset, "failed", maxOutOfOrder), lease: undefined }
+          const head = hint(next)
+          return [head === undefined ? FailResult.GiveUpNoBacklog() : FailResult.GiveUpNextHint({ offset: head }), next]
+        }
+        const retryCount = lease.retryCount + 1
+        return [FailResult.RetryScheduled({ retryCount }), { ...state, lease: { ...lease, retryCount } }]
+      })
+
+    const inspect: WorkLease["inspect"] = (domainId) =>
+      Effect.flatMap(existing(domainId), (ref) =>
+        ref === undefined
+          ? Effect.succeed({ lease: Option.none(), backlog: [], lowWaterMark: 0, retainedTerminal: 0 })
+          : Effect.map(STM.commit(TRef.get(ref)), (state) => ({
+            lease: Option.map(Option.fromNullable(state.lease), (lease) => ({
+              offset: lease.offset,
+              token: lease.token,
+              fencingToken: lease.fencingToken,
+              acquiredAt: DateTime.unsafeMake(lease.acquiredAt),
+              retryCount: lease.retryCount
+            })),
+            backlog: state.backlog,
+            lowWaterMark: state.lowWater,
+            retainedTerminal: SortedSet.size(state.processed) + SortedSet.size(state.failed)
+          })))
+
+    const assertCurrent: WorkLease["assertCurrent"] = (domainId, fencingToken) =>
+      Effect.flatMap(existing(domainId), (ref) =>
+        Effect.flatMap(
+          ref === undefined ? Effect.succeed(undefined) : Effect.map(STM.commit(TRef.get(ref)), (s) => s.lease),
+          (lease) =>
+            lease?.fencingToken === fencingToken
+              ? Effect.void
+              : Effect.fail(new StaleFencingTokenError({ domainId, fencingToken, current: lease?.fencingToken }))
+        ))
+
+    return { tryAcquire, succeed, fail, inspect, assertCurrent }
+  })
