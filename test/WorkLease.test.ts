@@ -130,3 +130,91 @@ describe("WorkLease model-based property", () => {
     300_000
   )
 })
+
+describe("WorkLease retention (bounded memory)", () => {
+  it.effect("sequential offsets keep O(1) state with exact answers; failed offsets are kept and still answer AlreadyFailed", () =>
+    Effect.gen(function*() {
+      const lease = yield* WorkLease.make({ maxRetries: 0 })
+      for (let offset = 0; offset < 5_000; offset++) {
+        const result = yield* lease.tryAcquire("A", offset)
+        if (result._tag !== "Acquired") return expect.fail(`offset ${offset}: ${result._tag}`)
+        if (offset === 42) yield* lease.fail("A", result.token) // maxRetries 0: gives up at once
+        else yield* lease.succeed("A", result.token)
+      }
+      const snapshot = yield* lease.inspect("A")
+      expect(snapshot.lowWaterMark).toBe(5_000)
+      expect(snapshot.retainedTerminal).toBe(1) // just the failed 42
+      expect((yield* lease.tryAcquire("A", 42))._tag).toBe("AlreadyFailed")
+      expect((yield* lease.tryAcquire("A", 41))._tag).toBe("AlreadyProcessed")
+    }))
+
+  it.effect("out-of-order terminal offsets grow the set; maxOutOfOrder caps it (an unseen offset below the mark then counts as processed)", () =>
+    Effect.gen(function*() {
+      const run = (retention?: { maxOutOfOrder: number }) =>
+        Effect.gen(function*() {
+          const lease = yield* WorkLease.make(retention === undefined ? {} : { retention })
+          for (let offset = 1; offset <= 1_000; offset++) { // offset 0 never arrives
+            const result = yield* lease.tryAcquire("A", offset)
+            if (result._tag === "Acquired") yield* lease.succeed("A", result.token)
+          }
+          return { lease, snapshot: yield* lease.inspect("A") }
+        })
+      const exact = yield* run()
+      expect(exact.snapshot.retainedTerminal).toBe(1_000)
+      expect((yield* exact.lease.tryAcquire("A", 0))._tag).toBe("Acquired") // exact: 0 is still new
+      const capped = yield* run({ maxOutOfOrder: 100 })
+      expect(capped.snapshot.retainedTerminal).toBeLessThanOrEqual(100)
+      expect((yield* capped.lease.tryAcquire("A", 0))._tag).toBe("AlreadyProcessed") // the documented trade-off
+      expect((yield* capped.lease.tryAcquire("A", 1_000))._tag).toBe("AlreadyProcessed")
+    }))
+
+  it.effect("the cap never raises the mark past the lease or the backlog head", () =>
+    Effect.gen(function*() {
+      const lease = yield* WorkLease.make({ retention: { maxOutOfOrder: 1 } })
+      const five = yield* lease.tryAcquire("A", 5)
+      yield* lease.succeed("A", (five as Extract<WorkLease.AcquireResult, { _tag: "Acquired" }>).token)
+      const seven = yield* lease.tryAcquire("A", 7)
+      yield* lease.tryAcquire("A", 6) // backlog [6]
+      yield* lease.succeed("A", (seven as Extract<WorkLease.AcquireResult, { _tag: "Acquired" }>).token)
+      expect((yield* lease.inspect("A")).lowWaterMark).toBeLessThanOrEqual(6)
+      expect((yield* lease.tryAcquire("A", 6))._tag).toBe("Acquired")
+    }))
+})
+
+describe("WorkLease under concurrent fibers", () => {
+  it.effect("8 fibers hammering 3 domains: holders never overlap, fencing tokens rise by one, every offset ends terminal once", () =>
+    Effect.gen(function*() {
+      const lease = yield* WorkLease.make()
+      const OFFSETS = 40
+      const log: Array<{ domain: string; offset: number; event: "acquire" | "release"; fencing: number }> = []
+      const worker = Effect.gen(function*() {
+        for (const domain of ["A", "B", "C"]) {
+          for (let offset = 0; offset < OFFSETS;) {
+            const result = yield* lease.tryAcquire(domain, offset)
+            if (result._tag === "Acquired") {
+              log.push({ domain, offset, event: "acquire", fencing: result.fencingToken })
+              yield* Effect.yieldNow() // work, during which others try
+              log.push({ domain, offset, event: "release", fencing: result.fencingToken })
+              yield* lease.succeed(domain, result.token)
+              offset++
+            } else if (result._tag === "AlreadyProcessed") {
+              offset++
+            } else {
+              yield* Effect.yieldNow() // held or queued by someone else: try again
+            }
+          }
+        }
+      })
+      yield* Effect.all(Array.from({ length: 8 }, () => worker), { concurrency: "unbounded", discard: true })
+      for (const domain of ["A", "B", "C"]) {
+        const events = log.filter((e) => e.domain === domain)
+        expect(events.length).toBe(2 * OFFSETS)
+        events.forEach((event, i) => {
+          const pair = Math.floor(i / 2)
+          expect(event.event).toBe(i % 2 === 0 ? "acquire" : "release") // never two holders at once
+          expect(event.offset).toBe(pair) // FIFO, each offset exactly once
+          expect(event.fencing).toBe(pair + 1) // +1 per acquisition
+        })
+      }
+    }))
+})
