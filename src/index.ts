@@ -26,6 +26,7 @@ export * as Subagent from "./Subagent.js"
 export * as Tool from "./Tool.js"
 export * as ToolExecutor from "./ToolExecutor.js"
 export * as Watchdog from "./Watchdog.js"
+export * as WorkLease from "./WorkLease.js"
 
 // The design names these two directly: `LoopGroup.make`, `ShutdownCoordinator.layer`.
 export { LoopGroup, ShutdownCoordinator } from "./Lifecycle.js"

@@ -1,0 +1,107 @@
+/**
+ * WorkLease benchmarks: tryAcquire + succeed pairs per second, STM against a
+ * plain Map + Semaphore implementation of the same contract, and the state
+ * size after a million sequential offsets.
+ */
+import { Effect } from "effect"
+import { WorkLease } from "leasehold"
+import { randomUUID } from "node:crypto"
+
+/** The baseline: one mutable record and one semaphore per domain. */
+export const makeBaseline = Effect.sync(() => {
+  interface Domain {
+    lease: { offset: number; token: string; fencingToken: number } | undefined
+    backlog: Array<number>
+    processed: Set<number>
+    fencingToken: number
+    readonly lock: Effect.Semaphore
+  }
+  const domains = new Map<string, Domain>()
+  const domain = (id: string) => {
+    let d = domains.get(id)
+    if (d === undefined) {
+      d = { lease: undefined, backlog: [], processed: new Set(), fencingToken: 0, lock: Effect.unsafeMakeSemaphore(1) }
+      domains.set(id, d)
+    }
+    return d
+  }
+  return {
+    tryAcquire: (id: string, offset: number) => {
+      const d = domain(id)
+      const token = randomUUID()
+      return d.lock.withPermits(1)(Effect.sync(() => {
+        if (d.processed.has(offset)) return "AlreadyProcessed" as const
+        if (d.lease !== undefined) {
+          if (d.lease.offset === offset) return d.lease.token
+          if (!d.backlog.includes(offset)) d.backlog.push(offset)
+          return "Enqueued" as const
+        }
+        if (d.backlog.length > 0 && d.backlog[0] !== offset) return "BacklogOrdering" as const
+        d.backlog.shift()
+        d.lease = { offset, token, fencingToken: ++d.fencingToken }
+        return token
+      }))
+    },
+    succeed: (id: string, token: string) => {
+      const d = domain(id)
+      return d.lock.withPermits(1)(Effect.sync(() => {
+        if (d.lease === undefined || d.lease.token !== token) return false
+        d.processed.add(d.lease.offset)
+        d.lease = undefined
+        return true
+      }))
+    }
+  }
+})
+
+const PAIRS = 100_000
+
+/** `fibers` fibers, each driving its own share of `domains` with sequential offsets. */
+export const stmPairs = (domains: number, fibers: number) => () =>
+  Effect.gen(function*() {
+    const lease = yield* WorkLease.make()
+    const perFiber = Math.ceil(PAIRS / fibers)
+    yield* Effect.all(
+      Array.from({ length: fibers }, (_, f) =>
+        Effect.gen(function*() {
+          for (let i = 0; i < perFiber; i++) {
+            const d = (f + fibers * (i % Math.max(1, Math.floor(domains / fibers)))) % domains
+            const offset = Math.floor(i / Math.max(1, Math.floor(domains / fibers)))
+            const result = yield* Effect.orDie(lease.tryAcquire(`d${d}`, offset))
+            if (result._tag === "Acquired") yield* Effect.orDie(lease.succeed(`d${d}`, result.token))
+          }
+        })),
+      { concurrency: "unbounded", discard: true }
+    )
+    return perFiber * fibers
+  })
+
+export const baselinePairs = (domains: number, fibers: number) => () =>
+  Effect.gen(function*() {
+    const lease = yield* makeBaseline
+    const perFiber = Math.ceil(PAIRS / fibers)
+    yield* Effect.all(
+      Array.from({ length: fibers }, (_, f) =>
+        Effect.gen(function*() {
+          for (let i = 0; i < perFiber; i++) {
+            const d = (f + fibers * (i % Math.max(1, Math.floor(domains / fibers)))) % domains
+            const offset = Math.floor(i / Math.max(1, Math.floor(domains / fibers)))
+            const token = yield* lease.tryAcquire(`d${d}`, offset)
+            yield* lease.succeed(`d${d}`, token)
+          }
+        })),
+      { concurrency: "unbounded", discard: true }
+    )
+    return perFiber * fibers
+  })
+
+/** State of one domain after `n` sequential offsets, with the default retention. */
+export const retainedAfter = (n: number) =>
+  Effect.gen(function*() {
+    const lease = yield* WorkLease.make()
+    for (let offset = 0; offset < n; offset++) {
+      const result = yield* Effect.orDie(lease.tryAcquire("A", offset))
+      if (result._tag === "Acquired") yield* Effect.orDie(lease.succeed("A", result.token))
+    }
+    return yield* lease.inspect("A")
+  })
