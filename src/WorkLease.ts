@@ -134,20 +134,26 @@ export interface DomainSnapshot {
   readonly retainedTerminal: number
 }
 
-/** The contract, whatever the storage. */
-export interface WorkLease {
+/** The contract, whatever the storage; a store that can fail adds its error as `StoreError`. */
+export interface WorkLease<StoreError = never> {
   readonly tryAcquire: (
     domainId: string,
     offset: number
-  ) => Effect.Effect<AcquireResult, BacklogOrderingError | InvalidOffsetError>
+  ) => Effect.Effect<AcquireResult, BacklogOrderingError | InvalidOffsetError | StoreError>
   readonly succeed: (
     domainId: string,
     token: string
-  ) => Effect.Effect<SucceedResult, LeaseNotFoundError | TokenMismatchError>
-  readonly fail: (domainId: string, token: string) => Effect.Effect<FailResult, LeaseNotFoundError | TokenMismatchError>
-  readonly inspect: (domainId: string) => Effect.Effect<DomainSnapshot>
+  ) => Effect.Effect<SucceedResult, LeaseNotFoundError | TokenMismatchError | StoreError>
+  readonly fail: (
+    domainId: string,
+    token: string
+  ) => Effect.Effect<FailResult, LeaseNotFoundError | TokenMismatchError | StoreError>
+  readonly inspect: (domainId: string) => Effect.Effect<DomainSnapshot, StoreError>
   /** Fails unless `fencingToken` is the current lease's: storage calls it to refuse a zombie holder. */
-  readonly assertCurrent: (domainId: string, fencingToken: number) => Effect.Effect<void, StaleFencingTokenError>
+  readonly assertCurrent: (
+    domainId: string,
+    fencingToken: number
+  ) => Effect.Effect<void, StaleFencingTokenError | StoreError>
 }
 
 interface Lease {

@@ -7,7 +7,7 @@ import { DateTime, Effect, Option, type Scope, TestClock } from "effect"
 import type * as WorkLease from "../../src/WorkLease.js"
 
 export type MakeWorkLease = (options: { readonly maxRetries: number }) => Effect.Effect<
-  WorkLease.WorkLease,
+  WorkLease.WorkLease<{ readonly _tag: string }>,
   unknown,
   Scope.Scope
 >

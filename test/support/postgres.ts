@@ -1,0 +1,72 @@
+/**
+ * A throwaway PostgreSQL cluster for tests: `initdb` in a temporary
+ * directory, `pg_ctl start` on a free port as the `postgres` OS user (the
+ * server refuses to run as root), stopped and removed when the scope closes.
+ *
+ * Where `initdb` is missing the layer fails, naming the fix, rather than
+ * letting PostgreSQL tests skip: `.ci/run` installs the Debian package.
+ */
+import { Effect } from "effect"
+import { execFileSync } from "node:child_process"
+import { chmodSync, mkdtempSync, rmSync } from "node:fs"
+import { createServer } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+
+/** A running cluster: a connection URL for the `postgres` superuser. */
+export interface Cluster {
+  readonly url: string
+  readonly port: number
+}
+
+const freePort = Effect.async<number>((resume) => {
+  const server = createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const address = server.address()
+    const port = typeof address === "object" && address !== null ? address.port : 0
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
+/** Runs a PostgreSQL binary, as the `postgres` user when this process is root. */
+const run = (binary: string, args: ReadonlyArray<string>) => {
+  const asRoot = process.getuid?.() === 0
+  const [command, argv] = asRoot ? ["runuser", ["-u", "postgres", "--", binary, ...args]] : [binary, [...args]]
+  return execFileSync(command as string, argv as Array<string>, { stdio: "pipe", encoding: "utf8" })
+}
+
+/** Starts a cluster for the scope. */
+export const cluster: Effect.Effect<Cluster, Error, import("effect/Scope").Scope> = Effect.acquireRelease(
+  Effect.gen(function*() {
+    const port = yield* freePort
+    return yield* Effect.try({
+      try: () => {
+        const dir = mkdtempSync(join(tmpdir(), "leasehold-pg-"))
+        chmodSync(dir, 0o777)
+        if (process.getuid?.() === 0) execFileSync("chown", ["postgres", dir])
+        const data = join(dir, "data")
+        run("initdb", ["-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+        run("pg_ctl", [
+          "-D",
+          data,
+          "-l",
+          join(dir, "server.log"),
+          "-w",
+          "-o",
+          `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off`,
+          "start"
+        ])
+        return { dir, data, port, url: `postgres://postgres@127.0.0.1:${port}/postgres` }
+      },
+      catch: (error) =>
+        new Error(
+          `Cannot start a throwaway PostgreSQL cluster (${String(error)}). ` +
+            "Install the server (apt-get install postgresql) so that initdb and pg_ctl are on the PATH."
+        )
+    })
+  }),
+  ({ data, dir }) =>
+    Effect.ignore(Effect.try(() => run("pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"]))).pipe(
+      Effect.zipRight(Effect.ignore(Effect.try(() => rmSync(dir, { recursive: true, force: true }))))
+    )
+)
