@@ -4,13 +4,14 @@
  */
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
-import { afterAll, beforeAll } from "@effect/vitest"
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Redacted, Scope } from "effect"
-import { mkdtempSync } from "node:fs"
+import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 import { workLeaseContract } from "./contract/WorkLeaseContract.js"
+import { spawnTsx } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 let tables = 0
@@ -35,3 +36,51 @@ workLeaseContract("SQL on PostgreSQL", (options) =>
     Layer.build(PgClient.layer({ url: Redacted.make(pgUrl) })),
     (context) => WorkLeaseSql.make({ ...options, prefix: prefix() }).pipe(Effect.provide(context))
   ))
+
+interface Event {
+  readonly domain: string
+  readonly offset: number
+  readonly event: "acquire" | "release"
+  readonly fencing: number
+  readonly at: number
+}
+
+/** Three worker processes on the same domains: holders never overlap, each offset is processed once. */
+const hammer = (target: () => string) =>
+  Effect.gen(function*() {
+    const table = prefix()
+    const DOMAINS = 2
+    const OFFSETS = 25
+    const startFile = join(mkdtempSync(join(tmpdir(), "leasehold-start-")), "go")
+    const workers = yield* Effect.all(
+      [1, 2, 3].map(() =>
+        spawnTsx("test/fixtures/worklease-worker.ts", [target(), table, `${DOMAINS}`, `${OFFSETS}`, startFile])
+      ),
+      { concurrency: "unbounded" }
+    )
+    yield* Effect.forEach(workers, (w) => w.waitFor(/"event":"ready"/, 60_000), { discard: true })
+    writeFileSync(startFile, "go")
+    const exits = yield* Effect.all(workers.map((w) => w.exited), { concurrency: "unbounded" })
+    expect(exits.map((e) => e.code)).toEqual([0, 0, 0])
+    const events: Array<Event> = workers.flatMap((w) =>
+      w.output().split("\n").filter((line) => line.startsWith("{\"domain")).map((line) => JSON.parse(line) as Event)
+    )
+    for (let d = 0; d < DOMAINS; d++) {
+      const mine = events.filter((e) => e.domain === `domain-${d}`)
+      const acquires = mine.filter((e) => e.event === "acquire").sort((a, b) => a.fencing - b.fencing)
+      const releases = new Map(mine.filter((e) => e.event === "release").map((e) => [e.fencing, e]))
+      expect(acquires.map((a) => a.offset)).toEqual(Array.from({ length: OFFSETS }, (_, i) => i)) // once each, in order
+      expect(acquires.map((a) => a.fencing)).toEqual(Array.from({ length: OFFSETS }, (_, i) => i + 1))
+      for (let i = 1; i < acquires.length; i++) {
+        // The previous holder let go before the next one took over.
+        expect(releases.get(acquires[i - 1]!.fencing)!.at).toBeLessThanOrEqual(acquires[i]!.at)
+      }
+    }
+    // Each worker did some of the work: the processes really competed.
+    expect(workers.filter((w) => w.output().includes("\"acquire\"")).length).toBeGreaterThan(1)
+  }).pipe(Effect.scoped)
+
+describe("WorkLeaseSql across processes", () => {
+  it.live("SQLite: three processes hammering two domains", () => hammer(() => sqliteFile), 120_000)
+  it.live("PostgreSQL: three processes hammering two domains", () => hammer(() => pgUrl), 120_000)
+})
