@@ -3,13 +3,20 @@
  * same run and rewrites BENCHMARKS.md. Figures are medians of several rounds
  * after a warm-up; the machine is recorded with them.
  */
-import { Clock, Effect, Queue, Ref, type Scope } from "effect"
+import { PgClient } from "@effect/sql-pg"
+import { SqliteClient } from "@effect/sql-sqlite-node"
+import { Clock, Effect, Exit, Queue, Ref, type Scope } from "effect"
+import { Redacted, Scope as ScopeModule } from "effect"
 import { Heartbeat, LeaseExtender, Mailbox, MailboxMemory, MainLoop } from "leasehold"
 import { spawn } from "node:child_process"
 import { writeFileSync } from "node:fs"
+import { mkdtempSync } from "node:fs"
 import * as os from "node:os"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { performance } from "node:perf_hooks"
-import { baselinePairs, retainedAfter, stmPairs } from "./workLease.js"
+import * as Postgres from "../test/support/postgres.js"
+import { baselinePairs, retainedAfter, sqlPairs, stmPairs } from "./workLease.js"
 
 const ROUNDS = 7
 
@@ -232,6 +239,13 @@ const main = async () => {
       `| ${fmt(domains)} | ${fibers} | ${fmt(subject)} | ${fmt(baseline)} | ${(baseline / subject).toFixed(2)}× |`
     )
   }
+  const sqliteFile = join(mkdtempSync(join(tmpdir(), "leasehold-bench-")), "bench.db")
+  const sqliteRate = await rate(sqlPairs(SqliteClient.layer({ filename: sqliteFile }), "bench_"))
+  const clusterScope = Effect.runSync(ScopeModule.make())
+  const { url } = await Effect.runPromise(ScopeModule.extend(Postgres.cluster, clusterScope))
+  const pgRate = await rate(sqlPairs(PgClient.layer({ url: Redacted.make(url) }), "bench_"))
+  await Effect.runPromise(ScopeModule.close(clusterScope, Exit.void))
+  log(`WorkLeaseSql pairs/s: SQLite ${fmt(sqliteRate)}, PostgreSQL ${fmt(pgRate)}`)
   const heapBefore = process.memoryUsage().heapUsed
   const retained = await Effect.runPromise(retainedAfter(1_000_000))
   const heapAfter = process.memoryUsage().heapUsed
@@ -304,6 +318,13 @@ const main = async () => {
     "| domains | fibers | STM pairs/s | Map + Semaphore pairs/s | STM cost vs baseline |",
     "| ---: | ---: | ---: | ---: | ---: |",
     ...leaseRows,
+    "",
+    "WorkLeaseSql, one process, one domain, sequential pairs (each call one transaction with the domain's row lock):",
+    "",
+    "| store | pairs/s |",
+    "| --- | ---: |",
+    `| SQLite (temporary file, default journal) | ${fmt(sqliteRate)} |`,
+    `| PostgreSQL 15 (local throwaway cluster, fsync off) | ${fmt(pgRate)} |`,
     "",
     `Memory: 1,000,000 sequential offsets through one domain leave a low-water mark of ${fmt(retained.lowWaterMark)}`,
     `and ${retained.retainedTerminal} retained terminal offsets (heap ${

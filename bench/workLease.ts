@@ -3,9 +3,11 @@
  * plain Map + Semaphore implementation of the same contract, and the state
  * size after a million sequential offsets.
  */
-import { Effect } from "effect"
+import type * as SqlClient from "@effect/sql/SqlClient"
+import { Effect, Layer } from "effect"
 import { WorkLease } from "leasehold"
 import { randomUUID } from "node:crypto"
+import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 
 /** The baseline: one mutable record and one semaphore per domain. */
 export const makeBaseline = Effect.sync(() => {
@@ -105,3 +107,16 @@ export const retainedAfter = (n: number) =>
     }
     return yield* lease.inspect("A")
   })
+
+const SQL_PAIRS = 2_000
+
+/** Sequential tryAcquire + succeed pairs through one domain on a SQL store (one connection's worth). */
+export const sqlPairs = (client: Layer.Layer<SqlClient.SqlClient, unknown>, prefix: string) => () =>
+  Effect.gen(function*() {
+    const lease = yield* WorkLeaseSql.make({ prefix })
+    for (let offset = 0; offset < SQL_PAIRS; offset++) {
+      const result = yield* lease.tryAcquire("bench", offset)
+      if (result._tag === "Acquired") yield* lease.succeed("bench", result.token)
+    }
+    return SQL_PAIRS
+  }).pipe(Effect.provide(Layer.fresh(client)), Effect.orDie)

@@ -27,6 +27,7 @@ export * as Tool from "./Tool.js"
 export * as ToolExecutor from "./ToolExecutor.js"
 export * as Watchdog from "./Watchdog.js"
 export * as WorkLease from "./WorkLease.js"
+export * as WorkLeaseSql from "./WorkLeaseSql.js"
 
 // The design names these two directly: `LoopGroup.make`, `ShutdownCoordinator.layer`.
 export { LoopGroup, ShutdownCoordinator } from "./Lifecycle.js"
