@@ -203,7 +203,9 @@ const markTerminal = (
 ): DomainState => {
   let { lowWater, processed } = state
   const failed = kind === "failed" ? SortedSet.add(state.failed, offset) : state.failed
-  if (kind === "processed") processed = SortedSet.add(processed, offset)
+  // The common case, in-order processing, moves the mark without touching the set.
+  if (kind === "processed" && offset === lowWater) lowWater++
+  else if (kind === "processed") processed = SortedSet.add(processed, offset)
   const drainContiguous = () => {
     for (;;) {
       if (SortedSet.has(processed, lowWater)) processed = SortedSet.remove(processed, lowWater)
