@@ -58,19 +58,16 @@ export const makeBaseline = Effect.sync(() => {
 
 const PAIRS = 100_000
 
-/** `fibers` fibers, each driving its own share of `domains` with sequential offsets. */
-export const stmPairs = (domains: number, fibers: number) => () =>
+/** `fibers` fibers, each driving its own share of `domains` with sequential offsets, one `pair` per step. */
+const drive = (domains: number, fibers: number, pair: (domain: string, offset: number) => Effect.Effect<void>) =>
   Effect.gen(function*() {
-    const lease = yield* WorkLease.make()
     const perFiber = Math.ceil(PAIRS / fibers)
+    const share = Math.max(1, Math.floor(domains / fibers))
     yield* Effect.all(
       Array.from({ length: fibers }, (_, f) =>
         Effect.gen(function*() {
           for (let i = 0; i < perFiber; i++) {
-            const d = (f + fibers * (i % Math.max(1, Math.floor(domains / fibers)))) % domains
-            const offset = Math.floor(i / Math.max(1, Math.floor(domains / fibers)))
-            const result = yield* Effect.orDie(lease.tryAcquire(`d${d}`, offset))
-            if (result._tag === "Acquired") yield* Effect.orDie(lease.succeed(`d${d}`, result.token))
+            yield* pair(`d${(f + fibers * (i % share)) % domains}`, Math.floor(i / share))
           }
         })),
       { concurrency: "unbounded", discard: true }
@@ -78,24 +75,23 @@ export const stmPairs = (domains: number, fibers: number) => () =>
     return perFiber * fibers
   })
 
+export const stmPairs = (domains: number, fibers: number) => () =>
+  Effect.flatMap(WorkLease.make(), (lease) =>
+    drive(domains, fibers, (domain, offset) =>
+      Effect.flatMap(
+        Effect.orDie(lease.tryAcquire(domain, offset)),
+        (result) =>
+          result._tag === "Acquired" ? Effect.asVoid(Effect.orDie(lease.succeed(domain, result.token))) : Effect.void
+      )))
+
 export const baselinePairs = (domains: number, fibers: number) => () =>
-  Effect.gen(function*() {
-    const lease = yield* makeBaseline
-    const perFiber = Math.ceil(PAIRS / fibers)
-    yield* Effect.all(
-      Array.from({ length: fibers }, (_, f) =>
-        Effect.gen(function*() {
-          for (let i = 0; i < perFiber; i++) {
-            const d = (f + fibers * (i % Math.max(1, Math.floor(domains / fibers)))) % domains
-            const offset = Math.floor(i / Math.max(1, Math.floor(domains / fibers)))
-            const token = yield* lease.tryAcquire(`d${d}`, offset)
-            yield* lease.succeed(`d${d}`, token)
-          }
-        })),
-      { concurrency: "unbounded", discard: true }
-    )
-    return perFiber * fibers
-  })
+  Effect.flatMap(
+    makeBaseline,
+    (lease) =>
+      drive(domains, fibers, (domain, offset) =>
+        Effect.flatMap(lease.tryAcquire(domain, offset), (token) =>
+          Effect.asVoid(lease.succeed(domain, token))))
+  )
 
 /** State of one domain after `n` sequential offsets, with the default retention. */
 export const retainedAfter = (n: number) =>
