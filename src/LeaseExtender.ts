@@ -25,6 +25,7 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import { counter } from "./internal/metrics.js"
 
 /** How often and by how much the lease is extended. */
 export class LeaseExtenderConfig extends Schema.Class<LeaseExtenderConfig>("leasehold/LeaseExtenderConfig")({
@@ -70,15 +71,9 @@ export interface LeaseExtender {
 }
 
 /** Extensions that succeeded. */
-export const extensions = Metric.counter("leasehold_lease_extensions_total", {
-  description: "Lease extensions that succeeded",
-  incremental: true
-})
+export const extensions = counter("leasehold_lease_extensions_total", "Lease extensions that succeeded")
 /** Extensions that failed (expired handle or store error). */
-export const extensionFailures = Metric.counter("leasehold_lease_extension_failures_total", {
-  description: "Lease extensions that failed",
-  incremental: true
-})
+export const extensionFailures = counter("leasehold_lease_extension_failures_total", "Lease extensions that failed")
 
 interface Attachment {
   readonly message: Extendable

@@ -26,6 +26,7 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Heartbeat from "./Heartbeat.js"
+import { counter } from "./internal/metrics.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import {
   InvalidParameterError,
@@ -64,22 +65,16 @@ export interface Runnable {
 }
 
 /** Messages handled, by outcome. */
-export const messagesProcessed = Metric.counter("leasehold_messages_processed_total", {
-  description: "Messages whose handler succeeded",
-  incremental: true
-})
-export const messagesFailed = Metric.counter("leasehold_messages_failed_total", {
-  description: "Messages whose handler failed",
-  incremental: true
-})
-export const messagesInterrupted = Metric.counter("leasehold_messages_interrupted_total", {
-  description: "Messages whose handler was interrupted (shutdown timeout) and that were given back",
-  incremental: true
-})
-export const messagesRedelivered = Metric.counter("leasehold_messages_redelivered_total", {
-  description: "Messages received with deliveryCount > 1",
-  incremental: true
-})
+export const messagesProcessed = counter("leasehold_messages_processed_total", "Messages whose handler succeeded")
+export const messagesFailed = counter("leasehold_messages_failed_total", "Messages whose handler failed")
+export const messagesInterrupted = counter(
+  "leasehold_messages_interrupted_total",
+  "Messages whose handler was interrupted (shutdown timeout) and that were given back"
+)
+export const messagesRedelivered = counter(
+  "leasehold_messages_redelivered_total",
+  "Messages received with deliveryCount > 1"
+)
 
 /** How a worker settles messages; the handler's success and failure are the caller's to settle. */
 export interface Options<A, R, Out, E, Req> {

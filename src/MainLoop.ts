@@ -31,6 +31,7 @@ import * as DeadLetter from "./DeadLetter.js"
 import * as Deadline from "./Deadline.js"
 import type * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import { counter } from "./internal/metrics.js"
 import type { Mailbox, MailboxResolver, Message } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import type * as Prompt from "./Prompt.js"
@@ -116,10 +117,7 @@ const RequestTimeout = DurationFromInput.pipe(
 ).annotations({ identifier: "timeout" })
 
 /** Requests dead-lettered by a MainLoop. */
-export const deadLettered = Metric.counter("leasehold_messages_dead_lettered_total", {
-  description: "Messages moved to a dead-letter queue",
-  incremental: true
-})
+export const deadLettered = counter("leasehold_messages_dead_lettered_total", "Messages moved to a dead-letter queue")
 
 /** The default worker id: `host-pid`. */
 export const defaultWorkerId = (): string => `${hostname()}-${process.pid}`

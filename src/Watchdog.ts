@@ -18,6 +18,7 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import { counter } from "./internal/metrics.js"
 
 /** When a heartbeat counts as stalled, and how often to look. */
 export class WatchdogConfig extends Schema.Class<WatchdogConfig>("leasehold/WatchdogConfig")({
@@ -53,10 +54,7 @@ export interface Watchdog {
 }
 
 /** Stalls detected. */
-export const stallsDetected = Metric.counter("leasehold_watchdog_stalls_total", {
-  description: "Heartbeat stalls detected by the watchdog",
-  incremental: true
-})
+export const stallsDetected = counter("leasehold_watchdog_stalls_total", "Heartbeat stalls detected by the watchdog")
 
 /** Makes a watchdog; bad config fails with a readable `ParseError`. */
 export const make = (options?: {
