@@ -18,7 +18,7 @@ import * as Effect from "effect/Effect"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Heartbeat from "./Heartbeat.js"
-import type { Mailbox, Message } from "./Mailbox.js"
+import type { Mailbox, Message, SendError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 
 /** When to dead-letter instead of retrying. */
@@ -69,9 +69,15 @@ export interface DeadLetter<A> {
   readonly traceId: string | undefined
 }
 
+/** Where a loop stores dead letters: a mailbox, or `MailboxSql.deadLetters(...).sink(schema)` (a table). */
+export interface DeadLetterSink<A> {
+  readonly name: string
+  readonly send: (letter: DeadLetter<A>) => Effect.Effect<string, SendError>
+}
+
 /** Where dead letters of `A` go and when. */
 export interface DeadLetterQueue<A> {
-  readonly mailbox: Mailbox<DeadLetter<A>, unknown>
+  readonly mailbox: DeadLetterSink<A>
   readonly policy: DLQPolicy
 }
 

@@ -192,6 +192,15 @@ export interface Message<A, R = never> {
   ) => Effect.Effect<void, SettleError | InvalidParameterError>
   /** Sends `body` to the `replyTo` mailbox; must come before acknowledge / nack. */
   readonly reply: (body: R) => Effect.Effect<string, ReplyError, MailboxResolver>
+  /**
+   * Replies and acknowledges as one step, for workers that must answer each
+   * request once: a stale delivery sends no reply (`ReceiptHandleExpiredError`).
+   * When the reply queue lives in the same store (SQL), reply and
+   * acknowledgement commit together — a crash in between leaves neither.
+   */
+  readonly replyAndAcknowledge: (
+    body: R
+  ) => Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver>
 }
 
 /** An at-least-once queue of `A` whose replies carry `R`. */

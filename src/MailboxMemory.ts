@@ -229,6 +229,10 @@ class MemoryMessage<A, R> implements Message<A, R> {
     })
   }
 
+  replyAndAcknowledge(body: R): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
+    return Effect.zipRight(this.settle(() => undefined), Effect.zipLeft(this.reply(body), this.acknowledge))
+  }
+
   reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
     return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
       if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.entry.id }))

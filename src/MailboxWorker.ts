@@ -106,30 +106,37 @@ interface RunState<A, R> {
 export const logSettleFailure = (step: string) => <E>(effect: Effect.Effect<void, E>): Effect.Effect<void> =>
   Effect.catchAllCause(effect, (cause) => Effect.logWarning(`${step} failed`, cause))
 
-/** Retry forever while the store is unreachable: 100 ms growing by 1.5× up to 10 s between tries. */
 /**
- * Replies, then acknowledges. A reply that cannot be sent gives the message
- * back after `retryAfter` instead of losing the work; a message without
- * `replyTo` is only acknowledged.
+ * Replies and acknowledges in one step (`Message.replyAndAcknowledge`), so a
+ * request is answered once even when it ran twice. A stale delivery sends
+ * nothing (another delivery owns the message); a store that cannot be reached
+ * leaves the message to come back when its visibility ends; any other reply
+ * failure gives the message back after `retryAfter` instead of losing the
+ * work. A message without `replyTo` is only acknowledged.
  */
 export const replyThenAck = <A, R>(
   message: Message<A, R>,
   reply: R,
   retryAfter: Duration.Duration
-): Effect.Effect<void, never, MailboxResolver> =>
-  Effect.gen(function*() {
-    if (Option.isSome(message.replyTo)) {
-      const sent = yield* Effect.either(message.reply(reply))
-      if (sent._tag === "Left") {
-        yield* Effect.logError(
-          `Reply to ${message.id} could not be sent; the message goes back to the queue`,
-          sent.left
+): Effect.Effect<void, never, MailboxResolver> => {
+  if (Option.isNone(message.replyTo)) return logSettleFailure(`acknowledge of ${message.id}`)(message.acknowledge)
+  return Effect.catchAll(message.replyAndAcknowledge(reply), (error) => {
+    switch (error._tag) {
+      case "ReceiptHandleExpiredError":
+        return Effect.logWarning(`Reply to ${message.id} not sent: this delivery lost its lease`, error)
+      case "MailboxConnectionError":
+        return Effect.logError(
+          `Reply to ${message.id} could not be stored; the message comes back when its visibility ends`,
+          error
         )
-        return yield* logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
-      }
+      default:
+        return Effect.zipRight(
+          Effect.logError(`Reply to ${message.id} could not be sent; the message goes back to the queue`, error),
+          logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
+        )
     }
-    yield* logSettleFailure(`acknowledge of ${message.id}`)(message.acknowledge)
   })
+}
 
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 

@@ -1,0 +1,1048 @@
+/**
+ * MailboxSql: the durable `Mailbox` backend over `@effect/sql`, on SQLite (one
+ * machine, the embedded default) or PostgreSQL (many machines).
+ *
+ * Every queue of a database lives in one table, `<prefix>mailbox_messages`,
+ * created by a migration on first use. A row is visible when its `visible_at`
+ * (epoch ms, read from `Clock`) has passed; receiving a row sets a fresh
+ * random receipt handle and pushes `visible_at` out by the visibility
+ * timeout, in one statement — `FOR UPDATE SKIP LOCKED` on PostgreSQL, so
+ * concurrent receivers never wait on each other, and one write transaction
+ * on SQLite. Acknowledge, nack and extend are single statements guarded by
+ * the handle and `visible_at > now`, so a stale handle changes nothing.
+ *
+ * Long polls sleep until a wake-up, the next visibility expiry in the queue
+ * or the end of the wait. Sends in the same process wake receivers at once;
+ * across processes PostgreSQL sends `NOTIFY` (with a bounded polling
+ * fallback) and SQLite receivers poll with backoff.
+ *
+ * A stored body that no longer decodes with the mailbox's Schema is moved to
+ * `<prefix>mailbox_dead_letters` with the decode error; it never reaches the
+ * worker. `deadLetters` lists, counts, redrives and purges that table.
+ *
+ * Replies: `replyAndAcknowledge` writes the reply and deletes the request in
+ * one transaction when the reply queue is in the same database (a worker
+ * killed in between leaves neither), so every request gets exactly one reply
+ * even when it was executed twice. A reply queue is found through the
+ * `MailboxResolver`; a queue the resolver does not know is still reached when
+ * the mailbox was made with a `replySchema`.
+ */
+import * as SqlClient from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
+import * as Migrator from "@effect/sql/Migrator"
+import { PgClient } from "@effect/sql-pg"
+import { SqliteClient } from "@effect/sql-sqlite-node"
+import * as Cause from "effect/Cause"
+import type * as Clock from "effect/Clock"
+import * as Context from "effect/Context"
+import * as Config from "effect/Config"
+import type * as ConfigError from "effect/ConfigError"
+import * as DateTime from "effect/DateTime"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as FiberId from "effect/FiberId"
+import * as Layer from "effect/Layer"
+import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import * as ParseResult from "effect/ParseResult"
+import * as Redacted from "effect/Redacted"
+import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
+import { counter } from "./internal/metrics.js"
+import {
+  InvalidParameterError,
+  type Mailbox,
+  MailboxClosedError,
+  MailboxConnectionError,
+  MailboxFullError,
+  MailboxResolutionError,
+  MailboxResolver,
+  type Message,
+  MessageFinalizedError,
+  ReceiptHandleExpiredError,
+  type ReplyError,
+  ReplyNotAvailableError,
+  type ReplyTarget,
+  type SendError,
+  SerializationError,
+  validateDelay,
+  validateDuration,
+  validateReceiveOptions,
+  validateVisibility
+} from "./Mailbox.js"
+
+/** Stored bodies that no longer decoded and were moved to the dead-letter table. */
+export const undecodableDeadLettered = counter(
+  "leasehold_mailbox_undecodable_total",
+  "Stored message bodies that no longer decoded and were moved to the dead-letter table"
+)
+
+// ---------------------------------------------------------------------------
+// Store: what every mailbox on one database and prefix shares in a process
+// ---------------------------------------------------------------------------
+
+interface Row {
+  readonly seq: number | string
+  readonly body: string
+  readonly receipt_handle: string
+  readonly delivery_count: number | string
+  readonly enqueued_at: number | string
+  readonly reply_to: string | null
+}
+
+/** A mailbox made by `make`, as the reply path sees it. */
+interface Registered {
+  readonly store: Store
+  readonly queue: string
+  readonly encode: (body: unknown) => Either.Either<string, string>
+}
+
+/** Mailboxes made in this process, by object, so the reply path can find a same-database target. */
+const registered = new WeakMap<object, Registered>()
+
+class Store {
+  readonly messages: string
+  readonly deadLetters: string
+  readonly channel: string
+  private readonly signals = new Map<string, Deferred.Deferred<void>>()
+  /** Mailboxes open on this store, by queue name (the resolver's view). */
+  readonly open = new Map<string, Set<ReplyTarget>>()
+  users = 0
+  listener: Fiber.RuntimeFiber<unknown, unknown> | undefined
+
+  constructor(readonly sql: SqlClient.SqlClient, readonly prefix: string, readonly dialect: "pg" | "sqlite") {
+    this.messages = `${prefix}mailbox_messages`
+    this.deadLetters = `${prefix}mailbox_dead_letters`
+    this.channel = `${prefix}mailbox`
+  }
+
+  /** The signal a receiver of `queue` sleeps on; armed before it looks, so no wake-up is missed. */
+  arm(queue: string): Deferred.Deferred<void> {
+    let signal = this.signals.get(queue)
+    if (signal === undefined) {
+      signal = Deferred.unsafeMake<void>(FiberId.none)
+      this.signals.set(queue, signal)
+    }
+    return signal
+  }
+
+  wake(queue: string): void {
+    const signal = this.signals.get(queue)
+    if (signal !== undefined) {
+      this.signals.delete(queue)
+      Deferred.unsafeDone(signal, Exit.void)
+    }
+  }
+
+  wakeAll(): void {
+    for (const queue of [...this.signals.keys()]) this.wake(queue)
+  }
+}
+
+const stores = new WeakMap<SqlClient.SqlClient, Map<string, Store>>()
+
+const storeFor = (sql: SqlClient.SqlClient, prefix: string): Store => {
+  let byPrefix = stores.get(sql)
+  if (byPrefix === undefined) {
+    byPrefix = new Map()
+    stores.set(sql, byPrefix)
+  }
+  let store = byPrefix.get(prefix)
+  if (store === undefined) {
+    store = new Store(sql, prefix, sql.onDialectOrElse({ pg: () => "pg" as const, orElse: () => "sqlite" as const }))
+    byPrefix.set(prefix, store)
+  }
+  return store
+}
+
+const connectionError = (mailbox: string) => <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>) =>
+  Effect.catchIf(
+    effect,
+    (error): error is SqlError => (error as { _tag?: string })._tag === "SqlError",
+    (cause) => Effect.fail(new MailboxConnectionError({ mailbox, cause }))
+  ) as Effect.Effect<A, Exclude<E, SqlError> | MailboxConnectionError, R>
+
+const validPrefix = /^[a-z_][a-z0-9_]*$/i
+
+/** Creates the tables (idempotent; concurrent processes are fine). */
+const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.MigrationError> => {
+  const { deadLetters, messages, sql } = store
+  const seq = store.dialect === "pg"
+    ? sql.literal("BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
+    : sql.literal("INTEGER PRIMARY KEY AUTOINCREMENT")
+  const table = `${store.prefix}mailbox_migrations`
+  const run = Migrator.make({})({
+    table,
+    loader: Migrator.fromRecord({
+      "1_create_mailbox": Effect.all([
+        sql`CREATE TABLE IF NOT EXISTS ${sql(messages)} (
+          seq ${seq},
+          queue TEXT NOT NULL,
+          body TEXT NOT NULL,
+          visible_at BIGINT NOT NULL,
+          receipt_handle TEXT,
+          delivery_count INTEGER NOT NULL DEFAULT 0,
+          enqueued_at BIGINT NOT NULL,
+          reply_to TEXT)`,
+        sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_visible`)} ON ${sql(messages)} (queue, visible_at, seq)`,
+        sql`CREATE TABLE IF NOT EXISTS ${sql(deadLetters)} (
+          id TEXT PRIMARY KEY,
+          queue TEXT NOT NULL,
+          body TEXT NOT NULL,
+          reply_to TEXT,
+          delivery_count INTEGER NOT NULL,
+          enqueued_at BIGINT NOT NULL,
+          dead_lettered_at BIGINT NOT NULL,
+          error_tag TEXT NOT NULL,
+          error TEXT NOT NULL)`,
+        sql`CREATE INDEX IF NOT EXISTS ${sql(`${deadLetters}_queue`)} ON ${sql(deadLetters)} (queue, dead_lettered_at)`
+      ], { discard: true })
+    })
+  })
+  // Another process may hold the migration ("locked"): wait until its work is visible.
+  const latest = sql<{ id: number | string | null }>`SELECT max(migration_id) AS id FROM ${sql(table)}`.pipe(
+    Effect.map((rows) => Number(rows[0]?.id ?? 0)),
+    Effect.orElseSucceed(() => 0)
+  )
+  return Effect.zipRight(
+    Effect.provideService(run, SqlClient.SqlClient, sql),
+    Effect.flatMap(latest, (id) => id >= 1 ? Effect.void : Effect.fail("pending" as const)).pipe(
+      Effect.retry({ times: 50, schedule: Schedule.spaced("100 millis") }),
+      Effect.orElse(() => Effect.void)
+    )
+  )
+}
+
+/** Runs the PostgreSQL listener while mailboxes are open on the store: NOTIFY payloads wake their queue. */
+const listen = (store: Store): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    if (store.dialect !== "pg" || store.listener !== undefined) return Effect.void
+    return Effect.flatMap(Effect.serviceOption(PgClient.PgClient), (client) => {
+      if (Option.isNone(client)) return Effect.void
+      const listening = client.value.listen(store.channel).pipe(
+        Stream.runForEach((queue) => Effect.sync(() => store.wake(queue))),
+        // A lost listen connection must not stop the mailbox: polling covers the gap until it is back.
+        Effect.catchAllCause((cause) => Effect.logDebug("LISTEN stopped; retrying", cause)),
+        Effect.zipRight(Effect.sleep("1 second")),
+        Effect.forever
+      )
+      return Effect.map(Effect.forkDaemon(listening), (fiber) => {
+        store.listener = fiber
+      })
+    }).pipe(Effect.provideService(SqlClient.SqlClient, store.sql))
+  })
+
+// ---------------------------------------------------------------------------
+// Messages
+// ---------------------------------------------------------------------------
+
+interface Statements {
+  readonly claim: (
+    queue: string,
+    now: number,
+    visibleAt: number,
+    max: number
+  ) => Effect.Effect<ReadonlyArray<Row>, SqlError>
+  readonly insert: (
+    queue: string,
+    body: string,
+    now: number,
+    visibleAt: number,
+    replyTo: string | null,
+    maxSize: number | undefined
+  ) => Effect.Effect<ReadonlyArray<{ seq: number | string }>, SqlError>
+  readonly acknowledge: (seq: string, handle: string, now: number) => Effect.Effect<boolean, SqlError>
+  readonly setVisibility: (
+    seq: string,
+    handle: string,
+    now: number,
+    visibleAt: number,
+    keepHandle: boolean,
+    queue: string
+  ) => Effect.Effect<boolean, SqlError>
+  readonly release: (seq: string, handle: string, now: number) => Effect.Effect<void, SqlError>
+  readonly isCurrent: (seq: string, handle: string, now: number) => Effect.Effect<boolean, SqlError>
+  readonly replyAndAcknowledge: (
+    seq: string,
+    handle: string,
+    now: number,
+    replyQueue: string,
+    body: string
+  ) => Effect.Effect<string | undefined, SqlError>
+  readonly deadLetter: (
+    seq: string,
+    handle: string,
+    now: number,
+    errorTag: string,
+    error: string
+  ) => Effect.Effect<void, SqlError>
+  readonly nextVisibleAt: (queue: string, now: number) => Effect.Effect<number | undefined, SqlError>
+  readonly count: (queue: string) => Effect.Effect<number, SqlError>
+  readonly purge: (queue: string) => Effect.Effect<number, SqlError>
+}
+
+/** The statement set of the store's dialect. */
+const statements = (store: Store): Statements => {
+  const { sql } = store
+  const messages = sql(store.messages)
+  const deadLetters = sql(store.deadLetters)
+  const pg = store.dialect === "pg"
+  const newHandle = pg ? sql.literal("gen_random_uuid()::text") : sql.literal("lower(hex(randomblob(16)))")
+  const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
+  const notify = (queue: string) => pg ? sql`, pg_notify(${store.channel}, ${queue})` : sql``
+  return {
+    claim: (queue, now, visibleAt, max) =>
+      pg
+        ? sql<Row>`WITH picked AS (
+            SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${now}
+            ORDER BY visible_at, seq LIMIT ${max} FOR UPDATE SKIP LOCKED)
+          UPDATE ${messages} m SET visible_at = ${visibleAt}, receipt_handle = ${newHandle},
+            delivery_count = m.delivery_count + 1
+          FROM picked WHERE m.seq = picked.seq
+          RETURNING m.seq, m.body, m.receipt_handle, m.delivery_count, m.enqueued_at, m.reply_to`
+        : sql<Row>`UPDATE ${messages} SET visible_at = ${visibleAt}, receipt_handle = ${newHandle},
+            delivery_count = delivery_count + 1
+          WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${now}
+            ORDER BY visible_at, seq LIMIT ${max})
+          RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to`,
+    insert: (queue, body, now, visibleAt, replyTo, maxSize) => {
+      const room = maxSize === undefined
+        ? sql``
+        : sql`WHERE (SELECT count(*) FROM ${messages} WHERE queue = ${queue}) < ${maxSize}`
+      const wake = pg && visibleAt <= now
+      return pg
+        ? sql<{ seq: string }>`WITH ins AS (
+            INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+            SELECT ${queue}::text, ${body}::text, ${visibleAt}::bigint, ${now}::bigint, ${replyTo}::text ${room}
+            RETURNING seq)
+          SELECT seq${wake ? notify(queue) : sql``} FROM ins`
+        : sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+          SELECT ${queue}, ${body}, ${visibleAt}, ${now}, ${replyTo} ${room} RETURNING seq`
+    },
+    acknowledge: (seq, handle, now) =>
+      Effect.map(
+        sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${now}
+          RETURNING seq`,
+        one
+      ),
+    setVisibility: (seq, handle, now, visibleAt, keepHandle, queue) => {
+      const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${now}`
+      const handleColumn = keepHandle ? sql`` : sql`, receipt_handle = NULL`
+      return pg && visibleAt <= now
+        ? Effect.map(
+          sql`WITH upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq)
+            SELECT seq${notify(queue)} FROM upd`,
+          one
+        )
+        : Effect.map(sql`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`, one)
+    },
+    release: (seq, handle, now) =>
+      sql`UPDATE ${messages} SET visible_at = ${now}, receipt_handle = NULL, delivery_count = delivery_count - 1
+        WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`.pipe(Effect.asVoid),
+    isCurrent: (seq, handle, now) =>
+      Effect.map(
+        sql`SELECT seq FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
+          AND visible_at > ${now}`,
+        one
+      ),
+    replyAndAcknowledge: (seq, handle, now, replyQueue, body) =>
+      pg
+        ? Effect.map(
+          sql<{ seq: string }>`WITH acked AS (
+              DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
+                AND visible_at > ${now} RETURNING seq),
+            ins AS (
+              INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
+              SELECT ${replyQueue}::text, ${body}::text, ${now}::bigint, ${now}::bigint FROM acked RETURNING seq)
+            SELECT seq${notify(replyQueue)} FROM ins`,
+          (rows) => rows[0] === undefined ? undefined : String(rows[0].seq)
+        )
+        : sql.withTransaction(
+          Effect.flatMap(
+            sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
+              AND visible_at > ${now} RETURNING seq`,
+            (acked) =>
+              acked.length === 0 ? Effect.succeed(undefined) : Effect.map(
+                sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
+                  VALUES (${replyQueue}, ${body}, ${now}, ${now}) RETURNING seq`,
+                (rows) => String(rows[0]!.seq)
+              )
+          )
+        ),
+    deadLetter: (seq, handle, now, errorTag, error) =>
+      sql.withTransaction(Effect.zipRight(
+        sql`INSERT INTO ${deadLetters}
+            (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+          SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${now}, ${errorTag}, ${error}
+          FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
+          ON CONFLICT (id) DO NOTHING`,
+        sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`
+      )),
+    nextVisibleAt: (queue, now) =>
+      Effect.map(
+        sql<{ next: number | string | null }>`SELECT min(visible_at) AS next FROM ${messages}
+          WHERE queue = ${queue} AND visible_at > ${now}`,
+        (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
+      ),
+    count: (queue) =>
+      Effect.map(
+        sql<{ n: number | string }>`SELECT count(*) AS n FROM ${messages} WHERE queue = ${queue}`,
+        (rows) => Number(rows[0]?.n ?? 0)
+      ),
+    purge: (queue) =>
+      Effect.map(sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`, (rows) => rows.length)
+  }
+}
+
+/** Encodes a body for a queue (a mailbox's schema, or its `replySchema`). */
+type Encoder = (body: unknown) => Either.Either<string, string>
+
+const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>): Encoder => {
+  const encode = Schema.encodeEither(Schema.parseJson(schema))
+  return (body) => Either.mapLeft(encode(body as A), (error) => ParseResult.TreeFormatter.formatErrorSync(error))
+}
+
+/** What the messages of one mailbox share. */
+interface MailboxContext {
+  readonly name: string
+  readonly store: Store
+  readonly statements: Statements
+  readonly clock: Clock.Clock
+  readonly replyEncoder: Encoder | undefined
+}
+
+/** Where a reply goes: a queue of this database (body encoded here), or another store's mailbox. */
+type ReplyRoute =
+  | { readonly _tag: "Local"; readonly queue: string; readonly body: string }
+  | { readonly _tag: "Remote"; readonly target: ReplyTarget }
+
+class SqlMessage<A, R> implements Message<A, R> {
+  private finalized = false
+  constructor(
+    private readonly mailbox: MailboxContext,
+    readonly id: string,
+    readonly body: A,
+    readonly receiptHandle: string,
+    readonly deliveryCount: number,
+    readonly enqueuedAt: DateTime.Utc,
+    readonly replyTo: Option.Option<string>
+  ) {}
+
+  private expired(): ReceiptHandleExpiredError {
+    return new ReceiptHandleExpiredError({
+      mailbox: this.mailbox.name,
+      messageId: this.id,
+      receiptHandle: this.receiptHandle
+    })
+  }
+
+  /** Runs a statement guarded by this delivery's handle; `false` from it means the handle is stale. */
+  private guarded(
+    statement: (now: number) => Effect.Effect<boolean, SqlError>,
+    finalizes: boolean
+  ): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
+    return Effect.suspend(() =>
+      Effect.flatMap(statement(this.mailbox.clock.unsafeCurrentTimeMillis()), (done) => {
+        if (!done) return Effect.fail(this.expired())
+        if (finalizes) this.finalized = true
+        return Effect.void
+      })
+    ).pipe(connectionError(this.mailbox.name))
+  }
+
+  private setVisibility(timeout: Duration.Duration, finalizes: boolean) {
+    const { name, statements } = this.mailbox
+    return this.guarded(
+      (now) =>
+        statements.setVisibility(this.id, this.receiptHandle, now, now + Duration.toMillis(timeout), !finalizes, name),
+      finalizes
+    )
+  }
+
+  get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
+    return this.guarded((now) => this.mailbox.statements.acknowledge(this.id, this.receiptHandle, now), true)
+  }
+
+  nack(
+    visibilityTimeout?: Duration.DurationInput
+  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+    return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
+      onLeft: Effect.fail,
+      onRight: (timeout) =>
+        Effect.tap(
+          this.setVisibility(timeout, true),
+          () => Duration.isZero(timeout) ? Effect.sync(() => this.mailbox.store.wake(this.mailbox.name)) : Effect.void
+        )
+    })
+  }
+
+  extendVisibility(
+    timeout: Duration.DurationInput
+  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+    return Either.match(validateVisibility("timeout", timeout), {
+      onLeft: Effect.fail,
+      onRight: (timeout) => this.setVisibility(timeout, false)
+    })
+  }
+
+  private route(body: R): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> {
+    return Effect.suspend((): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> => {
+      const replyTo = this.replyTo
+      if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.id }))
+      if (Option.isNone(replyTo)) return Effect.fail(new ReplyNotAvailableError({ messageId: this.id }))
+      const local = (queue: string, encode: Encoder): Effect.Effect<ReplyRoute, SerializationError> =>
+        Either.match(encode(body), {
+          onLeft: (reason) => Effect.fail(new SerializationError({ mailbox: queue, messageId: this.id, reason })),
+          onRight: (encoded) => Effect.succeed({ _tag: "Local", queue, body: encoded })
+        })
+      const resolved: Effect.Effect<ReplyTarget | undefined, MailboxResolutionError, MailboxResolver> = Effect
+        .flatMap(MailboxResolver, (resolver) => resolver.resolve(replyTo.value)).pipe(
+          Effect.catchTag("MailboxResolutionError", (error) =>
+            this.mailbox.replyEncoder === undefined ? Effect.fail(error) : Effect.succeed(undefined))
+        )
+      return Effect.flatMap(resolved, (target): Effect.Effect<ReplyRoute, SerializationError> => {
+        if (target === undefined) return local(replyTo.value, this.mailbox.replyEncoder!)
+        const known = registered.get(target)
+        return known !== undefined && known.store === this.mailbox.store
+          ? local(known.queue, known.encode)
+          : Effect.succeed({ _tag: "Remote", target })
+      })
+    })
+  }
+
+  reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
+    return Effect.flatMap(this.route(body), (route) => {
+      if (route._tag === "Remote") return route.target.send(body)
+      const { statements, store } = this.mailbox
+      return Effect.suspend(() => {
+        const now = this.mailbox.clock.unsafeCurrentTimeMillis()
+        return statements.insert(route.queue, route.body, now, now, null, undefined)
+      }).pipe(
+        Effect.map((rows) => {
+          store.wake(route.queue)
+          return String(rows[0]!.seq)
+        }),
+        connectionError(route.queue)
+      )
+    })
+  }
+
+  replyAndAcknowledge(body: R): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
+    return Effect.flatMap(this.route(body), (route) => {
+      if (route._tag === "Remote") {
+        // No shared transaction with another store: check the lease first so a stale delivery sends nothing.
+        return this.guarded((now) => this.mailbox.statements.isCurrent(this.id, this.receiptHandle, now), false).pipe(
+          Effect.zipRight(route.target.send(body)),
+          Effect.zipLeft(this.acknowledge)
+        )
+      }
+      const { statements, store } = this.mailbox
+      return Effect.suspend(() => {
+        const now = this.mailbox.clock.unsafeCurrentTimeMillis()
+        return statements.replyAndAcknowledge(this.id, this.receiptHandle, now, route.queue, route.body)
+      }).pipe(
+        connectionError(this.mailbox.name),
+        Effect.flatMap((replyId) => {
+          if (replyId === undefined) return Effect.fail(this.expired())
+          this.finalized = true
+          store.wake(route.queue)
+          return Effect.succeed(replyId)
+        })
+      )
+    })
+  }
+}
+
+// ---------------------------------------------------------------------------
+// make
+// ---------------------------------------------------------------------------
+
+/** Options of `make`. */
+export interface Options<A, I, R, IR> {
+  /** The queue's name: unique within the database and prefix. */
+  readonly name: string
+  /** Encodes bodies for storage; a stored body that no longer decodes is dead-lettered. */
+  readonly schema: Schema.Schema<A, I, never>
+  /** Encodes replies for a `replyTo` queue of this database that the `MailboxResolver` does not know. */
+  readonly replySchema?: Schema.Schema<R, IR, never> | undefined
+  /** Bounds unacknowledged messages (checked in the insert statement, so a burst of concurrent sends can pass it slightly). */
+  readonly maxSize?: number | undefined
+  /** Table name prefix (default `leasehold_`). */
+  readonly prefix?: string | undefined
+  /** Longest sleep between polls of a waiting receiver (default 250 ms on SQLite, 1 s on PostgreSQL, which also listens). */
+  readonly pollInterval?: Duration.DurationInput | undefined
+}
+
+const invalid = (parameter: string, value: unknown, reason: string) =>
+  Effect.fail(new InvalidParameterError({ parameter, value, reason }))
+
+const prepare = (prefix: string | undefined) =>
+  Effect.gen(function*() {
+    const resolved = prefix ?? "leasehold_"
+    if (!validPrefix.test(resolved)) {
+      return yield* invalid("prefix", resolved, "must be letters, digits and underscores, not starting with a digit")
+    }
+    const store = storeFor(yield* SqlClient.SqlClient, resolved)
+    yield* migrate(store).pipe(
+      Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${resolved}mailbox`, cause }))
+    )
+    return store
+  })
+
+/**
+ * Makes a mailbox on the `SqlClient` in the context, creating the tables on
+ * first use; closed when the scope closes (its messages stay in the
+ * database).
+ */
+export const make = <A, I, R = never, IR = never>(
+  options: Options<A, I, R, IR>
+): Effect.Effect<Mailbox<A, R>, InvalidParameterError | MailboxConnectionError, SqlClient.SqlClient | Scope.Scope> =>
+  Effect.gen(function*() {
+    const { maxSize, name } = options
+    if (typeof name !== "string" || name.length === 0) return yield* invalid("name", name, "must be a non-empty string")
+    if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && maxSize > 0)) {
+      return yield* invalid("maxSize", maxSize, "must be a positive integer")
+    }
+    const store = yield* prepare(options.prefix)
+    const maxPoll = Either.getOrElse(
+      validateVisibility("pollInterval", options.pollInterval ?? (store.dialect === "pg" ? "1 second" : "250 millis")),
+      () => Duration.seconds(1)
+    )
+    const maxPollMillis = Math.max(1, Duration.toMillis(maxPoll))
+    const clock = yield* Effect.clock
+    const statements_ = statements(store)
+    const encode = encoderOf(options.schema)
+    const decode = Schema.decodeUnknownEither(Schema.parseJson(options.schema))
+    const context: MailboxContext = {
+      name,
+      store,
+      statements: statements_,
+      clock,
+      replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema)
+    }
+    let closed = false
+    const closing = Deferred.unsafeMake<void>(FiberId.none)
+    const withStore = connectionError(name)
+
+    const send: Mailbox<A, R>["send"] = (body, sendOptions) =>
+      Effect.suspend((): Effect.Effect<string, SendError> => {
+        let delayMillis = 0
+        if (sendOptions?.delay !== undefined) {
+          const delay = validateDelay(sendOptions.delay)
+          if (Either.isLeft(delay)) return Effect.fail(delay.left)
+          delayMillis = Duration.toMillis(delay.right)
+        }
+        if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
+        const encoded = encode(body)
+        if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
+        const now = clock.unsafeCurrentTimeMillis()
+        return statements_.insert(name, encoded.right, now, now + delayMillis, sendOptions?.replyTo ?? null, maxSize)
+          .pipe(
+            withStore,
+            Effect.flatMap((rows) => {
+              if (rows[0] === undefined) return Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
+              if (delayMillis === 0) store.wake(name)
+              return Effect.succeed(String(rows[0].seq))
+            })
+          )
+      })
+
+    /** Turns claimed rows into messages; a row whose body no longer decodes goes to the dead-letter table. */
+    const toMessages = (rows: ReadonlyArray<Row>, now: number) =>
+      Effect.gen(function*() {
+        const received: Array<Message<A, R>> = []
+        for (const row of rows.length > 1 ? [...rows].sort((a, b) => Number(a.seq) - Number(b.seq)) : rows) {
+          const id = String(row.seq)
+          const body = decode(row.body)
+          if (Either.isLeft(body)) {
+            const reason = ParseResult.TreeFormatter.formatErrorSync(body.left)
+            yield* statements_.deadLetter(id, row.receipt_handle, now, "SerializationError", reason)
+            yield* Metric.increment(undecodableDeadLettered)
+            yield* Effect.logWarning(`Message ${id} in mailbox "${name}" no longer decodes; moved to dead letters`, reason)
+            continue
+          }
+          received.push(
+            new SqlMessage<A, R>(
+              context,
+              id,
+              body.right,
+              row.receipt_handle,
+              Number(row.delivery_count),
+              DateTime.unsafeMake(Number(row.enqueued_at)),
+              Option.fromNullable(row.reply_to)
+            )
+          )
+        }
+        return received
+      })
+
+    /**
+     * One claim. Uninterruptible while the statement runs; if an interruption lands once the rows are
+     * claimed but before the caller has them, they are released (visible again, delivery not counted).
+     */
+    const claimOnce = (max: number, visibilityMillis: number) =>
+      Effect.suspend(() => {
+        let claimed: ReadonlyArray<Row> = []
+        const now = clock.unsafeCurrentTimeMillis()
+        return Effect.uninterruptible(
+          statements_.claim(name, now, now + visibilityMillis, max).pipe(
+            Effect.tap((rows) => {
+              claimed = rows
+            }),
+            Effect.flatMap((rows) => toMessages(rows, now))
+          )
+        ).pipe(
+          Effect.onInterrupt(() =>
+            Effect.forEach(
+              claimed,
+              (row) => Effect.ignore(statements_.release(String(row.seq), row.receipt_handle, now)),
+              { discard: true }
+            )
+          ),
+          withStore
+        )
+      })
+
+    const longPoll = (
+      max: number,
+      visibilityMillis: number,
+      waitUntil: number,
+      pollMillis: number
+    ): Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError> =>
+      Effect.suspend(() => {
+        if (closed) return Effect.succeed([])
+        // Armed before looking, so a send that lands between the claim and the sleep still wakes us.
+        const signal = store.arm(name)
+        return Effect.flatMap(claimOnce(max, visibilityMillis), (received) => {
+          const now = clock.unsafeCurrentTimeMillis()
+          if (received.length > 0 || closed || now >= waitUntil) return Effect.succeed(received)
+          return Effect.flatMap(withStore(statements_.nextVisibleAt(name, now)), (nextVisible) => {
+            const sleepUntil = Math.min(waitUntil, nextVisible ?? waitUntil, now + pollMillis)
+            return Effect.zipRight(
+              Effect.raceAll([
+                Deferred.await(signal),
+                Deferred.await(closing),
+                Effect.sleep(Duration.millis(Math.max(0, sleepUntil - now)))
+              ]),
+              longPoll(max, visibilityMillis, waitUntil, Math.min(maxPollMillis, pollMillis * 2))
+            )
+          })
+        })
+      })
+
+    const receive: Mailbox<A, R>["receive"] = (receiveOptions) =>
+      Effect.suspend((): Effect.Effect<ReadonlyArray<Message<A, R>>, InvalidParameterError | MailboxConnectionError> => {
+        const valid = validateReceiveOptions(receiveOptions)
+        if (Either.isLeft(valid)) return Effect.fail(valid.left)
+        const { maxMessages, visibilityTimeout, waitTime } = valid.right
+        if (closed) return Effect.succeed([])
+        const visibilityMillis = Duration.toMillis(visibilityTimeout)
+        if (Duration.isZero(waitTime)) return claimOnce(maxMessages, visibilityMillis)
+        const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
+        return longPoll(maxMessages, visibilityMillis, waitUntil, Math.min(10, maxPollMillis))
+      })
+
+    const close = Effect.sync(() => {
+      closed = true
+      Deferred.unsafeDone(closing, Exit.void)
+    })
+
+    const mailbox: Mailbox<A, R> = {
+      name,
+      send,
+      receive: (options) =>
+        Effect.withSpan(receive(options), "Mailbox.receive", {
+          attributes: { mailbox: name },
+          captureStackTrace: false
+        }),
+      purge: withStore(statements_.purge(name)),
+      approximateCount: withStore(statements_.count(name)),
+      close,
+      isClosed: Effect.sync(() => closed)
+    }
+
+    const target = mailbox as unknown as ReplyTarget
+    registered.set(target, { store, queue: name, encode })
+    let open = store.open.get(name)
+    if (open === undefined) store.open.set(name, open = new Set())
+    open.add(target)
+    store.users++
+    yield* listen(store)
+    yield* Effect.addFinalizer(() =>
+      Effect.zipRight(
+        close,
+        Effect.suspend(() => {
+          open.delete(target)
+          if (open.size === 0) store.open.delete(name)
+          if (--store.users > 0 || store.listener === undefined) return Effect.void
+          const listener = store.listener
+          store.listener = undefined
+          return Fiber.interrupt(listener)
+        })
+      )
+    )
+    return mailbox
+  })
+
+/**
+ * A resolver over the mailboxes made on this database and prefix in this
+ * process: a reply to any of them needs no configuration.
+ */
+export const resolver = (options?: { readonly prefix?: string | undefined }): Effect.Effect<
+  MailboxResolver["Type"],
+  InvalidParameterError,
+  SqlClient.SqlClient
+> =>
+  Effect.gen(function*() {
+    const prefix = options?.prefix ?? "leasehold_"
+    if (!validPrefix.test(prefix)) return yield* invalid("prefix", prefix, "must be letters, digits and underscores")
+    const store = storeFor(yield* SqlClient.SqlClient, prefix)
+    return {
+      resolve: (name: string) => {
+        const open = store.open.get(name)
+        const first = open === undefined ? undefined : open.values().next().value
+        return first === undefined ? Effect.fail(new MailboxResolutionError({ name })) : Effect.succeed(first)
+      }
+    }
+  })
+
+/** `resolver` as a layer. */
+export const layerResolver = (options?: { readonly prefix?: string | undefined }) =>
+  Layer.effect(MailboxResolver, Effect.orDie(resolver(options)))
+
+// ---------------------------------------------------------------------------
+// Dead letters
+// ---------------------------------------------------------------------------
+
+/** A row of the dead-letter table; `body` is the stored (encoded) body, which may not decode. */
+export interface StoredDeadLetter {
+  readonly id: string
+  readonly queue: string
+  readonly body: string
+  readonly replyTo: string | undefined
+  readonly deliveryCount: number
+  readonly enqueuedAt: DateTime.Utc
+  readonly deadLetteredAt: DateTime.Utc
+  readonly errorTag: string
+  readonly error: string
+}
+
+/** Which dead letters an operation applies to: all, one source queue, and/or some ids. */
+export interface Selection {
+  readonly queue?: string | undefined
+  readonly ids?: ReadonlyArray<string> | undefined
+}
+
+/** Operations on the dead-letter table (used by the command line). */
+export interface DeadLetters {
+  /** Oldest first; at most `limit` (default 100). */
+  readonly list: (
+    selection?: Selection & { readonly limit?: number | undefined }
+  ) => Effect.Effect<ReadonlyArray<StoredDeadLetter>, MailboxConnectionError>
+  readonly count: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
+  /** Moves dead letters back to their source queue as new messages (delivery count 0); returns how many. */
+  readonly redrive: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
+  /** Deletes dead letters; returns how many. */
+  readonly purge: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
+  /**
+   * Where a `MainLoop` dead-letters requests (its `deadLetters.mailbox`): the
+   * letter's body is stored encoded with `schema`, keyed by its message id.
+   */
+  readonly sink: <A, I>(schema: Schema.Schema<A, I, never>) => {
+    readonly name: string
+    readonly send: (letter: DeadLetterInput<A>) => Effect.Effect<string, SerializationError | MailboxConnectionError>
+  }
+}
+
+/** What a sink stores of a `DeadLetter.DeadLetter`. */
+export interface DeadLetterInput<A> {
+  readonly messageId: string
+  readonly body: A
+  readonly sourceMailbox: string
+  readonly deliveryCount: number
+  readonly lastError: string
+  readonly lastErrorTag: string
+  readonly enqueuedAt: DateTime.Utc
+  readonly deadLetteredAt: DateTime.Utc
+  readonly replyTo: string | undefined
+}
+
+interface DeadLetterRow {
+  readonly id: string
+  readonly queue: string
+  readonly body: string
+  readonly reply_to: string | null
+  readonly delivery_count: number | string
+  readonly enqueued_at: number | string
+  readonly dead_lettered_at: number | string
+  readonly error_tag: string
+  readonly error: string
+}
+
+/** The dead-letter table of a database and prefix, creating the tables if needed. */
+export const deadLetters = (options?: { readonly prefix?: string | undefined }): Effect.Effect<
+  DeadLetters,
+  InvalidParameterError | MailboxConnectionError,
+  SqlClient.SqlClient
+> =>
+  Effect.gen(function*() {
+    const store = yield* prepare(options?.prefix)
+    const { sql } = store
+    const table = sql(store.deadLetters)
+    const messages = sql(store.messages)
+    const clock = yield* Effect.clock
+    const withStore = connectionError(store.deadLetters)
+    const where = (selection: Selection | undefined) => {
+      const conditions = [
+        ...(selection?.queue === undefined ? [] : [sql`queue = ${selection.queue}`]),
+        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)])
+      ]
+      return conditions.length === 0 ? sql`` : sql`WHERE ${sql.and(conditions)}`
+    }
+    const empty = (selection: Selection | undefined) => selection?.ids !== undefined && selection.ids.length === 0
+
+    return {
+      list: (selection) =>
+        empty(selection) ? Effect.succeed([]) : sql<DeadLetterRow>`SELECT * FROM ${table} ${where(selection)}
+          ORDER BY dead_lettered_at, id LIMIT ${selection?.limit ?? 100}`.pipe(
+            Effect.map((rows) =>
+              rows.map((row): StoredDeadLetter => ({
+                id: row.id,
+                queue: row.queue,
+                body: row.body,
+                replyTo: row.reply_to ?? undefined,
+                deliveryCount: Number(row.delivery_count),
+                enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+                errorTag: row.error_tag,
+                error: row.error
+              }))
+            ),
+            withStore
+          ),
+      count: (selection) =>
+        empty(selection) ? Effect.succeed(0) : sql<{ n: number | string }>`SELECT count(*) AS n FROM ${table} ${
+          where(selection)
+        }`.pipe(Effect.map((rows) => Number(rows[0]?.n ?? 0)), withStore),
+      redrive: (selection) =>
+        empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
+          const now = clock.unsafeCurrentTimeMillis()
+          // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted.
+          return sql.withTransaction(
+            Effect.flatMap(
+              sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
+              (gone) =>
+                gone.length === 0 ? Effect.succeed(gone) : Effect.as(
+                  sql`INSERT INTO ${messages} ${
+                    sql.insert(gone.map((row) => ({
+                      queue: row.queue,
+                      body: row.body,
+                      visible_at: now,
+                      enqueued_at: Number(row.enqueued_at),
+                      reply_to: row.reply_to
+                    })))
+                  }`,
+                  gone
+                )
+            )
+          ).pipe(Effect.tap((gone) => Effect.sync(() => gone.forEach((row) => store.wake(row.queue)))))
+        }).pipe(Effect.map((gone) => gone.length), withStore),
+      purge: (selection) =>
+        empty(selection) ? Effect.succeed(0) : sql`DELETE FROM ${table} ${where(selection)} RETURNING id`.pipe(
+          Effect.map((rows) => rows.length),
+          withStore
+        ),
+      sink: (schema) => {
+        const encode = encoderOf(schema)
+        return {
+          name: store.deadLetters,
+          send: (letter) =>
+            Either.match(encode(letter.body), {
+              onLeft: (reason) =>
+                Effect.fail(new SerializationError({ mailbox: store.deadLetters, messageId: letter.messageId, reason })),
+              onRight: (body) =>
+                sql`INSERT INTO ${table}
+                    (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+                  VALUES (${letter.messageId}, ${letter.sourceMailbox}, ${body}, ${letter.replyTo ?? null},
+                    ${letter.deliveryCount}, ${DateTime.toEpochMillis(letter.enqueuedAt)},
+                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${letter.lastErrorTag}, ${letter.lastError})
+                  ON CONFLICT (id) DO UPDATE SET delivery_count = excluded.delivery_count,
+                    dead_lettered_at = excluded.dead_lettered_at, error_tag = excluded.error_tag,
+                    error = excluded.error`.pipe(Effect.as(letter.messageId), withStore)
+            })
+        }
+      }
+    }
+  })
+
+// ---------------------------------------------------------------------------
+// Layers
+// ---------------------------------------------------------------------------
+
+/** What the layers provide: the database client and a resolver over its mailboxes. */
+export type Services = SqlClient.SqlClient | MailboxResolver
+
+/**
+ * SQLite in `filename` (created if missing): WAL journal, `synchronous =
+ * NORMAL` (durable across process crashes; a power loss can drop the last
+ * commits), and a busy timeout so processes sharing the file wait for each
+ * other instead of failing.
+ */
+export const layerSqlite = (options: {
+  readonly filename: string
+  readonly busyTimeout?: Duration.DurationInput | undefined
+  readonly prefix?: string | undefined
+}): Layer.Layer<Services, MailboxConnectionError | InvalidParameterError> => {
+  const busyTimeout = validateDuration("busyTimeout", options.busyTimeout, Duration.seconds(5), Duration.minutes(10))
+  if (Either.isLeft(busyTimeout)) return Layer.fail(busyTimeout.left)
+  const busyMillis = Math.round(Duration.toMillis(busyTimeout.right))
+  const client = SqliteClient.layer({ filename: options.filename }).pipe(
+    Layer.tap((context) => {
+      const sql = Context.get(context, SqlClient.SqlClient)
+      return Effect.all([
+        sql.unsafe(`PRAGMA busy_timeout = ${busyMillis}`),
+        sql`PRAGMA synchronous = NORMAL`
+      ], { discard: true })
+    }),
+    // better-sqlite3 throws when the file cannot be opened (a missing directory, say): a typed error instead.
+    Layer.catchAllCause((cause) =>
+      Layer.fail(new MailboxConnectionError({ mailbox: options.filename, cause: Cause.squash(cause) }))
+    )
+  )
+  return Layer.provideMerge(layerResolver(options), client)
+}
+
+/** The environment variable `layerPg` reads when no `url` is given. */
+export const databaseUrl: Config.Config<Redacted.Redacted> = Config.redacted("LEASEHOLD_DATABASE_URL").pipe(
+  Config.orElse(() => Config.redacted("DATABASE_URL"))
+)
+
+/**
+ * PostgreSQL at `url`, or at `LEASEHOLD_DATABASE_URL` (else `DATABASE_URL`)
+ * from the environment when `url` is omitted. The URL is kept `Redacted` so
+ * it never reaches a log.
+ */
+export const layerPg = (options?: {
+  readonly url?: Redacted.Redacted | string | undefined
+  readonly maxConnections?: number | undefined
+  readonly prefix?: string | undefined
+}): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError> => {
+  const url = options?.url
+  const client = PgClient.layerConfig({
+    url: url === undefined ? databaseUrl : Config.succeed(typeof url === "string" ? Redacted.make(url) : url),
+    maxConnections: Config.succeed(options?.maxConnections ?? 10)
+  }).pipe(
+    Layer.catchAll((error) =>
+      Layer.fail(
+        error._tag === "SqlError" ? new MailboxConnectionError({ mailbox: "postgresql", cause: error }) : error
+      )
+    )
+  )
+  return Layer.provideMerge(layerResolver(options), client)
+}
