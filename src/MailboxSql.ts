@@ -27,16 +27,16 @@
  * `MailboxResolver`; a queue the resolver does not know is still reached when
  * the mailbox was made with a `replySchema`.
  */
-import * as SqlClient from "@effect/sql/SqlClient"
-import type { SqlError } from "@effect/sql/SqlError"
-import * as Migrator from "@effect/sql/Migrator"
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
+import * as Migrator from "@effect/sql/Migrator"
+import * as SqlClient from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
-import * as Context from "effect/Context"
 import * as Config from "effect/Config"
 import type * as ConfigError from "effect/ConfigError"
+import * as Context from "effect/Context"
 import * as DateTime from "effect/DateTime"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -503,8 +503,10 @@ class SqlMessage<A, R> implements Message<A, R> {
         })
       const resolved: Effect.Effect<ReplyTarget | undefined, MailboxResolutionError, MailboxResolver> = Effect
         .flatMap(MailboxResolver, (resolver) => resolver.resolve(replyTo.value)).pipe(
-          Effect.catchTag("MailboxResolutionError", (error) =>
-            this.mailbox.replyEncoder === undefined ? Effect.fail(error) : Effect.succeed(undefined))
+          Effect.catchTag(
+            "MailboxResolutionError",
+            (error) => this.mailbox.replyEncoder === undefined ? Effect.fail(error) : Effect.succeed(undefined)
+          )
         )
       return Effect.flatMap(resolved, (target): Effect.Effect<ReplyRoute, SerializationError> => {
         if (target === undefined) return local(replyTo.value, this.mailbox.replyEncoder!)
@@ -609,12 +611,11 @@ export const make = <A, I, R = never, IR = never>(
     if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && maxSize > 0)) {
       return yield* invalid("maxSize", maxSize, "must be a positive integer")
     }
+    const pollInterval = options.pollInterval === undefined
+      ? undefined
+      : yield* validateDuration("pollInterval", options.pollInterval, Duration.zero, Duration.minutes(1))
     const store = yield* prepare(options.prefix)
-    const maxPoll = Either.getOrElse(
-      validateVisibility("pollInterval", options.pollInterval ?? (store.dialect === "pg" ? "1 second" : "250 millis")),
-      () => Duration.seconds(1)
-    )
-    const maxPollMillis = Math.max(1, Duration.toMillis(maxPoll))
+    const maxPollMillis = Math.max(1, Duration.toMillis(pollInterval ?? (store.dialect === "pg" ? 1000 : 250)))
     const clock = yield* Effect.clock
     const statements_ = statements(store)
     const encode = encoderOf(options.schema)
@@ -664,7 +665,10 @@ export const make = <A, I, R = never, IR = never>(
             const reason = ParseResult.TreeFormatter.formatErrorSync(body.left)
             yield* statements_.deadLetter(id, row.receipt_handle, now, "SerializationError", reason)
             yield* Metric.increment(undecodableDeadLettered)
-            yield* Effect.logWarning(`Message ${id} in mailbox "${name}" no longer decodes; moved to dead letters`, reason)
+            yield* Effect.logWarning(
+              `Message ${id} in mailbox "${name}" no longer decodes; moved to dead letters`,
+              reason
+            )
             continue
           }
           received.push(
@@ -728,7 +732,10 @@ export const make = <A, I, R = never, IR = never>(
               Effect.raceAll([
                 Deferred.await(signal),
                 Deferred.await(closing),
-                Effect.sleep(Duration.millis(Math.max(0, sleepUntil - now)))
+                // The clock moved during the query: measure the sleep from now, or a test clock can overshoot it.
+                Effect.suspend(() =>
+                  Effect.sleep(Duration.millis(Math.max(0, sleepUntil - clock.unsafeCurrentTimeMillis())))
+                )
               ]),
               longPoll(max, visibilityMillis, waitUntil, Math.min(maxPollMillis, pollMillis * 2))
             )
@@ -737,16 +744,18 @@ export const make = <A, I, R = never, IR = never>(
       })
 
     const receive: Mailbox<A, R>["receive"] = (receiveOptions) =>
-      Effect.suspend((): Effect.Effect<ReadonlyArray<Message<A, R>>, InvalidParameterError | MailboxConnectionError> => {
-        const valid = validateReceiveOptions(receiveOptions)
-        if (Either.isLeft(valid)) return Effect.fail(valid.left)
-        const { maxMessages, visibilityTimeout, waitTime } = valid.right
-        if (closed) return Effect.succeed([])
-        const visibilityMillis = Duration.toMillis(visibilityTimeout)
-        if (Duration.isZero(waitTime)) return claimOnce(maxMessages, visibilityMillis)
-        const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
-        return longPoll(maxMessages, visibilityMillis, waitUntil, Math.min(10, maxPollMillis))
-      })
+      Effect.suspend(
+        (): Effect.Effect<ReadonlyArray<Message<A, R>>, InvalidParameterError | MailboxConnectionError> => {
+          const valid = validateReceiveOptions(receiveOptions)
+          if (Either.isLeft(valid)) return Effect.fail(valid.left)
+          const { maxMessages, visibilityTimeout, waitTime } = valid.right
+          if (closed) return Effect.succeed([])
+          const visibilityMillis = Duration.toMillis(visibilityTimeout)
+          if (Duration.isZero(waitTime)) return claimOnce(maxMessages, visibilityMillis)
+          const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
+          return longPoll(maxMessages, visibilityMillis, waitUntil, Math.min(10, maxPollMillis))
+        }
+      )
 
     const close = Effect.sync(() => {
       closed = true
@@ -911,25 +920,28 @@ export const deadLetters = (options?: { readonly prefix?: string | undefined }):
       list: (selection) =>
         empty(selection) ? Effect.succeed([]) : sql<DeadLetterRow>`SELECT * FROM ${table} ${where(selection)}
           ORDER BY dead_lettered_at, id LIMIT ${selection?.limit ?? 100}`.pipe(
-            Effect.map((rows) =>
-              rows.map((row): StoredDeadLetter => ({
-                id: row.id,
-                queue: row.queue,
-                body: row.body,
-                replyTo: row.reply_to ?? undefined,
-                deliveryCount: Number(row.delivery_count),
-                enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-                deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
-                errorTag: row.error_tag,
-                error: row.error
-              }))
-            ),
+          Effect.map((rows) =>
+            rows.map((row): StoredDeadLetter => ({
+              id: row.id,
+              queue: row.queue,
+              body: row.body,
+              replyTo: row.reply_to ?? undefined,
+              deliveryCount: Number(row.delivery_count),
+              enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+              deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+              errorTag: row.error_tag,
+              error: row.error
+            }))
+          ),
+          withStore
+        ),
+      count: (selection) =>
+        empty(selection) ?
+          Effect.succeed(0) :
+          sql<{ n: number | string }>`SELECT count(*) AS n FROM ${table} ${where(selection)}`.pipe(
+            Effect.map((rows) => Number(rows[0]?.n ?? 0)),
             withStore
           ),
-      count: (selection) =>
-        empty(selection) ? Effect.succeed(0) : sql<{ n: number | string }>`SELECT count(*) AS n FROM ${table} ${
-          where(selection)
-        }`.pipe(Effect.map((rows) => Number(rows[0]?.n ?? 0)), withStore),
       redrive: (selection) =>
         empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
           const now = clock.unsafeCurrentTimeMillis()
@@ -965,7 +977,9 @@ export const deadLetters = (options?: { readonly prefix?: string | undefined }):
           send: (letter) =>
             Either.match(encode(letter.body), {
               onLeft: (reason) =>
-                Effect.fail(new SerializationError({ mailbox: store.deadLetters, messageId: letter.messageId, reason })),
+                Effect.fail(
+                  new SerializationError({ mailbox: store.deadLetters, messageId: letter.messageId, reason })
+                ),
               onRight: (body) =>
                 sql`INSERT INTO ${table}
                     (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)

@@ -99,6 +99,58 @@ export interface ExecuteContext {
   readonly runContext: RunContext
 }
 
+/**
+ * The stored form of `MainLoopRequest<Req>` for a durable mailbox
+ * (`MailboxSql.make({ schema: MainLoop.requestSchema(MyRequest) })`).
+ */
+export const requestSchema = <Req, I>(
+  request: Schema.Schema<Req, I, never>
+): Schema.Schema<MainLoopRequest<Req>, unknown> =>
+  Schema.Struct({
+    requestId: Schema.String,
+    request,
+    deadline: Schema.optional(Deadline.Deadline),
+    budget: Schema.optional(Budget.Budget),
+    traceId: Schema.optional(Schema.String),
+    spanId: Schema.optional(Schema.String)
+  }) as unknown as Schema.Schema<MainLoopRequest<Req>, unknown>
+
+const ErrorInfoSchema = Schema.Struct({ tag: Schema.String, message: Schema.String })
+const RunContextSchema = Schema.Struct({
+  workerId: Schema.String,
+  runId: Schema.String,
+  requestId: Schema.String,
+  attempt: Schema.Number,
+  traceId: Schema.optional(Schema.String),
+  spanId: Schema.optional(Schema.String)
+})
+
+/** The stored form of `MainLoopResult<Out>`, for a durable reply mailbox (and the requests' `replySchema`). */
+export const resultSchema = <Out, I>(
+  output: Schema.Schema<Out, I, never>
+): Schema.Schema<MainLoopResult<Out>, unknown> =>
+  Schema.transform(
+    Schema.Struct({
+      requestId: Schema.String,
+      output: Schema.optional(output),
+      error: Schema.optional(ErrorInfoSchema),
+      runContext: RunContextSchema,
+      completedAt: Schema.DateTimeUtc
+    }),
+    Schema.declare((input): input is MainLoopResult<Out> => input instanceof MainLoopResult),
+    {
+      strict: false,
+      decode: (fields) => new MainLoopResult<Out>(fields as ConstructorParameters<typeof MainLoopResult<Out>>[0]),
+      encode: (result: MainLoopResult<Out>) => ({
+        requestId: result.requestId,
+        ...(result.output === undefined ? {} : { output: result.output }),
+        ...(result.error === undefined ? {} : { error: result.error }),
+        runContext: result.runContext,
+        completedAt: result.completedAt
+      })
+    }
+  ) as unknown as Schema.Schema<MainLoopResult<Out>, unknown>
+
 /** Options of the loop. */
 export interface MainLoopConfig<Req> {
   /** Stable id of this worker (default `host-pid`). */

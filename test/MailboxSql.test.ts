@@ -7,10 +7,11 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Schema, Scope } from "effect"
+import { ConfigProvider, Context, DateTime, Effect, Either, Exit, Layer, Schema, Scope } from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
 import * as Postgres from "./support/postgres.js"
@@ -47,14 +48,161 @@ const backends = [
 ] as const
 
 for (const backend of backends) {
-  mailboxContract(`SQL on ${backend.label}`, (options) =>
-    MailboxSql.make<string, string, string, string>({ ...options, schema: Schema.String, prefix }).pipe(
-      Effect.provideService(SqlClient.SqlClient, backend.client())
-    ))
+  mailboxContract(
+    `SQL on ${backend.label}`,
+    (options) =>
+      MailboxSql.make<string, string, string, string>({ ...options, schema: Schema.String, prefix }).pipe(
+        Effect.provideService(SqlClient.SqlClient, backend.client())
+      )
+  )
 }
 
-describe("MailboxSql", () => {
-  it("placeholder", () => {
-    expect(true).toBe(true)
+const Job = Schema.Struct({ n: Schema.Number })
+const provide = (client: () => SqlClient.SqlClient) => <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+  Effect.provideService(effect, SqlClient.SqlClient, client())
+
+for (const backend of backends) {
+  const onDb = provide(backend.client)
+  describe(`MailboxSql on ${backend.label}`, () => {
+    it.scoped("a stored body that no longer decodes is dead-lettered with its error, never delivered", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const bad = yield* jobs.send({ n: 1 })
+        yield* jobs.send({ n: 2 })
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET body = ${"{\"n\":\"two\"}"}
+          WHERE seq = ${Number(bad)}`
+        const received = yield* jobs.receive({ maxMessages: 10 })
+        expect(received.map((m) => m.body)).toEqual([{ n: 2 }])
+        const letters = yield* MailboxSql.deadLetters({ prefix })
+        const [letter] = yield* letters.list()
+        expect(letter!.id).toBe(bad)
+        expect(letter!.queue).toBe("jobs")
+        expect(letter!.errorTag).toBe("SerializationError")
+        expect(letter!.error).toContain("Expected number")
+        expect(letter!.deliveryCount).toBe(1)
+        expect(yield* jobs.approximateCount).toBe(1)
+      }).pipe(onDb))
+
+    it.scoped("dead letters: a loop's sink stores them; list, count, redrive and purge", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const letters = yield* MailboxSql.deadLetters({ prefix })
+        const sink = letters.sink(Job)
+        const letter = (n: number) => ({
+          messageId: `m${n}`,
+          body: { n },
+          sourceMailbox: "jobs",
+          deliveryCount: 5,
+          lastError: "boom",
+          lastErrorTag: "Boom",
+          enqueuedAt: DateTime.unsafeMake(0),
+          deadLetteredAt: DateTime.unsafeMake(n),
+          replyTo: undefined
+        })
+        for (const n of [1, 2, 3]) yield* sink.send(letter(n))
+        yield* sink.send(letter(3)) // stored again after a crash: still one letter
+        yield* sink.send({ ...letter(9), sourceMailbox: "other" })
+        expect(yield* letters.count()).toBe(4)
+        expect(yield* letters.count({ queue: "jobs" })).toBe(3)
+        expect((yield* letters.list({ queue: "jobs", limit: 2 })).map((l) => l.id)).toEqual(["m1", "m2"])
+        expect(yield* letters.redrive({ queue: "jobs", ids: ["m1", "m2"] })).toBe(2)
+        const back = yield* jobs.receive({ maxMessages: 10 })
+        expect(back.map((m) => m.body)).toEqual([{ n: 1 }, { n: 2 }])
+        expect(back.every((m) => m.deliveryCount === 1)).toBe(true)
+        expect(yield* letters.purge({ ids: [] })).toBe(0)
+        expect(yield* letters.purge({ queue: "jobs" })).toBe(1)
+        expect((yield* letters.list()).map((l) => l.id)).toEqual(["m9"])
+      }).pipe(onDb))
+
+    it.scoped("replies reach a queue the resolver does not know when the mailbox has a replySchema", () =>
+      Effect.gen(function*() {
+        const requests = yield* MailboxSql.make({ name: "requests", schema: Job, replySchema: Job, prefix })
+        yield* requests.send({ n: 1 }, { replyTo: "elsewhere" })
+        const [message] = yield* requests.receive()
+        yield* message!.replyAndAcknowledge({ n: 2 }).pipe(Effect.provide(MailboxResolver.layer()))
+        const elsewhere = yield* MailboxSql.make({ name: "elsewhere", schema: Job, prefix })
+        expect((yield* elsewhere.receive()).map((m) => m.body)).toEqual([{ n: 2 }])
+        expect(yield* requests.approximateCount).toBe(0)
+      }).pipe(onDb))
+
+    it.scoped("the resolver finds mailboxes made in this process on the same database", () =>
+      Effect.gen(function*() {
+        const requests = yield* MailboxSql.make<{ readonly n: number }, { readonly n: number }, { readonly n: number }>(
+          { name: "requests", schema: Job, prefix }
+        )
+        const responses = yield* MailboxSql.make({ name: "responses", schema: Job, prefix })
+        const resolver = yield* MailboxSql.resolver({ prefix })
+        expect((yield* resolver.resolve("responses")).name).toBe("responses")
+        expect((yield* Effect.flip(resolver.resolve("nobody")))._tag).toBe("MailboxResolutionError")
+        yield* requests.send({ n: 1 }, { replyTo: "responses" })
+        const [message] = yield* requests.receive()
+        yield* message!.replyAndAcknowledge({ n: 3 }).pipe(Effect.provideService(MailboxResolver, resolver))
+        expect((yield* responses.receive()).map((m) => m.body)).toEqual([{ n: 3 }])
+      }).pipe(onDb))
+
+    it.scoped("8 concurrent receivers never get the same message; 8 concurrent acks of one: exactly one wins", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        for (let n = 0; n < 200; n++) yield* jobs.send({ n })
+        const seen: Array<number> = []
+        yield* Effect.all(
+          Array.from({ length: 8 }, () =>
+            Effect.gen(function*() {
+              for (;;) {
+                const batch = yield* jobs.receive({ maxMessages: 3, visibilityTimeout: "10 minutes" })
+                if (batch.length === 0) return
+                for (const message of batch) seen.push(message.body.n)
+              }
+            })),
+          { concurrency: "unbounded", discard: true }
+        )
+        expect(seen.length).toBe(200)
+        expect(new Set(seen).size).toBe(200)
+
+        yield* jobs.purge
+        yield* jobs.send({ n: 1 })
+        const [message] = yield* jobs.receive()
+        const acks = yield* Effect.all(Array.from({ length: 8 }, () => Effect.either(message!.acknowledge)), {
+          concurrency: "unbounded"
+        })
+        expect(acks.filter(Either.isRight).length).toBe(1)
+        expect(acks.filter(Either.isLeft).every((e) => e.left._tag === "ReceiptHandleExpiredError")).toBe(true)
+      }).pipe(onDb))
+
+    it.scoped("bad options are refused with InvalidParameterError naming them", () =>
+      Effect.gen(function*() {
+        const refused = (options: Parameters<typeof MailboxSql.make<{ n: number }, { readonly n: number }>>[0]) =>
+          Effect.flip(MailboxSql.make(options)).pipe(
+            Effect.map((error) => error._tag === "InvalidParameterError" && error.parameter)
+          )
+        expect(yield* refused({ name: "", schema: Job })).toBe("name")
+        expect(yield* refused({ name: "jobs", schema: Job, maxSize: 0 })).toBe("maxSize")
+        expect(yield* refused({ name: "jobs", schema: Job, prefix: "1; DROP TABLE x" })).toBe("prefix")
+        expect(yield* refused({ name: "jobs", schema: Job, pollInterval: "2 minutes" })).toBe("pollInterval")
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const error = yield* Effect.flip(jobs.send({ n: "x" } as unknown as { n: number }))
+        expect(error._tag).toBe("SerializationError")
+      }).pipe(onDb))
   })
+}
+
+describe("MailboxSql layers", () => {
+  it.effect("a SQLite file that cannot be opened is a MailboxConnectionError naming it", () =>
+    Effect.gen(function*() {
+      const filename = join(directory, "missing", "dir", "mailbox.db")
+      const error = yield* Effect.flip(Effect.scoped(Layer.build(MailboxSql.layerSqlite({ filename }))))
+      expect(error._tag).toBe("MailboxConnectionError")
+      expect(error.message).toContain(filename)
+    }))
+
+  it.effect("layerPg without a url reads LEASEHOLD_DATABASE_URL and says so when it is missing", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(
+        Effect.scoped(Layer.build(MailboxSql.layerPg())).pipe(
+          Effect.withConfigProvider(ConfigProvider.fromMap(new Map()))
+        )
+      )
+      expect(String(error)).toContain("DATABASE_URL")
+    }))
 })

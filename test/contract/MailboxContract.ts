@@ -387,6 +387,31 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           expect(yield* responses.approximateCount).toBe(0)
         }))
 
+      it.scoped("replyAndAcknowledge replies and acknowledges; a stale delivery sends no reply", () =>
+        Effect.gen(function*() {
+          const requests = yield* make({ name: "requests" })
+          const responses = yield* make({ name: "responses" })
+          const resolver = MailboxResolver.fromMailboxes(requests, responses)
+          yield* requests.send("ping", { replyTo: "responses" })
+          const [stale] = yield* requests.receive({ visibilityTimeout: "1 second" })
+          yield* TestClock.adjust("1 second")
+          const [current] = yield* requests.receive()
+          const staleError = yield* stale!.replyAndAcknowledge("late").pipe(
+            Effect.provideService(MailboxResolver, resolver),
+            Effect.flip
+          )
+          expect(staleError._tag).toBe("ReceiptHandleExpiredError")
+          expect(yield* responses.approximateCount).toBe(0)
+          const replyId = yield* current!.replyAndAcknowledge("pong").pipe(
+            Effect.provideService(MailboxResolver, resolver)
+          )
+          expect(yield* requests.approximateCount).toBe(0)
+          const [reply] = yield* responses.receive()
+          expect(reply!.body).toBe("pong")
+          expect(reply!.id).toBe(replyId)
+          expect((yield* Effect.flip(current!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        }))
+
       it.scoped("a reply to an unknown name fails MailboxResolutionError naming it", () =>
         Effect.gen(function*() {
           const requests = yield* make({ name: "requests" })

@@ -17,6 +17,10 @@ import { join } from "node:path"
 export interface Cluster {
   readonly url: string
   readonly port: number
+  /** Stops the server at once (`-m immediate`, like a crash): the database goes away. */
+  readonly stop: Effect.Effect<void>
+  /** Starts it again on the same port. */
+  readonly start: Effect.Effect<void>
 }
 
 const freePort = Effect.async<number>((resume) => {
@@ -46,17 +50,27 @@ export const cluster: Effect.Effect<Cluster, Error, import("effect/Scope").Scope
         if (process.getuid?.() === 0) execFileSync("chown", ["postgres", dir])
         const data = join(dir, "data")
         run("initdb", ["-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-        run("pg_ctl", [
-          "-D",
+        const start = () =>
+          run("pg_ctl", [
+            "-D",
+            data,
+            "-l",
+            join(dir, "server.log"),
+            "-w",
+            "-o",
+            `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off`,
+            "start"
+          ])
+        start()
+        const stop = () => run("pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"])
+        return {
+          dir,
           data,
-          "-l",
-          join(dir, "server.log"),
-          "-w",
-          "-o",
-          `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off`,
-          "start"
-        ])
-        return { dir, data, port, url: `postgres://postgres@127.0.0.1:${port}/postgres` }
+          port,
+          url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+          stop: Effect.asVoid(Effect.sync(stop)),
+          start: Effect.asVoid(Effect.sync(start))
+        }
       },
       catch: (error) =>
         new Error(
