@@ -115,6 +115,8 @@ class Store {
   readonly open = new Map<string, Set<ReplyTarget>>()
   users = 0
   listener: Fiber.RuntimeFiber<unknown, unknown> | undefined
+  /** Restarts the LISTEN connection (PostgreSQL), after the server went away. */
+  relisten: () => void = () => undefined
 
   constructor(readonly sql: SqlClient.SqlClient, readonly prefix: string, readonly dialect: "pg" | "sqlite") {
     this.messages = `${prefix}mailbox_messages`
@@ -219,16 +221,27 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
   )
 }
 
-/** Runs the PostgreSQL listener while mailboxes are open on the store: NOTIFY payloads wake their queue. */
+/**
+ * Runs the PostgreSQL listener while mailboxes are open on the store: NOTIFY
+ * payloads (queue names) wake their queue's receivers. The listen connection
+ * dies silently with the server, so a receive that meets a connection error
+ * restarts it (`Store.relisten`); receivers poll meanwhile.
+ */
 const listen = (store: Store): Effect.Effect<void> =>
   Effect.suspend(() => {
     if (store.dialect !== "pg" || store.listener !== undefined) return Effect.void
     return Effect.flatMap(Effect.serviceOption(PgClient.PgClient), (client) => {
       if (Option.isNone(client)) return Effect.void
-      const listening = client.value.listen(store.channel).pipe(
-        Stream.runForEach((queue) => Effect.sync(() => store.wake(queue))),
-        // A lost listen connection must not stop the mailbox: polling covers the gap until it is back.
-        Effect.catchAllCause((cause) => Effect.logDebug("LISTEN stopped; retrying", cause)),
+      const once = Effect.suspend(() => {
+        const restart = Deferred.unsafeMake<void>(FiberId.none)
+        store.relisten = () => Deferred.unsafeDone(restart, Exit.void)
+        return Effect.raceFirst(
+          client.value.listen(store.channel).pipe(Stream.runForEach((queue) => Effect.sync(() => store.wake(queue)))),
+          Deferred.await(restart)
+        )
+      })
+      const listening = once.pipe(
+        Effect.catchAllCause((cause) => Effect.logDebug("LISTEN stopped; listening again", cause)),
         Effect.zipRight(Effect.sleep("1 second")),
         Effect.forever
       )
@@ -709,7 +722,8 @@ export const make = <A, I, R = never, IR = never>(
               { discard: true }
             )
           ),
-          withStore
+          withStore,
+          Effect.tapError(() => Effect.sync(() => store.relisten()))
         )
       })
 

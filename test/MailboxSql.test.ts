@@ -7,13 +7,15 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Context, DateTime, Effect, Either, Exit, Layer, Schema, Scope } from "effect"
+import { ConfigProvider, Context, DateTime, Effect, Either, Exit, Fiber, Layer, Schedule, Schema, Scope } from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
+import * as MainLoop from "../src/MainLoop.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
+import { captureLogs } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-mailbox-"))
@@ -170,6 +172,21 @@ for (const backend of backends) {
         expect(acks.filter(Either.isLeft).every((e) => e.left._tag === "ReceiptHandleExpiredError")).toBe(true)
       }).pipe(onDb))
 
+    it.live("a receive interrupted around its claim loses nothing: the message is returned or visible again", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        for (let n = 0; n < 30; n++) {
+          const receiving = yield* Effect.fork(jobs.receive({ waitTime: "20 seconds", visibilityTimeout: "1 hour" }))
+          yield* Effect.sleep(`${n % 3} millis`)
+          yield* jobs.send({ n })
+          yield* Effect.sleep(`${n % 5} millis`)
+          const exit = yield* Fiber.interrupt(receiving)
+          const taken = Exit.isSuccess(exit) ? exit.value : yield* jobs.receive()
+          expect(taken.map((m) => [m.body.n, m.deliveryCount])).toEqual([[n, 1]])
+          yield* taken[0]!.acknowledge
+        }
+      }).pipe(onDb, Effect.scoped))
+
     it.scoped("bad options are refused with InvalidParameterError naming them", () =>
       Effect.gen(function*() {
         const refused = (options: Parameters<typeof MailboxSql.make<{ n: number }, { readonly n: number }>>[0]) =>
@@ -205,4 +222,47 @@ describe("MailboxSql layers", () => {
       )
       expect(String(error)).toContain("DATABASE_URL")
     }))
+})
+
+// Last in the file: it stops the shared cluster (and starts it again).
+describe("MailboxSql when PostgreSQL goes away", () => {
+  it.live(
+    "receive fails MailboxConnectionError; a MainLoop retries with backoff and recovers when it is back",
+    () =>
+      Effect.gen(function*() {
+        const logs = captureLogs()
+        const requests = yield* MailboxSql.make({
+          name: "requests",
+          schema: MainLoop.requestSchema(Schema.Number),
+          replySchema: MainLoop.resultSchema(Schema.Number),
+          prefix
+        })
+        const responses = yield* MailboxSql.make({
+          name: "responses",
+          schema: MainLoop.resultSchema(Schema.Number),
+          prefix
+        })
+        const loop = yield* MainLoop.make({ requests, execute: (n: number) => Effect.succeed(n + 1) }).pipe(
+          Effect.provide(MailboxResolver.layer())
+        )
+        yield* Effect.forkScoped(loop.run({ waitTime: "1 second" }).pipe(Effect.provide(logs.layer)))
+        yield* Effect.sleep("200 millis")
+
+        yield* cluster.stop
+        const error = yield* Effect.flip(requests.receive())
+        expect(error._tag).toBe("MailboxConnectionError")
+        expect(error.message).toContain("requests")
+        yield* Effect.sleep("2 seconds") // the loop keeps failing meanwhile, and says so
+        expect(logs.lines.some((line) => line.message.includes("Receive failed; retrying with backoff"))).toBe(true)
+
+        yield* cluster.start
+        yield* requests.send(MainLoop.request(41), { replyTo: "responses" }).pipe(
+          Effect.retry({ schedule: Schedule.spaced("200 millis"), times: 50 })
+        )
+        const [reply] = yield* responses.receive({ waitTime: "20 seconds" })
+        expect(reply!.body.output).toBe(42)
+        yield* loop.shutdown()
+      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+    60_000
+  )
 })
