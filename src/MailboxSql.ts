@@ -270,7 +270,11 @@ interface Statements {
     replyTo: string | null,
     maxSize: number | undefined
   ) => Effect.Effect<ReadonlyArray<{ seq: number | string }>, SqlError>
-  readonly acknowledge: (seq: string, handle: string, now: number) => Effect.Effect<boolean, SqlError>
+  /** Acknowledges deliveries, inserting each one's reply (if any) in the same transaction. */
+  readonly settle: (
+    items: ReadonlyArray<SettleItem>,
+    now: number
+  ) => Effect.Effect<ReadonlyMap<string, string | undefined>, SqlError>
   readonly setVisibility: (
     seq: string,
     handle: string,
@@ -281,13 +285,6 @@ interface Statements {
   ) => Effect.Effect<boolean, SqlError>
   readonly release: (seq: string, handle: string, now: number) => Effect.Effect<void, SqlError>
   readonly isCurrent: (seq: string, handle: string, now: number) => Effect.Effect<boolean, SqlError>
-  readonly replyAndAcknowledge: (
-    seq: string,
-    handle: string,
-    now: number,
-    replyQueue: string,
-    body: string
-  ) => Effect.Effect<string | undefined, SqlError>
   readonly deadLetter: (
     seq: string,
     handle: string,
@@ -298,6 +295,65 @@ interface Statements {
   readonly nextVisibleAt: (queue: string, now: number) => Effect.Effect<number | undefined, SqlError>
   readonly count: (queue: string) => Effect.Effect<number, SqlError>
   readonly purge: (queue: string) => Effect.Effect<number, SqlError>
+}
+
+/** A delivery to acknowledge, with the reply to insert in the same transaction. */
+interface SettleItem {
+  readonly seq: string
+  readonly handle: string
+  readonly reply: { readonly queue: string; readonly body: string } | undefined
+}
+
+/**
+ * Group commit for acknowledgements: settles requested while a settle
+ * statement is in flight go together in the next one. An idle mailbox pays no
+ * delay (the first settle flushes after one yield); a busy one sends one
+ * statement and one commit for many messages.
+ */
+class SettleBatcher {
+  private pending: Array<
+    { readonly item: SettleItem; readonly done: Deferred.Deferred<string | undefined | false, SqlError> }
+  > = []
+  private flushing = false
+
+  constructor(private readonly statements: Statements, private readonly clock: Clock.Clock) {}
+
+  /** Resolves with the reply id (or `undefined` without a reply) once committed, `false` if the handle was stale. */
+  submit(item: SettleItem): Effect.Effect<string | undefined | false, SqlError> {
+    return Effect.suspend(() => {
+      const done = Deferred.unsafeMake<string | undefined | false, SqlError>(FiberId.none)
+      this.pending.push({ item, done })
+      if (this.flushing) return Deferred.await(done)
+      this.flushing = true
+      return Effect.zipRight(Effect.forkDaemon(this.flush()), Deferred.await(done))
+    })
+  }
+
+  private flush(): Effect.Effect<void> {
+    return Effect.gen(this, function*() {
+      yield* Effect.yieldNow() // let fibers that are ready in this tick join the batch
+      while (this.pending.length > 0) {
+        const batch = this.pending.slice(0, 200)
+        this.pending = this.pending.slice(batch.length)
+        const settled = yield* Effect.exit(
+          this.statements.settle(batch.map((entry) => entry.item), this.clock.unsafeCurrentTimeMillis())
+        )
+        // The same delivery settled twice in one batch (concurrent acks): only the first wins.
+        const answered = new Set<string>()
+        for (const { done, item } of batch) {
+          Deferred.unsafeDone(
+            done,
+            Exit.map(settled, (rows) => {
+              if (!rows.has(item.seq) || answered.has(item.seq)) return false
+              answered.add(item.seq)
+              return rows.get(item.seq)
+            })
+          )
+        }
+      }
+      this.flushing = false
+    })
+  }
 }
 
 /** The statement set of the store's dialect. */
@@ -338,12 +394,51 @@ const statements = (store: Store): Statements => {
         : sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
           SELECT ${queue}, ${body}, ${visibleAt}, ${now}, ${replyTo} ${room} RETURNING seq`
     },
-    acknowledge: (seq, handle, now) =>
-      Effect.map(
-        sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${now}
-          RETURNING seq`,
-        one
-      ),
+    settle: (items, now) =>
+      pg
+        ? Effect.map(
+          // Reply ids are drawn from the sequence up front so each acknowledged delivery learns its reply's id.
+          sql<{ seq: string; reply_seq: string | null }>`WITH input AS MATERIALIZED (
+              SELECT v.seq, v.handle, v.reply_queue, v.reply_body,
+                CASE WHEN v.reply_queue IS NULL THEN NULL
+                  ELSE nextval(pg_get_serial_sequence(${store.messages}, 'seq')) END AS reply_seq
+              FROM (VALUES ${
+            sql.csv(items.map((item) =>
+              sql`(${Number(item.seq)}::bigint, ${item.handle}::text, ${item.reply?.queue ?? null}::text,
+                ${item.reply?.body ?? null}::text)`
+            ))
+          }) AS v (seq, handle, reply_queue, reply_body)),
+            acked AS (
+              DELETE FROM ${messages} m USING input
+              WHERE m.seq = input.seq AND m.receipt_handle = input.handle AND m.visible_at > ${now}
+              RETURNING m.seq),
+            replies AS (
+              INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at)
+              SELECT input.reply_seq, input.reply_queue, input.reply_body, ${now}::bigint, ${now}::bigint
+              FROM input JOIN acked ON acked.seq = input.seq WHERE input.reply_queue IS NOT NULL)
+            SELECT input.seq, input.reply_seq,
+              CASE WHEN input.reply_queue IS NULL THEN NULL ELSE pg_notify(${store.channel}, input.reply_queue) END
+            FROM input JOIN acked ON acked.seq = input.seq`,
+          (rows) =>
+            new Map(rows.map((row) => [String(row.seq), row.reply_seq === null ? undefined : String(row.reply_seq)]))
+        )
+        : sql.withTransaction(Effect.gen(function*() {
+          // One transaction for the batch; its first statement writes, so it takes the write lock at once.
+          const settled = new Map<string, string | undefined>()
+          for (const item of items) {
+            const acked = yield* sql`DELETE FROM ${messages} WHERE seq = ${Number(item.seq)}
+              AND receipt_handle = ${item.handle} AND visible_at > ${now} RETURNING seq`
+            if (acked.length === 0) continue
+            if (item.reply === undefined) {
+              settled.set(item.seq, undefined)
+              continue
+            }
+            const rows = yield* sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
+              VALUES (${item.reply.queue}, ${item.reply.body}, ${now}, ${now}) RETURNING seq`
+            settled.set(item.seq, String(rows[0]!.seq))
+          }
+          return settled
+        })),
     setVisibility: (seq, handle, now, visibleAt, keepHandle, queue) => {
       const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${now}`
       const handleColumn = keepHandle ? sql`` : sql`, receipt_handle = NULL`
@@ -364,30 +459,6 @@ const statements = (store: Store): Statements => {
           AND visible_at > ${now}`,
         one
       ),
-    replyAndAcknowledge: (seq, handle, now, replyQueue, body) =>
-      pg
-        ? Effect.map(
-          sql<{ seq: string }>`WITH acked AS (
-              DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
-                AND visible_at > ${now} RETURNING seq),
-            ins AS (
-              INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
-              SELECT ${replyQueue}::text, ${body}::text, ${now}::bigint, ${now}::bigint FROM acked RETURNING seq)
-            SELECT seq${notify(replyQueue)} FROM ins`,
-          (rows) => rows[0] === undefined ? undefined : String(rows[0].seq)
-        )
-        : sql.withTransaction(
-          Effect.flatMap(
-            sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
-              AND visible_at > ${now} RETURNING seq`,
-            (acked) =>
-              acked.length === 0 ? Effect.succeed(undefined) : Effect.map(
-                sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
-                  VALUES (${replyQueue}, ${body}, ${now}, ${now}) RETURNING seq`,
-                (rows) => String(rows[0]!.seq)
-              )
-          )
-        ),
     deadLetter: (seq, handle, now, errorTag, error) =>
       sql.withTransaction(Effect.zipRight(
         sql`INSERT INTO ${deadLetters}
@@ -426,6 +497,7 @@ interface MailboxContext {
   readonly name: string
   readonly store: Store
   readonly statements: Statements
+  readonly settler: SettleBatcher
   readonly clock: Clock.Clock
   readonly replyEncoder: Encoder | undefined
 }
@@ -478,8 +550,23 @@ class SqlMessage<A, R> implements Message<A, R> {
     )
   }
 
+  /** Acknowledges through the mailbox's group commit, with the reply to insert in the same transaction. */
+  private settle(
+    reply: SettleItem["reply"]
+  ): Effect.Effect<string | undefined, ReceiptHandleExpiredError | MailboxConnectionError> {
+    return this.mailbox.settler.submit({ seq: this.id, handle: this.receiptHandle, reply }).pipe(
+      connectionError(this.mailbox.name),
+      Effect.flatMap((settled) => {
+        if (settled === false) return Effect.fail(this.expired())
+        this.finalized = true
+        if (reply !== undefined) this.mailbox.store.wake(reply.queue)
+        return Effect.succeed(settled)
+      })
+    )
+  }
+
   get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
-    return this.guarded((now) => this.mailbox.statements.acknowledge(this.id, this.receiptHandle, now), true)
+    return Effect.asVoid(this.settle(undefined))
   }
 
   nack(
@@ -557,19 +644,7 @@ class SqlMessage<A, R> implements Message<A, R> {
           Effect.zipLeft(this.acknowledge)
         )
       }
-      const { statements, store } = this.mailbox
-      return Effect.suspend(() => {
-        const now = this.mailbox.clock.unsafeCurrentTimeMillis()
-        return statements.replyAndAcknowledge(this.id, this.receiptHandle, now, route.queue, route.body)
-      }).pipe(
-        connectionError(this.mailbox.name),
-        Effect.flatMap((replyId) => {
-          if (replyId === undefined) return Effect.fail(this.expired())
-          this.finalized = true
-          store.wake(route.queue)
-          return Effect.succeed(replyId)
-        })
-      )
+      return Effect.map(this.settle({ queue: route.queue, body: route.body }), (replyId) => replyId!)
     })
   }
 }
@@ -637,6 +712,7 @@ export const make = <A, I, R = never, IR = never>(
       name,
       store,
       statements: statements_,
+      settler: new SettleBatcher(statements_, clock),
       clock,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema)
     }

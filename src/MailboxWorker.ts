@@ -100,6 +100,8 @@ interface RunState<A, R> {
   pending: Array<Message<A, R>>
   /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
   fiber: Fiber.RuntimeFiber<void> | undefined
+  /** Settles (reply + ack, nack, dead letter) still committing; awaited before the next receive and at the end. */
+  settling: Array<Fiber.RuntimeFiber<void>>
 }
 
 /** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
@@ -156,8 +158,13 @@ export const make = <A, R, Out, E, Req>(
         discard: true
       })
 
-    /** Handles one message to completion; interruption of the handler gives the message back. */
-    const process = (message: Message<A, R>): Effect.Effect<void, never, Req> =>
+    /**
+     * Handles one message; interruption of the handler gives the message back at once. The settle
+     * that follows a handler's success or failure commits in the background while the next message
+     * of the batch runs (a durable store batches those commits); the loop awaits them all before it
+     * receives again and before it stops, so at most one batch of settles is ever outstanding.
+     */
+    const process = (run: RunState<A, R>, message: Message<A, R>): Effect.Effect<void, never, Req> =>
       Effect.uninterruptibleMask((restore) =>
         Effect.gen(function*() {
           if (message.deliveryCount > 1) yield* Metric.increment(messagesRedelivered)
@@ -167,7 +174,7 @@ export const make = <A, R, Out, E, Req>(
           )
           if (Exit.isSuccess(exit)) {
             yield* Metric.increment(messagesProcessed)
-            return yield* options.onSuccess(message, exit.value)
+            return yield* settleInBackground(run, options.onSuccess(message, exit.value))
           }
           // Log annotations cost a FiberRef update per message: only the paths that log pay for them.
           const annotate = Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
@@ -179,7 +186,7 @@ export const make = <A, R, Out, E, Req>(
             ))
           }
           yield* Metric.increment(messagesFailed)
-          return yield* annotate(options.onFailure(message, exit.cause))
+          return yield* settleInBackground(run, annotate(options.onFailure(message, exit.cause)))
         }).pipe(
           Effect.withSpan("MailboxWorker.handle", {
             attributes: { worker: name, messageId: message.id },
@@ -187,6 +194,20 @@ export const make = <A, R, Out, E, Req>(
           })
         )
       )
+
+    const settleInBackground = (run: RunState<A, R>, settle: Effect.Effect<void, never, Req>) =>
+      Effect.map(Effect.forkDaemon(settle), (fiber) => {
+        run.settling.push(fiber)
+      })
+
+    /** Waits for the settles in flight. */
+    const settled = (run: RunState<A, R>) =>
+      Effect.suspend(() => {
+        if (run.settling.length === 0) return Effect.void
+        const fibers = run.settling
+        run.settling = []
+        return Fiber.awaitAll(fibers)
+      })
 
     const loop = (
       run: RunState<A, R>,
@@ -227,8 +248,9 @@ export const make = <A, R, Out, E, Req>(
               return
             }
             yield* heartbeat.beat
-            yield* process(message)
+            yield* process(run, message)
           }
+          yield* settled(run)
         }
       })
 
@@ -259,7 +281,8 @@ export const make = <A, R, Out, E, Req>(
           stopping: false,
           phase: "processing",
           pending: [],
-          fiber: undefined
+          fiber: undefined,
+          settling: []
         }
         state = current
         const fiber = yield* loop(current, receiveOptions, maxIterations).pipe(
@@ -267,7 +290,7 @@ export const make = <A, R, Out, E, Req>(
           Effect.ensuring(Effect.suspend(() => {
             const leftover = current.pending
             current.pending = []
-            return nackAll(leftover)
+            return Effect.zipRight(nackAll(leftover), settled(current))
           })),
           Effect.fork
         )

@@ -1,0 +1,164 @@
+/**
+ * Durable mailbox throughput, end to end: requests are sent, then `concurrency`
+ * MainLoops with a no-op `execute` receive them, reply to a response queue
+ * and acknowledge (reply and acknowledgement commit together). Peers doing
+ * the same no-op jobs with the same concurrency on the same PostgreSQL:
+ * graphile-worker (defaults; local queue + batched completion) and pg-boss
+ * (defaults; largest batch and shortest polling interval). Each run reports
+ * enqueue and processing rates separately; processing is timed from the
+ * start of the workers until the last job's completion is committed.
+ */
+import { Effect, Layer, Schema } from "effect"
+import { Logger, makeWorkerUtils, run as graphileRun } from "graphile-worker"
+import { Mailbox, MailboxSql, MainLoop } from "leasehold"
+import { performance } from "node:perf_hooks"
+import pg from "pg"
+import PgBoss from "pg-boss"
+
+/** Jobs per second, enqueueing and processing. */
+export interface Throughput {
+  readonly enqueue: number
+  readonly process: number
+}
+
+const perSecond = (jobs: number, started: number) => jobs / ((performance.now() - started) / 1000)
+const now = Effect.sync(() => performance.now())
+
+/** leasehold: `jobs` requests through `concurrency` MainLoops (maxMessages 10) on a fresh table prefix. */
+export const leasehold = (
+  database: Layer.Layer<MailboxSql.Services, unknown>,
+  prefix: string,
+  jobs: number,
+  concurrency: number
+): Effect.Effect<Throughput, unknown> =>
+  Effect.gen(function*() {
+    const requests = yield* MailboxSql.make({
+      name: "requests",
+      schema: MainLoop.requestSchema(Schema.Number),
+      replySchema: MainLoop.resultSchema(Schema.Number),
+      prefix
+    })
+    const responses = yield* MailboxSql.make({
+      name: "responses",
+      schema: MainLoop.resultSchema(Schema.Number),
+      prefix
+    })
+    const enqueueStarted = yield* now
+    yield* Effect.forEach(
+      Array.from({ length: jobs }, (_, i) => i),
+      (i) => requests.send(MainLoop.request(i), { replyTo: "responses" }),
+      { concurrency, discard: true }
+    )
+    const enqueue = perSecond(jobs, enqueueStarted)
+    let executed = 0
+    const loops = yield* Effect.all(
+      Array.from({ length: concurrency }, () =>
+        MainLoop.make({
+          requests,
+          execute: (n: number) =>
+            Effect.sync(() => {
+              executed++
+              return n
+            })
+        })),
+      { concurrency: "unbounded" }
+    )
+    const processStarted = yield* now
+    yield* Effect.forEach(
+      loops,
+      (loop) => Effect.forkScoped(loop.run({ maxMessages: 10, waitTime: "1 second" })),
+      { discard: true }
+    )
+    while (executed < jobs || (yield* requests.approximateCount) > 0) yield* Effect.sleep("5 millis")
+    const process = perSecond(jobs, processStarted)
+    yield* Effect.forEach(loops, (loop) => loop.shutdown(), { concurrency: "unbounded", discard: true })
+    if ((yield* responses.approximateCount) !== jobs) return yield* Effect.dieMessage("replies missing")
+    return { enqueue, process }
+  }).pipe(Effect.scoped, Effect.provide(Layer.merge(Layer.fresh(database), Mailbox.MailboxResolver.layer())))
+
+const waitUntil = (check: () => Promise<boolean>) =>
+  Effect.promise(async () => {
+    while (!(await check())) await new Promise((resolve) => setTimeout(resolve, 5))
+  })
+
+/** graphile-worker 0.17: `jobs` no-op jobs, `concurrency` concurrent jobs, in its own schema. */
+export const graphileWorker = (
+  url: string,
+  schema: string,
+  jobs: number,
+  concurrency: number,
+  batched: boolean
+): Effect.Effect<Throughput> =>
+  Effect.promise(async () => {
+    const utils = await makeWorkerUtils({ connectionString: url, schema, logger: new Logger(() => () => undefined) })
+    await utils.migrate()
+    const enqueueStarted = performance.now()
+    await utils.addJobs(Array.from({ length: jobs }, (_, i) => ({ identifier: "noop", payload: { n: i } })))
+    const enqueue = perSecond(jobs, enqueueStarted)
+    const pool = new pg.Pool({ connectionString: url, max: 1 })
+    const remaining = async () =>
+      Number((await pool.query(`SELECT count(*) AS n FROM ${schema}._private_jobs`)).rows[0].n)
+    let executed = 0
+    const processStarted = performance.now()
+    const runner = await graphileRun({
+      connectionString: url,
+      schema,
+      concurrency,
+      noHandleSignals: true,
+      logger: new Logger(() => () => undefined),
+      taskList: {
+        noop: async () => {
+          executed++
+        }
+      },
+      ...(batched
+        ? {
+          preset: {
+            worker: {
+              localQueue: { size: 500 },
+              completeJobBatchDelay: 0,
+              failJobBatchDelay: 0,
+              concurrentJobs: concurrency
+            }
+          }
+        }
+        : {})
+    })
+    await Effect.runPromise(waitUntil(async () => executed >= jobs && (await remaining()) === 0))
+    const process = perSecond(jobs, processStarted)
+    await runner.stop()
+    await pool.end()
+    await utils.release()
+    return { enqueue, process }
+  })
+
+/** pg-boss 10: `jobs` no-op jobs, `concurrency` workers fetching `batchSize` each `pollingIntervalSeconds`. */
+export const pgBoss = (
+  url: string,
+  schema: string,
+  jobs: number,
+  concurrency: number,
+  options: { readonly batchSize?: number; readonly pollingIntervalSeconds?: number }
+): Effect.Effect<Throughput> =>
+  Effect.promise(async () => {
+    const boss = new PgBoss({ connectionString: url, schema, max: concurrency + 2 })
+    boss.on("error", () => undefined)
+    await boss.start()
+    await boss.createQueue("noop")
+    const enqueueStarted = performance.now()
+    await boss.insert(Array.from({ length: jobs }, (_, i) => ({ name: "noop", data: { n: i } })))
+    const enqueue = perSecond(jobs, enqueueStarted)
+    const pool = new pg.Pool({ connectionString: url, max: 1 })
+    const completed = async () =>
+      Number(
+        (await pool.query(`SELECT count(*) AS n FROM ${schema}.job WHERE name = 'noop' AND state = 'completed'`))
+          .rows[0].n
+      )
+    const processStarted = performance.now()
+    for (let i = 0; i < concurrency; i++) await boss.work("noop", options, async () => undefined)
+    await Effect.runPromise(waitUntil(async () => (await completed()) >= jobs))
+    const process = perSecond(jobs, processStarted)
+    await boss.stop({ graceful: false, wait: true })
+    await pool.end()
+    return { enqueue, process }
+  })
