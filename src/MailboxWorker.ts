@@ -195,8 +195,9 @@ export const make = <A, R, Out, E, Req>(
         )
       )
 
+    /** The last message of a batch settles inline: with one message per receive nothing is forked. */
     const settleInBackground = (run: RunState<A, R>, settle: Effect.Effect<void, never, Req>) =>
-      Effect.map(Effect.forkDaemon(settle), (fiber) => {
+      run.pending.length === 0 ? settle : Effect.map(Effect.forkDaemon(settle), (fiber) => {
         run.settling.push(fiber)
       })
 

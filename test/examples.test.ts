@@ -26,6 +26,13 @@ const expectations: Record<string, ReadonlyArray<RegExp>> = {
     /r3: error Error/,
     /dead letter r3 after 1 delivery: cannot handle "%%%" \(attempt 1\)/
   ],
+  "durable-mailbox.ts": [
+    /r1: ok HELLO/,
+    /r2: error cannot handle "%%%"/,
+    /dead letter 2 from "requests": Error: cannot handle "%%%"/,
+    /dead letter 3 from "requests": SerializationError: \["requestId"\] is missing/,
+    /redrove 1; requests queued: 1/
+  ],
   "eval-loop.ts": [
     /careful: pass rate 1, mean score 1/,
     /sloppy: pass rate 0.5, mean score 0.5/,
