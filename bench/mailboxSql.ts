@@ -76,10 +76,11 @@ export const leasehold = (
     return { enqueue, process }
   }).pipe(Effect.scoped, Effect.provide(Layer.merge(Layer.fresh(database), Mailbox.MailboxResolver.layer())))
 
-const waitUntil = (check: () => Promise<boolean>) =>
-  Effect.promise(async () => {
-    while (!(await check())) await new Promise((resolve) => setTimeout(resolve, 5))
-  })
+const waitUntil = (check: () => Promise<boolean>): Effect.Effect<void> =>
+  Effect.flatMap(
+    Effect.promise(check),
+    (done) => done ? Effect.void : Effect.zipRight(Effect.sleep("5 millis"), waitUntil(check))
+  )
 
 /** graphile-worker 0.17: `jobs` no-op jobs, `concurrency` concurrent jobs, in its own schema. */
 export const graphileWorker = (
