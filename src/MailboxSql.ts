@@ -498,9 +498,14 @@ interface MailboxContext {
   readonly store: Store
   readonly statements: Statements
   readonly settler: SettleBatcher
+  /** Reply destinations already resolved, by resolver and name. */
+  readonly routes: WeakMap<object, Map<string, Destination>>
   readonly clock: Clock.Clock
   readonly replyEncoder: Encoder | undefined
 }
+
+/** A resolved reply target: a queue of this database with its encoder, or another store's mailbox. */
+type Destination = { readonly queue: string; readonly encode: Encoder } | { readonly target: ReplyTarget }
 
 /** Where a reply goes: a queue of this database (body encoded here), or another store's mailbox. */
 type ReplyRoute =
@@ -601,19 +606,32 @@ class SqlMessage<A, R> implements Message<A, R> {
           onLeft: (reason) => Effect.fail(new SerializationError({ mailbox: queue, messageId: this.id, reason })),
           onRight: (encoded) => Effect.succeed({ _tag: "Local", queue, body: encoded })
         })
-      const resolved: Effect.Effect<ReplyTarget | undefined, MailboxResolutionError, MailboxResolver> = Effect
-        .flatMap(MailboxResolver, (resolver) => resolver.resolve(replyTo.value)).pipe(
-          Effect.catchTag(
-            "MailboxResolutionError",
-            (error) => this.mailbox.replyEncoder === undefined ? Effect.fail(error) : Effect.succeed(undefined)
-          )
+      return Effect.flatMap(MailboxResolver, (resolver) => {
+        // A reply target is resolved once per resolver and name: resolving (and, for a queue the resolver
+        // does not know, building its error) on every message costs more than the reply's insert.
+        let known = this.mailbox.routes.get(resolver)
+        if (known === undefined) this.mailbox.routes.set(resolver, known = new Map())
+        const cached = known.get(replyTo.value)
+        const destination = cached !== undefined ? Effect.succeed(cached) : resolver.resolve(replyTo.value).pipe(
+          Effect.map((target): Destination => {
+            const local = registered.get(target)
+            return local !== undefined && local.store === this.mailbox.store
+              ? { queue: local.queue, encode: local.encode }
+              : { target }
+          }),
+          Effect.catchTag("MailboxResolutionError", (error) =>
+            this.mailbox.replyEncoder === undefined
+              ? Effect.fail(error)
+              : Effect.succeed<Destination>({ queue: replyTo.value, encode: this.mailbox.replyEncoder })),
+          Effect.tap((destination) => Effect.sync(() => known.set(replyTo.value, destination)))
         )
-      return Effect.flatMap(resolved, (target): Effect.Effect<ReplyRoute, SerializationError> => {
-        if (target === undefined) return local(replyTo.value, this.mailbox.replyEncoder!)
-        const known = registered.get(target)
-        return known !== undefined && known.store === this.mailbox.store
-          ? local(known.queue, known.encode)
-          : Effect.succeed({ _tag: "Remote", target })
+        return Effect.flatMap(
+          destination,
+          (found): Effect.Effect<ReplyRoute, SerializationError> =>
+            "target" in found
+              ? Effect.succeed({ _tag: "Remote", target: found.target })
+              : local(found.queue, found.encode)
+        )
       })
     })
   }
@@ -713,6 +731,7 @@ export const make = <A, I, R = never, IR = never>(
       store,
       statements: statements_,
       settler: new SettleBatcher(statements_, clock),
+      routes: new WeakMap(),
       clock,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema)
     }
