@@ -229,14 +229,16 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
  */
 const listen = (store: Store): Effect.Effect<void> =>
   Effect.suspend(() => {
-    if (store.dialect !== "pg" || store.listener !== undefined) return Effect.void
-    return Effect.flatMap(Effect.serviceOption(PgClient.PgClient), (client) => {
-      if (Option.isNone(client)) return Effect.void
+    // The PostgreSQL client is the SqlClient itself (whatever tag it was provided under).
+    const client = store.sql as SqlClient.SqlClient & Partial<Pick<PgClient.PgClient, "listen">>
+    if (store.dialect !== "pg" || store.listener !== undefined || client.listen === undefined) return Effect.void
+    const listenTo = client.listen
+    return Effect.suspend(() => {
       const once = Effect.suspend(() => {
         const restart = Deferred.unsafeMake<void>(FiberId.none)
         store.relisten = () => Deferred.unsafeDone(restart, Exit.void)
         return Effect.raceFirst(
-          client.value.listen(store.channel).pipe(Stream.runForEach((queue) => Effect.sync(() => store.wake(queue)))),
+          listenTo(store.channel).pipe(Stream.runForEach((queue) => Effect.sync(() => store.wake(queue)))),
           Deferred.await(restart)
         )
       })
@@ -862,7 +864,8 @@ export const make = <A, I, R = never, IR = never>(
           const visibilityMillis = Duration.toMillis(visibilityTimeout)
           if (Duration.isZero(waitTime)) return claimOnce(maxMessages, visibilityMillis)
           const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
-          return longPoll(maxMessages, visibilityMillis, waitUntil, Math.min(10, maxPollMillis))
+          // PostgreSQL is woken by NOTIFY, so its polls are only a fallback; SQLite polls with backoff from 10 ms.
+          return longPoll(maxMessages, visibilityMillis, waitUntil, store.dialect === "pg" ? maxPollMillis : 10)
         }
       )
 

@@ -204,6 +204,45 @@ for (const backend of backends) {
   })
 }
 
+describe("MailboxSql long polls across clients (another process, as far as the database can tell)", () => {
+  // A second client on the same database; the waiting receiver's own process never sends, so only
+  // NOTIFY (PostgreSQL) or polling (SQLite) can wake it before its 20 s wait ends.
+  const otherClient = (layer: Layer.Layer<MailboxSql.Services, unknown>) =>
+    Layer.build(Layer.fresh(layer)).pipe(Effect.map(Context.get(SqlClient.SqlClient)))
+
+  it.live(
+    "PostgreSQL: a send from another client wakes a receiver through LISTEN/NOTIFY, not polling",
+    () =>
+      Effect.gen(function*() {
+        const waiting = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix, pollInterval: "1 minute" })
+        const receiving = yield* Effect.fork(waiting.receive({ waitTime: "20 seconds" }))
+        yield* Effect.sleep("300 millis") // the receiver is asleep in its long poll
+        const other = yield* otherClient(MailboxSql.layerPg({ url: cluster.url }))
+        const sender = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix }).pipe(
+          Effect.provideService(SqlClient.SqlClient, other)
+        )
+        yield* sender.send({ n: 7 })
+        const received = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
+        expect(received.map((m) => m.body)).toEqual([{ n: 7 }])
+      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+    30_000
+  )
+
+  it.live("SQLite: a send from another client reaches a waiting receiver by polling", () =>
+    Effect.gen(function*() {
+      const waiting = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+      const receiving = yield* Effect.fork(waiting.receive({ waitTime: "20 seconds" }))
+      yield* Effect.sleep("300 millis")
+      const other = yield* otherClient(MailboxSql.layerSqlite({ filename: join(directory, "mailbox.db") }))
+      const sender = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix }).pipe(
+        Effect.provideService(SqlClient.SqlClient, other)
+      )
+      yield* sender.send({ n: 8 })
+      const received = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
+      expect(received.map((m) => m.body)).toEqual([{ n: 8 }])
+    }).pipe(Effect.provideService(SqlClient.SqlClient, sqlite), Effect.scoped), 30_000)
+})
+
 describe("MailboxSql layers", () => {
   it.effect("a SQLite file that cannot be opened is a MailboxConnectionError naming it", () =>
     Effect.gen(function*() {
