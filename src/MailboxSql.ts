@@ -8,8 +8,11 @@
  * random receipt handle and pushes `visible_at` out by the visibility
  * timeout, in one statement — `FOR UPDATE SKIP LOCKED` on PostgreSQL, so
  * concurrent receivers never wait on each other, and one write transaction
- * on SQLite. Acknowledge, nack and extend are single statements guarded by
- * the handle and `visible_at > now`, so a stale handle changes nothing.
+ * on SQLite. Acknowledge, nack and extend are statements guarded by the
+ * handle and `visible_at > now`, so a stale handle changes nothing; the
+ * acknowledgements (with their replies) that concurrent loops submit while
+ * one is committing go together in the next statement (group commit). A
+ * receive interrupted once its rows are claimed gives them back at once.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
  * or the end of the wait. Sends in the same process wake receivers at once;

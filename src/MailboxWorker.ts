@@ -7,6 +7,9 @@
  * code) runs inside `restore` of an `uninterruptibleMask`, and the message is
  * settled by the handler's `Exit` — success and failure by the caller's
  * policies, interruption by `nack(0)` so another worker gets it at once.
+ * Settles of a batch's earlier messages commit in the background while the
+ * next message runs (a durable mailbox groups those commits); all of them
+ * finish before the next receive and before the loop stops.
  *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
