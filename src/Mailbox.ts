@@ -310,6 +310,10 @@ export const validateVisibility = (
 ): Either.Either<Duration.Duration, InvalidParameterError> =>
   validateDuration(parameter, timeout, Duration.zero, limits.maxVisibilityTimeout)
 
+/** Wraps a backend's `receive` in the `Mailbox.receive` span every backend reports. */
+export const traced = <A, R>(name: string, receive: Mailbox<A, R>["receive"]): Mailbox<A, R>["receive"] => (options) =>
+  Effect.withSpan(receive(options), "Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
+
 // ---------------------------------------------------------------------------
 // Resolver
 // ---------------------------------------------------------------------------

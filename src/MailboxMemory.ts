@@ -37,6 +37,7 @@ import {
   ReceiptHandleExpiredError,
   type ReplyError,
   ReplyNotAvailableError,
+  traced,
   validateDelay,
   validateReceiveOptions,
   validateVisibility
@@ -354,11 +355,7 @@ export const make = <A, R = never>(options: {
     const mailbox: Mailbox<A, R> = {
       name,
       send,
-      receive: (options) =>
-        Effect.withSpan(receive(options), "Mailbox.receive", {
-          attributes: { mailbox: name },
-          captureStackTrace: false
-        }),
+      receive: traced(name, receive),
       purge: Effect.sync(() => store.purge()),
       approximateCount: Effect.sync(() => store.live),
       close: Effect.sync(() => {

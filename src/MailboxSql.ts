@@ -57,6 +57,7 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import type * as DeadLetter from "./DeadLetter.js"
 import { counter } from "./internal/metrics.js"
 import {
   InvalidParameterError,
@@ -74,6 +75,7 @@ import {
   type ReplyTarget,
   type SendError,
   SerializationError,
+  traced,
   validateDelay,
   validateDuration,
   validateReceiveOptions,
@@ -143,10 +145,6 @@ class Store {
       this.signals.delete(queue)
       Deferred.unsafeDone(signal, Exit.void)
     }
-  }
-
-  wakeAll(): void {
-    for (const queue of [...this.signals.keys()]) this.wake(queue)
   }
 }
 
@@ -880,11 +878,7 @@ export const make = <A, I, R = never, IR = never>(
     const mailbox: Mailbox<A, R> = {
       name,
       send,
-      receive: (options) =>
-        Effect.withSpan(receive(options), "Mailbox.receive", {
-          attributes: { mailbox: name },
-          captureStackTrace: false
-        }),
+      receive: traced(name, receive),
       purge: withStore(statements_.purge(name)),
       approximateCount: withStore(statements_.count(name)),
       close,
@@ -980,21 +974,10 @@ export interface DeadLetters {
    */
   readonly sink: <A, I>(schema: Schema.Schema<A, I, never>) => {
     readonly name: string
-    readonly send: (letter: DeadLetterInput<A>) => Effect.Effect<string, SerializationError | MailboxConnectionError>
+    readonly send: (
+      letter: DeadLetter.DeadLetter<A>
+    ) => Effect.Effect<string, SerializationError | MailboxConnectionError>
   }
-}
-
-/** What a sink stores of a `DeadLetter.DeadLetter`. */
-export interface DeadLetterInput<A> {
-  readonly messageId: string
-  readonly body: A
-  readonly sourceMailbox: string
-  readonly deliveryCount: number
-  readonly lastError: string
-  readonly lastErrorTag: string
-  readonly enqueuedAt: DateTime.Utc
-  readonly deadLetteredAt: DateTime.Utc
-  readonly replyTo: string | undefined
 }
 
 interface DeadLetterRow {

@@ -100,7 +100,9 @@ for (const backend of backends) {
           lastErrorTag: "Boom",
           enqueuedAt: DateTime.unsafeMake(0),
           deadLetteredAt: DateTime.unsafeMake(n),
-          replyTo: undefined
+          requestId: undefined,
+          replyTo: undefined,
+          traceId: undefined
         })
         for (const n of [1, 2, 3]) yield* sink.send(letter(n))
         yield* sink.send(letter(3)) // stored again after a crash: still one letter
