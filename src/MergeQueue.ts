@@ -1,0 +1,968 @@
+/**
+ * MergeQueue: a merge queue in SQL (SQLite or PostgreSQL) whose stale
+ * processing locks heal themselves, and that never lets a zombie worker write.
+ *
+ * Entries wait as `pending`, ordered by priority (lower first) then age. One
+ * processing lock serialises the work: `nextWithLock(agentId)` takes the lock
+ * and claims the next entry in one transaction, and every claim draws a
+ * fencing token that only grows. An entry stays the agent's while the lock
+ * that carries its token is live; the agent keeps it live with `extendLock`
+ * (driven by a `Heartbeat` through `LeaseExtender` with `extendable`), so a
+ * working agent keeps its entry however long the work takes and a stuck or
+ * killed one loses it once the lock expires.
+ *
+ * Self-healing (`detectAndRecoverStale`, run best-effort before every claim):
+ * an expired lock is cleared and every entry in an in-progress status whose
+ * token is not carried by the live lock goes back to `pending`, keeping its
+ * workspace, bead id and priority. State changes check ownership in the same
+ * transaction as the write, so an agent whose lock was reclaimed is refused
+ * with `LockLostError` and changes nothing.
+ *
+ * Every write first locks the single lock row (`SELECT … FOR UPDATE` on
+ * PostgreSQL; a write as the first statement on SQLite, which takes the
+ * database's write lock at once), so writers are serialised and the audit
+ * log's order is the order things happened in. Tables are created on first
+ * use under `prefix` (default `leasehold_`).
+ */
+import * as SqlClient from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
+import * as Clock from "effect/Clock"
+import type * as ConfigError from "effect/ConfigError"
+import * as Context from "effect/Context"
+import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Layer from "effect/Layer"
+import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import * as ParseResult from "effect/ParseResult"
+import type * as Redacted from "effect/Redacted"
+import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
+import { DurationFromInput } from "./internal/duration.js"
+import { counter } from "./internal/metrics.js"
+import * as Sql from "./internal/sql.js"
+import type { Extendable } from "./LeaseExtender.js"
+import { InvalidParameterError } from "./Mailbox.js"
+
+// ---------------------------------------------------------------------------
+// Statuses
+// ---------------------------------------------------------------------------
+
+/** Where an entry is in its life. */
+export const Status = Schema.Literal(
+  "pending",
+  "claimed",
+  "rebasing",
+  "testing",
+  "ready_to_merge",
+  "merging",
+  "merged",
+  "failed_retryable",
+  "failed_terminal",
+  "cancelled"
+)
+export type Status = typeof Status.Type
+
+/** Statuses in which an agent works on the entry: it has an agent id and a fencing token. */
+export const inProgress: ReadonlyArray<Status> = ["claimed", "rebasing", "testing", "ready_to_merge", "merging"]
+
+/** Statuses an entry never leaves. */
+export const terminal: ReadonlyArray<Status> = ["merged", "failed_terminal", "cancelled"]
+
+const failed: ReadonlyArray<Status> = ["failed_retryable", "failed_terminal"]
+
+/** The legal moves; `pending → claimed` happens only through `nextWithLock`. */
+const moves: Record<Status, ReadonlyArray<Status>> = {
+  pending: ["cancelled"],
+  claimed: ["rebasing", ...failed, "cancelled"],
+  rebasing: ["testing", ...failed, "cancelled"],
+  testing: ["ready_to_merge", ...failed, "cancelled"],
+  ready_to_merge: ["merging", ...failed, "cancelled"],
+  merging: ["merged", ...failed],
+  merged: [],
+  failed_retryable: ["pending", "cancelled"],
+  failed_terminal: [],
+  cancelled: []
+}
+
+/** Whether `transition` allows `from → to`. */
+export const canTransition = (from: Status, to: Status): boolean => moves[from].includes(to)
+
+// ---------------------------------------------------------------------------
+// Data
+// ---------------------------------------------------------------------------
+
+/** One entry of the queue. */
+export interface QueueEntry {
+  readonly id: number
+  readonly workspace: string
+  readonly beadId: Option.Option<string>
+  readonly priority: number
+  readonly status: Status
+  /** The agent working on it: present exactly in in-progress statuses. */
+  readonly agentId: Option.Option<string>
+  /** The token of the claim it is worked under (in-progress statuses only). */
+  readonly fencingToken: Option.Option<number>
+  readonly startedAt: Option.Option<DateTime.Utc>
+  readonly stateChangedAt: DateTime.Utc
+  readonly createdAt: DateTime.Utc
+  /** How many times it was claimed. */
+  readonly attemptCount: number
+  readonly lastError: Option.Option<string>
+}
+
+/** The single processing lock. */
+export interface ProcessingLock {
+  readonly agentId: string
+  readonly acquiredAt: DateTime.Utc
+  readonly expiresAt: DateTime.Utc
+  readonly fencingToken: number
+}
+
+/** What one recovery did (or, from `getRecoveryStats`, would do now). */
+export interface RecoveryStats {
+  readonly locksCleaned: number
+  readonly entriesReclaimed: number
+  readonly recoveryTimestamp: DateTime.Utc
+}
+
+/** Counts by status, the lock, and the age of the oldest pending entry. */
+export interface QueueStats {
+  readonly total: number
+  readonly byStatus: Readonly<Record<Status, number>>
+  readonly lock: Option.Option<ProcessingLock>
+  readonly oldestPendingAt: Option.Option<DateTime.Utc>
+}
+
+/** One row of the audit log: a claim, transition, release, extension or self-healing action. */
+export interface AuditRecord {
+  readonly id: number
+  readonly at: DateTime.Utc
+  readonly action: AuditAction
+  readonly agentId: Option.Option<string>
+  readonly entryId: Option.Option<number>
+  readonly fencingToken: Option.Option<number>
+  readonly fromStatus: Option.Option<Status>
+  readonly toStatus: Option.Option<Status>
+  readonly detail: Option.Option<string>
+}
+
+/** What an audit row records. `lock_expired` and `entry_reclaimed` are self-healing actions. */
+export type AuditAction =
+  | "enqueued"
+  | "lock_acquired"
+  | "claimed"
+  | "transition"
+  | "lock_released"
+  | "lock_extended"
+  | "lock_expired"
+  | "entry_reclaimed"
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/** The database failed; the operation changed nothing (its transaction rolled back). */
+export class MergeQueueStoreError extends Schema.TaggedError<MergeQueueStoreError>()("MergeQueueStoreError", {
+  operation: Schema.String,
+  cause: Schema.Defect
+}) {
+  override get message(): string {
+    return `MergeQueue ${this.operation} failed in the database: ${String(this.cause)}`
+  }
+}
+
+/** No entry has this id. */
+export class EntryNotFoundError extends Schema.TaggedError<EntryNotFoundError>()("EntryNotFoundError", {
+  entryId: Schema.Number
+}) {
+  override get message(): string {
+    return `Merge queue entry ${this.entryId} does not exist`
+  }
+}
+
+/** The state machine does not allow this move. */
+export class InvalidTransitionError extends Schema.TaggedError<InvalidTransitionError>()("InvalidTransitionError", {
+  entryId: Schema.Number,
+  from: Status,
+  to: Status
+}) {
+  override get message(): string {
+    const allowed = moves[this.from]
+    return `Merge queue entry ${this.entryId} cannot go from ${this.from} to ${this.to}` +
+      (allowed.length === 0 ? ` (${this.from} is final)` : ` (allowed: ${allowed.join(", ")})`)
+  }
+}
+
+/**
+ * The agent no longer owns the entry: its lock expired, was released, or
+ * was taken over with a newer fencing token. Nothing was changed.
+ */
+export class LockLostError extends Schema.TaggedError<LockLostError>()("LockLostError", {
+  entryId: Schema.Number,
+  agentId: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `Agent ${this.agentId} may not change merge queue entry ${this.entryId}: ${this.reason}`
+  }
+}
+
+/** The workspace already has an entry that is not final. */
+export class AlreadyQueuedError extends Schema.TaggedError<AlreadyQueuedError>()("AlreadyQueuedError", {
+  workspace: Schema.String,
+  entryId: Schema.Number
+}) {
+  override get message(): string {
+    return `Workspace ${JSON.stringify(this.workspace)} is already queued as entry ${this.entryId}`
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Config and metrics
+// ---------------------------------------------------------------------------
+
+/** How the queue behaves. */
+export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/MergeQueueConfig")({
+  /** How long a lock lives without an extension (default 300 s, like the seed). */
+  lockTimeout: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(300) }),
+  /** Table name prefix (default `leasehold_`). */
+  prefix: Schema.optionalWith(Schema.String.pipe(Schema.pattern(Sql.validPrefix)), { default: () => "leasehold_" }),
+  /** Attempts of a claim that meets a busy database or a conflict (default 5). */
+  maxAttempts: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 100)), { default: () => 5 }),
+  /** First retry delay of a claim, doubled each time (default 50 ms). */
+  initialBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.millis(50) }),
+  /** Longest retry delay of a claim (default 2 s). */
+  maxBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(2) })
+}) {}
+
+/** Options as callers write them. */
+export type MergeQueueOptions = typeof MergeQueueConfig.Encoded
+
+export const claims = counter("leasehold_merge_queue_claims_total", "Entries claimed by nextWithLock")
+export const locksCleaned = counter("leasehold_merge_queue_locks_cleaned_total", "Expired processing locks cleared")
+export const entriesReclaimed = counter(
+  "leasehold_merge_queue_entries_reclaimed_total",
+  "In-progress entries returned to pending by recovery"
+)
+export const recoveryFailures = counter(
+  "leasehold_merge_queue_recovery_failures_total",
+  "Best-effort recoveries before a claim that failed (the claim went on)"
+)
+
+// ---------------------------------------------------------------------------
+// The service
+// ---------------------------------------------------------------------------
+
+type Store<A> = Effect.Effect<A, MergeQueueStoreError>
+
+/** The merge queue's operations. Times come from `Clock`. */
+export interface MergeQueueService {
+  readonly config: MergeQueueConfig
+  /** Queues `workspace`; fails `AlreadyQueuedError` while an earlier entry for it is not final. */
+  readonly enqueue: (
+    workspace: string,
+    options?: { readonly beadId?: string | undefined; readonly priority?: number | undefined }
+  ) => Effect.Effect<QueueEntry, AlreadyQueuedError | InvalidParameterError | MergeQueueStoreError>
+  /**
+   * Recovers stale work (best effort: a failure is logged and counted), then
+   * takes the lock and claims the next pending entry. `None` when the lock is
+   * held by another live agent or nothing is pending. An agent that still owns
+   * an in-progress entry under its live lock gets that entry back. Busy
+   * databases and conflicts are retried with capped exponential backoff.
+   */
+  readonly nextWithLock: (agentId: string) => Effect.Effect<
+    Option.Option<QueueEntry>,
+    InvalidParameterError | MergeQueueStoreError
+  >
+  /** Takes the lock if it is free, expired, or already the agent's (then it is refreshed). */
+  readonly acquireProcessingLock: (
+    agentId: string
+  ) => Effect.Effect<boolean, InvalidParameterError | MergeQueueStoreError>
+  /** Releases the agent's lock; false, not an error, when the agent does not hold it. */
+  readonly releaseProcessingLock: (
+    agentId: string
+  ) => Effect.Effect<boolean, InvalidParameterError | MergeQueueStoreError>
+  /** The lock, live or expired. */
+  readonly getProcessingLock: Store<Option.Option<ProcessingLock>>
+  /** Moves a live lock's expiry to at least now + `extra`; false when the agent's lock is gone or expired. */
+  readonly extendLock: (
+    agentId: string,
+    extra: Duration.DurationInput
+  ) => Effect.Effect<boolean, InvalidParameterError | MergeQueueStoreError>
+  /** Clears an expired lock and returns in-progress entries not carried by the live lock and older than `threshold` to pending. */
+  readonly reclaimStale: (
+    threshold: Duration.DurationInput
+  ) => Effect.Effect<number, InvalidParameterError | MergeQueueStoreError>
+  /** Clears an expired lock and returns every in-progress entry not carried by the live lock to pending. */
+  readonly detectAndRecoverStale: Store<RecoveryStats>
+  /** What `detectAndRecoverStale` would do now, changing nothing. */
+  readonly getRecoveryStats: Store<RecoveryStats>
+  /** Whether there is a lock and it has expired. */
+  readonly isLockStale: Store<boolean>
+  /**
+   * Moves an entry along the state machine. Leaving or entering an
+   * in-progress status (and `merged`) requires the agent to own the entry
+   * under its live lock, checked in the same transaction as the write.
+   * `error` is recorded as the entry's last error.
+   */
+  readonly transition: (
+    id: number,
+    status: Status,
+    agentId: string,
+    options?: { readonly error?: string | undefined }
+  ) => Effect.Effect<
+    QueueEntry,
+    EntryNotFoundError | InvalidTransitionError | LockLostError | InvalidParameterError | MergeQueueStoreError
+  >
+  readonly get: (id: number) => Store<Option.Option<QueueEntry>>
+  /** Entries in queue order (priority, then age), optionally of some statuses only. */
+  readonly list: (options?: {
+    readonly status?: ReadonlyArray<Status> | undefined
+    readonly limit?: number | undefined
+  }) => Store<ReadonlyArray<QueueEntry>>
+  readonly stats: Store<QueueStats>
+  /** Audit rows in the order they happened, optionally for one entry. */
+  readonly auditLog: (options?: {
+    readonly entryId?: number | undefined
+    readonly limit?: number | undefined
+  }) => Store<ReadonlyArray<AuditRecord>>
+  /**
+   * The agent's lock as something `LeaseExtender` can extend: attach it with
+   * the worker's `Heartbeat` so the lock lives exactly as long as work happens.
+   */
+  readonly extendable: (agentId: string, entry: QueueEntry) => Extendable
+}
+
+/** The merge queue service. */
+export class MergeQueue extends Context.Tag("leasehold/MergeQueue")<MergeQueue, MergeQueueService>() {}
+
+interface EntryRow {
+  readonly id: number | string
+  readonly workspace: string
+  readonly bead_id: string | null
+  readonly priority: number | string
+  readonly status: string
+  readonly agent_id: string | null
+  readonly fencing_token: number | string | null
+  readonly started_at: number | string | null
+  readonly state_changed_at: number | string
+  readonly created_at: number | string
+  readonly attempt_count: number | string
+  readonly last_error: string | null
+}
+
+interface LockRow {
+  readonly agent_id: string | null
+  readonly acquired_at: number | string | null
+  readonly expires_at: number | string | null
+  readonly fencing_token: number | string
+}
+
+interface AuditRow {
+  readonly id: number | string
+  readonly at: number | string
+  readonly action: string
+  readonly agent_id: string | null
+  readonly entry_id: number | string | null
+  readonly fencing_token: number | string | null
+  readonly from_status: string | null
+  readonly to_status: string | null
+  readonly detail: string | null
+}
+
+const millis = (value: number | string) => DateTime.unsafeMake(Number(value))
+const optionalNumber = (value: number | string | null) => value === null ? Option.none() : Option.some(Number(value))
+
+const toEntry = (row: EntryRow): QueueEntry => ({
+  id: Number(row.id),
+  workspace: row.workspace,
+  beadId: Option.fromNullable(row.bead_id),
+  priority: Number(row.priority),
+  status: row.status as Status,
+  agentId: Option.fromNullable(row.agent_id),
+  fencingToken: optionalNumber(row.fencing_token),
+  startedAt: row.started_at === null ? Option.none() : Option.some(millis(row.started_at)),
+  stateChangedAt: millis(row.state_changed_at),
+  createdAt: millis(row.created_at),
+  attemptCount: Number(row.attempt_count),
+  lastError: Option.fromNullable(row.last_error)
+})
+
+const toLock = (row: LockRow | undefined): Option.Option<ProcessingLock> =>
+  row === undefined || row.agent_id === null
+    ? Option.none()
+    : Option.some({
+      agentId: row.agent_id,
+      acquiredAt: millis(row.acquired_at!),
+      expiresAt: millis(row.expires_at!),
+      fencingToken: Number(row.fencing_token)
+    })
+
+const toAudit = (row: AuditRow): AuditRecord => ({
+  id: Number(row.id),
+  at: millis(row.at),
+  action: row.action as AuditAction,
+  agentId: Option.fromNullable(row.agent_id),
+  entryId: optionalNumber(row.entry_id),
+  fencingToken: optionalNumber(row.fencing_token),
+  fromStatus: Option.fromNullable(row.from_status as Status | null),
+  toStatus: Option.fromNullable(row.to_status as Status | null),
+  detail: Option.fromNullable(row.detail)
+})
+
+/** A lock that is held and has not passed its expiry (it expires at `expires_at`, not before). */
+const isLive = (lock: LockRow, now: number) =>
+  lock.agent_id !== null && lock.expires_at !== null && Number(lock.expires_at) >= now
+
+/** Busy databases, serialisation failures, deadlocks and unique conflicts are worth another try. */
+const retryable = (error: SqlError): boolean => {
+  const cause = error.cause as { readonly code?: unknown; readonly message?: unknown } | undefined
+  const code = String(cause?.code ?? "")
+  const text = `${String(cause?.message ?? "")} ${error.message}`
+  return ["40001", "40P01", "23505", "55P03", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CONSTRAINT_UNIQUE"].includes(
+    code
+  ) ||
+    /database is locked|database table is locked|UNIQUE constraint|could not serialize|deadlock/i.test(text)
+}
+
+const agent = (agentId: string): Either.Either<string, InvalidParameterError> =>
+  typeof agentId === "string" && agentId.trim().length > 0
+    ? Either.right(agentId)
+    : Either.left(
+      new InvalidParameterError({ parameter: "agentId", value: agentId, reason: "must be a non-empty string" })
+    )
+
+const positiveDuration = (parameter: string, input: Duration.DurationInput, allowZero: boolean) =>
+  Either.flatMap(
+    Either.mapLeft(
+      Schema.decodeUnknownEither(DurationFromInput)(input),
+      (error) =>
+        new InvalidParameterError({ parameter, value: input, reason: ParseResult.TreeFormatter.formatErrorSync(error) })
+    ),
+    (duration) =>
+      !allowZero && Duration.isZero(duration)
+        ? Either.left(new InvalidParameterError({ parameter, value: input, reason: "must be greater than zero" }))
+        : Either.right(duration)
+  )
+
+/** Makes a merge queue on the `SqlClient` in the context, creating its tables if needed. */
+export const make = (
+  options?: MergeQueueOptions
+): Effect.Effect<MergeQueueService, MergeQueueStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const config = yield* Schema.decodeUnknown(MergeQueueConfig)(options ?? {}).pipe(
+      Effect.mapError((error) =>
+        new InvalidParameterError({
+          parameter: "MergeQueue options",
+          value: options,
+          reason: ParseResult.TreeFormatter.formatErrorSync(error)
+        })
+      )
+    )
+    if (Duration.isZero(config.lockTimeout)) {
+      return yield* new InvalidParameterError({
+        parameter: "lockTimeout",
+        value: options?.lockTimeout,
+        reason: "must be greater than zero"
+      })
+    }
+    const sql = yield* SqlClient.SqlClient
+    const pg = Sql.dialectOf(sql) === "pg"
+    const entries = sql(`${config.prefix}merge_queue`)
+    const lockTable = sql(`${config.prefix}merge_queue_lock`)
+    const audit = sql(`${config.prefix}merge_queue_audit`)
+    const lockTimeoutMillis = Duration.toMillis(config.lockTimeout)
+    const activeStatuses = sql.in([...inProgress])
+    const finalStatuses = sql.in([...terminal])
+
+    const store = (operation: string) => <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>) =>
+      Effect.catchTag(
+        effect as Effect.Effect<A, SqlError, R>,
+        "SqlError",
+        (cause) => Effect.fail(new MergeQueueStoreError({ operation, cause }))
+      ) as Effect.Effect<A, Exclude<E, SqlError> | MergeQueueStoreError, R>
+
+    yield* Sql.migrate(sql, `${config.prefix}merge_queue_migrations`, {
+      "1_create_merge_queue": Effect.all([
+        sql`CREATE TABLE IF NOT EXISTS ${entries} (
+          id ${Sql.identityColumn(sql)},
+          workspace TEXT NOT NULL,
+          bead_id TEXT,
+          priority INTEGER NOT NULL,
+          status TEXT NOT NULL,
+          agent_id TEXT,
+          fencing_token BIGINT,
+          started_at BIGINT,
+          state_changed_at BIGINT NOT NULL,
+          created_at BIGINT NOT NULL,
+          attempt_count INTEGER NOT NULL DEFAULT 0,
+          last_error TEXT)`,
+        sql`CREATE INDEX IF NOT EXISTS ${sql(`${config.prefix}merge_queue_order`)}
+          ON ${entries} (status, priority, created_at, id)`,
+        sql`CREATE UNIQUE INDEX IF NOT EXISTS ${sql(`${config.prefix}merge_queue_workspace`)}
+          ON ${entries} (workspace) WHERE status NOT IN ('merged', 'failed_terminal', 'cancelled')`,
+        sql`CREATE TABLE IF NOT EXISTS ${lockTable} (
+          id INTEGER PRIMARY KEY CHECK (id = 1),
+          agent_id TEXT,
+          acquired_at BIGINT,
+          expires_at BIGINT,
+          fencing_token BIGINT NOT NULL DEFAULT 0)`,
+        sql`INSERT INTO ${lockTable} (id, fencing_token) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`,
+        sql`CREATE TABLE IF NOT EXISTS ${audit} (
+          id ${Sql.identityColumn(sql)},
+          at BIGINT NOT NULL,
+          action TEXT NOT NULL,
+          agent_id TEXT,
+          entry_id BIGINT,
+          fencing_token BIGINT,
+          from_status TEXT,
+          to_status TEXT,
+          detail TEXT)`,
+        sql`CREATE INDEX IF NOT EXISTS ${sql(`${config.prefix}merge_queue_audit_entry`)} ON ${audit} (entry_id, id)`
+      ], { discard: true })
+    }).pipe(
+      Effect.mapError((cause) => new MergeQueueStoreError({ operation: "setup", cause })),
+      Effect.withSpan("MergeQueue.migrate")
+    )
+
+    /** Runs `body` in a transaction that holds the lock row, with the clock read once. */
+    const locked = <A, E>(body: (lock: LockRow, now: number) => Effect.Effect<A, E | SqlError>) =>
+      sql.withTransaction(Effect.gen(function*() {
+        const rows = pg
+          ? yield* sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token
+              FROM ${lockTable} WHERE id = 1 FOR UPDATE`
+          : yield* Effect.zipRight(
+            sql`UPDATE ${lockTable} SET fencing_token = fencing_token WHERE id = 1`,
+            sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`
+          )
+        return yield* body(rows[0]!, yield* Clock.currentTimeMillis)
+      }))
+
+    const record = (now: number, action: AuditAction, fields: {
+      readonly agentId?: string | null
+      readonly entryId?: number | null
+      readonly fencingToken?: number | null
+      readonly from?: Status | null
+      readonly to?: Status | null
+      readonly detail?: string | null
+    }) =>
+      sql`INSERT INTO ${audit} (at, action, agent_id, entry_id, fencing_token, from_status, to_status, detail)
+        VALUES (${now}, ${action}, ${fields.agentId ?? null}, ${fields.entryId ?? null}, ${fields.fencingToken ?? null},
+          ${fields.from ?? null}, ${fields.to ?? null}, ${fields.detail ?? null})`
+
+    const entryById = (id: number) =>
+      Effect.map(sql<EntryRow>`SELECT * FROM ${entries} WHERE id = ${id}`, (rows) => rows[0])
+
+    /** Clears an expired lock and returns uncarried in-progress entries older than `cutoff` to pending. */
+    const recover = (lock: LockRow, now: number, cutoff: number, dryRun: boolean) =>
+      Effect.gen(function*() {
+        const expired = lock.agent_id !== null && !isLive(lock, now)
+        const liveToken = isLive(lock, now) ? Number(lock.fencing_token) : -1
+        const stale = yield* sql<EntryRow>`SELECT * FROM ${entries}
+          WHERE status IN ${activeStatuses} AND (fencing_token IS NULL OR fencing_token <> ${liveToken})
+            AND COALESCE(started_at, state_changed_at) < ${cutoff}
+          ORDER BY id`
+        const stats: RecoveryStats = {
+          locksCleaned: expired ? 1 : 0,
+          entriesReclaimed: stale.length,
+          recoveryTimestamp: DateTime.unsafeMake(now)
+        }
+        if (dryRun) return stats
+        if (expired) {
+          yield* sql`UPDATE ${lockTable} SET agent_id = NULL, acquired_at = NULL, expires_at = NULL WHERE id = 1`
+          yield* record(now, "lock_expired", {
+            agentId: lock.agent_id,
+            fencingToken: Number(lock.fencing_token),
+            detail: `expired at ${lock.expires_at}`
+          })
+        }
+        for (const row of stale) {
+          yield* sql`UPDATE ${entries} SET status = 'pending', agent_id = NULL, fencing_token = NULL,
+            started_at = NULL, state_changed_at = ${now} WHERE id = ${Number(row.id)}`
+          yield* record(now, "entry_reclaimed", {
+            agentId: row.agent_id,
+            entryId: Number(row.id),
+            fencingToken: optionalNumber(row.fencing_token).pipe(Option.getOrNull),
+            from: row.status as Status,
+            to: "pending"
+          })
+        }
+        return stats
+      })
+
+    const countRecovery = (stats: RecoveryStats) =>
+      Effect.zipRight(
+        Metric.incrementBy(locksCleaned, stats.locksCleaned),
+        Metric.incrementBy(entriesReclaimed, stats.entriesReclaimed)
+      )
+
+    const detectAndRecoverStale: Store<RecoveryStats> = locked((lock, now) => recover(lock, now, now + 1, false)).pipe(
+      Effect.tap(countRecovery),
+      store("detectAndRecoverStale"),
+      Effect.withSpan("MergeQueue.detectAndRecoverStale")
+    )
+
+    const getRecoveryStats: Store<RecoveryStats> = Effect.gen(function*() {
+      const rows = yield* sql<
+        LockRow
+      >`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`
+      const now = yield* Clock.currentTimeMillis
+      return yield* recover(rows[0]!, now, now + 1, true)
+    }).pipe(store("getRecoveryStats"))
+
+    const reclaimStale: MergeQueueService["reclaimStale"] = (threshold) =>
+      Either.match(positiveDuration("threshold", threshold, true), {
+        onLeft: Effect.fail,
+        onRight: (duration) =>
+          locked((lock, now) => recover(lock, now, now - Duration.toMillis(duration), false)).pipe(
+            Effect.tap(countRecovery),
+            Effect.map((stats) => stats.entriesReclaimed),
+            store("reclaimStale")
+          )
+      })
+
+    /** Takes the lock for `agentId` inside a `locked` transaction; the new token, or undefined when another holds it. */
+    const takeLock = (lock: LockRow, now: number, agentId: string, newToken: boolean) =>
+      Effect.gen(function*() {
+        if (isLive(lock, now) && lock.agent_id !== agentId) return undefined
+        const token = newToken || lock.agent_id !== agentId
+          ? Number(lock.fencing_token) + 1
+          : Number(lock.fencing_token)
+        if (lock.agent_id !== null && lock.agent_id !== agentId) {
+          yield* record(now, "lock_expired", {
+            agentId: lock.agent_id,
+            fencingToken: Number(lock.fencing_token),
+            detail: `expired at ${lock.expires_at}; taken over by ${agentId}`
+          })
+        }
+        yield* sql`UPDATE ${lockTable} SET agent_id = ${agentId}, acquired_at = ${now},
+          expires_at = ${now + lockTimeoutMillis}, fencing_token = ${token} WHERE id = 1`
+        yield* record(now, "lock_acquired", { agentId, fencingToken: token })
+        return token
+      })
+
+    const acquireProcessingLock: MergeQueueService["acquireProcessingLock"] = (agentId) =>
+      Either.match(agent(agentId), {
+        onLeft: Effect.fail,
+        onRight: () =>
+          locked((lock, now) => Effect.map(takeLock(lock, now, agentId, false), (token) => token !== undefined)).pipe(
+            store("acquireProcessingLock")
+          )
+      })
+
+    const claimNext = (agentId: string) =>
+      locked((lock, now) =>
+        Effect.gen(function*() {
+          if (isLive(lock, now) && lock.agent_id === agentId) {
+            const own = yield* sql<EntryRow>`SELECT * FROM ${entries}
+              WHERE status IN ${activeStatuses} AND fencing_token = ${Number(lock.fencing_token)}`
+            if (own[0] !== undefined) return Option.some(toEntry(own[0]))
+          } else if (isLive(lock, now)) {
+            return Option.none()
+          }
+          const next = yield* sql<EntryRow>`SELECT * FROM ${entries} WHERE status = 'pending'
+            ORDER BY priority, created_at, id LIMIT 1`
+          if (next[0] === undefined) return Option.none()
+          const token = (yield* takeLock(lock, now, agentId, true))!
+          const id = Number(next[0].id)
+          yield* sql`UPDATE ${entries} SET status = 'claimed', agent_id = ${agentId}, fencing_token = ${token},
+            started_at = ${now}, state_changed_at = ${now}, attempt_count = attempt_count + 1
+            WHERE id = ${id} AND status = 'pending'`
+          yield* record(now, "claimed", { agentId, entryId: id, fencingToken: token, from: "pending", to: "claimed" })
+          return Option.some(toEntry((yield* entryById(id))!))
+        })
+      )
+
+    const nextWithLock: MergeQueueService["nextWithLock"] = (agentId) =>
+      Either.match(agent(agentId), {
+        onLeft: Effect.fail,
+        onRight: () => {
+          const recovery = detectAndRecoverStale.pipe(
+            Effect.catchAll((error) =>
+              Effect.zipRight(
+                Metric.increment(recoveryFailures),
+                Effect.logWarning("Automatic merge queue recovery failed; claiming anyway", error)
+              )
+            )
+          )
+          const schedule = Schedule.exponential(config.initialBackoff, 2).pipe(
+            Schedule.union(Schedule.spaced(config.maxBackoff)),
+            Schedule.intersect(Schedule.recurs(config.maxAttempts - 1))
+          )
+          return Effect.zipRight(recovery, claimNext(agentId)).pipe(
+            Effect.retry({ schedule, while: retryable }),
+            Effect.tap((claimed) => Option.isSome(claimed) ? Metric.increment(claims) : Effect.void),
+            store("nextWithLock"),
+            Effect.withSpan("MergeQueue.nextWithLock", { attributes: { agentId } })
+          )
+        }
+      })
+
+    const releaseProcessingLock: MergeQueueService["releaseProcessingLock"] = (agentId) =>
+      Either.match(agent(agentId), {
+        onLeft: Effect.fail,
+        onRight: () =>
+          locked((lock, now) =>
+            Effect.gen(function*() {
+              if (lock.agent_id !== agentId) return false
+              yield* sql`UPDATE ${lockTable} SET agent_id = NULL, acquired_at = NULL, expires_at = NULL WHERE id = 1`
+              yield* record(now, "lock_released", { agentId, fencingToken: Number(lock.fencing_token) })
+              return true
+            })
+          ).pipe(store("releaseProcessingLock"))
+      })
+
+    const extendLock: MergeQueueService["extendLock"] = (agentId, extra) =>
+      Either.match(Either.flatMap(agent(agentId), () => positiveDuration("extra", extra, false)), {
+        onLeft: Effect.fail,
+        onRight: (duration) =>
+          locked((lock, now) =>
+            Effect.gen(function*() {
+              if (lock.agent_id !== agentId || !isLive(lock, now)) return false
+              const expiresAt = Math.max(Number(lock.expires_at), now + Duration.toMillis(duration))
+              yield* sql`UPDATE ${lockTable} SET expires_at = ${expiresAt} WHERE id = 1`
+              yield* record(now, "lock_extended", {
+                agentId,
+                fencingToken: Number(lock.fencing_token),
+                detail: `until ${expiresAt}`
+              })
+              return true
+            })
+          ).pipe(store("extendLock"))
+      })
+
+    const getProcessingLock: Store<Option.Option<ProcessingLock>> = Effect.map(
+      sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`,
+      (rows) => toLock(rows[0])
+    ).pipe(store("getProcessingLock"))
+
+    const isLockStale: Store<boolean> = Effect.zipWith(
+      getProcessingLock,
+      Clock.currentTimeMillis,
+      (lock, now) => Option.isSome(lock) && DateTime.toEpochMillis(lock.value.expiresAt) < now
+    )
+
+    const transition: MergeQueueService["transition"] = (id, status, agentId, options) =>
+      Effect.gen(function*() {
+        yield* agent(agentId)
+        if (!Schema.is(Status)(status)) {
+          return yield* new InvalidParameterError({
+            parameter: "status",
+            value: status,
+            reason: `must be one of ${Status.literals.join(", ")}`
+          })
+        }
+        return yield* locked((lock, now) =>
+          Effect.gen(function*() {
+            const row = yield* entryById(id)
+            if (row === undefined) return yield* new EntryNotFoundError({ entryId: id })
+            const from = row.status as Status
+            const owned = inProgress.includes(from) || inProgress.includes(status) || status === "merged"
+            if (owned) {
+              const lost = (reason: string) => new LockLostError({ entryId: id, agentId, reason })
+              if (row.agent_id !== agentId) {
+                return yield* lost(
+                  row.agent_id === null
+                    ? `the entry is ${from}, not claimed`
+                    : `the entry is claimed by ${row.agent_id}`
+                )
+              }
+              if (lock.agent_id !== agentId) return yield* lost("its processing lock was released or taken over")
+              if (Number(lock.fencing_token) !== Number(row.fencing_token)) {
+                return yield* lost(`fencing token ${row.fencing_token} is stale (lock is at ${lock.fencing_token})`)
+              }
+              if (!isLive(lock, now)) return yield* lost(`its processing lock expired at ${lock.expires_at}`)
+            }
+            if (!canTransition(from, status)) {
+              return yield* new InvalidTransitionError({ entryId: id, from, to: status })
+            }
+            const stillActive = inProgress.includes(status)
+            const keepStart = status === "pending" ? null : row.started_at
+            yield* sql`UPDATE ${entries} SET status = ${status}, state_changed_at = ${now},
+              agent_id = ${stillActive ? row.agent_id : null},
+              fencing_token = ${stillActive ? row.fencing_token : null},
+              started_at = ${keepStart === null ? null : Number(keepStart)},
+              last_error = ${options?.error ?? row.last_error}
+              WHERE id = ${id}`
+            yield* record(now, "transition", {
+              agentId,
+              entryId: id,
+              fencingToken: optionalNumber(row.fencing_token).pipe(Option.getOrNull),
+              from,
+              to: status,
+              detail: options?.error ?? null
+            })
+            return toEntry((yield* entryById(id))!)
+          })
+        ).pipe(store("transition"))
+      })
+
+    const enqueue: MergeQueueService["enqueue"] = (workspace, options) =>
+      Effect.gen(function*() {
+        if (typeof workspace !== "string" || workspace.trim().length === 0) {
+          return yield* new InvalidParameterError({
+            parameter: "workspace",
+            value: workspace,
+            reason: "must be a non-empty string"
+          })
+        }
+        const priority = options?.priority ?? 2
+        if (!Number.isSafeInteger(priority)) {
+          return yield* new InvalidParameterError({
+            parameter: "priority",
+            value: priority,
+            reason: "must be an integer"
+          })
+        }
+        return yield* sql.withTransaction(Effect.gen(function*() {
+          const existing = yield* sql<{ id: number | string }>`SELECT id FROM ${entries}
+            WHERE workspace = ${workspace} AND status NOT IN ${finalStatuses}`
+          if (existing[0] !== undefined) {
+            return yield* new AlreadyQueuedError({ workspace, entryId: Number(existing[0].id) })
+          }
+          const now = yield* Clock.currentTimeMillis
+          const rows = yield* sql<{ id: number | string }>`INSERT INTO ${entries}
+            (workspace, bead_id, priority, status, state_changed_at, created_at)
+            VALUES (${workspace}, ${options?.beadId ?? null}, ${priority}, 'pending', ${now}, ${now}) RETURNING id`
+          const id = Number(rows[0]!.id)
+          yield* record(now, "enqueued", { entryId: id, to: "pending", detail: workspace })
+          return toEntry((yield* entryById(id))!)
+        })).pipe(
+          // Two processes enqueueing the same workspace at once: the unique index turns the loser away.
+          Effect.catchTag("SqlError", (error): Effect.Effect<never, AlreadyQueuedError | SqlError> =>
+            retryable(error)
+              ? Effect.flatMap(
+                sql<{ id: number | string }>`SELECT id FROM ${entries}
+                  WHERE workspace = ${workspace} AND status NOT IN ${finalStatuses}`,
+                (rows): Effect.Effect<never, AlreadyQueuedError | SqlError> =>
+                  rows[0] === undefined
+                    ? Effect.fail(error)
+                    : Effect.fail(new AlreadyQueuedError({ workspace, entryId: Number(rows[0].id) }))
+              )
+              : Effect.fail(error)),
+          store("enqueue")
+        )
+      })
+
+    const get = (id: number) =>
+      Effect.map(entryById(id), (row) => Option.map(Option.fromNullable(row), toEntry)).pipe(
+        store("get")
+      )
+
+    const list: MergeQueueService["list"] = (options) =>
+      Effect.map(
+        sql<EntryRow>`SELECT * FROM ${entries}
+          ${options?.status === undefined ? sql`` : sql`WHERE status IN ${sql.in([...options.status])}`}
+          ORDER BY priority, created_at, id
+          ${options?.limit === undefined ? sql`` : sql`LIMIT ${options.limit}`}`,
+        (rows) => rows.map(toEntry)
+      ).pipe(store("list"))
+
+    const stats: Store<QueueStats> = Effect.gen(function*() {
+      const counts = yield* sql<{ status: string; n: number | string }>`SELECT status, count(*) AS n
+        FROM ${entries} GROUP BY status`
+      const oldest = yield* sql<{ at: number | string | null }>`SELECT min(created_at) AS at
+        FROM ${entries} WHERE status = 'pending'`
+      const byStatus = Object.fromEntries(Status.literals.map((status) => [status, 0])) as Record<Status, number>
+      for (const row of counts) byStatus[row.status as Status] = Number(row.n)
+      return {
+        total: counts.reduce((sum, row) => sum + Number(row.n), 0),
+        byStatus,
+        lock: yield* getProcessingLock,
+        oldestPendingAt: oldest[0]?.at === null || oldest[0] === undefined
+          ? Option.none()
+          : Option.some(millis(oldest[0].at))
+      }
+    }).pipe(store("stats"))
+
+    const auditLog: MergeQueueService["auditLog"] = (options) =>
+      Effect.map(
+        sql<AuditRow>`SELECT * FROM ${audit}
+          ${options?.entryId === undefined ? sql`` : sql`WHERE entry_id = ${options.entryId}`}
+          ORDER BY id
+          ${options?.limit === undefined ? sql`` : sql`LIMIT ${options.limit}`}`,
+        (rows) => rows.map(toAudit)
+      ).pipe(store("auditLog"))
+
+    const extendable = (agentId: string, entry: QueueEntry): Extendable => ({
+      id: String(entry.id),
+      extendVisibility: (timeout) =>
+        Effect.flatMap(
+          extendLock(agentId, timeout),
+          (extended) =>
+            extended
+              ? Effect.void
+              : Effect.fail(new LockLostError({ entryId: entry.id, agentId, reason: "its processing lock is gone" }))
+        )
+    })
+
+    return {
+      config,
+      enqueue,
+      nextWithLock,
+      acquireProcessingLock,
+      releaseProcessingLock,
+      getProcessingLock,
+      extendLock,
+      reclaimStale,
+      detectAndRecoverStale,
+      getRecoveryStats,
+      isLockStale,
+      transition,
+      get,
+      list,
+      stats,
+      auditLog,
+      extendable
+    } satisfies MergeQueueService
+  })
+
+// ---------------------------------------------------------------------------
+// Layers
+// ---------------------------------------------------------------------------
+
+/** The merge queue on the `SqlClient` in the context. */
+export const layer = (
+  options?: MergeQueueOptions
+): Layer.Layer<MergeQueue, MergeQueueStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+  Layer.effect(MergeQueue, make(options))
+
+/** The merge queue in the SQLite file `filename` (WAL, busy timeout); also provides the client. */
+export const layerSqlite = (
+  options: MergeQueueOptions & { readonly filename: string; readonly busyTimeout?: Duration.DurationInput | undefined }
+): Layer.Layer<MergeQueue | SqlClient.SqlClient, MergeQueueStoreError | InvalidParameterError> => {
+  const { busyTimeout, filename, ...rest } = options
+  return Either.match(positiveDuration("busyTimeout", busyTimeout ?? "5 seconds", true), {
+    onLeft: (error) => Layer.fail(error),
+    onRight: (busy) =>
+      Layer.provideMerge(
+        layer(rest),
+        Sql.sqliteClient(
+          filename,
+          Duration.toMillis(busy),
+          (cause) => new MergeQueueStoreError({ operation: `open ${filename}`, cause })
+        )
+      )
+  })
+}
+
+/** The merge queue on PostgreSQL at `url`, else `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`; also provides the client. */
+export const layerPg = (
+  options?: MergeQueueOptions & { readonly url?: Redacted.Redacted | string | undefined }
+): Layer.Layer<
+  MergeQueue | SqlClient.SqlClient,
+  MergeQueueStoreError | InvalidParameterError | ConfigError.ConfigError
+> => {
+  const { url, ...rest } = options ?? {}
+  return Layer.provideMerge(
+    layer(rest),
+    Sql.pgClient(url, 10).pipe(
+      Layer.catchAll((error) =>
+        Layer.fail(error._tag === "SqlError" ? new MergeQueueStoreError({ operation: "connect", cause: error }) : error)
+      )
+    )
+  )
+}

@@ -1,0 +1,386 @@
+/**
+ * MergeQueue on SQLite (a temporary file) and PostgreSQL (a throwaway
+ * cluster): the seed's named scenarios, the two holes it left (entries stuck
+ * in any in-progress status; a live, extended lock never reclaimed),
+ * fencing of zombie agents, fault injection through a wrapped `SqlClient`,
+ * and bad input. Lock expiry is driven by `TestClock`.
+ */
+import { SqlClient } from "@effect/sql"
+import { SqlError } from "@effect/sql/SqlError"
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
+import { Context, DateTime, Effect, Either, Exit, Layer, Option, Ref, Scope, TestClock } from "effect"
+import { mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as Heartbeat from "../src/Heartbeat.js"
+import * as LeaseExtender from "../src/LeaseExtender.js"
+import * as MergeQueue from "../src/MergeQueue.js"
+import * as Postgres from "./support/postgres.js"
+
+const directory = mkdtempSync(join(tmpdir(), "leasehold-merge-queue-"))
+let tables = 0
+let prefix = "q0_"
+beforeEach(() => {
+  prefix = `q${++tables}_`
+})
+
+const suiteScope = Effect.runSync(Scope.make())
+let sqlite: SqlClient.SqlClient
+let pg: SqlClient.SqlClient
+const clientOf = (layer: Layer.Layer<SqlClient.SqlClient | MergeQueue.MergeQueue, unknown>) =>
+  Effect.runPromise(Layer.buildWithScope(layer, suiteScope).pipe(Effect.map(Context.get(SqlClient.SqlClient))))
+beforeAll(async () => {
+  sqlite = await clientOf(MergeQueue.layerSqlite({ filename: join(directory, "queue.db"), prefix: "setup_" }))
+  const cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))
+  pg = await clientOf(MergeQueue.layerPg({ url: cluster.url, prefix: "setup_" }))
+}, 120_000)
+afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
+
+const TIMEOUT = 300_000
+const queueOn = (sql: SqlClient.SqlClient, options?: MergeQueue.MergeQueueOptions) =>
+  MergeQueue.make({ prefix, ...options }).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+
+/** The seed's invariants, checked over every entry. */
+const checkInvariants = (queue: MergeQueue.MergeQueueService) =>
+  Effect.gen(function*() {
+    for (const entry of yield* queue.list()) {
+      const active = MergeQueue.inProgress.includes(entry.status)
+      if (entry.status === "claimed") expect(Option.isSome(entry.startedAt)).toBe(true)
+      if (Option.isSome(entry.startedAt)) {
+        expect(DateTime.toEpochMillis(entry.startedAt.value)).toBeLessThanOrEqual(
+          DateTime.toEpochMillis(entry.stateChangedAt)
+        )
+      }
+      expect(Option.isSome(entry.agentId)).toBe(active)
+      expect(Option.isSome(entry.fencingToken)).toBe(active)
+    }
+  })
+
+/** Puts an entry in `status` for `agentId` under `token`, as a crashed worker would have left it. */
+const leftBehind = (
+  sql: SqlClient.SqlClient,
+  id: number,
+  status: MergeQueue.Status,
+  agentId: string,
+  token: number,
+  at: number
+) =>
+  sql`UPDATE ${sql(`${prefix}merge_queue`)} SET status = ${status}, agent_id = ${agentId}, fencing_token = ${token},
+    started_at = ${at}, state_changed_at = ${at}, attempt_count = 1 WHERE id = ${id}`
+
+/** A client whose statements fail when their text contains `marker` (while `armed`). */
+const failing = (sql: SqlClient.SqlClient, marker: string, armed: Ref.Ref<boolean>): SqlClient.SqlClient =>
+  new Proxy(sql, {
+    apply(target, thisArg, args: Array<unknown>) {
+      const strings = args[0]
+      if (
+        Array.isArray(strings) && "raw" in strings && strings.join("?").includes(marker) &&
+        Ref.get(armed).pipe(Effect.runSync)
+      ) {
+        return Effect.fail(new SqlError({ cause: new Error("injected fault"), message: `injected fault at ${marker}` }))
+      }
+      return Reflect.apply(target, thisArg, args)
+    }
+  })
+
+const backends = [
+  { label: "SQLite", client: () => sqlite },
+  { label: "PostgreSQL", client: () => pg }
+] as const
+
+for (const backend of backends) {
+  describe(`MergeQueue on ${backend.label}`, () => {
+    it.effect("serves entries by priority then age, and walks the state machine to merged", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const low = yield* queue.enqueue("ws-low", { priority: 3 })
+        yield* TestClock.adjust("1 second")
+        const urgent = yield* queue.enqueue("ws-urgent", { priority: 0, beadId: "bd-1" })
+        yield* TestClock.adjust("1 second")
+        const urgentLater = yield* queue.enqueue("ws-urgent-2", { priority: 0 })
+        expect((yield* queue.list()).map((entry) => entry.id)).toEqual([urgent.id, urgentLater.id, low.id])
+
+        const claimed = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
+        expect(claimed).toMatchObject({ id: urgent.id, status: "claimed", attemptCount: 1 })
+        expect(Option.getOrThrow(claimed.agentId)).toBe("agent-a")
+        yield* checkInvariants(queue)
+        for (const status of ["rebasing", "testing", "ready_to_merge", "merging", "merged"] as const) {
+          const moved = yield* queue.transition(urgent.id, status, "agent-a")
+          expect(moved.status).toBe(status)
+          yield* checkInvariants(queue)
+        }
+        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(true)
+        const next = Option.getOrThrow(yield* queue.nextWithLock("agent-b"))
+        expect(next.id).toBe(urgentLater.id)
+        expect(Option.getOrThrow(next.fencingToken)).toBeGreaterThan(Option.getOrThrow(claimed.fencingToken))
+        const stats = yield* queue.stats
+        expect(stats.byStatus).toMatchObject({ merged: 1, claimed: 1, pending: 1 })
+        expect(Option.getOrThrow(stats.lock).agentId).toBe("agent-b")
+      }).pipe(Effect.orDie))
+
+    it.effect("refuses illegal transitions and unknown statuses, changing nothing", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const entry = yield* queue.enqueue("ws")
+        const unclaimed = yield* Effect.flip(queue.transition(entry.id, "rebasing", "agent-a"))
+        expect(unclaimed._tag).toBe("LockLostError")
+        expect(unclaimed.message).toContain("the entry is pending, not claimed")
+        const skip = yield* Effect.flip(queue.transition(entry.id, "failed_retryable", "agent-a"))
+        expect(skip._tag).toBe("InvalidTransitionError")
+        yield* queue.nextWithLock("agent-a")
+        const illegal = yield* Effect.flip(queue.transition(entry.id, "merged", "agent-a"))
+        expect(illegal).toMatchObject({ _tag: "InvalidTransitionError", from: "claimed", to: "merged" })
+        expect(illegal.message).toContain("allowed: rebasing")
+        const unknown = yield* Effect.flip(queue.transition(entry.id, "shipped" as MergeQueue.Status, "agent-a"))
+        expect(unknown).toMatchObject({ _tag: "InvalidParameterError", parameter: "status" })
+        const missing = yield* Effect.flip(queue.transition(9_999, "rebasing", "agent-a"))
+        expect(missing._tag).toBe("EntryNotFoundError")
+        yield* queue.transition(entry.id, "cancelled", "agent-a")
+        const final = yield* Effect.flip(queue.transition(entry.id, "pending", "agent-a"))
+        expect(final.message).toContain("cancelled is final")
+        expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("cancelled")
+        yield* checkInvariants(queue)
+      }))
+
+    it.effect("automatic recovery on claim: a crashed agent's entry comes back to the next claimer", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const entry = yield* queue.enqueue("ws", { beadId: "bd-7", priority: 1 })
+        const first = Option.getOrThrow(yield* queue.nextWithLock("crashed"))
+        // It crashes mid-rebase: entries stuck in any in-progress status come back, not only claimed ones.
+        yield* queue.transition(entry.id, "rebasing", "crashed")
+        expect(yield* queue.nextWithLock("agent-b")).toEqual(Option.none())
+        yield* TestClock.adjust(TIMEOUT + 1)
+        expect(yield* queue.isLockStale).toBe(true)
+        const taken = Option.getOrThrow(yield* queue.nextWithLock("agent-b"))
+        expect(taken).toMatchObject({ id: entry.id, status: "claimed", workspace: "ws", priority: 1, attemptCount: 2 })
+        expect(taken.beadId).toEqual(Option.some("bd-7"))
+        expect(Option.getOrThrow(taken.fencingToken)).toBeGreaterThan(Option.getOrThrow(first.fencingToken))
+        const actions = (yield* queue.auditLog()).map((row) => row.action)
+        expect(actions).toContain("lock_expired")
+        expect(actions).toContain("entry_reclaimed")
+        yield* checkInvariants(queue)
+      }))
+
+    it.effect("recovery stats are exact: what getRecoveryStats counts is what recovery then does", () =>
+      Effect.gen(function*() {
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
+        const ids = []
+        for (let i = 0; i < 6; i++) ids.push((yield* queue.enqueue(`ws-${i}`)).id)
+        yield* queue.acquireProcessingLock("crashed")
+        // Entries left in every in-progress status, not only claimed (the seed's first hole).
+        const statuses = ["claimed", "rebasing", "testing", "ready_to_merge", "merging"] as const
+        for (const [i, status] of statuses.entries()) yield* leftBehind(sql, ids[i]!, status, "crashed", 1, 0)
+        yield* TestClock.adjust(TIMEOUT + 1)
+        const before = yield* queue.getRecoveryStats
+        expect(before).toMatchObject({ locksCleaned: 1, entriesReclaimed: 5 })
+        expect(yield* queue.getRecoveryStats).toMatchObject({ locksCleaned: 1, entriesReclaimed: 5 })
+        const done = yield* queue.detectAndRecoverStale
+        expect(done).toMatchObject({ locksCleaned: before.locksCleaned, entriesReclaimed: before.entriesReclaimed })
+        expect(yield* queue.getRecoveryStats).toMatchObject({ locksCleaned: 0, entriesReclaimed: 0 })
+        expect(yield* queue.detectAndRecoverStale).toMatchObject({ locksCleaned: 0, entriesReclaimed: 0 })
+        expect((yield* queue.stats).byStatus.pending).toBe(6)
+        yield* checkInvariants(queue)
+      }))
+
+    it.effect("concurrent automatic recovery: each stale entry is reclaimed exactly once and the counts add up", () =>
+      Effect.gen(function*() {
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
+        const ids = []
+        for (let i = 0; i < 12; i++) ids.push((yield* queue.enqueue(`ws-${i}`)).id)
+        yield* queue.acquireProcessingLock("crashed")
+        for (const id of ids) yield* leftBehind(sql, id, "testing", "crashed", 1, 0)
+        yield* TestClock.adjust(TIMEOUT + 1)
+        const results = yield* Effect.all(Array.from({ length: 8 }, () => queue.detectAndRecoverStale), {
+          concurrency: "unbounded"
+        })
+        expect(results.reduce((sum, stats) => sum + stats.entriesReclaimed, 0)).toBe(12)
+        expect(results.reduce((sum, stats) => sum + stats.locksCleaned, 0)).toBe(1)
+        const reclaimed = (yield* queue.auditLog()).filter((row) => row.action === "entry_reclaimed")
+        expect(reclaimed.map((row) => Option.getOrThrow(row.entryId)).sort((a, b) => a - b)).toEqual(ids)
+        const claims = yield* Effect.all(
+          Array.from({ length: 8 }, (_, i) => queue.nextWithLock(`agent-${i}`)),
+          { concurrency: "unbounded" }
+        )
+        expect(claims.filter(Option.isSome)).toHaveLength(1)
+      }))
+
+    it.effect("a stale processing lock allows new claims; an active one is never stolen", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        expect(yield* queue.acquireProcessingLock("agent-a")).toBe(true)
+        expect(yield* queue.acquireProcessingLock("agent-b")).toBe(false)
+        yield* TestClock.adjust(TIMEOUT)
+        // It expires at expires_at, not before.
+        expect(yield* queue.isLockStale).toBe(false)
+        expect(yield* queue.acquireProcessingLock("agent-b")).toBe(false)
+        yield* TestClock.adjust(1)
+        expect(yield* queue.isLockStale).toBe(true)
+        const before = Option.getOrThrow(yield* queue.getProcessingLock)
+        expect(yield* queue.acquireProcessingLock("agent-b")).toBe(true)
+        const after = Option.getOrThrow(yield* queue.getProcessingLock)
+        expect(after.agentId).toBe("agent-b")
+        expect(after.fencingToken).toBeGreaterThan(before.fencingToken)
+        yield* queue.enqueue("ws")
+        expect(yield* queue.nextWithLock("agent-a")).toEqual(Option.none())
+      }))
+
+    it.effect("manual reclaimStale still works, by age, and never takes an entry carried by a live lock", () =>
+      Effect.gen(function*() {
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
+        const old = yield* queue.enqueue("ws-old")
+        const young = yield* queue.enqueue("ws-young")
+        yield* leftBehind(sql, old.id, "rebasing", "gone", 99, 0)
+        yield* TestClock.adjust("10 minutes")
+        yield* leftBehind(sql, young.id, "claimed", "gone", 98, 600_000)
+        expect(yield* queue.reclaimStale("5 minutes")).toBe(1)
+        expect(Option.getOrThrow(yield* queue.get(old.id)).status).toBe("pending")
+        expect(Option.getOrThrow(yield* queue.get(young.id)).status).toBe("claimed")
+        yield* TestClock.adjust(1)
+        expect(yield* queue.reclaimStale(0)).toBe(1)
+
+        const live = Option.getOrThrow(yield* queue.nextWithLock("worker"))
+        yield* TestClock.adjust("1 hour")
+        expect(yield* queue.extendLock("worker", "1 hour")).toBe(false)
+        const worker = Option.getOrThrow(yield* queue.nextWithLock("worker"))
+        expect(worker.id).toBe(live.id)
+        yield* TestClock.adjust("2 minutes")
+        expect(yield* queue.reclaimStale(0)).toBe(0)
+        expect(Option.getOrThrow(yield* queue.get(worker.id)).status).toBe("claimed")
+      }))
+
+    it.effect("releasing an already released lock returns false, and so does a zombie's release", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(false)
+        yield* queue.acquireProcessingLock("agent-a")
+        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(true)
+        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(false)
+        yield* queue.acquireProcessingLock("agent-a")
+        yield* TestClock.adjust(TIMEOUT + 1)
+        yield* queue.acquireProcessingLock("agent-b")
+        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(false)
+        expect(Option.getOrThrow(yield* queue.getProcessingLock).agentId).toBe("agent-b")
+      }))
+
+    it.effect("a live worker extending its lock for 3× the lock timeout keeps its entry; the zombie is refused", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const entry = yield* queue.enqueue("ws")
+        yield* queue.nextWithLock("worker")
+        for (let i = 0; i < 6; i++) {
+          yield* TestClock.adjust(TIMEOUT / 2)
+          expect(yield* queue.extendLock("worker", TIMEOUT)).toBe(true)
+          expect(yield* queue.nextWithLock("rival")).toEqual(Option.none())
+          expect((yield* queue.getRecoveryStats).entriesReclaimed).toBe(0)
+        }
+        expect((yield* queue.transition(entry.id, "rebasing", "worker")).status).toBe("rebasing")
+
+        // The worker stops extending: it becomes a zombie once a rival reclaims.
+        yield* TestClock.adjust(TIMEOUT + 1)
+        const rival = Option.getOrThrow(yield* queue.nextWithLock("rival"))
+        expect(rival.id).toBe(entry.id)
+        const refused = yield* Effect.flip(queue.transition(entry.id, "testing", "worker"))
+        expect(refused).toMatchObject({ _tag: "LockLostError", agentId: "worker" })
+        expect(refused.message).toContain("claimed by rival")
+        expect(yield* queue.extendLock("worker", TIMEOUT)).toBe(false)
+        expect(Option.getOrThrow(yield* queue.get(entry.id))).toMatchObject({ status: "claimed" })
+        expect(Option.getOrThrow(yield* queue.get(entry.id)).agentId).toEqual(Option.some("rival"))
+      }))
+
+    it.effect("a worker whose own lock expired unclaimed is refused too (fencing checks expiry)", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const entry = yield* queue.enqueue("ws")
+        yield* queue.nextWithLock("worker")
+        yield* TestClock.adjust(TIMEOUT + 1)
+        const refused = yield* Effect.flip(queue.transition(entry.id, "rebasing", "worker"))
+        expect(refused.message).toContain("expired")
+      }))
+
+    it.scoped("a heartbeat drives extendLock through LeaseExtender: working keeps the lock, stalling loses it", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const entry = yield* queue.enqueue("ws")
+        const claimed = Option.getOrThrow(yield* queue.nextWithLock("worker"))
+        const heartbeat = yield* Heartbeat.make
+        const extender = yield* LeaseExtender.make({ interval: "1 minute", extension: "5 minutes" })
+        yield* extender.attach(queue.extendable("worker", claimed), heartbeat)
+        for (let minute = 0; minute < 15; minute++) {
+          yield* TestClock.adjust("1 minute")
+          yield* heartbeat.beat
+          yield* Effect.yieldNow()
+        }
+        // 15 minutes of work (3× the lock timeout): still the worker's.
+        yield* Effect.sleep("10 millis").pipe(Effect.fork, Effect.zipRight(TestClock.adjust("10 millis")))
+        expect(yield* queue.nextWithLock("rival")).toEqual(Option.none())
+        expect((yield* queue.transition(entry.id, "rebasing", "worker")).status).toBe("rebasing")
+        // No more beats: the lock runs out and a rival gets the entry.
+        yield* TestClock.adjust("6 minutes")
+        expect(Option.getOrThrow(yield* queue.nextWithLock("rival")).id).toBe(entry.id)
+      }))
+
+    it.effect("fault injection: failing recovery statements do not stop claims", () =>
+      Effect.gen(function*() {
+        const armed = yield* Ref.make(true)
+        const queue = yield* queueOn(failing(backend.client(), "COALESCE(started_at", armed))
+        yield* queue.enqueue("ws")
+        expect(Either.isLeft(yield* Effect.either(queue.detectAndRecoverStale))).toBe(true)
+        const claimed = yield* queue.nextWithLock("agent-a")
+        expect(Option.isSome(claimed)).toBe(true)
+      }))
+
+    it.effect("fault injection: a failure mid-claim leaves nothing half-written", () =>
+      Effect.gen(function*() {
+        const armed = yield* Ref.make(true)
+        const queue = yield* queueOn(failing(backend.client(), "SET status = 'claimed'", armed))
+        const entry = yield* queue.enqueue("ws")
+        const auditBefore = (yield* queue.auditLog()).length
+        const failure = yield* Effect.flip(queue.nextWithLock("agent-a"))
+        expect(failure._tag).toBe("MergeQueueStoreError")
+        // The lock was taken and audited before the failing statement: all of it rolled back.
+        expect(yield* queue.getProcessingLock).toEqual(Option.none())
+        expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("pending")
+        expect((yield* queue.auditLog()).length).toBe(auditBefore)
+        yield* Ref.set(armed, false)
+        const claimed = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
+        expect(Option.getOrThrow(claimed.fencingToken)).toBe(1)
+      }))
+
+    it.effect("bad input gets a typed error naming what was wrong", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        expect(yield* Effect.flip(queue.enqueue(""))).toMatchObject({ parameter: "workspace" })
+        expect(yield* Effect.flip(queue.enqueue("ws", { priority: 1.5 }))).toMatchObject({ parameter: "priority" })
+        expect(yield* Effect.flip(queue.nextWithLock(" "))).toMatchObject({ parameter: "agentId" })
+        expect(yield* Effect.flip(queue.extendLock("a", 0))).toMatchObject({ parameter: "extra" })
+        expect(yield* Effect.flip(queue.reclaimStale("-1 seconds"))).toMatchObject({ parameter: "threshold" })
+        const first = yield* queue.enqueue("ws")
+        const duplicate = yield* Effect.flip(queue.enqueue("ws"))
+        expect(duplicate).toMatchObject({ _tag: "AlreadyQueuedError", entryId: first.id })
+        expect(yield* queue.get(12_345)).toEqual(Option.none())
+        const badTimeout = yield* Effect.flip(queueOn(backend.client(), { lockTimeout: "0 seconds" }))
+        expect(badTimeout).toMatchObject({ parameter: "lockTimeout" })
+        const badPrefix = yield* Effect.flip(queueOn(backend.client(), { prefix: "x; DROP" }))
+        expect(badPrefix.message).toContain("prefix")
+      }))
+  })
+}
+
+describe("MergeQueue layers", () => {
+  it.live("an unreadable SQLite path and an unreachable PostgreSQL fail with MergeQueueStoreError", () =>
+    Effect.gen(function*() {
+      const sqliteError = yield* Effect.flip(
+        Layer.build(MergeQueue.layerSqlite({ filename: join(directory, "missing", "dir", "q.db") })).pipe(Effect.scoped)
+      )
+      expect(sqliteError).toMatchObject({ _tag: "MergeQueueStoreError" })
+      expect(sqliteError.message).toContain("missing")
+      const pgError = yield* Effect.flip(
+        Layer.build(MergeQueue.layerPg({ url: "postgres://postgres@127.0.0.1:1/none" })).pipe(Effect.scoped)
+      )
+      expect(pgError).toMatchObject({ _tag: "MergeQueueStoreError" })
+    }))
+})
