@@ -269,7 +269,8 @@ export interface MergeQueueService {
   /**
    * Recovers stale work (best effort: a failure is logged and counted), then
    * takes the lock and claims the next pending entry. `None` when the lock is
-   * held by another live agent or nothing is pending. An agent that still owns
+   * held by another live agent (found with one read, no write) or nothing is
+   * pending. An agent that still owns
    * an in-progress entry under its live lock gets that entry back. Busy
    * databases and conflicts are retried with capped exponential backoff.
    */
@@ -692,7 +693,18 @@ export const make = (
             Schedule.union(Schedule.spaced(config.maxBackoff)),
             Schedule.intersect(Schedule.recurs(config.maxAttempts - 1))
           )
-          return Effect.zipRight(recovery, claimNext(agentId)).pipe(
+          // While another agent holds a live lock there is nothing to claim: one read, no write (idle pollers
+          // would otherwise queue for SQLite's write lock behind the agent that works).
+          const busy = Effect.zipWith(
+            sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`,
+            Clock.currentTimeMillis,
+            (rows, now) => isLive(rows[0]!, now) && rows[0]!.agent_id !== agentId
+          )
+          const attempt = Effect.flatMap(
+            busy,
+            (held) => held ? Effect.succeedNone : Effect.zipRight(recovery, claimNext(agentId))
+          )
+          return attempt.pipe(
             Effect.retry({ schedule, while: retryable }),
             Effect.tap((claimed) => Option.isSome(claimed) ? Metric.increment(claims) : Effect.void),
             store("nextWithLock"),
