@@ -117,7 +117,9 @@ for (const backend of backends) {
 
           let kills = 0
           for (let round = 0; (yield* queue.stats).byStatus.merged < ENTRIES; round++) {
-            if (round >= 1500) return yield* Effect.dieMessage(`stalled: ${JSON.stringify((yield* queue.stats).byStatus)}`)
+            if (round >= 1500) {
+              return yield* Effect.dieMessage(`stalled: ${JSON.stringify((yield* queue.stats).byStatus)}`)
+            }
             yield* Effect.sleep(`${100 + Math.floor(Math.random() * 100)} millis`)
             if (kills >= KILLS || round % 5 !== 4) continue
             // Kill the worker that holds the lock while it holds it.

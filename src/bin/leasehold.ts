@@ -1,0 +1,48 @@
+/**
+ * The `leasehold` command line. Exit codes: 0 done, 1 the work failed (a
+ * database that cannot be reached, say — the message names the fix), 2 bad
+ * arguments (the usage is printed).
+ */
+import { Command } from "@effect/cli"
+import * as ValidationError from "@effect/cli/ValidationError"
+import { NodeContext } from "@effect/platform-node"
+import * as Cause from "effect/Cause"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Logger from "effect/Logger"
+import * as LogLevel from "effect/LogLevel"
+import { MissingDatabaseError } from "../cli/database.js"
+import * as queue from "../cli/queue.js"
+
+const root = Command.make("leasehold").pipe(
+  Command.withDescription(
+    "Operate leasehold workers: merge queues, mailboxes and health, on SQLite or PostgreSQL.\n" +
+      "Example: leasehold queue status --db ./.leasehold/demo.db"
+  ),
+  Command.withSubcommands([queue.command])
+)
+
+const cli = Command.run(root, { name: "leasehold", version: "0.1.0" })
+
+const program = Effect.suspend(() => cli(process.argv)).pipe(
+  Effect.provide(NodeContext.layer),
+  Logger.withMinimumLogLevel(LogLevel.Warning)
+)
+
+Effect.runPromiseExit(program).then((exit) => {
+  if (Exit.isSuccess(exit)) return
+  const failure = Cause.failureOption(exit.cause)
+  if (failure._tag === "Some" && ValidationError.isValidationError(failure.value)) {
+    // @effect/cli has printed what was wrong and the usage.
+    process.exitCode = ValidationError.isHelpRequested(failure.value) ? 0 : 2
+    return
+  }
+  const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
+  const usage = error instanceof MissingDatabaseError
+  return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`)).then(
+    () => {
+      process.exitCode = usage ? 2 : 1
+    }
+  )
+})
