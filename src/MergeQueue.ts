@@ -778,7 +778,7 @@ export const make = (
               if (row.agent_id !== agentId) {
                 return yield* lost(
                   row.agent_id === null
-                    ? `the entry is ${from}, not claimed`
+                    ? `the entry is ${from} and held by no agent`
                     : `the entry is claimed by ${row.agent_id}`
                 )
               }

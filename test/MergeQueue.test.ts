@@ -124,7 +124,7 @@ for (const backend of backends) {
         const entry = yield* queue.enqueue("ws")
         const unclaimed = yield* Effect.flip(queue.transition(entry.id, "rebasing", "agent-a"))
         expect(unclaimed._tag).toBe("LockLostError")
-        expect(unclaimed.message).toContain("the entry is pending, not claimed")
+        expect(unclaimed.message).toContain("the entry is pending and held by no agent")
         const skip = yield* Effect.flip(queue.transition(entry.id, "failed_retryable", "agent-a"))
         expect(skip._tag).toBe("InvalidTransitionError")
         yield* queue.nextWithLock("agent-a")

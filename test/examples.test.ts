@@ -33,6 +33,14 @@ const expectations: Record<string, ReadonlyArray<RegExp>> = {
     /dead letter 3 from "requests": SerializationError: \["requestId"\] is missing/,
     /redrove 1; requests queued: 1/
   ],
+  "merge-queue.ts": [
+    /agent-a claimed hotfix\/crash \(token 1\), then hangs/,
+    /agent-b while agent-a's lock is live: nothing/,
+    /lock stale: true/,
+    /agent-b claimed hotfix\/crash \(token 2, attempt 2\)/,
+    /agent-a wakes up: LockLostError: .*held by no agent/,
+    /merged 3 of 3; entries healed after a crash: 1/
+  ],
   "eval-loop.ts": [
     /careful: pass rate 1, mean score 1/,
     /sloppy: pass rate 0.5, mean score 0.5/,
