@@ -669,11 +669,12 @@ export const make = (
           if (next[0] === undefined) return Option.none()
           const token = (yield* takeLock(lock, now, agentId, true))!
           const id = Number(next[0].id)
-          yield* sql`UPDATE ${entries} SET status = 'claimed', agent_id = ${agentId}, fencing_token = ${token},
-            started_at = ${now}, state_changed_at = ${now}, attempt_count = attempt_count + 1
-            WHERE id = ${id} AND status = 'pending'`
+          const claimed = yield* sql<EntryRow>`UPDATE ${entries} SET status = 'claimed', agent_id = ${agentId},
+            fencing_token = ${token}, started_at = ${now}, state_changed_at = ${now},
+            attempt_count = attempt_count + 1
+            WHERE id = ${id} AND status = 'pending' RETURNING *`
           yield* record(now, "claimed", { agentId, entryId: id, fencingToken: token, from: "pending", to: "claimed" })
-          return Option.some(toEntry((yield* entryById(id))!))
+          return Option.some(toEntry(claimed[0]!))
         })
       )
 
@@ -793,12 +794,12 @@ export const make = (
             }
             const stillActive = inProgress.includes(status)
             const keepStart = status === "pending" ? null : row.started_at
-            yield* sql`UPDATE ${entries} SET status = ${status}, state_changed_at = ${now},
+            const moved = yield* sql<EntryRow>`UPDATE ${entries} SET status = ${status}, state_changed_at = ${now},
               agent_id = ${stillActive ? row.agent_id : null},
               fencing_token = ${stillActive ? row.fencing_token : null},
               started_at = ${keepStart === null ? null : Number(keepStart)},
               last_error = ${options?.error ?? row.last_error}
-              WHERE id = ${id}`
+              WHERE id = ${id} RETURNING *`
             yield* record(now, "transition", {
               agentId,
               entryId: id,
@@ -807,7 +808,7 @@ export const make = (
               to: status,
               detail: options?.error ?? null
             })
-            return toEntry((yield* entryById(id))!)
+            return toEntry(moved[0]!)
           })
         ).pipe(store("transition"))
       })
@@ -836,12 +837,11 @@ export const make = (
             return yield* new AlreadyQueuedError({ workspace, entryId: Number(existing[0].id) })
           }
           const now = yield* Clock.currentTimeMillis
-          const rows = yield* sql<{ id: number | string }>`INSERT INTO ${entries}
+          const rows = yield* sql<EntryRow>`INSERT INTO ${entries}
             (workspace, bead_id, priority, status, state_changed_at, created_at)
-            VALUES (${workspace}, ${options?.beadId ?? null}, ${priority}, 'pending', ${now}, ${now}) RETURNING id`
-          const id = Number(rows[0]!.id)
-          yield* record(now, "enqueued", { entryId: id, to: "pending", detail: workspace })
-          return toEntry((yield* entryById(id))!)
+            VALUES (${workspace}, ${options?.beadId ?? null}, ${priority}, 'pending', ${now}, ${now}) RETURNING *`
+          yield* record(now, "enqueued", { entryId: Number(rows[0]!.id), to: "pending", detail: workspace })
+          return toEntry(rows[0]!)
         })).pipe(
           // Two processes enqueueing the same workspace at once: the unique index turns the loser away.
           Effect.catchTag("SqlError", (error): Effect.Effect<never, AlreadyQueuedError | SqlError> =>
