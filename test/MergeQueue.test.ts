@@ -8,7 +8,20 @@
 import { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql/SqlError"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
-import { Context, DateTime, Effect, Either, Exit, Layer, Option, Ref, Scope, TestClock } from "effect"
+import {
+  Context,
+  DateTime,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  Layer,
+  Option,
+  Ref,
+  Scope,
+  TestClock,
+  TestServices
+} from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -68,16 +81,24 @@ const leftBehind = (
   sql`UPDATE ${sql(`${prefix}merge_queue`)} SET status = ${status}, agent_id = ${agentId}, fencing_token = ${token},
     started_at = ${at}, state_changed_at = ${at}, attempt_count = 1 WHERE id = ${id}`
 
-/** A client whose statements fail when their text contains `marker` (while `armed`). */
-const failing = (sql: SqlClient.SqlClient, marker: string, armed: Ref.Ref<boolean>): SqlClient.SqlClient =>
+/**
+ * A client whose statements fail when their text contains `marker`, as many times as `remaining` says
+ * (counting down), with `message` as the driver's error text.
+ */
+const failing = (
+  sql: SqlClient.SqlClient,
+  marker: string,
+  remaining: Ref.Ref<number>,
+  message = "injected fault"
+): SqlClient.SqlClient =>
   new Proxy(sql, {
     apply(target, thisArg, args: Array<unknown>) {
       const strings = args[0]
       if (
         Array.isArray(strings) && "raw" in strings && strings.join("?").includes(marker) &&
-        Ref.get(armed).pipe(Effect.runSync)
+        Effect.runSync(Ref.modify(remaining, (n) => [n > 0, Math.max(0, n - 1)]))
       ) {
-        return Effect.fail(new SqlError({ cause: new Error("injected fault"), message: `injected fault at ${marker}` }))
+        return Effect.fail(new SqlError({ cause: new Error(message), message }))
       }
       return Reflect.apply(target, thisArg, args)
     }
@@ -325,8 +346,7 @@ for (const backend of backends) {
 
     it.effect("fault injection: failing recovery statements do not stop claims", () =>
       Effect.gen(function*() {
-        const armed = yield* Ref.make(true)
-        const queue = yield* queueOn(failing(backend.client(), "COALESCE(started_at", armed))
+        const queue = yield* queueOn(failing(backend.client(), "COALESCE(started_at", yield* Ref.make(99)))
         yield* queue.enqueue("ws")
         expect(Either.isLeft(yield* Effect.either(queue.detectAndRecoverStale))).toBe(true)
         const claimed = yield* queue.nextWithLock("agent-a")
@@ -335,7 +355,7 @@ for (const backend of backends) {
 
     it.effect("fault injection: a failure mid-claim leaves nothing half-written", () =>
       Effect.gen(function*() {
-        const armed = yield* Ref.make(true)
+        const armed = yield* Ref.make(99)
         const queue = yield* queueOn(failing(backend.client(), "SET status = 'claimed'", armed))
         const entry = yield* queue.enqueue("ws")
         const auditBefore = (yield* queue.auditLog()).length
@@ -345,9 +365,37 @@ for (const backend of backends) {
         expect(yield* queue.getProcessingLock).toEqual(Option.none())
         expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("pending")
         expect((yield* queue.auditLog()).length).toBe(auditBefore)
-        yield* Ref.set(armed, false)
+        yield* Ref.set(armed, 0)
         const claimed = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
         expect(Option.getOrThrow(claimed.fencingToken)).toBe(1)
+      }))
+
+    it.effect("a claim that meets a busy database is retried with backoff, then succeeds", () =>
+      Effect.gen(function*() {
+        const failures = yield* Ref.make(2)
+        const busy = failing(backend.client(), "SET status = 'claimed'", failures, "database is locked")
+        const queue = yield* queueOn(busy)
+        yield* queue.enqueue("ws")
+        const claim = yield* Effect.fork(queue.nextWithLock("agent-a"))
+        // The statements run on real I/O; the backoff sleeps run on the test clock.
+        const live = (millis: number) => TestServices.provideLive(Effect.sleep(millis))
+        while ((yield* Ref.get(failures)) === 2) yield* live(5)
+        yield* live(20)
+        expect(yield* Ref.get(failures)).toBe(1) // the first retry waits 50 ms of test time
+        let claimed = yield* Fiber.poll(claim)
+        while (Option.isNone(claimed)) {
+          yield* TestClock.adjust("50 millis")
+          yield* live(10)
+          claimed = yield* Fiber.poll(claim)
+        }
+        expect(Exit.isSuccess(claimed.value)).toBe(true)
+        expect(Exit.isSuccess(claimed.value) && Option.getOrThrow(claimed.value.value).status).toBe("claimed")
+        expect(yield* Ref.get(failures)).toBe(0)
+        // Not retryable: the error surfaces at once, and nothing was written.
+        yield* queue.releaseProcessingLock("agent-a")
+        const always = yield* queueOn(failing(backend.client(), "SET status = 'claimed'", yield* Ref.make(99)))
+        expect((yield* Effect.flip(always.nextWithLock("agent-b")))._tag).toBe("MergeQueueStoreError")
+        expect(yield* always.getProcessingLock).toEqual(Option.none())
       }))
 
     it.effect("bad input gets a typed error naming what was wrong", () =>

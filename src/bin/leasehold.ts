@@ -13,6 +13,7 @@ import * as Exit from "effect/Exit"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
 import { MissingDatabaseError } from "../cli/database.js"
+import * as demo from "../cli/demo.js"
 import * as queue from "../cli/queue.js"
 
 const root = Command.make("leasehold").pipe(
@@ -20,7 +21,7 @@ const root = Command.make("leasehold").pipe(
     "Operate leasehold workers: merge queues, mailboxes and health, on SQLite or PostgreSQL.\n" +
       "Example: leasehold queue status --db ./.leasehold/demo.db"
   ),
-  Command.withSubcommands([queue.command])
+  Command.withSubcommands([demo.command, queue.command])
 )
 
 const cli = Command.run(root, { name: "leasehold", version: "0.1.0" })
@@ -39,7 +40,7 @@ Effect.runPromiseExit(program).then((exit) => {
     return
   }
   const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
-  const usage = error instanceof MissingDatabaseError
+  const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError
   return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`)).then(
     () => {
       process.exitCode = usage ? 2 : 1

@@ -1,0 +1,38 @@
+/**
+ * WorkLease: one offset per domain at a time, the rest in a FIFO backlog,
+ * retries counted, and a fencing token that lets storage refuse a zombie.
+ *
+ *   npx tsx examples/work-lease.ts        (across processes: WorkLeaseSql.make() on a SqlClient)
+ */
+import { NodeRuntime } from "@effect/platform-node"
+import { Effect } from "effect"
+import { WorkLease } from "leasehold"
+
+Effect.gen(function*() {
+  const leases = yield* WorkLease.make({ maxRetries: 2 })
+
+  // Offset 0 of repo-a is taken; 1 and 2 arrive meanwhile and wait in the backlog, in order.
+  const first = yield* leases.tryAcquire("repo-a", 0)
+  yield* Effect.log(`repo-a 0: ${first._tag}`)
+  yield* Effect.log(`repo-a 1: ${(yield* leases.tryAcquire("repo-a", 1))._tag}`)
+  yield* Effect.log(`repo-a 2: ${(yield* leases.tryAcquire("repo-a", 2))._tag}`)
+  yield* Effect.log(`repo-b 0: ${(yield* leases.tryAcquire("repo-b", 0))._tag} (domains are independent)`)
+  if (first._tag !== "Acquired") return
+
+  // Offset 0 fails once (retry kept under the same lease), then succeeds: the hint names the next offset.
+  yield* Effect.log(`repo-a 0 fails: ${(yield* leases.fail("repo-a", first.token))._tag}`)
+  const next = yield* leases.succeed("repo-a", first.token)
+  yield* Effect.log(`repo-a 0 succeeds: ${next._tag}${next._tag === "NextHint" ? ` ${next.offset}` : ""}`)
+  const skipped = yield* Effect.either(leases.tryAcquire("repo-a", 2))
+  yield* Effect.log(`repo-a 2 before 1: ${skipped._tag === "Left" ? skipped.left._tag : "?!"}`)
+  const second = yield* leases.tryAcquire("repo-a", 1)
+  if (second._tag !== "Acquired") return
+  yield* Effect.log(`repo-a 1: Acquired with fencing token ${second.fencingToken} (was ${first.fencingToken})`)
+
+  // Storage checks the token: the holder of offset 0 is a zombie now and its late write is refused.
+  const zombie = yield* Effect.either(leases.assertCurrent("repo-a", first.fencingToken))
+  yield* Effect.log(
+    `zombie write with token ${first.fencingToken}: ${zombie._tag === "Left" ? zombie.left._tag : "accepted?!"}`
+  )
+  yield* Effect.log(`repo-a 0 again: ${(yield* leases.tryAcquire("repo-a", 0))._tag}`)
+}).pipe(NodeRuntime.runMain)

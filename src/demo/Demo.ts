@@ -1,0 +1,377 @@
+/**
+ * `leasehold demo`: every capability working on the embedded default, in one
+ * command. On a SQLite file it starts worker processes (each a `LoopGroup` of
+ * `MainLoop.agent` loops, see worker.ts), enqueues requests and shows live
+ * progress; part way through it SIGKILLs one worker, whose leased requests
+ * come back after their visibility timeout and finish elsewhere; one request
+ * carries a deadline too short for its work. Then a `WorkLease` keeps
+ * per-domain order across fibers and a `MergeQueue` drains with one crashed
+ * agent healed. Ctrl-C (SIGINT) at any moment drains the workers and
+ * reports what was left queued. It ends with a summary (or `--json`) and the
+ * health URL it served.
+ */
+import * as SqlClient from "@effect/sql/SqlClient"
+import * as Clock from "effect/Clock"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import type * as Scope from "effect/Scope"
+import { type ChildProcess, spawn } from "node:child_process"
+import { mkdirSync, rmSync } from "node:fs"
+import { dirname, join, resolve } from "node:path"
+import { fileURLToPath } from "node:url"
+import * as Deadline from "../Deadline.js"
+import * as Health from "../Health.js"
+import * as MailboxSql from "../MailboxSql.js"
+import * as MainLoop from "../MainLoop.js"
+import * as MergeQueue from "../MergeQueue.js"
+import * as WorkLease from "../WorkLease.js"
+import { DemoRequest, DemoResponse } from "./schema.js"
+
+/** How big and how fast. */
+export interface DemoOptions {
+  readonly size: number
+  readonly workers: number
+  readonly workMs: number
+  readonly dir: string
+  /** Progress and messages go here (stderr under --json). */
+  readonly print: (line: string) => void
+  /** Redraws the progress line in place (a terminal); otherwise prints a line now and then. */
+  readonly live: boolean
+}
+
+/** What the demo saw. */
+export interface DemoSummary {
+  readonly requests: number
+  readonly answered: number
+  readonly succeeded: number
+  readonly deadlineErrors: number
+  readonly otherErrors: number
+  readonly deadLettered: number
+  readonly redelivered: number
+  readonly executedMoreThanOnce: number
+  readonly lost: number
+  readonly leftQueued: number
+  readonly workers: number
+  readonly killed: Option.Option<{ readonly worker: string; readonly pid: number }>
+  readonly workLease: { readonly domains: number; readonly offsets: number; readonly inOrder: boolean }
+  readonly mergeQueue: { readonly merged: number; readonly entries: number; readonly healed: number }
+  readonly interrupted: boolean
+  readonly healthUrl: string | undefined
+  readonly database: string
+  readonly seconds: number
+}
+
+interface Worker {
+  readonly name: string
+  readonly child: ChildProcess
+  output: string
+  readonly exited: Promise<number | null>
+}
+
+const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
+const workerScript = join(packageRoot, "src", "demo", "worker.ts")
+
+const startWorker = (name: string, filename: string): Worker => {
+  // tsx is resolved from the package root, wherever the demo was started from.
+  const child = spawn(process.execPath, ["--import", "tsx", workerScript, filename, name], {
+    cwd: packageRoot,
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  const worker: Worker = {
+    name,
+    child,
+    output: "",
+    exited: new Promise((resolve) => child.on("exit", (code) => resolve(code)))
+  }
+  child.stdout!.on("data", (chunk) => (worker.output += chunk))
+  child.stderr!.on("data", (chunk) => (worker.output += chunk))
+  return worker
+}
+
+const bar = (done: number, total: number, width = 30) => {
+  const filled = Math.round((done / Math.max(1, total)) * width)
+  return `[${"#".repeat(filled)}${".".repeat(width - filled)}]`
+}
+
+/** Per-domain order with a WorkLease: offsets arrive in order at three fibers; one holder per domain at a time. */
+const workLeasePhase = Effect.gen(function*() {
+  const leases = yield* WorkLease.make({ maxRetries: 3 })
+  const domains = ["repo-a", "repo-b"]
+  const offsets = 6
+  const processed = new Map<string, Array<number>>(domains.map((domain) => [domain, []]))
+  const work = (domain: string, first: { token: string }, offset: number): Effect.Effect<void> =>
+    Effect.gen(function*() {
+      let token = first.token
+      let current = offset
+      for (;;) {
+        processed.get(domain)!.push(current)
+        yield* Effect.sleep("5 millis")
+        const next = yield* Effect.orDie(leases.succeed(domain, token))
+        if (next._tag === "NoBacklog") return
+        const acquired = yield* Effect.orDie(leases.tryAcquire(domain, next.offset))
+        if (acquired._tag !== "Acquired") return
+        token = acquired.token
+        current = next.offset
+      }
+    })
+  yield* Effect.forEach(
+    domains,
+    (domain) =>
+      Effect.forEach(Array.from({ length: offsets }, (_, i) => i), (offset) =>
+        Effect.gen(function*() {
+          yield* Effect.sleep(`${offset} millis`) // they arrive in order, at whichever fiber is free
+          const result = yield* Effect.orDie(leases.tryAcquire(domain, offset))
+          if (result._tag === "Acquired") yield* work(domain, result, offset)
+        }), { concurrency: 3, discard: true }),
+    { concurrency: "unbounded", discard: true }
+  )
+  const inOrder = domains.every((domain) =>
+    processed.get(domain)!.join(",") === Array.from({ length: offsets }, (_, i) => i).join(",")
+  )
+  return { domains: domains.length, offsets: domains.length * offsets, inOrder, processed }
+})
+
+/** A merge queue drains while one agent crashes holding the lock: its entry heals back after the lock timeout. */
+const mergeQueuePhase = Effect.gen(function*() {
+  const queue = yield* MergeQueue.make({ lockTimeout: "1 second", prefix: "demo_" })
+  const entries = 5
+  for (let i = 1; i <= entries; i++) yield* queue.enqueue(`feature/${i}`, { priority: i === 3 ? 0 : 2 })
+  const crashed = Option.getOrThrow(yield* queue.nextWithLock("merger-1"))
+  yield* queue.transition(crashed.id, "rebasing", "merger-1") // …and merger-1 dies here, holding the lock
+  for (;;) {
+    const next = yield* queue.nextWithLock("merger-2")
+    if (Option.isNone(next)) {
+      const stats = yield* queue.stats
+      if (stats.byStatus.merged === entries) break
+      yield* Effect.sleep("100 millis")
+      continue
+    }
+    for (const status of ["rebasing", "testing", "ready_to_merge", "merging", "merged"] as const) {
+      yield* queue.transition(next.value.id, status, "merger-2")
+    }
+  }
+  yield* queue.releaseProcessingLock("merger-2")
+  const healed = (yield* queue.auditLog()).filter((row) => row.action === "entry_reclaimed").length
+  return { merged: (yield* queue.stats).byStatus.merged, entries, healed }
+})
+
+/** Runs the demo. Interrupting it (or SIGINT) drains the workers and still returns a summary. */
+export const run = (
+  options: DemoOptions
+): Effect.Effect<DemoSummary, unknown, Scope.Scope> =>
+  Effect.gen(function*() {
+    const started = yield* Clock.currentTimeMillis
+    mkdirSync(options.dir, { recursive: true })
+    const filename = resolve(options.dir, "demo.db")
+    for (const suffix of ["", "-wal", "-shm"]) rmSync(filename + suffix, { force: true })
+    const database = yield* Layer.build(Layer.merge(MailboxSql.layerSqlite({ filename }), Health.layer({ port: 0 })))
+    const sql = yield* Effect.provide(SqlClient.SqlClient, database)
+    const health = yield* Effect.provide(Health.Health, database)
+
+    const stop = yield* Deferred.make<void>()
+    const onSignal = () => Deferred.unsafeDone(stop, Effect.void)
+    process.once("SIGINT", onSignal)
+    process.once("SIGTERM", onSignal)
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        process.off("SIGINT", onSignal)
+        process.off("SIGTERM", onSignal)
+      })
+    )
+
+    const requests = yield* MailboxSql.make({ name: "requests", schema: MainLoop.requestSchema(DemoRequest) }).pipe(
+      Effect.provide(database)
+    )
+    const responses = yield* MailboxSql.make({ name: "responses", schema: MainLoop.resultSchema(DemoResponse) }).pipe(
+      Effect.provide(database)
+    )
+    // One request whose deadline is far shorter than its work: it ends as a deadline error.
+    yield* requests.send(
+      MainLoop.request({ task: "too-slow", workMs: 10_000 }, {
+        requestId: "deadline-demo",
+        deadline: yield* Deadline.after("2 seconds")
+      }),
+      { replyTo: "responses" }
+    )
+    for (let i = 1; i < options.size; i++) {
+      yield* requests.send(MainLoop.request({ task: `task-${i}`, workMs: options.workMs }, { requestId: `r${i}` }), {
+        replyTo: "responses"
+      })
+    }
+    options.print(
+      `leasehold demo: ${options.size} requests on ${filename}, ${options.workers} worker processes × 2 loops; ` +
+        `health and metrics at ${health.url ?? "(none)"}`
+    )
+
+    const workers: Array<Worker> = []
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill("SIGKILL")
+      })
+    )
+    for (let i = 1; i <= options.workers; i++) workers.push(startWorker(`worker-${i}`, filename))
+
+    const messages = sql(`leasehold_mailbox_messages`)
+    const deadLetters = sql(`leasehold_mailbox_dead_letters`)
+    const counts = Effect.gen(function*() {
+      const now = yield* Clock.currentTimeMillis
+      const rows = yield* sql<{ queue: string; visible: number | string; leased: number | string }>`
+        SELECT queue, SUM(CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END) AS visible,
+          SUM(CASE WHEN visible_at > ${now} THEN 1 ELSE 0 END) AS leased
+        FROM ${messages} GROUP BY queue`
+      const letters = yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${deadLetters}`
+      const of = (queue: string) => rows.find((row) => row.queue === queue)
+      const executions = workers.flatMap((worker) => [...worker.output.matchAll(/^start (\S+) (\d+)$/gm)])
+      return {
+        queued: Number(of("requests")?.visible ?? 0),
+        inFlight: Number(of("requests")?.leased ?? 0),
+        done: Number(of("responses")?.visible ?? 0) + Number(of("responses")?.leased ?? 0),
+        deadLettered: Number(letters[0]?.n ?? 0),
+        redelivered: executions.filter((match) => Number(match[2]) > 1).length
+      }
+    })
+
+    let killed: Option.Option<{ readonly worker: string; readonly pid: number }> = Option.none()
+    let lastPrinted = 0
+    let interrupted = false
+    for (;;) {
+      const now = yield* counts
+      const line =
+        `${bar(now.done + now.deadLettered, options.size)} queued ${now.queued} | in flight ${now.inFlight}` +
+        ` | done ${now.done} | redelivered ${now.redelivered} | dead-lettered ${now.deadLettered}`
+      if (options.live) process.stderr.write(`\r${line}`)
+      else if ((yield* Clock.currentTimeMillis) - lastPrinted > 1000) {
+        options.print(line)
+        lastPrinted = yield* Clock.currentTimeMillis
+      }
+      if (now.done + now.deadLettered >= options.size) break
+      if (Option.isNone(killed) && now.done >= options.size * 0.3 && now.inFlight > 0) {
+        const victim = workers[0]!
+        victim.child.kill("SIGKILL")
+        killed = Option.some({ worker: victim.name, pid: victim.child.pid! })
+        if (options.live) process.stderr.write("\n")
+        options.print(
+          `killed ${victim.name} (pid ${victim.child.pid}) with SIGKILL mid-work: its leased requests come back ` +
+            "after their 2 s visibility timeout and finish on the other workers"
+        )
+      }
+      if (yield* Deferred.isDone(stop)) {
+        interrupted = true
+        break
+      }
+      yield* Effect.sleep("200 millis")
+    }
+    if (options.live) process.stderr.write("\n")
+    if (interrupted) {
+      options.print("interrupted: draining the workers (in-flight requests finish, the rest stay queued)")
+    }
+
+    // Drain: SIGTERM lets every worker finish what it holds and stop.
+    for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill("SIGTERM")
+    const exits = yield* Effect.promise(() => Promise.all(workers.map((worker) => worker.exited)))
+    const unclean = workers.filter((worker, i) =>
+      worker !== workers[0] || Option.isNone(killed) ? exits[i] !== 0 : false
+    )
+    if (unclean.length > 0) {
+      options.print(`workers that did not exit cleanly: ${unclean.map((worker) => worker.name).join(", ")}`)
+    }
+
+    const replies = new Map<string, MainLoop.MainLoopResult<DemoResponse>>()
+    for (;;) {
+      const batch = yield* responses.receive({ maxMessages: 10, visibilityTimeout: "1 hour" })
+      if (batch.length === 0) break
+      for (const reply of batch) replies.set(reply.body.requestId, reply.body)
+    }
+    const letters = Number((yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${deadLetters}`)[0]?.n ?? 0)
+    const leftQueued = yield* requests.approximateCount
+    const executions = new Map<string, number>()
+    for (const worker of workers) {
+      for (const match of worker.output.matchAll(/^start (\S+) \d+$/gm)) {
+        executions.set(match[1]!, (executions.get(match[1]!) ?? 0) + 1)
+      }
+    }
+    const results = [...replies.values()]
+    const deadlineErrors = results.filter((result) => /deadline/i.test(result.error?.message ?? "")).length
+
+    let workLease: DemoSummary["workLease"] = { domains: 0, offsets: 0, inOrder: false }
+    let mergeQueue: DemoSummary["mergeQueue"] = { merged: 0, entries: 0, healed: 0 }
+    if (!interrupted) {
+      const lease = yield* workLeasePhase
+      workLease = { domains: lease.domains, offsets: lease.offsets, inOrder: lease.inOrder }
+      options.print(
+        `WorkLease: ${[...lease.processed].map(([domain, order]) => `${domain} ${order.join(" → ")}`).join("; ")} (${
+          lease.inOrder ? "per-domain order kept" : "ORDER BROKEN"
+        })`
+      )
+      const merge = yield* Effect.provide(mergeQueuePhase, database)
+      mergeQueue = merge
+      options.print(
+        `MergeQueue: merger-1 crashed holding the lock; merger-2 merged ${merge.merged} of ${merge.entries} ` +
+          `after ${merge.healed} entry healed back to pending`
+      )
+    }
+
+    return {
+      requests: options.size,
+      answered: replies.size,
+      succeeded: results.filter((result) => result.success).length,
+      deadlineErrors,
+      otherErrors: results.filter((result) => !result.success).length - deadlineErrors,
+      deadLettered: letters,
+      redelivered: results.filter((result) => result.runContext.attempt > 1).length,
+      executedMoreThanOnce: [...executions.values()].filter((count) => count > 1).length,
+      lost: options.size - replies.size - letters - leftQueued,
+      leftQueued,
+      workers: options.workers,
+      killed,
+      workLease,
+      mergeQueue,
+      interrupted,
+      healthUrl: health.url,
+      database: filename,
+      seconds: Math.round(((yield* Clock.currentTimeMillis) - started) / 100) / 10
+    } satisfies DemoSummary
+  })
+
+/** The summary as a table. */
+export const format = (summary: DemoSummary): string => {
+  const rows: Array<[string, string]> = [
+    ["requests", String(summary.requests)],
+    [
+      "answered",
+      `${summary.answered} (${summary.succeeded} ok, ${summary.deadlineErrors} deadline error, ${summary.otherErrors} other errors)`
+    ],
+    ["dead-lettered", String(summary.deadLettered)],
+    ["redelivered after the crash", `${summary.redelivered} answered on a later delivery`],
+    ["executed more than once", `${summary.executedMoreThanOnce} (at-least-once: allowed, never lost)`],
+    ["left queued", String(summary.leftQueued)],
+    ["lost", String(summary.lost)],
+    [
+      "workers",
+      `${summary.workers}${
+        Option.match(summary.killed, { onNone: () => "", onSome: (k) => `, ${k.worker} killed with SIGKILL` })
+      }`
+    ],
+    [
+      "work lease",
+      summary.interrupted
+        ? "skipped (interrupted)"
+        : `${summary.workLease.offsets} offsets over ${summary.workLease.domains} domains, order ${
+          summary.workLease.inOrder ? "kept" : "BROKEN"
+        }`
+    ],
+    [
+      "merge queue",
+      summary.interrupted
+        ? "skipped (interrupted)"
+        : `${summary.mergeQueue.merged}/${summary.mergeQueue.entries} merged, ${summary.mergeQueue.healed} healed after a crash`
+    ],
+    ["database", summary.database],
+    ["health served at", `${summary.healthUrl ?? "-"} (/health/live, /health/ready, /metrics)`],
+    ["time", `${summary.seconds} s`]
+  ]
+  const width = Math.max(...rows.map(([label]) => label.length))
+  return rows.map(([label, value]) => `${label.padEnd(width)}  ${value}`).join("\n")
+}
