@@ -271,8 +271,10 @@ export const run = (
     // Drain: SIGTERM lets every worker finish what it holds and stop.
     for (const worker of workers) if (worker.child.exitCode === null) worker.child.kill("SIGTERM")
     const exits = yield* Effect.promise(() => Promise.all(workers.map((worker) => worker.exited)))
+    // A worker stopped before it was ready had claimed nothing; one killed on purpose is the crash.
     const unclean = workers.filter((worker, i) =>
-      worker !== workers[0] || Option.isNone(killed) ? exits[i] !== 0 : false
+      exits[i] !== 0 && /^ready$/m.test(worker.output) &&
+      !(Option.isSome(killed) && killed.value.worker === worker.name)
     )
     if (unclean.length > 0) {
       options.print(`workers that did not exit cleanly: ${unclean.map((worker) => worker.name).join(", ")}`)
