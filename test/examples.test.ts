@@ -41,6 +41,21 @@ const expectations: Record<string, ReadonlyArray<RegExp>> = {
     /agent-a wakes up: LockLostError: .*held by no agent/,
     /merged 3 of 3; entries healed after a crash: 1/
   ],
+  "work-lease.ts": [
+    /repo-a 1: Enqueued/,
+    /repo-a 0 fails: RetryScheduled/,
+    /repo-a 0 succeeds: NextHint 1/,
+    /repo-a 2 before 1: BacklogOrderingError/,
+    /repo-a 1: Acquired with fencing token 2 \(was 1\)/,
+    /zombie write with token 1: StaleFencingTokenError/,
+    /repo-a 0 again: AlreadyProcessed/
+  ],
+  "health-server.ts": [
+    /GET \/health\/live -> 200/,
+    /GET \/health\/ready -> 200/,
+    /GET \/metrics -> leasehold_messages_processed_total\{.*\} 3/,
+    /after shutdown: GET \/health\/ready -> 503 .*shutting down/
+  ],
   "eval-loop.ts": [
     /careful: pass rate 1, mean score 1/,
     /sloppy: pass rate 0.5, mean score 0.5/,
