@@ -1070,6 +1070,119 @@ export const deadLetters = (options?: { readonly prefix?: string | undefined }):
     }
   })
 
+/** One queue of a database, as operators see it. */
+export interface QueueStats {
+  readonly queue: string
+  /** Visible now: the next receive can take them. */
+  readonly queued: number
+  /** Received and not yet settled (invisible until their visibility timeout). */
+  readonly inFlight: number
+  /** Sent with a delay or nacked with a retry delay, not visible yet. */
+  readonly delayed: number
+  readonly oldestEnqueuedAt: Option.Option<DateTime.Utc>
+  readonly maxDeliveryCount: number
+  readonly deadLetters: number
+}
+
+/** A stored message, read without receiving it; the body is its stored (encoded) JSON. */
+export interface PeekedMessage {
+  readonly id: string
+  readonly body: string
+  readonly state: "queued" | "in flight" | "delayed"
+  readonly visibleAt: DateTime.Utc
+  readonly deliveryCount: number
+  readonly enqueuedAt: DateTime.Utc
+  readonly replyTo: Option.Option<string>
+}
+
+/** Operations on every queue of a database and prefix (used by the command line). */
+export interface Queues {
+  /** Every queue that has messages or dead letters. */
+  readonly stats: Effect.Effect<ReadonlyArray<QueueStats>, MailboxConnectionError>
+  /** The next messages of `queue` in delivery order (visible first), changing nothing. */
+  readonly peek: (
+    queue: string,
+    options?: { readonly limit?: number | undefined }
+  ) => Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError>
+  /** Deletes every message of `queue`, in flight or not; returns how many. */
+  readonly purge: (queue: string) => Effect.Effect<number, MailboxConnectionError>
+}
+
+/** The queues of a database and prefix, creating the tables if needed. */
+export const queues = (options?: { readonly prefix?: string | undefined }): Effect.Effect<
+  Queues,
+  InvalidParameterError | MailboxConnectionError,
+  SqlClient.SqlClient
+> =>
+  Effect.gen(function*() {
+    const store = yield* prepare(options?.prefix)
+    const { sql } = store
+    const messages = sql(store.messages)
+    const letters = sql(store.deadLetters)
+    const clock = yield* Effect.clock
+    const withStore = connectionError(store.messages)
+    const statements_ = statements(store)
+    return {
+      stats: Effect.suspend(() => {
+        const now = clock.unsafeCurrentTimeMillis()
+        return Effect.zipWith(
+          sql<{
+            queue: string
+            queued: number | string
+            in_flight: number | string
+            delayed: number | string
+            oldest: number | string | null
+            max_delivery: number | string | null
+          }>`SELECT queue,
+              SUM(CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END) AS queued,
+              SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NOT NULL THEN 1 ELSE 0 END) AS in_flight,
+              SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NULL THEN 1 ELSE 0 END) AS delayed,
+              MIN(enqueued_at) AS oldest, MAX(delivery_count) AS max_delivery
+            FROM ${messages} GROUP BY queue`,
+          sql<{ queue: string; n: number | string }>`SELECT queue, count(*) AS n FROM ${letters} GROUP BY queue`,
+          (rows, dead) => {
+            const names = [...new Set([...rows.map((row) => row.queue), ...dead.map((row) => row.queue)])].sort()
+            return names.map((queue): QueueStats => {
+              const row = rows.find((r) => r.queue === queue)
+              return {
+                queue,
+                queued: Number(row?.queued ?? 0),
+                inFlight: Number(row?.in_flight ?? 0),
+                delayed: Number(row?.delayed ?? 0),
+                oldestEnqueuedAt: row?.oldest === null || row?.oldest === undefined
+                  ? Option.none()
+                  : Option.some(DateTime.unsafeMake(Number(row.oldest))),
+                maxDeliveryCount: Number(row?.max_delivery ?? 0),
+                deadLetters: Number(dead.find((r) => r.queue === queue)?.n ?? 0)
+              }
+            })
+          }
+        ).pipe(withStore)
+      }),
+      peek: (queue, peekOptions) =>
+        Effect.suspend(() => {
+          const now = clock.unsafeCurrentTimeMillis()
+          return sql<Row & { visible_at: number | string }>`SELECT seq, body, receipt_handle, delivery_count,
+              enqueued_at, reply_to, visible_at
+            FROM ${messages} WHERE queue = ${queue} ORDER BY visible_at, seq LIMIT ${peekOptions?.limit ?? 10}`.pipe(
+            Effect.map((rows) =>
+              rows.map((row): PeekedMessage => ({
+                id: String(row.seq),
+                body: row.body,
+                state: Number(row.visible_at) <= now ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
+                visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+                deliveryCount: Number(row.delivery_count),
+                enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                replyTo: Option.fromNullable(row.reply_to)
+              }))
+            ),
+            withStore
+          )
+        }),
+      purge: (queue) => withStore(statements_.purge(queue))
+    }
+  })
+
 // ---------------------------------------------------------------------------
 // Layers
 // ---------------------------------------------------------------------------

@@ -4,17 +4,22 @@
  * command, `--json` output, and the errors for bad arguments (exit 2) and a
  * missing or unreachable database (exit 1, naming the fix).
  */
+import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
+import { Schema } from "effect"
 import { execFile } from "node:child_process"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Health from "../src/Health.js"
+import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-cli-"))
 const sqliteFile = join(directory, "queue.db")
+const mailboxFile = join(directory, "mailbox.db")
 
 /** Runs the CLI; resolves with its exit code and output. */
 const leasehold = (...args: ReadonlyArray<string>) =>
@@ -38,12 +43,27 @@ const seed = (layer: Layer.Layer<MergeQueue.MergeQueue, unknown>) =>
     yield* Effect.sleep("5 millis")
   }).pipe(Effect.provide(layer), Effect.runPromise)
 
+/** A mailbox database: "jobs" with 2 queued, 1 in flight, 1 delayed, and 1 dead letter (a body that no longer decodes). */
+const seedMailbox = (layer: Layer.Layer<MailboxSql.Services, unknown>) =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Struct({ n: Schema.Number }) })
+    const corrupt = yield* jobs.send({ n: 0 })
+    yield* sql`UPDATE leasehold_mailbox_messages SET body = '{"n":"zero"}' WHERE seq = ${Number(corrupt)}`
+    yield* jobs.receive({ maxMessages: 10 }) // dead-letters the corrupt one; nothing else is queued yet
+    for (let n = 1; n <= 3; n++) yield* jobs.send({ n }, { replyTo: "answers" })
+    yield* jobs.send({ n: 4 }, { delay: "10 minutes" })
+    yield* jobs.receive({ visibilityTimeout: "10 minutes" })
+  }).pipe(Effect.scoped, Effect.provide(layer), Effect.runPromise)
+
 const suiteScope = Effect.runSync(Scope.make())
 let pgUrl = ""
 beforeAll(async () => {
   await seed(MergeQueue.layerSqlite({ filename: sqliteFile, lockTimeout: 1 }))
   pgUrl = (await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))).url
   await seed(MergeQueue.layerPg({ url: pgUrl, lockTimeout: 1 }))
+  await seedMailbox(MailboxSql.layerSqlite({ filename: mailboxFile }))
+  await seedMailbox(MailboxSql.layerPg({ url: pgUrl }))
 }, 120_000)
 afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
 
@@ -116,4 +136,79 @@ describe("leasehold queue on PostgreSQL", () => {
       expect(down.stderr).toContain("did not answer")
       expect(down.stderr).not.toContain("secret")
     }), 60_000)
+})
+
+describe("leasehold mailbox", () => {
+  it.live(
+    "stats and peek on SQLite show queued, in flight, delayed and dead letters without receiving",
+    () =>
+      Effect.gen(function*() {
+        const stats = yield* leasehold("mailbox", "stats", "--db", mailboxFile)
+        expect(stats.code).toBe(0)
+        expect(stats.stdout).toMatch(/jobs\s+2\s+1\s+1\s+1\s/)
+        const peek = yield* leasehold("mailbox", "peek", "jobs", "--db", mailboxFile, "--json")
+        const messages = JSON.parse(peek.stdout) as Array<
+          { body: { n: number }; state: string; replyTo: string | null }
+        >
+        expect(messages.map((m) => [m.body.n, m.state])).toEqual([[2, "queued"], [3, "queued"], [1, "in flight"], [
+          4,
+          "delayed"
+        ]])
+        expect(messages[0]!.replyTo).toBe("answers")
+        const again = yield* leasehold("mailbox", "stats", "--db", mailboxFile, "--json")
+        expect(JSON.parse(again.stdout)).toMatchObject([{ queue: "jobs", queued: 2, inFlight: 1, delayed: 1 }])
+      }),
+    60_000
+  )
+
+  it.live("dlq list and redrive on SQLite; purge needs --yes", () =>
+    Effect.gen(function*() {
+      const list = yield* leasehold("mailbox", "dlq", "list", "--db", mailboxFile)
+      expect(list.code).toBe(0)
+      expect(list.stdout).toMatch(/jobs\s+1\s+.*SerializationError/)
+      const redrive = yield* leasehold("mailbox", "dlq", "redrive", "--db", mailboxFile, "--queue", "jobs", "--json")
+      expect(JSON.parse(redrive.stdout)).toEqual({ redriven: 1 })
+      const empty = yield* leasehold("mailbox", "dlq", "list", "--db", mailboxFile)
+      expect(empty.stdout).toContain("no dead letters")
+      const refused = yield* leasehold("mailbox", "purge", "jobs", "--db", mailboxFile)
+      expect(refused.code).toBe(2)
+      expect(refused.stderr).toContain("purge would delete 5 message(s)")
+      const purged = yield* leasehold("mailbox", "purge", "jobs", "--db", mailboxFile, "--yes")
+      expect(purged.stdout).toContain("deleted 5 message(s) from jobs")
+      const missingQueue = yield* leasehold("mailbox", "peek", "--db", mailboxFile)
+      expect(missingQueue.code).toBe(2)
+    }), 60_000)
+
+  it.live("stats and dlq list on PostgreSQL", () =>
+    Effect.gen(function*() {
+      const stats = yield* leasehold("mailbox", "stats", "--db", pgUrl, "--json")
+      expect(stats.code).toBe(0)
+      expect(JSON.parse(stats.stdout)).toMatchObject([{
+        queue: "jobs",
+        queued: 2,
+        inFlight: 1,
+        delayed: 1,
+        deadLetters: 1
+      }])
+      const list = yield* leasehold("mailbox", "dlq", "list", "--db", pgUrl, "--json")
+      expect(JSON.parse(list.stdout)).toMatchObject([{ queue: "jobs", errorTag: "SerializationError" }])
+    }), 60_000)
+})
+
+describe("leasehold health", () => {
+  it.live("reports a live, ready worker with its metrics, and a missing one with exit 1", () =>
+    Effect.gen(function*() {
+      const health = yield* Health.Health
+      const ok = yield* leasehold("health", "--url", health.url!, "--metrics")
+      expect(ok.code).toBe(0)
+      expect(ok.stdout).toMatch(/live\s+yes/)
+      expect(ok.stdout).toMatch(/ready\s+yes/)
+      yield* health.setShuttingDown
+      const draining = yield* leasehold("health", "--url", health.url!, "--json")
+      expect(draining.code).toBe(1)
+      expect(JSON.parse(draining.stdout)).toMatchObject({ live: true, ready: false, reasons: ["shutting down"] })
+      const missing = yield* leasehold("health", "--url", "http://127.0.0.1:1")
+      expect(missing.code).toBe(1)
+      expect(missing.stderr).toContain("Is the worker running with Health.layer")
+    }).pipe(Effect.provide(Health.layer({ port: 0, host: "127.0.0.1" }))), 60_000)
 })

@@ -14,6 +14,8 @@ import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
 import { MissingDatabaseError } from "../cli/database.js"
 import * as demo from "../cli/demo.js"
+import * as health from "../cli/health.js"
+import * as mailbox from "../cli/mailbox.js"
 import * as queue from "../cli/queue.js"
 
 const root = Command.make("leasehold").pipe(
@@ -21,7 +23,7 @@ const root = Command.make("leasehold").pipe(
     "Operate leasehold workers: merge queues, mailboxes and health, on SQLite or PostgreSQL.\n" +
       "Example: leasehold queue status --db ./.leasehold/demo.db"
   ),
-  Command.withSubcommands([demo.command, queue.command])
+  Command.withSubcommands([demo.command, queue.command, mailbox.command, health.command])
 )
 
 const cli = Command.run(root, { name: "leasehold", version: "0.1.0" })
@@ -40,7 +42,8 @@ Effect.runPromiseExit(program).then((exit) => {
     return
   }
   const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
-  const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError
+  const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError ||
+    error instanceof mailbox.ConfirmationRequiredError
   return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`)).then(
     () => {
       process.exitCode = usage ? 2 : 1

@@ -1,0 +1,80 @@
+/** `leasehold health`: asks a running worker's health server whether it is live and ready. */
+import { Command, Options } from "@effect/cli"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
+
+/** The worker did not answer, or answered that it is not ready. */
+export class NotHealthyError extends Schema.TaggedError<NotHealthyError>()("NotHealthyError", {
+  url: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `${this.url}: ${this.reason}`
+  }
+}
+
+const url = Options.text("url").pipe(
+  Options.withDescription("The worker's health server, e.g. http://127.0.0.1:9464 (see Health.layer)."),
+  Options.withDefault("http://127.0.0.1:9464")
+)
+const metrics = Options.boolean("metrics").pipe(Options.withDescription("Also print the leasehold_* metrics."))
+const json = Options.boolean("json").pipe(Options.withDescription("Print JSON for scripts."))
+
+const get = (base: string, path: string) =>
+  Effect.tryPromise({
+    try: async () => {
+      const response = await fetch(new URL(path, base), { signal: AbortSignal.timeout(5000) })
+      return { status: response.status, body: await response.text() }
+    },
+    catch: (cause) =>
+      new NotHealthyError({
+        url: base,
+        reason: `no answer (${(cause as Error).message}). Is the worker running with Health.layer on this port?`
+      })
+  })
+
+export const command = Command.make("health", { url, metrics, json }, (options) =>
+  Effect.gen(function*() {
+    const live = yield* get(options.url, "/health/live")
+    const ready = yield* get(options.url, "/health/ready")
+    const readiness = (() => {
+      try {
+        return JSON.parse(ready.body) as { ready?: boolean; reasons?: ReadonlyArray<string> }
+      } catch {
+        return { ready: ready.status === 200, reasons: [] }
+      }
+    })()
+    const lines = options.metrics
+      ? (yield* get(options.url, "/metrics")).body.split("\n").filter((line) => line.startsWith("leasehold_"))
+      : []
+    if (options.json) {
+      yield* Console.log(JSON.stringify(
+        {
+          live: live.status === 200,
+          ready: ready.status === 200,
+          reasons: readiness.reasons ?? [],
+          ...(options.metrics ? { metrics: lines } : {})
+        },
+        null,
+        2
+      ))
+    } else {
+      yield* Console.log(`live   ${live.status === 200 ? "yes" : `no (${live.status})`}`)
+      yield* Console.log(
+        `ready  ${ready.status === 200 ? "yes" : `no (${ready.status}): ${(readiness.reasons ?? []).join("; ")}`}`
+      )
+      for (const line of lines) yield* Console.log(line)
+    }
+    if (ready.status !== 200) {
+      return yield* new NotHealthyError({
+        url: options.url,
+        reason: `not ready: ${(readiness.reasons ?? []).join("; ") || `status ${ready.status}`}`
+      })
+    }
+  })).pipe(
+    Command.withDescription(
+      "Queries a running worker's /health/live, /health/ready (and /metrics). Exit 1 when not ready.\n" +
+        "Example: leasehold health --url http://127.0.0.1:9464 --metrics"
+    )
+  )
