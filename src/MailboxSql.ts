@@ -160,12 +160,7 @@ const storeFor = (sql: SqlClient.SqlClient, prefix: string): Store => {
   return store
 }
 
-const connectionError = (mailbox: string) => <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>) =>
-  Effect.catchIf(
-    effect,
-    (error): error is SqlError => (error as { _tag?: string })._tag === "SqlError",
-    (cause) => Effect.fail(new MailboxConnectionError({ mailbox, cause }))
-  ) as Effect.Effect<A, Exclude<E, SqlError> | MailboxConnectionError, R>
+const connectionError = (mailbox: string) => Sql.mapSqlError((cause) => new MailboxConnectionError({ mailbox, cause }))
 
 const { validPrefix } = Sql
 

@@ -479,12 +479,7 @@ export const make = (
     const activeStatuses = sql.in([...inProgress])
     const finalStatuses = sql.in([...terminal])
 
-    const store = (operation: string) => <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>) =>
-      Effect.catchTag(
-        effect as Effect.Effect<A, SqlError, R>,
-        "SqlError",
-        (cause) => Effect.fail(new MergeQueueStoreError({ operation, cause }))
-      ) as Effect.Effect<A, Exclude<E, SqlError> | MergeQueueStoreError, R>
+    const store = (operation: string) => Sql.mapSqlError((cause) => new MergeQueueStoreError({ operation, cause }))
 
     yield* Sql.migrate(sql, `${config.prefix}merge_queue_migrations`, {
       "1_create_merge_queue": Effect.all([

@@ -20,6 +20,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
+import * as Sql from "./internal/sql.js"
 import {
   AcquireResult,
   BacklogOrderingError,
@@ -75,12 +76,7 @@ export const make = (options?: {
     const domains = sql(`${prefix}work_lease_domains`)
     const backlog = sql(`${prefix}work_lease_backlog`)
     const terminal = sql(`${prefix}work_lease_terminal`)
-    const store = (operation: string) => <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>) =>
-      Effect.catchTag(
-        effect as Effect.Effect<A, SqlError, R>,
-        "SqlError",
-        (cause) => Effect.fail(new WorkLeaseStoreError({ operation, cause }))
-      ) as Effect.Effect<A, Exclude<E, SqlError> | WorkLeaseStoreError, R>
+    const store = (operation: string) => Sql.mapSqlError((cause) => new WorkLeaseStoreError({ operation, cause }))
 
     yield* Effect.all([
       sql`CREATE TABLE IF NOT EXISTS ${domains} (
@@ -95,7 +91,7 @@ export const make = (options?: {
       sql`CREATE TABLE IF NOT EXISTS ${terminal} (
         domain_id TEXT NOT NULL, item BIGINT NOT NULL, kind TEXT NOT NULL,
         PRIMARY KEY (domain_id, item))`
-    ], { discard: true }).pipe(store("setup"))
+    ], { discard: true }).pipe(Sql.retryCreateRace, store("setup"))
 
     /** Runs `body` in a transaction holding the domain's row lock. */
     const locked = <A, E>(domainId: string, body: (row: DomainRow) => Effect.Effect<A, E | SqlError>) =>

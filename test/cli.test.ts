@@ -53,7 +53,7 @@ const seedMailbox = (layer: Layer.Layer<MailboxSql.Services, unknown>) =>
     yield* jobs.receive({ maxMessages: 10 }) // dead-letters the corrupt one; nothing else is queued yet
     for (let n = 1; n <= 3; n++) yield* jobs.send({ n }, { replyTo: "answers" })
     yield* jobs.send({ n: 4 }, { delay: "10 minutes" })
-    yield* jobs.receive({ visibilityTimeout: "10 minutes" })
+    yield* jobs.receive({ visibilityTimeout: "5 minutes" }) // in flight until before the delayed one shows
   }).pipe(Effect.scoped, Effect.provide(layer), Effect.runPromise)
 
 const suiteScope = Effect.runSync(Scope.make())

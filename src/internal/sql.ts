@@ -22,6 +22,35 @@ import * as Schedule from "effect/Schedule"
 /** Table prefixes are spliced into identifiers: letters, digits and underscores only. */
 export const validPrefix = /^[a-z_][a-z0-9_]*$/i
 
+/** Turns a driver's `SqlError` into the service's own error, leaving other failures as they are. */
+export const mapSqlError =
+  <F>(wrap: (cause: SqlError) => F) =>
+  <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>): Effect.Effect<A, Exclude<E, SqlError> | F, R> =>
+    Effect.catchIf(
+      effect,
+      (error): error is SqlError => (error as { readonly _tag?: unknown } | undefined)?._tag === "SqlError",
+      (cause) => Effect.fail(wrap(cause))
+    ) as Effect.Effect<A, Exclude<E, SqlError> | F, R>
+
+/**
+ * Several processes running `CREATE … IF NOT EXISTS` at once can still collide in PostgreSQL's catalog
+ * ("duplicate key … pg_type_typname_nsp_index", "relation already exists"); running the statement again
+ * then finds the object and succeeds. Retries only that collision, a few times.
+ */
+export const retryCreateRace = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.retry(effect, {
+    times: 5,
+    schedule: Schedule.spaced("100 millis"),
+    while: (error) => {
+      const cause = error as { readonly _tag?: unknown; readonly cause?: { code?: unknown; message?: unknown } }
+      if (cause?._tag !== "SqlError") return false
+      const code = String(cause.cause?.code ?? "")
+      return code === "23505" || code === "42P07" || /already exists|pg_type_typname_nsp_index/.test(
+        String(cause.cause?.message ?? "")
+      )
+    }
+  })
+
 /** The two dialects leasehold writes statements for. */
 export type Dialect = "pg" | "sqlite"
 
@@ -53,7 +82,7 @@ export const migrate = (
     Effect.orElseSucceed(() => 0)
   )
   return Effect.zipRight(
-    Effect.provideService(run, SqlClient.SqlClient, sql),
+    retryCreateRace(Effect.provideService(run, SqlClient.SqlClient, sql)),
     Effect.flatMap(latest, (id) => id >= expected ? Effect.void : Effect.fail("pending" as const)).pipe(
       Effect.retry({ times: 50, schedule: Schedule.spaced("100 millis") }),
       Effect.orElse(() => Effect.void)
