@@ -1,7 +1,8 @@
 /**
  * `leasehold demo` as a child process with a small size: every request is
  * accounted for, the killed worker's requests come back and finish
- * elsewhere, exactly one request ends with a deadline error; and a run
+ * elsewhere, exactly one request ends with a deadline error and one
+ * undecodable request is dead-lettered; and a run
  * interrupted with SIGINT drains its workers and exits 0.
  */
 import { describe, expect, it } from "@effect/vitest"
@@ -49,7 +50,8 @@ describe("leasehold demo", () => {
         const summary = JSON.parse(run.stdout)
         expect(summary).toMatchObject({
           requests: 40,
-          answered: 40,
+          answered: 39,
+          deadLettered: 1,
           lost: 0,
           leftQueued: 0,
           deadlineErrors: 1,
@@ -77,7 +79,8 @@ describe("leasehold demo", () => {
       const left = Number(/left queued\s+(\d+)/.exec(run.stdout)?.[1])
       const answered = Number(/answered\s+(\d+)/.exec(run.stdout)?.[1])
       expect(left).toBeGreaterThan(0)
-      expect(answered + left).toBe(400)
+      const deadLettered = Number([...run.stdout.matchAll(/^dead-lettered\s+(\d+)$/gm)].at(-1)?.[1])
+      expect(answered + deadLettered + left).toBe(400)
     }), 180_000)
 
   it.live("bad sizes are usage errors (exit 2)", () =>

@@ -4,7 +4,8 @@
  * `MainLoop.agent` loops, see worker.ts), enqueues requests and shows live
  * progress; part way through it SIGKILLs one worker, whose leased requests
  * come back after their visibility timeout and finish elsewhere; one request
- * carries a deadline too short for its work. Then a `WorkLease` keeps
+ * carries a deadline too short for its work, and one stored body no longer
+ * decodes and is dead-lettered. Then a `WorkLease` keeps
  * per-domain order across fibers and a `MergeQueue` drains with one crashed
  * agent healed. Ctrl-C (SIGINT) at any moment drains the workers and
  * reports what was left queued. It ends with a summary (or `--json`) and the
@@ -14,8 +15,10 @@ import * as SqlClient from "@effect/sql/SqlClient"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
+import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import { type ChildProcess, spawn } from "node:child_process"
 import { mkdirSync, rmSync } from "node:fs"
@@ -95,7 +98,7 @@ const bar = (done: number, total: number, width = 30) => {
   return `[${"#".repeat(filled)}${".".repeat(width - filled)}]`
 }
 
-/** Per-domain order with a WorkLease: offsets arrive in order at three fibers; one holder per domain at a time. */
+/** Per-domain order with a WorkLease: offsets arrive in order; one holder per domain at a time works them in order. */
 const workLeasePhase = Effect.gen(function*() {
   const leases = yield* WorkLease.make({ maxRetries: 3 })
   const domains = ["repo-a", "repo-b"]
@@ -116,17 +119,22 @@ const workLeasePhase = Effect.gen(function*() {
         current = next.offset
       }
     })
-  yield* Effect.forEach(
-    domains,
-    (domain) =>
-      Effect.forEach(Array.from({ length: offsets }, (_, i) => i), (offset) =>
-        Effect.gen(function*() {
-          yield* Effect.sleep(`${offset} millis`) // they arrive in order, at whichever fiber is free
-          const result = yield* Effect.orDie(leases.tryAcquire(domain, offset))
-          if (result._tag === "Acquired") yield* work(domain, result, offset)
-        }), { concurrency: 3, discard: true }),
-    { concurrency: "unbounded", discard: true }
-  )
+  // Offsets arrive in order; whoever acquires one works through the backlog behind it on its own fiber.
+  // An arrival while the next holder is being handed the backlog head is told to wait (BacklogOrderingError).
+  const deliver = (domain: string) =>
+    Effect.gen(function*() {
+      const holders: Array<Fiber.RuntimeFiber<void>> = []
+      for (let offset = 0; offset < offsets; offset++) {
+        const result = yield* leases.tryAcquire(domain, offset).pipe(
+          Effect.retry({ schedule: Schedule.spaced("1 millis"), while: (e) => e._tag === "BacklogOrderingError" }),
+          Effect.orDie
+        )
+        if (result._tag === "Acquired") holders.push(yield* Effect.fork(work(domain, result, offset)))
+        yield* Effect.sleep("2 millis")
+      }
+      yield* Fiber.joinAll(holders)
+    })
+  yield* Effect.forEach(domains, deliver, { concurrency: "unbounded", discard: true })
   const inOrder = domains.every((domain) =>
     processed.get(domain)!.join(",") === Array.from({ length: offsets }, (_, i) => i).join(",")
   )
@@ -195,7 +203,15 @@ export const run = (
       }),
       { replyTo: "responses" }
     )
-    for (let i = 1; i < options.size; i++) {
+    // One request written by an older version of the app: its body no longer decodes, so it is dead-lettered.
+    const stale = yield* requests.send(
+      MainLoop.request({ task: "from-v1", workMs: options.workMs }, { requestId: "corrupt-demo" }),
+      { replyTo: "responses" }
+    )
+    yield* sql`UPDATE leasehold_mailbox_messages SET body = ${
+      JSON.stringify({ requestId: "corrupt-demo", request: { task: 1 } })
+    } WHERE seq = ${Number(stale)}`
+    for (let i = 2; i < options.size; i++) {
       yield* requests.send(MainLoop.request({ task: `task-${i}`, workMs: options.workMs }, { requestId: `r${i}` }), {
         replyTo: "responses"
       })
