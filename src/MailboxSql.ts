@@ -280,6 +280,105 @@ interface SettleItem {
 }
 
 /**
+ * Group claims: receivers of one mailbox that ask while a claim is running
+ * are served together by the next statement, rows handed out in queue
+ * order, each receiver taking at most its `max` (the claim-side twin of the
+ * settle batcher: eight loops claiming ten each cost one statement, not
+ * eight). A receiver interrupted while it waits takes nothing, and rows
+ * that nobody takes are released at once.
+ */
+class ClaimBatcher {
+  private waiting: Array<ClaimRequest> = []
+  private claiming = false
+
+  constructor(
+    private readonly claim: (
+      now: number,
+      visibleAt: number,
+      max: number
+    ) => Effect.Effect<ReadonlyArray<Row>, SqlError>,
+    private readonly release: (rows: ReadonlyArray<Row>, now: number) => Effect.Effect<void>,
+    private readonly clock: Clock.Clock
+  ) {}
+
+  /** Claims up to `max` rows; only the wait is interruptible (through `restore`). */
+  submit(
+    max: number,
+    visibilityMillis: number,
+    restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  ): Effect.Effect<Claimed, SqlError> {
+    return Effect.suspend(() => {
+      const request: ClaimRequest = {
+        max,
+        visibilityMillis,
+        done: Deferred.unsafeMake<Claimed, SqlError>(FiberId.none),
+        cancelled: false
+      }
+      this.waiting.push(request)
+      const start = this.claiming ? Effect.void : Effect.asVoid(Effect.forkDaemon(this.drain()))
+      this.claiming = true
+      return Effect.zipRight(start, restore(Deferred.await(request.done))).pipe(
+        Effect.onInterrupt(() =>
+          Effect.suspend(() => {
+            request.cancelled = true
+            return Effect.flatMap(Deferred.poll(request.done), (result) =>
+              result._tag === "None" ? Effect.void : Effect.flatMap(
+                Effect.exit(result.value),
+                (exit) =>
+                  Exit.isSuccess(exit) ? this.release(exit.value.rows, exit.value.now) : Effect.void
+              ))
+          })
+        )
+      )
+    })
+  }
+
+  private drain(): Effect.Effect<void> {
+    return Effect.gen(this, function*() {
+      yield* Effect.yieldNow() // let receivers that are ready in this tick join the claim
+      while (this.waiting.length > 0) {
+        const visibilityMillis = this.waiting[0]!.visibilityMillis
+        const batch = this.waiting.filter((request) => request.visibilityMillis === visibilityMillis)
+        this.waiting = this.waiting.filter((request) => request.visibilityMillis !== visibilityMillis)
+        const open = batch.filter((request) => !request.cancelled)
+        if (open.length === 0) continue
+        const now = this.clock.unsafeCurrentTimeMillis()
+        const total = open.reduce((sum, request) => sum + request.max, 0)
+        const claimed = yield* Effect.exit(this.claim(now, now + visibilityMillis, total))
+        if (Exit.isFailure(claimed)) {
+          for (const request of open) Deferred.unsafeDone(request.done, Exit.failCause(claimed.cause))
+          continue
+        }
+        const rows = claimed.value.length > 1
+          ? [...claimed.value].sort((a, b) => Number(a.seq) - Number(b.seq))
+          : claimed.value
+        let next = 0
+        for (const request of open) {
+          if (request.cancelled) continue
+          const mine = rows.slice(next, next + request.max)
+          next += mine.length
+          Deferred.unsafeDone(request.done, Exit.succeed({ rows: mine, now }))
+        }
+        if (next < rows.length) yield* this.release(rows.slice(next), now)
+      }
+      this.claiming = false
+    })
+  }
+}
+
+interface Claimed {
+  readonly rows: ReadonlyArray<Row>
+  readonly now: number
+}
+
+interface ClaimRequest {
+  readonly max: number
+  readonly visibilityMillis: number
+  readonly done: Deferred.Deferred<Claimed, SqlError>
+  cancelled: boolean
+}
+
+/**
  * Group commit for acknowledgements: settles requested while a settle
  * statement is in flight go together in the next one. An idle mailbox pays no
  * delay (the first settle flushes after one yield); a busy one sends one
@@ -769,29 +868,35 @@ export const make = <A, I, R = never, IR = never>(
         return received
       })
 
+    const releaseRows = (rows: ReadonlyArray<Row>, now: number) =>
+      Effect.forEach(
+        rows,
+        (row) => Effect.ignore(statements_.release(String(row.seq), row.receipt_handle, now)),
+        { discard: true }
+      )
+    const claimer = new ClaimBatcher(
+      (now, visibleAt, max) => statements_.claim(name, now, visibleAt, max),
+      releaseRows,
+      clock
+    )
+
     /**
-     * One claim. Uninterruptible while the statement runs; if an interruption lands once the rows are
-     * claimed but before the caller has them, they are released (visible again, delivery not counted).
+     * One claim, grouped with other receivers' (see `ClaimBatcher`). Only the wait is interruptible; if an
+     * interruption lands once this receiver's rows are claimed but before it has them as messages, they are
+     * released (visible again, delivery not counted).
      */
     const claimOnce = (max: number, visibilityMillis: number) =>
       Effect.suspend(() => {
-        let claimed: ReadonlyArray<Row> = []
-        const now = clock.unsafeCurrentTimeMillis()
-        return Effect.uninterruptible(
-          statements_.claim(name, now, now + visibilityMillis, max).pipe(
-            Effect.tap((rows) => {
-              claimed = rows
+        let claimed: Claimed | undefined
+        return Effect.uninterruptibleMask((restore) =>
+          claimer.submit(max, visibilityMillis, restore).pipe(
+            Effect.tap((result) => {
+              claimed = result
             }),
-            Effect.flatMap((rows) => toMessages(rows, now))
+            Effect.flatMap(({ now, rows }) => toMessages(rows, now))
           )
         ).pipe(
-          Effect.onInterrupt(() =>
-            Effect.forEach(
-              claimed,
-              (row) => Effect.ignore(statements_.release(String(row.seq), row.receipt_handle, now)),
-              { discard: true }
-            )
-          ),
+          Effect.onInterrupt(() => claimed === undefined ? Effect.void : releaseRows(claimed.rows, claimed.now)),
           withStore,
           Effect.tapError(() => Effect.sync(() => store.relisten()))
         )

@@ -164,8 +164,9 @@ export const make = <A, R, Out, E, Req>(
     /**
      * Handles one message; interruption of the handler gives the message back at once. The settle
      * that follows a handler's success or failure commits in the background while the next message
-     * of the batch runs (a durable store batches those commits); the loop awaits them all before it
-     * receives again and before it stops, so at most one batch of settles is ever outstanding.
+     * of the batch runs (a durable store batches those commits) and while the loop receives its next
+     * batch; the loop awaits them once that receive returns and before it stops, so at most one batch
+     * of settles is ever outstanding.
      */
     const process = (run: RunState<A, R>, message: Message<A, R>): Effect.Effect<void, never, Req> =>
       Effect.uninterruptibleMask((restore) =>
@@ -198,11 +199,16 @@ export const make = <A, R, Out, E, Req>(
         )
       )
 
-    /** The last message of a batch settles inline: with one message per receive nothing is forked. */
+    /**
+     * A message received alone settles inline (nothing to overlap, and a fork costs more than it saves);
+     * in a batch every settle is forked, the last one too, so its commit overlaps the next receive.
+     */
     const settleInBackground = (run: RunState<A, R>, settle: Effect.Effect<void, never, Req>) =>
-      run.pending.length === 0 ? settle : Effect.map(Effect.forkDaemon(settle), (fiber) => {
-        run.settling.push(fiber)
-      })
+      run.pending.length === 0 && run.settling.length === 0 ?
+        settle :
+        Effect.map(Effect.forkDaemon(settle), (fiber) => {
+          run.settling.push(fiber)
+        })
 
     /** Waits for the settles in flight. */
     const settled = (run: RunState<A, R>) =>
@@ -245,6 +251,8 @@ export const make = <A, R, Out, E, Req>(
                 })
             )
           )
+          // The previous batch's settles committed while this receive ran; wait for any still in flight.
+          yield* settled(run)
           for (let message = run.pending.shift(); message !== undefined; message = run.pending.shift()) {
             if (run.stopping) {
               yield* nackAll([message, ...run.pending])
@@ -254,7 +262,6 @@ export const make = <A, R, Out, E, Req>(
             yield* heartbeat.beat
             yield* process(run, message)
           }
-          yield* settled(run)
         }
       })
 
