@@ -524,16 +524,21 @@ export const make = (
       Effect.withSpan("MergeQueue.migrate")
     )
 
+    /** The lock row as it is (no row lock taken). */
+    const readLock = Effect.map(
+      sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`,
+      (rows) => rows[0]!
+    )
+
     /** Runs `body` in a transaction that holds the lock row, with the clock read once. */
     const locked = <A, E>(body: (lock: LockRow, now: number) => Effect.Effect<A, E | SqlError>) =>
       sql.withTransaction(Effect.gen(function*() {
         const rows = pg
           ? yield* sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token
               FROM ${lockTable} WHERE id = 1 FOR UPDATE`
-          : yield* Effect.zipRight(
-            sql`UPDATE ${lockTable} SET fencing_token = fencing_token WHERE id = 1`,
-            sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`
-          )
+          : [
+            yield* Effect.zipRight(sql`UPDATE ${lockTable} SET fencing_token = fencing_token WHERE id = 1`, readLock)
+          ]
         return yield* body(rows[0]!, yield* Clock.currentTimeMillis)
       }))
 
@@ -602,11 +607,9 @@ export const make = (
     )
 
     const getRecoveryStats: Store<RecoveryStats> = Effect.gen(function*() {
-      const rows = yield* sql<
-        LockRow
-      >`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`
+      const lock = yield* readLock
       const now = yield* Clock.currentTimeMillis
-      return yield* recover(rows[0]!, now, now + 1, true)
+      return yield* recover(lock, now, now + 1, true)
     }).pipe(store("getRecoveryStats"))
 
     const reclaimStale: MergeQueueService["reclaimStale"] = (threshold) =>
@@ -692,9 +695,9 @@ export const make = (
           // While another agent holds a live lock there is nothing to claim: one read, no write (idle pollers
           // would otherwise queue for SQLite's write lock behind the agent that works).
           const busy = Effect.zipWith(
-            sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`,
+            readLock,
             Clock.currentTimeMillis,
-            (rows, now) => isLive(rows[0]!, now) && rows[0]!.agent_id !== agentId
+            (lock, now) => isLive(lock, now) && lock.agent_id !== agentId
           )
           const attempt = Effect.flatMap(
             busy,
@@ -742,10 +745,9 @@ export const make = (
           ).pipe(store("extendLock"))
       })
 
-    const getProcessingLock: Store<Option.Option<ProcessingLock>> = Effect.map(
-      sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`,
-      (rows) => toLock(rows[0])
-    ).pipe(store("getProcessingLock"))
+    const getProcessingLock: Store<Option.Option<ProcessingLock>> = Effect.map(readLock, toLock).pipe(
+      store("getProcessingLock")
+    )
 
     const isLockStale: Store<boolean> = Effect.zipWith(
       getProcessingLock,

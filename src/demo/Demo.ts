@@ -229,22 +229,18 @@ export const run = (
     )
     for (let i = 1; i <= options.workers; i++) workers.push(startWorker(`worker-${i}`, filename))
 
-    const messages = sql(`leasehold_mailbox_messages`)
-    const deadLetters = sql(`leasehold_mailbox_dead_letters`)
+    const queues = yield* Effect.provide(MailboxSql.queues(), database)
     const counts = Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      const rows = yield* sql<{ queue: string; visible: number | string; leased: number | string }>`
-        SELECT queue, SUM(CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END) AS visible,
-          SUM(CASE WHEN visible_at > ${now} THEN 1 ELSE 0 END) AS leased
-        FROM ${messages} GROUP BY queue`
-      const letters = yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${deadLetters}`
-      const of = (queue: string) => rows.find((row) => row.queue === queue)
+      const stats = yield* queues.stats
+      const of = (queue: string) => stats.find((row) => row.queue === queue)
       const executions = workers.flatMap((worker) => [...worker.output.matchAll(/^start (\S+) (\d+)$/gm)])
+      const requestsNow = of("requests")
+      const responsesNow = of("responses")
       return {
-        queued: Number(of("requests")?.visible ?? 0),
-        inFlight: Number(of("requests")?.leased ?? 0),
-        done: Number(of("responses")?.visible ?? 0) + Number(of("responses")?.leased ?? 0),
-        deadLettered: Number(letters[0]?.n ?? 0),
+        queued: requestsNow?.queued ?? 0,
+        inFlight: (requestsNow?.inFlight ?? 0) + (requestsNow?.delayed ?? 0),
+        done: (responsesNow?.queued ?? 0) + (responsesNow?.inFlight ?? 0) + (responsesNow?.delayed ?? 0),
+        deadLettered: requestsNow?.deadLetters ?? 0,
         redelivered: executions.filter((match) => Number(match[2]) > 1).length
       }
     })
@@ -302,7 +298,7 @@ export const run = (
       if (batch.length === 0) break
       for (const reply of batch) replies.set(reply.body.requestId, reply.body)
     }
-    const letters = Number((yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${deadLetters}`)[0]?.n ?? 0)
+    const letters = (yield* counts).deadLettered
     const leftQueued = yield* requests.approximateCount
     const executions = new Map<string, number>()
     for (const worker of workers) {
