@@ -30,6 +30,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Heartbeat from "./Heartbeat.js"
 import { counter } from "./internal/metrics.js"
+import { perMessage } from "./internal/tracing.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import {
   InvalidParameterError,
@@ -169,35 +170,45 @@ export const make = <A, R, Out, E, Req>(
      * of settles is ever outstanding.
      */
     const process = (run: RunState<A, R>, message: Message<A, R>): Effect.Effect<void, never, Req> =>
-      Effect.uninterruptibleMask((restore) =>
-        Effect.gen(function*() {
-          if (message.deliveryCount > 1) yield* Metric.increment(messagesRedelivered)
-          // One message at a time, so the extender is never already attached.
-          const exit = yield* Effect.orDie(
-            extender.extendWhile(message, heartbeat, Effect.exit(restore(options.handle(message, heartbeat))))
-          )
+      Effect.uninterruptibleMask((restore) => {
+        // Written as a chain, not a generator: this runs once per message and a generator's steps cost
+        // more than the rest of the path.
+        const work = extender.extendWhile(
+          message,
+          heartbeat,
+          Effect.exit(restore(Effect.suspend(() => options.handle(message, heartbeat))))
+        )
+        const handled = Effect.flatMap(Effect.orDie(work), (exit): Effect.Effect<void, never, Req> => {
           if (Exit.isSuccess(exit)) {
-            yield* Metric.increment(messagesProcessed)
-            return yield* settleInBackground(run, options.onSuccess(message, exit.value))
+            return Effect.zipRight(
+              Metric.increment(messagesProcessed),
+              settleInBackground(run, options.onSuccess(message, exit.value))
+            )
           }
           // Log annotations cost a FiberRef update per message: only the paths that log pay for them.
           const annotate = Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
           if (Exit.isInterrupted(exit)) {
-            yield* Metric.increment(messagesInterrupted)
-            return yield* annotate(Effect.zipRight(
-              Effect.logWarning("Handler interrupted; giving the message back"),
-              logSettleFailure("nack after interruption")(message.nack(0))
-            ))
+            return Effect.zipRight(
+              Metric.increment(messagesInterrupted),
+              annotate(Effect.zipRight(
+                Effect.logWarning("Handler interrupted; giving the message back"),
+                logSettleFailure("nack after interruption")(message.nack(0))
+              ))
+            )
           }
-          yield* Metric.increment(messagesFailed)
-          return yield* settleInBackground(run, annotate(options.onFailure(message, exit.cause)))
-        }).pipe(
-          Effect.withSpan("MailboxWorker.handle", {
-            attributes: { worker: name, messageId: message.id },
-            captureStackTrace: false
-          })
-        )
-      )
+          return Effect.zipRight(
+            Metric.increment(messagesFailed),
+            settleInBackground(run, annotate(options.onFailure(message, exit.cause)))
+          )
+        })
+        return (message.deliveryCount > 1 ? Effect.zipRight(Metric.increment(messagesRedelivered), handled) : handled)
+          .pipe(
+            perMessage("MailboxWorker.handle", {
+              attributes: { worker: name, messageId: message.id },
+              captureStackTrace: false
+            })
+          )
+      })
 
     /**
      * A message received alone settles inline (nothing to overlap, and a fork costs more than it saves);

@@ -276,21 +276,29 @@ export const make = <Req, Out, E, R>(options: {
         )
       })
 
-    const handle = (message: Msg, heartbeat: Heartbeat.Heartbeat) =>
-      Effect.gen(function*() {
-        const body = message.body
-        const runContext = runContextOf(message)
-        contexts.set(message, runContext)
-        // The request's own budget and deadline override the loop's config.
-        const budget = body.budget ?? options.config?.budget
-        const budgetTracker = budget === undefined ? undefined : yield* Budget.makeTracker(budget)
-        const fallback = body.deadline === undefined && timeout !== undefined
-          ? yield* Effect.orDie(Deadline.after(timeout)) // ≥ 1 s, checked at construction: cannot be refused
-          : undefined
-        const deadline = Deadline.earliest(body.deadline ?? fallback, budget?.deadline)
-        const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
-        return yield* deadline === undefined ? work : Deadline.within(work, deadline)
-      }).pipe(Effect.annotateLogs({ requestId: message.body.requestId }))
+    // Once per message, so a chain rather than a generator; the optional steps cost only when used.
+    const handle = (message: Msg, heartbeat: Heartbeat.Heartbeat) => {
+      const body = message.body
+      // The request's own budget and deadline override the loop's config.
+      const budget = body.budget ?? options.config?.budget
+      const start = (budgetTracker: Budget.BudgetTracker | undefined, fallback: Deadline.Deadline | undefined) =>
+        Effect.suspend(() => {
+          const runContext = runContextOf(message)
+          contexts.set(message, runContext)
+          const deadline = Deadline.earliest(body.deadline ?? fallback, budget?.deadline)
+          const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
+          return deadline === undefined ? work : Deadline.within(work, deadline)
+        })
+      const withFallback = (budgetTracker: Budget.BudgetTracker | undefined) =>
+        body.deadline === undefined && timeout !== undefined
+          ? Effect.flatMap(
+            Effect.orDie(Deadline.after(timeout)), // ≥ 1 s, checked at construction: cannot be refused
+            (fallback) => start(budgetTracker, fallback)
+          )
+          : start(budgetTracker, undefined)
+      return (budget === undefined ? withFallback(undefined) : Effect.flatMap(Budget.makeTracker(budget), withFallback))
+        .pipe(Effect.annotateLogs({ requestId: body.requestId }))
+    }
 
     return yield* MailboxWorker.make<
       MainLoopRequest<Req>,

@@ -1,0 +1,18 @@
+/**
+ * Spans on per-message paths. Effect's default tracer keeps spans that nobody
+ * exports, and making one (trace and span ids, attributes, clock reads, a
+ * context update) costs more than a no-op handler's whole turn. `perMessage`
+ * adds the span only once an exporting tracer is installed
+ * (`Layer.setTracer`, `@effect/opentelemetry`); with the default tracer the
+ * effect runs as it is.
+ */
+import * as Effect from "effect/Effect"
+import type * as Tracer from "effect/Tracer"
+
+/** The tracer every fiber has unless one is installed. */
+const defaultTracer: Tracer.Tracer = Effect.runSync(Effect.tracer)
+
+/** `Effect.withSpan(name, options)`, skipped while no exporting tracer is installed. */
+export const perMessage =
+  (name: string, options: Tracer.SpanOptions) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+    Effect.tracerWith((tracer) => tracer === defaultTracer ? effect : Effect.withSpan(effect, name, options))
