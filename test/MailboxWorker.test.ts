@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Ref, TestClock } from "effect"
+import { Effect, Exit, Fiber, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
@@ -149,6 +149,83 @@ describe("MailboxWorker leases", () => {
         yield* TestClock.adjust("30 seconds")
       }
       yield* Fiber.join(fiber)
+      expect(yield* mailbox.approximateCount).toBe(0)
+    }))
+})
+
+/** A tracer that records the spans it is asked for (an exporter, as far as the worker can tell). */
+const recordingTracer = () => {
+  const spans: Array<{ readonly name: string; readonly attributes: Map<string, unknown> }> = []
+  const tracer = Tracer.make({
+    span: (name, parent, context, links, startTime, kind) => {
+      const attributes = new Map<string, unknown>()
+      spans.push({ name, attributes })
+      const span: Tracer.Span = {
+        _tag: "Span",
+        name,
+        spanId: `span-${spans.length}`,
+        traceId: "trace",
+        parent,
+        context,
+        status: { _tag: "Started", startTime },
+        attributes,
+        links,
+        sampled: true,
+        kind,
+        end: () => undefined,
+        attribute: (key, value) => {
+          attributes.set(key, value)
+        },
+        event: () => undefined,
+        addLinks: () => undefined
+      }
+      return span
+    },
+    context: (f) => f()
+  })
+  return { spans, tracer }
+}
+
+describe("MailboxWorker tracing", () => {
+  it.scoped("with an exporting tracer installed, each message is handled in a MailboxWorker.handle span", () =>
+    Effect.gen(function*() {
+      const { spans, tracer } = recordingTracer()
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("one")
+      yield* mailbox.send("two")
+      const inside = yield* Ref.make<Array<string>>([])
+      const loop = yield* worker(
+        mailbox,
+        () =>
+          Effect.flatMap(Effect.option(Effect.currentSpan), (span) =>
+            Ref.update(inside, (names) => [
+              ...names,
+              Option.match(span, { onNone: () => "none", onSome: (s) => s.name })
+            ]))
+      )
+      yield* loop.run({ maxIterations: 1, maxMessages: 2, waitTime: 0 }).pipe(Effect.withTracer(tracer))
+      const handled = spans.filter((span) => span.name === "MailboxWorker.handle")
+      expect(handled.map((span) => span.attributes.get("worker"))).toEqual(["test-worker", "test-worker"])
+      expect(handled.map((span) => span.attributes.get("messageId"))).toHaveLength(2)
+      expect(yield* Ref.get(inside)).toEqual(["MailboxWorker.handle", "MailboxWorker.handle"])
+    }))
+
+  it.scoped("with the default tracer, which exports nothing, no per-message span is made", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("one")
+      const inside = yield* Ref.make<Array<string>>([])
+      const loop = yield* worker(
+        mailbox,
+        () =>
+          Effect.flatMap(Effect.option(Effect.currentSpan), (span) =>
+            Ref.update(inside, (names) => [
+              ...names,
+              Option.match(span, { onNone: () => "none", onSome: (s) => s.name })
+            ]))
+      )
+      yield* loop.run({ maxIterations: 1, waitTime: 0 })
+      expect(yield* Ref.get(inside)).toEqual(["none"])
       expect(yield* mailbox.approximateCount).toBe(0)
     }))
 })
