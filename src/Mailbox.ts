@@ -23,6 +23,7 @@ import * as Layer from "effect/Layer"
 import type * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import * as Durations from "./internal/duration.js"
+import { perMessage } from "./internal/tracing.js"
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -310,9 +311,14 @@ export const validateVisibility = (
 ): Either.Either<Duration.Duration, InvalidParameterError> =>
   validateDuration(parameter, timeout, Duration.zero, limits.maxVisibilityTimeout)
 
-/** Wraps a backend's `receive` in the `Mailbox.receive` span every backend reports. */
-export const traced = <A, R>(name: string, receive: Mailbox<A, R>["receive"]): Mailbox<A, R>["receive"] => (options) =>
-  Effect.withSpan(receive(options), "Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
+/**
+ * Wraps a backend's `receive` in the `Mailbox.receive` span every backend
+ * reports once an exporting tracer is installed (see `internal/tracing.ts`).
+ */
+export const traced = <A, R>(name: string, receive: Mailbox<A, R>["receive"]): Mailbox<A, R>["receive"] => {
+  const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
+  return (options) => span(receive(options))
+}
 
 // ---------------------------------------------------------------------------
 // Resolver

@@ -187,7 +187,7 @@ const recordingTracer = () => {
 }
 
 describe("MailboxWorker tracing", () => {
-  it.scoped("with an exporting tracer installed, each message is handled in a MailboxWorker.handle span", () =>
+  it.scoped("with an exporting tracer installed, receives and handled messages are spans", () =>
     Effect.gen(function*() {
       const { spans, tracer } = recordingTracer()
       const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
@@ -204,13 +204,15 @@ describe("MailboxWorker tracing", () => {
             ]))
       )
       yield* loop.run({ maxIterations: 1, maxMessages: 2, waitTime: 0 }).pipe(Effect.withTracer(tracer))
+      expect(spans.filter((span) => span.name === "Mailbox.receive").map((span) => span.attributes.get("mailbox")))
+        .toEqual(["q"])
       const handled = spans.filter((span) => span.name === "MailboxWorker.handle")
       expect(handled.map((span) => span.attributes.get("worker"))).toEqual(["test-worker", "test-worker"])
       expect(handled.map((span) => span.attributes.get("messageId"))).toHaveLength(2)
       expect(yield* Ref.get(inside)).toEqual(["MailboxWorker.handle", "MailboxWorker.handle"])
     }))
 
-  it.scoped("with the default tracer, which exports nothing, no per-message span is made", () =>
+  it.scoped("with the default tracer, which exports nothing, no receive or handle span is made", () =>
     Effect.gen(function*() {
       const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
       yield* mailbox.send("one")
