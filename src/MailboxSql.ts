@@ -326,25 +326,24 @@ class ClaimBatcher {
     restore: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
   ): Effect.Effect<Claimed, SqlError> {
     return Effect.suspend(() => {
-      const request: ClaimRequest = {
-        max,
-        visibilityMillis,
-        done: Deferred.unsafeMake<Claimed, SqlError>(FiberId.none),
-        cancelled: false
-      }
+      const request: ClaimRequest = { max, visibilityMillis, outcome: undefined, resume: undefined, cancelled: false }
       this.waiting.push(request)
       const start = this.claiming ? Effect.void : Effect.asVoid(Effect.forkDaemon(this.drain()))
       this.claiming = true
-      return Effect.zipRight(start, restore(Deferred.await(request.done))).pipe(
+      // A callback, not a Deferred: one per receive, and a Deferred costs more than the rest of the wait.
+      const wait = Effect.async<Claimed, SqlError>((resume) => {
+        if (request.outcome !== undefined) return resume(request.outcome)
+        request.resume = resume
+      })
+      return Effect.zipRight(start, restore(wait)).pipe(
         Effect.onInterrupt(() =>
           Effect.suspend(() => {
+            // Not served yet: the claim skips this receiver. Served already: give its rows back.
             request.cancelled = true
-            return Effect.flatMap(Deferred.poll(request.done), (result) =>
-              result._tag === "None" ? Effect.void : Effect.flatMap(
-                Effect.exit(result.value),
-                (exit) =>
-                  Exit.isSuccess(exit) ? this.release(exit.value.rows, exit.value.now) : Effect.void
-              ))
+            const outcome = request.outcome
+            return outcome !== undefined && Exit.isSuccess(outcome)
+              ? this.release(outcome.value.rows, outcome.value.now)
+              : Effect.void
           })
         )
       )
@@ -364,7 +363,7 @@ class ClaimBatcher {
         const total = open.reduce((sum, request) => sum + request.max, 0)
         const claimed = yield* Effect.exit(this.claim(now, now + visibilityMillis, total))
         if (Exit.isFailure(claimed)) {
-          for (const request of open) Deferred.unsafeDone(request.done, Exit.failCause(claimed.cause))
+          for (const request of open) this.serve(request, Exit.failCause(claimed.cause))
           continue
         }
         const rows = claimed.value.length > 1
@@ -375,12 +374,17 @@ class ClaimBatcher {
           if (request.cancelled) continue
           const mine = rows.slice(next, next + request.max)
           next += mine.length
-          Deferred.unsafeDone(request.done, Exit.succeed({ rows: mine, now }))
+          this.serve(request, Exit.succeed({ rows: mine, now }))
         }
         if (next < rows.length) yield* this.release(rows.slice(next), now)
       }
       this.claiming = false
     })
+  }
+
+  private serve(request: ClaimRequest, outcome: Exit.Exit<Claimed, SqlError>): void {
+    request.outcome = outcome
+    request.resume?.(outcome)
   }
 }
 
@@ -392,7 +396,10 @@ interface Claimed {
 interface ClaimRequest {
   readonly max: number
   readonly visibilityMillis: number
-  readonly done: Deferred.Deferred<Claimed, SqlError>
+  /** What the claim gave this receiver, once it ran. */
+  outcome: Exit.Exit<Claimed, SqlError> | undefined
+  /** Wakes the waiting receiver (set when it starts waiting). */
+  resume: ((outcome: Exit.Exit<Claimed, SqlError>) => void) | undefined
   cancelled: boolean
 }
 
