@@ -7,9 +7,10 @@
  * code) runs inside `restore` of an `uninterruptibleMask`, and the message is
  * settled by the handler's `Exit` — success and failure by the caller's
  * policies, interruption by `nack(0)` so another worker gets it at once.
- * Settles of a batch's earlier messages commit in the background while the
- * next message runs (a durable mailbox groups those commits); all of them
- * finish before the next receive and before the loop stops.
+ * Settles of a batch's messages commit in the background while the next
+ * message, the next receive and the next batch run (a durable mailbox groups
+ * those commits); at most two batches' settles are ever in flight, and all of
+ * them finish before the loop stops.
  *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
@@ -104,8 +105,10 @@ interface RunState<A, R> {
   pending: Array<Message<A, R>>
   /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
   fiber: Fiber.RuntimeFiber<void> | undefined
-  /** Settles (reply + ack, nack, dead letter) still committing; awaited before the next receive and at the end. */
+  /** Settles (reply + ack, nack, dead letter) of the current batch still committing. */
   settling: Array<Fiber.RuntimeFiber<void>>
+  /** Settles of the batch before, still committing: awaited before the batch after the current one starts. */
+  committing: Array<Fiber.RuntimeFiber<void>>
 }
 
 /** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
@@ -165,9 +168,8 @@ export const make = <A, R, Out, E, Req>(
     /**
      * Handles one message; interruption of the handler gives the message back at once. The settle
      * that follows a handler's success or failure commits in the background while the next message
-     * of the batch runs (a durable store batches those commits) and while the loop receives its next
-     * batch; the loop awaits them once that receive returns and before it stops, so at most one batch
-     * of settles is ever outstanding.
+     * of the batch runs (a durable store batches those commits), while the loop receives its next
+     * batch and while that batch runs (see `nextBatch`); the loop awaits them all before it stops.
      */
     const process = (run: RunState<A, R>, message: Message<A, R>): Effect.Effect<void, never, Req> =>
       Effect.uninterruptibleMask((restore) => {
@@ -212,7 +214,7 @@ export const make = <A, R, Out, E, Req>(
 
     /**
      * A message received alone settles inline (nothing to overlap, and a fork costs more than it saves);
-     * in a batch every settle is forked, the last one too, so its commit overlaps the next receive.
+     * in a batch every settle is forked, the last one too, so its commit overlaps the next batch.
      */
     const settleInBackground = (run: RunState<A, R>, settle: Effect.Effect<void, never, Req>) =>
       run.pending.length === 0 && run.settling.length === 0 ?
@@ -221,13 +223,26 @@ export const make = <A, R, Out, E, Req>(
           run.settling.push(fiber)
         })
 
-    /** Waits for the settles in flight. */
+    /**
+     * Starts a new batch: waits for the settles of the batch before last, so a batch's commits overlap
+     * the next batch's receive and work (one commit round trip per batch would otherwise stall every
+     * loop), while at most two batches' settles are ever outstanding.
+     */
+    const nextBatch = (run: RunState<A, R>) =>
+      Effect.suspend(() => {
+        const older = run.committing
+        run.committing = run.settling
+        run.settling = []
+        return older.length === 0 ? Effect.void : Fiber.awaitAll(older)
+      })
+
+    /** Waits for every settle in flight. */
     const settled = (run: RunState<A, R>) =>
       Effect.suspend(() => {
-        if (run.settling.length === 0) return Effect.void
-        const fibers = run.settling
+        const fibers = [...run.committing, ...run.settling]
+        run.committing = []
         run.settling = []
-        return Fiber.awaitAll(fibers)
+        return fibers.length === 0 ? Effect.void : Fiber.awaitAll(fibers)
       })
 
     const loop = (
@@ -262,8 +277,7 @@ export const make = <A, R, Out, E, Req>(
                 })
             )
           )
-          // The previous batch's settles committed while this receive ran; wait for any still in flight.
-          yield* settled(run)
+          yield* nextBatch(run)
           for (let message = run.pending.shift(); message !== undefined; message = run.pending.shift()) {
             if (run.stopping) {
               yield* nackAll([message, ...run.pending])
@@ -304,7 +318,8 @@ export const make = <A, R, Out, E, Req>(
           phase: "processing",
           pending: [],
           fiber: undefined,
-          settling: []
+          settling: [],
+          committing: []
         }
         state = current
         const fiber = yield* loop(current, receiveOptions, maxIterations).pipe(

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Option, Ref, TestClock, Tracer } from "effect"
+import { Deferred, Effect, Exit, Fiber, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
@@ -228,6 +228,35 @@ describe("MailboxWorker tracing", () => {
       )
       yield* loop.run({ maxIterations: 1, waitTime: 0 })
       expect(yield* Ref.get(inside)).toEqual(["none"])
+      expect(yield* mailbox.approximateCount).toBe(0)
+    }))
+})
+
+describe("MailboxWorker settles", () => {
+  it.scoped("a batch's settles commit while the next batch runs, but never more than two batches' worth", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      for (const body of ["a", "b", "c", "d", "e", "f"]) yield* mailbox.send(body)
+      const gate = yield* Deferred.make<void>()
+      const handled = yield* Ref.make<Array<string>>([])
+      const loop = yield* MailboxWorker.make({
+        name: "slow-commits",
+        mailbox,
+        handle: (message) => Ref.update(handled, (bodies) => [...bodies, message.body]),
+        // A store whose commits hang until the gate opens.
+        onSuccess: (message) =>
+          Effect.zipRight(Deferred.await(gate), MailboxWorker.logSettleFailure("ack")(message.acknowledge)),
+        onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+      })
+      const fiber = yield* Effect.fork(loop.run({ maxIterations: 3, maxMessages: 2, waitTime: 0 }))
+      yield* settle
+      // Batches one and two ran; the third waits for the first batch's commits.
+      expect(yield* Ref.get(handled)).toEqual(["a", "b", "c", "d"])
+      expect(yield* mailbox.approximateCount).toBe(6)
+      yield* Deferred.succeed(gate, undefined)
+      yield* Fiber.join(fiber)
+      // The loop ends only once every settle has committed.
+      expect(yield* Ref.get(handled)).toEqual(["a", "b", "c", "d", "e", "f"])
       expect(yield* mailbox.approximateCount).toBe(0)
     }))
 })
