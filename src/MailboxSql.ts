@@ -7,8 +7,9 @@
  * (epoch ms, read from `Clock`) has passed; receiving a row sets a fresh
  * random receipt handle and pushes `visible_at` out by the visibility
  * timeout, in one statement — `FOR UPDATE SKIP LOCKED` on PostgreSQL, so
- * concurrent receivers never wait on each other, and one write transaction
- * on SQLite. Acknowledge, nack and extend are statements guarded by the
+ * concurrent receivers never wait on each other (inside the
+ * `<prefix>mailbox_claim` function, which pins the index-order plan), and
+ * one write transaction on SQLite. Acknowledge, nack and extend are statements guarded by the
  * handle and `visible_at > now`, so a stale handle changes nothing; the
  * acknowledgements (with their replies) that concurrent loops submit while
  * one is committing go together in the next statement (group commit). A
