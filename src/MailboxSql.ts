@@ -209,6 +209,35 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
             ORDER BY visible_at, seq LIMIT p_max FOR UPDATE SKIP LOCKED))
           RETURNING m.*
         $$`.pipe(Effect.asVoid)
+      : Effect.void,
+    // The same for acknowledgements: on an unanalysed table the DELETE was planned as a sequential scan of
+    // the whole table per batch. The function finds the batch through the primary key, and draws each
+    // reply's id from the sequence up front so every acknowledged delivery learns its reply's id.
+    "3_settle_by_primary_key": store.dialect === "pg"
+      ? sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_settle`)}(
+          p_seqs bigint[], p_handles text[], p_reply_queues text[], p_reply_bodies text[], p_now bigint,
+          p_channel text)
+        RETURNS TABLE (settled_seq bigint, settled_reply_seq bigint, notified boolean) LANGUAGE sql VOLATILE
+        SET enable_seqscan = off
+        AS $$
+          WITH input AS MATERIALIZED (
+            SELECT v.seq, v.handle, v.reply_queue, v.reply_body,
+              CASE WHEN v.reply_queue IS NULL THEN NULL
+                ELSE nextval(pg_get_serial_sequence(${sql.literal(`'${messages}'`)}, 'seq')) END AS reply_seq
+            FROM unnest(p_seqs, p_handles, p_reply_queues, p_reply_bodies) AS v (seq, handle, reply_queue, reply_body)),
+          acked AS (
+            DELETE FROM ${sql(messages)} m USING input
+            WHERE m.seq = ANY(p_seqs) AND m.seq = input.seq AND m.receipt_handle = input.handle
+              AND m.visible_at > p_now
+            RETURNING m.seq),
+          replies AS (
+            INSERT INTO ${sql(messages)} (seq, queue, body, visible_at, enqueued_at)
+            SELECT input.reply_seq, input.reply_queue, input.reply_body, p_now, p_now
+            FROM input JOIN acked ON acked.seq = input.seq WHERE input.reply_queue IS NOT NULL)
+          SELECT input.seq, input.reply_seq,
+            input.reply_queue IS NOT NULL AND pg_notify(p_channel, input.reply_queue) IS NULL
+          FROM input JOIN acked ON acked.seq = input.seq
+        $$`.pipe(Effect.asVoid)
       : Effect.void
   })
 }
@@ -465,6 +494,7 @@ const statements = (store: Store): Statements => {
   const deadLetters = sql(store.deadLetters)
   const pg = store.dialect === "pg"
   const claimFunction = sql(`${store.prefix}mailbox_claim`)
+  const settleFunction = sql(`${store.prefix}mailbox_settle`)
   const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
   const notify = (queue: string) => pg ? sql`, pg_notify(${store.channel}, ${queue})` : sql``
   return {
@@ -494,30 +524,17 @@ const statements = (store: Store): Statements => {
     settle: (items, now) =>
       pg
         ? Effect.map(
-          // Reply ids are drawn from the sequence up front so each acknowledged delivery learns its reply's id.
-          sql<{ seq: string; reply_seq: string | null }>`WITH input AS MATERIALIZED (
-              SELECT v.seq, v.handle, v.reply_queue, v.reply_body,
-                CASE WHEN v.reply_queue IS NULL THEN NULL
-                  ELSE nextval(pg_get_serial_sequence(${store.messages}, 'seq')) END AS reply_seq
-              FROM unnest(${items.map((item) => item.seq)}::bigint[], ${items.map((item) => item.handle)}::text[],
-                ${items.map((item) => item.reply?.queue ?? null)}::text[], ${
+          sql<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
+            FROM ${settleFunction}(${items.map((item) => item.seq)}::bigint[], ${
+            items.map((item) => item.handle)
+          }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[], ${
             items.map((item) => item.reply?.body ?? null)
-          }::text[]) AS v (seq, handle, reply_queue, reply_body)),
-            acked AS (
-              -- The ANY condition lets the planner find the rows through the primary key at any table size.
-              DELETE FROM ${messages} m USING input
-              WHERE m.seq = ANY(${items.map((item) => item.seq)}::bigint[])
-                AND m.seq = input.seq AND m.receipt_handle = input.handle AND m.visible_at > ${now}
-              RETURNING m.seq),
-            replies AS (
-              INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at)
-              SELECT input.reply_seq, input.reply_queue, input.reply_body, ${now}::bigint, ${now}::bigint
-              FROM input JOIN acked ON acked.seq = input.seq WHERE input.reply_queue IS NOT NULL)
-            SELECT input.seq, input.reply_seq,
-              CASE WHEN input.reply_queue IS NULL THEN NULL ELSE pg_notify(${store.channel}, input.reply_queue) END
-            FROM input JOIN acked ON acked.seq = input.seq`,
+          }::text[], ${now}::bigint, ${store.channel}::text)`,
           (rows) =>
-            new Map(rows.map((row) => [String(row.seq), row.reply_seq === null ? undefined : String(row.reply_seq)]))
+            new Map(rows.map((row) => [
+              String(row.settled_seq),
+              row.settled_reply_seq === null ? undefined : String(row.settled_reply_seq)
+            ]))
         )
         : sql.withTransaction(Effect.gen(function*() {
           // One transaction for the batch; its first statement writes, so it takes the write lock at once.
