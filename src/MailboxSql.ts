@@ -7,13 +7,16 @@
  * (epoch ms, read from `Clock`) has passed; receiving a row sets a fresh
  * random receipt handle and pushes `visible_at` out by the visibility
  * timeout, in one statement — `FOR UPDATE SKIP LOCKED` on PostgreSQL, so
- * concurrent receivers never wait on each other (inside the
- * `<prefix>mailbox_claim` function, which pins the index-order plan), and
- * one write transaction on SQLite. Acknowledge, nack and extend are statements guarded by the
+ * concurrent receivers never wait on each other, and one write transaction
+ * on SQLite. Acknowledge, nack and extend are statements guarded by the
  * handle and `visible_at > now`, so a stale handle changes nothing; the
  * acknowledgements (with their replies) that concurrent loops submit while
  * one is committing go together in the next statement (group commit). A
  * receive interrupted once its rows are claimed gives them back at once.
+ * On PostgreSQL the claim and the grouped acknowledgement run inside two
+ * SQL functions (`<prefix>mailbox_claim`, `<prefix>mailbox_settle`) whose
+ * settings pin index plans, so a table PostgreSQL has not analysed yet (a
+ * new queue, a burst) is not scanned whole per statement.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
  * or the end of the wait. Sends in the same process wake receivers at once;
@@ -439,8 +442,8 @@ interface ClaimRequest {
  * delay (the first settle flushes after one yield); a busy one sends one
  * statement and one commit for many messages. Waiters are plain callbacks
  * (a `Deferred` per acknowledgement costs more than the rest of the path).
- * A waiter interrupted before the commit stops waiting; its settle still
- * commits with the batch.
+ * A waiter interrupted once it has submitted stops waiting; its settle
+ * still commits with the batch.
  */
 class SettleBatcher {
   private pending: Array<{ readonly item: SettleItem; readonly resume: (result: SettleResult) => void }> = []
