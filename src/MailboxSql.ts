@@ -238,7 +238,7 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
             SELECT input.reply_seq, input.reply_queue, input.reply_body, p_now, p_now
             FROM input JOIN acked ON acked.seq = input.seq WHERE input.reply_queue IS NOT NULL)
           SELECT input.seq, input.reply_seq,
-            input.reply_queue IS NOT NULL AND pg_notify(p_channel, input.reply_queue) IS NULL
+            CASE WHEN input.reply_queue IS NULL THEN false ELSE pg_notify(p_channel, input.reply_queue) IS NULL END
           FROM input JOIN acked ON acked.seq = input.seq
         $$`.pipe(Effect.asVoid)
       : Effect.void

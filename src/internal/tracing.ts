@@ -6,11 +6,13 @@
  * (`Layer.setTracer`, `@effect/opentelemetry`); with the default tracer the
  * effect runs as it is.
  */
+import * as Context from "effect/Context"
+import * as DefaultServices from "effect/DefaultServices"
 import * as Effect from "effect/Effect"
-import type * as Tracer from "effect/Tracer"
+import * as Tracer from "effect/Tracer"
 
 /** The tracer every fiber has unless one is installed. */
-const defaultTracer: Tracer.Tracer = Effect.runSync(Effect.tracer)
+const defaultTracer: Tracer.Tracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
 
 /** `Effect.withSpan(name, options)`, skipped while no exporting tracer is installed. */
 export const perMessage =
