@@ -9,12 +9,10 @@
  *
  * Beats are frequent (every tool call, every loop iteration), so a listener
  * that usually has nothing to do can register with `onBeatAt` and return
- * `undefined`: such a beat then costs little more than the `Ref.set` itself.
+ * `undefined`: such a beat then costs little more than reading the clock.
  */
-import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
 
 /** A liveness signal with listeners. */
@@ -58,9 +56,10 @@ const collect = (listeners: ReadonlyArray<Listener>, now: number): Array<Effect.
   return work
 }
 
-/** Makes a heartbeat whose first beat counts from now. */
-export const make: Effect.Effect<Heartbeat> = Effect.map(Clock.currentTimeMillis, (start) => {
-  const last = Ref.unsafeMake(start)
+/** Makes a heartbeat whose first beat counts from now, on the clock of the fiber that makes it. */
+export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) => {
+  // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
+  let last = clock.unsafeCurrentTimeMillis()
   // Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go.
   let listeners: ReadonlyArray<Listener> = []
 
@@ -77,21 +76,15 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Clock.currentTimeMillis
     )
 
   return {
-    beat: Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      const current = listeners
-      if (current.length === 0) return Ref.set(last, now)
-      return Effect.flatMap(Ref.set(last, now), () => {
-        const work = collect(current, now)
-        if (work === undefined) return Effect.void
-        return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
-      })
+    beat: Effect.suspend(() => {
+      const now = clock.unsafeCurrentTimeMillis()
+      last = now
+      const work = listeners.length === 0 ? undefined : collect(listeners, now)
+      if (work === undefined) return Effect.void
+      return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
     }),
-    elapsed: Effect.zipWith(
-      Clock.currentTimeMillis,
-      Ref.get(last),
-      (now, at) => Duration.millis(Math.max(0, now - at))
-    ),
-    lastBeatMillis: Ref.get(last),
+    elapsed: Effect.sync(() => Duration.millis(Math.max(0, clock.unsafeCurrentTimeMillis() - last))),
+    lastBeatMillis: Effect.sync(() => last),
     onBeat: (listener) => onBeatAt(() => listener),
     onBeatAt,
     unsafeOnBeatAt

@@ -18,6 +18,7 @@
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Fiber from "effect/Fiber"
 import * as Metric from "effect/Metric"
 import type * as ParseResult from "effect/ParseResult"
@@ -68,6 +69,15 @@ export interface LeaseExtender {
     heartbeat: Heartbeat.Heartbeat,
     effect: Effect.Effect<A, E, R>
   ) => Effect.Effect<A, E | AlreadyAttachedError, R>
+  /**
+   * Attaches now, without a scope, and returns the step that detaches (stop
+   * listening, then wait for an extension in flight). For a caller that is
+   * already uninterruptible and runs the detach step however its work ends.
+   */
+  readonly unsafeAttach: (
+    message: Extendable,
+    heartbeat: Heartbeat.Heartbeat
+  ) => Either.Either<Effect.Effect<void>, AlreadyAttachedError>
 }
 
 /** Extensions that succeeded. */
@@ -126,10 +136,12 @@ export const make = (
       })
     }
 
-    /** Attaches now; returns the detach step (stop listening, then wait for an extension in flight). */
-    const start = (message: Extendable, heartbeat: Heartbeat.Heartbeat): Effect.Effect<void> | AlreadyAttachedError => {
+    const unsafeAttach = (
+      message: Extendable,
+      heartbeat: Heartbeat.Heartbeat
+    ): Either.Either<Effect.Effect<void>, AlreadyAttachedError> => {
       if (current !== undefined) {
-        return new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id })
+        return Either.left(new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id }))
       }
       const attachment: Attachment = { message, lastExtension: undefined, extending: false, inFlight: undefined }
       current = attachment
@@ -140,18 +152,20 @@ export const make = (
         if (attachment.inFlight === undefined) return Effect.zipRight(Effect.yieldNow(), awaitInFlight)
         return Effect.asVoid(Fiber.await(attachment.inFlight))
       })
-      return Effect.suspend(() => {
+      return Either.right(Effect.suspend(() => {
         stopListening()
         current = undefined
         return awaitInFlight
-      })
+      }))
     }
 
     const attach = (message: Extendable, heartbeat: Heartbeat.Heartbeat) =>
-      Effect.suspend(() => {
-        const detach = start(message, heartbeat)
-        return detach instanceof AlreadyAttachedError ? Effect.fail(detach) : Effect.addFinalizer(() => detach)
-      })
+      Effect.suspend(() =>
+        Either.match(unsafeAttach(message, heartbeat), {
+          onLeft: Effect.fail,
+          onRight: (detach) => Effect.addFinalizer(() => detach)
+        })
+      )
 
     const extendWhile = <A, E, R>(
       message: Extendable,
@@ -159,18 +173,19 @@ export const make = (
       effect: Effect.Effect<A, E, R>
     ) =>
       Effect.uninterruptibleMask((restore) =>
-        Effect.suspend((): Effect.Effect<A, E | AlreadyAttachedError, R> => {
-          const detach = start(message, heartbeat)
-          return detach instanceof AlreadyAttachedError
-            ? Effect.fail(detach)
-            : Effect.ensuring(restore(effect), detach)
-        })
+        Effect.suspend(() =>
+          Either.match(unsafeAttach(message, heartbeat), {
+            onLeft: (error) => Effect.fail<E | AlreadyAttachedError>(error),
+            onRight: (detach) => Effect.ensuring(restore(effect), detach)
+          })
+        )
       )
 
     return {
       config,
       attach: config.enabled ? attach : () => Effect.void,
-      extendWhile: config.enabled ? extendWhile : (_message, _heartbeat, effect) => effect
+      extendWhile: config.enabled ? extendWhile : (_message, _heartbeat, effect) => effect,
+      unsafeAttach: config.enabled ? unsafeAttach : () => Either.right(Effect.void)
     }
   })
 

@@ -296,8 +296,7 @@ export const make = <Req, Out, E, R>(options: {
             (fallback) => start(budgetTracker, fallback)
           )
           : start(budgetTracker, undefined)
-      return (budget === undefined ? withFallback(undefined) : Effect.flatMap(Budget.makeTracker(budget), withFallback))
-        .pipe(Effect.annotateLogs({ requestId: body.requestId }))
+      return budget === undefined ? withFallback(undefined) : Effect.flatMap(Budget.makeTracker(budget), withFallback)
     }
 
     return yield* MailboxWorker.make<
@@ -310,6 +309,7 @@ export const make = <Req, Out, E, R>(options: {
       name: options.name ?? `main-loop:${requests.name}`,
       mailbox: requests,
       handle,
+      annotations: (message) => ({ requestId: message.body.requestId }),
       onSuccess: (message, output) =>
         Effect.flatMap(result(message, { output }), (reply) => replyAndAck(message, reply)),
       onFailure,

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, Fiber, Option, Ref, TestClock, Tracer } from "effect"
+import { Deferred, Effect, Exit, Fiber, HashMap, Logger, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
@@ -260,5 +260,33 @@ describe("MailboxWorker settles", () => {
       // The loop ends only once every settle has committed.
       expect(yield* Ref.get(handled)).toEqual(["a", "b", "c", "d", "e", "f"])
       expect(yield* mailbox.approximateCount).toBe(0)
+    }))
+})
+
+describe("MailboxWorker log annotations", () => {
+  it.scoped("a message's annotations reach its handler's and its settle's logs, and not the next message's", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      for (const body of ["a", "b"]) yield* mailbox.send(body)
+      const lines: Array<{ message: string; keys: Array<string> }> = []
+      const logger = Logger.make(({ annotations, message }) => {
+        lines.push({ message: String(message), keys: [...HashMap.keys(annotations)].sort() })
+      })
+      const loop = yield* MailboxWorker.make({
+        name: "annotating",
+        mailbox,
+        annotations: (message) => ({ [`only-${message.body}`]: true }),
+        handle: (message) => Effect.logInfo(`handling ${message.body}`),
+        onSuccess: (message) => Effect.logInfo(`settling ${message.body}`),
+        onFailure: () => Effect.void
+      })
+      yield* loop.run({ maxIterations: 1, maxMessages: 2, waitTime: 0 }).pipe(
+        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+      )
+      const keys = (text: string) => lines.find((line) => line.message.includes(text))?.keys
+      expect(keys("handling a")).toEqual(["module", "only-a", "worker"])
+      expect(keys("settling a")).toEqual(["module", "only-a", "worker"])
+      expect(keys("handling b")).toEqual(["module", "only-b", "worker"])
+      expect(keys("settling b")).toEqual(["module", "only-b", "worker"])
     }))
 })

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Layer, Ref, Scope, TestClock } from "effect"
+import { Effect, Exit, Fiber, HashMap, Layer, Logger, Ref, Scope, TestClock } from "effect"
 import * as DeadLetter from "../src/DeadLetter.js"
 import * as Deadline from "../src/Deadline.js"
 import { MailboxResolver } from "../src/Mailbox.js"
@@ -42,6 +42,33 @@ const withResolver = <A, E, R>(resolver: MailboxResolver["Type"], effect: Effect
   Effect.provideService(effect, MailboxResolver, resolver)
 
 describe("MainLoop", () => {
+  it.scoped("logs inside execute carry the requestId, and it does not outlive its request", () =>
+    Effect.gen(function*() {
+      const { requests, resolver, send } = yield* setup
+      yield* send("first", { requestId: "req-a" })
+      yield* send("second", { requestId: "req-b" })
+      const lines: Array<{ message: unknown; annotations: Record<string, unknown> }> = []
+      const logger = Logger.make(({ annotations, message }) => {
+        lines.push({ message, annotations: Object.fromEntries(HashMap.toEntries(annotations)) })
+      })
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (request: string) => Effect.as(Effect.logInfo(`working on ${request}`), request)
+        })
+      )
+      yield* withResolver(resolver, loop.run({ maxIterations: 1, maxMessages: 2, waitTime: 0 })).pipe(
+        Effect.zipRight(Effect.logInfo("after the loop")),
+        Effect.annotateLogs({ outer: "kept" }),
+        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+      )
+      const of = (text: string) => lines.find((line) => String(line.message).includes(text))?.annotations
+      expect(of("working on first")).toMatchObject({ requestId: "req-a", outer: "kept", module: "MailboxWorker" })
+      expect(of("working on second")).toMatchObject({ requestId: "req-b", outer: "kept" })
+      expect(of("after the loop")).toEqual({ outer: "kept" })
+    }))
+
   it.scoped("processes a request: replies the result to replyTo, then acknowledges", () =>
     Effect.gen(function*() {
       const { replies, requests, resolver, send } = yield* setup
