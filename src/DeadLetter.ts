@@ -112,7 +112,7 @@ export const consumer = <A, E, Req>(options: {
     name: options.name ?? `${options.mailbox.name}-consumer`,
     mailbox: options.mailbox,
     handle: (message: Message<DeadLetter<A>, unknown>, heartbeat) => options.handle(message.body, heartbeat),
-    onSuccess: (message) => MailboxWorker.logSettleFailure("acknowledge of a dead letter")(message.acknowledge),
+    onSuccess: () => Effect.succeedNone,
     onFailure: (message, cause) =>
       Effect.zipRight(
         Effect.logWarning("Dead-letter handler failed; retrying in 1 hour", cause),

@@ -13,6 +13,7 @@
 import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import { randomUUID } from "node:crypto"
 import type * as Dataset from "./Dataset.js"
@@ -82,8 +83,8 @@ export const make = <I, E, O, Err, R>(options: {
         const score = yield* options.evaluator(outcome.right, sample.expected, session)
         return { ...base, score, error: undefined } satisfies EvalResult
       }),
-    onSuccess: (message, result) =>
-      MailboxWorker.replyThenAck(message, result, DeadLetter.backoff(message.deliveryCount)),
+    onSuccess: (_message, result) => Effect.succeed(Option.some(result)),
+    retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
     // `handle` turns execution failures into results; what is left is a defect in the evaluator.
     onFailure: (message, cause) =>
       Effect.zipRight(

@@ -11,8 +11,9 @@
  * visibility lasts, so a worker that lost its lease cannot touch the message.
  *
  * Replies go to the mailbox named by `replyTo`, found through the
- * `MailboxResolver` service. Option validation lives here so that every
- * backend refuses the same inputs with the same `InvalidParameterError`.
+ * `MailboxResolver` service. `settleAll` replies to and acknowledges many
+ * messages at once (what workers use). Option validation lives here so that
+ * every backend refuses the same inputs with the same `InvalidParameterError`.
  */
 import * as Context from "effect/Context"
 import type * as DateTime from "effect/DateTime"
@@ -20,7 +21,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
-import type * as Option from "effect/Option"
+import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import * as Durations from "./internal/duration.js"
 import { perMessage } from "./internal/tracing.js"
@@ -202,6 +203,56 @@ export interface Message<A, R = never> {
   readonly replyAndAcknowledge: (
     body: R
   ) => Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver>
+}
+
+/** A message to reply to (with `reply`, when it has a `replyTo`) and acknowledge, as one step. */
+export interface Settlement<A, R> {
+  readonly message: Message<A, R>
+  readonly reply: Option.Option<R>
+}
+
+/** How one settlement ended: the reply's id (undefined when none was sent), or why it failed. */
+export type SettleOutcome = Either.Either<string | undefined, ReplyError | ReceiptHandleExpiredError>
+
+/**
+ * Settles a group of messages of one mailbox, outcomes in order. Not part of the contract: a backend puts
+ * one on its messages (under `GroupSettle`) when it can settle many at once cheaper than one by one.
+ */
+export type GroupSettler = <A, R>(
+  settlements: ReadonlyArray<Settlement<A, R>>
+) => Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver>
+
+/** Where a message carries its mailbox's `GroupSettler`. */
+export const GroupSettle: unique symbol = Symbol.for("leasehold/GroupSettle")
+
+/** Settles one message: `replyAndAcknowledge` with a reply and a `replyTo`, else `acknowledge`. */
+export const settleOne = <A, R>(
+  { message, reply }: Settlement<A, R>
+): Effect.Effect<SettleOutcome, never, MailboxResolver> =>
+  Effect.either(
+    Option.isSome(reply) && Option.isSome(message.replyTo)
+      ? message.replyAndAcknowledge(reply.value)
+      : Effect.as(message.acknowledge, undefined)
+  )
+
+/** A `GroupSettler` for a mailbox whose settles do not wait on I/O: one after the other. */
+export const settleInTurn: GroupSettler = (settlements) => Effect.forEach(settlements, settleOne)
+
+/**
+ * Replies to and acknowledges each message (`replyAndAcknowledge` when it has a reply and a `replyTo`,
+ * `acknowledge` otherwise), one outcome per message, in order. A durable mailbox commits the group
+ * together and waits once for all of it, where settling each message on its own fiber would cost a
+ * fiber and a wake-up per message; messages of other mailboxes (or of several) settle concurrently.
+ */
+export const settleAll = <A, R>(
+  settlements: ReadonlyArray<Settlement<A, R>>
+): Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver> => {
+  const settlerOf = (message: Message<A, R>): GroupSettler | undefined =>
+    (message as Partial<Record<typeof GroupSettle, GroupSettler>>)[GroupSettle]
+  const settler = settlements.length === 0 ? undefined : settlerOf(settlements[0]!.message)
+  return settler !== undefined && settlements.every(({ message }) => settlerOf(message) === settler)
+    ? settler(settlements)
+    : Effect.forEach(settlements, settleOne, { concurrency: "unbounded" })
 }
 
 /** An at-least-once queue of `A` whose replies carry `R`. */

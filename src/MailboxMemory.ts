@@ -27,6 +27,8 @@ import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
 import {
+  GroupSettle,
+  type GroupSettler,
   InvalidParameterError,
   type Mailbox,
   MailboxClosedError,
@@ -37,6 +39,7 @@ import {
   ReceiptHandleExpiredError,
   type ReplyError,
   ReplyNotAvailableError,
+  settleInTurn,
   traced,
   validateDelay,
   validateReceiveOptions,
@@ -174,6 +177,10 @@ class MemoryMessage<A, R> implements Message<A, R> {
   }
   get replyTo(): Option.Option<string> {
     return Option.fromNullable(this.entry.replyTo)
+  }
+  /** Settles never wait here, so a group settles one message after the other, on one fiber. */
+  get [GroupSettle](): GroupSettler {
+    return settleInTurn
   }
 
   /** Runs `f` on the entry if this delivery's handle is still valid, else fails with the expired handle. */

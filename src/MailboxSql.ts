@@ -38,6 +38,7 @@ import { PgClient } from "@effect/sql-pg"
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
+import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
 import type * as ConfigError from "effect/ConfigError"
 import * as DateTime from "effect/DateTime"
@@ -60,6 +61,8 @@ import type * as DeadLetter from "./DeadLetter.js"
 import { counter } from "./internal/metrics.js"
 import * as Sql from "./internal/sql.js"
 import {
+  GroupSettle,
+  type GroupSettler,
   InvalidParameterError,
   type Mailbox,
   MailboxClosedError,
@@ -75,6 +78,9 @@ import {
   type ReplyTarget,
   type SendError,
   SerializationError,
+  type Settlement,
+  settleOne,
+  type SettleOutcome,
   traced,
   validateDelay,
   validateDuration,
@@ -446,22 +452,45 @@ interface ClaimRequest {
  * still commits with the batch.
  */
 class SettleBatcher {
-  private pending: Array<{ readonly item: SettleItem; readonly resume: (result: SettleResult) => void }> = []
+  private pending: Array<{ readonly item: SettleItem; readonly done: (result: SettleExit) => void }> = []
   private flushing = false
 
   constructor(private readonly statements: Statements, private readonly clock: Clock.Clock) {}
 
   /** Resolves with the reply id (or `undefined` without a reply) once committed, `false` if the handle was stale. */
   submit(item: SettleItem): SettleResult {
+    return Effect.suspend(() =>
+      this.enqueue(Effect.async<string | undefined | false, SqlError>((resume) => {
+        this.pending.push({ item, done: resume })
+      }))
+    )
+  }
+
+  /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
+  submitAll(items: ReadonlyArray<SettleItem>): Effect.Effect<ReadonlyArray<SettleExit>> {
     return Effect.suspend(() => {
-      const wait = Effect.async<string | undefined | false, SqlError>((resume) => {
-        this.pending.push({ item, resume })
-      })
-      if (this.flushing) return wait
-      this.flushing = true
-      // The flush yields once before it takes the batch, so this submit's item is in it.
-      return Effect.zipRight(Effect.forkDaemon(this.flush()), wait)
+      if (items.length === 0) return Effect.succeed([])
+      return this.enqueue(Effect.async<ReadonlyArray<SettleExit>>((resume) => {
+        const results = new Array<SettleExit>(items.length)
+        let left = items.length
+        items.forEach((item, index) =>
+          this.pending.push({
+            item,
+            done: (result) => {
+              results[index] = result
+              if (--left === 0) resume(Effect.succeed(results))
+            }
+          })
+        )
+      }))
     })
+  }
+
+  private enqueue<A, E>(wait: Effect.Effect<A, E>): Effect.Effect<A, E> {
+    if (this.flushing) return wait
+    this.flushing = true
+    // The flush yields once before it takes the batch, so the waiter's items are in it.
+    return Effect.zipRight(Effect.forkDaemon(this.flush()), wait)
   }
 
   private flush(): Effect.Effect<void> {
@@ -475,8 +504,8 @@ class SettleBatcher {
         )
         // The same delivery settled twice in one batch (concurrent acks): only the first wins.
         const answered = new Set<string>()
-        for (const { item, resume } of batch) {
-          resume(Exit.map(settled, (rows) => {
+        for (const { done, item } of batch) {
+          done(Exit.map(settled, (rows) => {
             if (!rows.has(item.seq) || answered.has(item.seq)) return false
             answered.add(item.seq)
             return rows.get(item.seq)
@@ -487,6 +516,9 @@ class SettleBatcher {
     })
   }
 }
+
+/** A settle's result: the reply id (or `undefined` without one), `false` for a stale handle, or the store's error. */
+type SettleExit = Exit.Exit<string | undefined | false, SqlError>
 
 type SettleResult = Effect.Effect<string | undefined | false, SqlError>
 
@@ -615,6 +647,7 @@ interface MailboxContext {
   readonly store: Store
   readonly statements: Statements
   readonly settler: SettleBatcher
+  readonly settleGroup: GroupSettler
   /** Reply destinations already resolved, by resolver and name. */
   readonly routes: WeakMap<object, Map<string, Destination>>
   readonly clock: Clock.Clock
@@ -628,6 +661,48 @@ type Destination = { readonly queue: string; readonly encode: Encoder } | { read
 type ReplyRoute =
   | { readonly _tag: "Local"; readonly queue: string; readonly body: string }
   | { readonly _tag: "Remote"; readonly target: ReplyTarget }
+
+/** How a group settle handles one delivery (see `SqlMessage.prepare`). */
+type Prepared =
+  | { readonly _tag: "Item"; readonly item: SettleItem }
+  | { readonly _tag: "Done"; readonly outcome: SettleOutcome }
+  | { readonly _tag: "Alone" }
+
+/**
+ * The `GroupSettler` of a mailbox's messages: every delivery's acknowledgement and local reply go to the
+ * group commit together, with one wait for all of them.
+ */
+const groupSettler = (settler: SettleBatcher): GroupSettler =>
+<A, R>(
+  settlements: ReadonlyArray<Settlement<A, R>>
+) => {
+  const messageOf = (index: number) => settlements[index]!.message as SqlMessage<A, R>
+  return Effect.flatMap(
+    Effect.forEach(settlements, ({ message, reply }) => (message as SqlMessage<A, R>).prepare(reply)),
+    (prepared) => {
+      const outcomes = new Array<SettleOutcome>(settlements.length)
+      const items: Array<SettleItem> = []
+      const itemIndexes: Array<number> = []
+      const alone: Array<number> = []
+      prepared.forEach((step, index) => {
+        if (step._tag === "Item") {
+          items.push(step.item)
+          itemIndexes.push(index)
+        } else if (step._tag === "Done") outcomes[index] = step.outcome
+        else alone.push(index)
+      })
+      const grouped = Effect.map(settler.submitAll(items), (results) =>
+        results.forEach((result, k) => {
+          outcomes[itemIndexes[k]!] = messageOf(itemIndexes[k]!).settled(result, items[k]!.reply)
+        }))
+      const single = Effect.forEach(alone, (index) =>
+        Effect.map(settleOne(settlements[index]!), (outcome) => {
+          outcomes[index] = outcome
+        }), { concurrency: "unbounded", discard: true })
+      return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
+    }
+  )
+}
 
 class SqlMessage<A, R> implements Message<A, R> {
   private finalized = false
@@ -670,6 +745,40 @@ class SqlMessage<A, R> implements Message<A, R> {
         statements.setVisibility(this.id, this.receiptHandle, now, now + Duration.toMillis(timeout), !finalizes, name),
       finalizes
     )
+  }
+
+  get [GroupSettle](): GroupSettler {
+    return this.mailbox.settleGroup
+  }
+
+  /**
+   * What a group settle does for this delivery: an item for the group commit (its local reply encoded),
+   * an outcome already known (the reply could not be routed or encoded), or "alone" for a reply to
+   * another store, which `replyAndAcknowledge` handles by itself.
+   */
+  prepare(reply: Option.Option<R>): Effect.Effect<Prepared, never, MailboxResolver> {
+    const item = (reply: SettleItem["reply"]): Prepared => ({
+      _tag: "Item",
+      item: { seq: this.id, handle: this.receiptHandle, reply }
+    })
+    if (Option.isNone(reply) || Option.isNone(this.replyTo)) return Effect.succeed(item(undefined))
+    return Effect.match(this.route(reply.value), {
+      onFailure: (error): Prepared => ({ _tag: "Done", outcome: Either.left(error) }),
+      onSuccess: (route): Prepared =>
+        route._tag === "Remote" ? { _tag: "Alone" } : item({ queue: route.queue, body: route.body })
+    })
+  }
+
+  /** The outcome of this delivery's item in a group commit (the twin of `settle`'s continuation). */
+  settled(result: SettleExit, reply: SettleItem["reply"]): SettleOutcome {
+    if (Exit.isFailure(result)) {
+      const cause = Cause.squash(result.cause)
+      return Either.left(new MailboxConnectionError({ mailbox: this.mailbox.name, cause }))
+    }
+    if (result.value === false) return Either.left(this.expired())
+    this.finalized = true
+    if (reply !== undefined) this.mailbox.store.wake(reply.queue)
+    return Either.right(result.value)
   }
 
   /** Acknowledges through the mailbox's group commit, with the reply to insert in the same transaction. */
@@ -843,11 +952,13 @@ export const make = <A, I, R = never, IR = never>(
     const statements_ = statements(store)
     const encode = encoderOf(options.schema)
     const decode = Schema.decodeUnknownEither(Schema.parseJson(options.schema))
+    const settler = new SettleBatcher(statements_, clock)
     const context: MailboxContext = {
       name,
       store,
       statements: statements_,
-      settler: new SettleBatcher(statements_, clock),
+      settler,
+      settleGroup: groupSettler(settler),
       routes: new WeakMap(),
       clock,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema)

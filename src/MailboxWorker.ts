@@ -6,12 +6,14 @@
  * one: the lease extender is attached for the message, the message's log
  * annotations (MainLoop's `requestId`) are set, the handler (user code) runs
  * inside `restore` of an `uninterruptibleMask`, and the message is
- * settled by the handler's `Exit` — success and failure by the caller's
- * policies, interruption by `nack(0)` so another worker gets it at once.
- * Settles of a batch's messages commit in the background while the next
- * message, the next receive and the next batch run (a durable mailbox groups
- * those commits); at most two batches' settles are ever in flight, and all of
- * them finish before the loop stops.
+ * settled by the handler's `Exit`: a failure by the caller's policy, before
+ * the next message; an interruption by `nack(0)`, so another worker gets it at
+ * once; a success by replying (the caller's `onSuccess` makes the reply) and
+ * acknowledging. Successes go to the run's settler, one fiber that settles
+ * whatever has queued up in one `Mailbox.settleAll` (a durable mailbox commits
+ * them together), so commits overlap the next message, the next receive and
+ * the next batch; at most two batches' settles are ever outstanding, and all
+ * of them finish before the loop stops.
  *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
@@ -32,7 +34,6 @@ import * as HashMap from "effect/HashMap"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
-import * as Runtime from "effect/Runtime"
 import * as Schedule from "effect/Schedule"
 import * as Heartbeat from "./Heartbeat.js"
 import { counter } from "./internal/metrics.js"
@@ -41,8 +42,12 @@ import * as LeaseExtender from "./LeaseExtender.js"
 import {
   InvalidParameterError,
   type Mailbox,
-  type MailboxResolver,
+  MailboxResolver,
   type Message,
+  type ReceiptHandleExpiredError,
+  type ReplyError,
+  settleAll,
+  type Settlement,
   validateDuration,
   validateReceiveOptions
 } from "./Mailbox.js"
@@ -92,10 +97,16 @@ export interface Options<A, R, Out, E, Req> {
   readonly mailbox: Mailbox<A, R>
   /** The user's work for one message; interruptible. */
   readonly handle: (message: Message<A, R>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<Out, E, Req>
-  /** Settles a message whose handler succeeded (reply, then acknowledge, say). Runs uninterruptibly. */
-  readonly onSuccess: (message: Message<A, R>, output: Out) => Effect.Effect<void, never, Req>
-  /** Settles a message whose handler failed. Runs uninterruptibly. */
+  /**
+   * The reply to a message whose handler succeeded (`Option.none()` for none). The worker sends it to
+   * the message's `replyTo`, if any, and acknowledges, as one step (`replyAndAcknowledge`), in the
+   * background and together with the other messages handled meanwhile (`Mailbox.settleAll`).
+   */
+  readonly onSuccess: (message: Message<A, R>, output: Out) => Effect.Effect<Option.Option<R>, never, Req>
+  /** Settles a message whose handler failed (nack, error reply, dead letter). Runs uninterruptibly. */
   readonly onFailure: (message: Message<A, R>, cause: Cause.Cause<E>) => Effect.Effect<void, never, Req>
+  /** How long a message whose reply could not be sent stays away before it is delivered again (default 0). */
+  readonly retryAfter?: ((message: Message<A, R>) => Duration.Duration) | undefined
   /**
    * Log annotations for everything the handler and the settle log (MainLoop's `requestId`, say); they
    * do not outlive the message.
@@ -115,10 +126,22 @@ interface RunState<A, R> {
   pending: Array<Message<A, R>>
   /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
   fiber: Fiber.RuntimeFiber<void> | undefined
-  /** Settles (reply + ack, nack, dead letter) of the current batch still committing. */
-  settling: Array<Fiber.RuntimeFiber<void>>
-  /** Settles of the batch before, still committing: awaited before the batch after the current one starts. */
-  committing: Array<Fiber.RuntimeFiber<void>>
+  /** Successful messages' replies and acknowledgements, committed in the background (see `settler`). */
+  readonly settles: SettleQueue<A, R>
+  /** Settles queued before the current batch started: done before the batch after it starts. */
+  previousBatchStart: number
+}
+
+/** Settles handed to a run's settler fiber, and how far it got. */
+interface SettleQueue<A, R> {
+  queued: Array<Settlement<A, R>>
+  /** Settles ever queued, and ever finished (committed, or failed and handled). */
+  submitted: number
+  completed: number
+  /** Wakes the settler when it waits for work. */
+  wake: (() => void) | undefined
+  /** Fibers waiting until `completed` reaches their count. */
+  waiters: Array<{ readonly count: number; readonly resume: () => void }>
 }
 
 const addAnnotations = (
@@ -135,12 +158,38 @@ export const logSettleFailure = (step: string) => <E>(effect: Effect.Effect<void
   Effect.catchAllCause(effect, (cause) => Effect.logWarning(`${step} failed`, cause))
 
 /**
+ * What to do when a reply + acknowledgement failed: a stale delivery sent nothing (another delivery owns
+ * the message); a store that cannot be reached leaves the message to come back when its visibility
+ * ends; any other reply failure gives the message back after `retryAfter` instead of losing the work.
+ */
+const onSettleFailure = <A, R>(
+  message: Message<A, R>,
+  replied: boolean,
+  error: ReplyError | ReceiptHandleExpiredError,
+  retryAfter: Duration.Duration
+): Effect.Effect<void> => {
+  if (!replied) return Effect.logWarning(`acknowledge of ${message.id} failed`, error)
+  switch (error._tag) {
+    case "ReceiptHandleExpiredError":
+      return Effect.logWarning(`Reply to ${message.id} not sent: this delivery lost its lease`, error)
+    case "MailboxConnectionError":
+      return Effect.logError(
+        `Reply to ${message.id} could not be stored; the message comes back when its visibility ends`,
+        error
+      )
+    default:
+      return Effect.zipRight(
+        Effect.logError(`Reply to ${message.id} could not be sent; the message goes back to the queue`, error),
+        logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
+      )
+  }
+}
+
+/**
  * Replies and acknowledges in one step (`Message.replyAndAcknowledge`), so a
- * request is answered once even when it ran twice. A stale delivery sends
- * nothing (another delivery owns the message); a store that cannot be reached
- * leaves the message to come back when its visibility ends; any other reply
- * failure gives the message back after `retryAfter` instead of losing the
- * work. A message without `replyTo` is only acknowledged.
+ * request is answered once even when it ran twice; failures are handled as
+ * described at `onSettleFailure`. A message without `replyTo` is only
+ * acknowledged.
  */
 export const replyThenAck = <A, R>(
   message: Message<A, R>,
@@ -148,22 +197,10 @@ export const replyThenAck = <A, R>(
   retryAfter: Duration.Duration
 ): Effect.Effect<void, never, MailboxResolver> => {
   if (Option.isNone(message.replyTo)) return logSettleFailure(`acknowledge of ${message.id}`)(message.acknowledge)
-  return Effect.catchAll(message.replyAndAcknowledge(reply), (error) => {
-    switch (error._tag) {
-      case "ReceiptHandleExpiredError":
-        return Effect.logWarning(`Reply to ${message.id} not sent: this delivery lost its lease`, error)
-      case "MailboxConnectionError":
-        return Effect.logError(
-          `Reply to ${message.id} could not be stored; the message comes back when its visibility ends`,
-          error
-        )
-      default:
-        return Effect.zipRight(
-          Effect.logError(`Reply to ${message.id} could not be sent; the message goes back to the queue`, error),
-          logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
-        )
-    }
-  })
+  return Effect.catchAll(
+    message.replyAndAcknowledge(reply),
+    (error) => onSettleFailure(message, true, error, retryAfter)
+  )
 }
 
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
@@ -222,7 +259,10 @@ export const make = <A, R, Out, E, Req>(
         })
       )
 
-    /** Settles a handled message by its handler's exit. */
+    /**
+     * Settles a handled message by its handler's exit: a success is queued for the settler (its commit
+     * overlaps the next messages and batches), a failure is settled here before the next message.
+     */
     const settle = (
       run: RunState<A, R>,
       message: Message<A, R>,
@@ -231,7 +271,7 @@ export const make = <A, R, Out, E, Req>(
       if (Exit.isSuccess(exit)) {
         return Effect.zipRight(
           Metric.increment(messagesProcessed),
-          settleInBackground(run, options.onSuccess(message, exit.value))
+          Effect.map(options.onSuccess(message, exit.value), (reply) => queueSettle(run.settles, { message, reply }))
         )
       }
       // Only the paths that log pay for these annotations.
@@ -245,53 +285,74 @@ export const make = <A, R, Out, E, Req>(
           ))
         )
       }
-      return Effect.zipRight(
-        Metric.increment(messagesFailed),
-        settleInBackground(run, annotate(options.onFailure(message, exit.cause)))
-      )
+      return Effect.zipRight(Metric.increment(messagesFailed), annotate(options.onFailure(message, exit.cause)))
+    }
+
+    const queueSettle = (settles: SettleQueue<A, R>, settlement: Settlement<A, R>) => {
+      settles.queued.push(settlement)
+      settles.submitted++
+      settles.wake?.()
+    }
+
+    /** Waits until the settles queued so far, up to `count`, are done. */
+    const settledUpTo = (settles: SettleQueue<A, R>, count: number): Effect.Effect<void> =>
+      Effect.async<void>((resume) => {
+        if (settles.completed >= count) return resume(Effect.void)
+        settles.waiters.push({ count, resume: () => resume(Effect.void) })
+      })
+
+    /**
+     * The settler: one fiber per run that takes every queued success at once and settles them with
+     * `Mailbox.settleAll` — a durable mailbox commits them together and the settler waits once, where
+     * a fiber per message would cost a fiber and a wake-up each. Never fails; interrupted only when idle.
+     */
+    const settler = (settles: SettleQueue<A, R>, resolver: MailboxResolver["Type"]): Effect.Effect<never> => {
+      const take = Effect.async<ReadonlyArray<Settlement<A, R>>>((resume) => {
+        const takeAll = () => {
+          settles.wake = undefined
+          const batch = settles.queued
+          settles.queued = []
+          resume(Effect.succeed(batch))
+        }
+        if (settles.queued.length > 0) return takeAll()
+        settles.wake = takeAll
+      })
+      const settleBatch = (batch: ReadonlyArray<Settlement<A, R>>) =>
+        settleAll(batch).pipe(
+          Effect.flatMap((outcomes) =>
+            Effect.forEach(outcomes, (outcome, index) => {
+              if (Either.isRight(outcome)) return Effect.void
+              const { message, reply } = batch[index]!
+              const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
+              return onSettleFailure(message, replied, outcome.left, options.retryAfter?.(message) ?? Duration.zero)
+            }, { discard: true })
+          ),
+          Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause)),
+          Effect.provideService(MailboxResolver, resolver),
+          Effect.ensuring(Effect.sync(() => {
+            settles.completed += batch.length
+            const ready = settles.waiters.filter((waiter) => waiter.count <= settles.completed)
+            settles.waiters = settles.waiters.filter((waiter) => waiter.count > settles.completed)
+            for (const waiter of ready) waiter.resume()
+          })),
+          Effect.uninterruptible
+        )
+      return Effect.forever(Effect.flatMap(take, settleBatch))
     }
 
     /**
-     * A message received alone settles inline (nothing to overlap, and a fork costs more than it saves);
-     * in a batch every settle is forked, the last one too, so its commit overlaps the next batch.
-     */
-    const settleInBackground = (run: RunState<A, R>, settle: Effect.Effect<void, never, Req>) =>
-      run.pending.length === 0 && run.settling.length === 0 ?
-        settle :
-        Effect.withFiberRuntime<void, never, Req>((fiber, status) => {
-          // `forkDaemon` queues the new fiber on the scheduler; this one starts at once, on this stack, up
-          // to its first wait (the commit) — a scheduler turn per message saved, which is worth 10–15 %
-          // of a durable loop's throughput (measured). Same context, fiber refs and flags as a fork.
-          const runtime = Runtime.make({
-            context: fiber.currentContext as Context.Context<Req>,
-            fiberRefs: fiber.getFiberRefs(),
-            runtimeFlags: status.runtimeFlags
-          })
-          run.settling.push(Runtime.runFork(runtime)(settle))
-          return Effect.void
-        })
-
-    /**
      * Starts a new batch: waits for the settles of the batch before last, so a batch's commits overlap
-     * the next batch's receive and work (one commit round trip per batch would otherwise stall every
-     * loop), while at most two batches' settles are ever outstanding.
+     * the next batch's receive and work, while at most two batches' settles are ever outstanding.
      */
     const nextBatch = (run: RunState<A, R>) =>
       Effect.suspend(() => {
-        const older = run.committing
-        run.committing = run.settling
-        run.settling = []
-        return older.length === 0 ? Effect.void : Fiber.awaitAll(older)
+        const older = run.previousBatchStart
+        run.previousBatchStart = run.settles.submitted
+        return settledUpTo(run.settles, older)
       })
 
-    /** Waits for every settle in flight. */
-    const settled = (run: RunState<A, R>) =>
-      Effect.suspend(() => {
-        const fibers = [...run.committing, ...run.settling]
-        run.committing = []
-        run.settling = []
-        return fibers.length === 0 ? Effect.void : Fiber.awaitAll(fibers)
-      })
+    /** Waits for every settle queued. */
+    const settled = (run: RunState<A, R>) => Effect.suspend(() => settledUpTo(run.settles, run.settles.submitted))
 
     const loop = (
       run: RunState<A, R>,
@@ -366,16 +427,25 @@ export const make = <A, R, Out, E, Req>(
           phase: "processing",
           pending: [],
           fiber: undefined,
-          settling: [],
-          committing: []
+          settles: { queued: [], submitted: 0, completed: 0, wake: undefined, waiters: [] },
+          previousBatchStart: 0
         }
         state = current
+        // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
+        const resolver = Option.getOrElse(
+          Context.getOption(context as Context.Context<never>, MailboxResolver),
+          () => MailboxResolver.fromMailboxes()
+        )
+        const settlerFiber = yield* Effect.forkDaemon(settler(current.settles, resolver))
         const fiber = yield* loop(current, receiveOptions, maxIterations).pipe(
           Effect.provide(context),
           Effect.ensuring(Effect.suspend(() => {
             const leftover = current.pending
             current.pending = []
-            return Effect.zipRight(nackAll(leftover), settled(current))
+            return nackAll(leftover).pipe(
+              Effect.zipRight(settled(current)),
+              Effect.zipRight(Fiber.interrupt(settlerFiber))
+            )
           })),
           Effect.fork
         )

@@ -310,8 +310,8 @@ export const make = <Req, Out, E, R>(options: {
       mailbox: requests,
       handle,
       annotations: (message) => ({ requestId: message.body.requestId }),
-      onSuccess: (message, output) =>
-        Effect.flatMap(result(message, { output }), (reply) => replyAndAck(message, reply)),
+      onSuccess: (message, output) => Effect.map(result(message, { output }), Option.some),
+      retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
       onFailure,
       ...(options.config?.leaseExtender !== undefined ? { leaseExtender: options.config.leaseExtender } : {})
     })

@@ -13,7 +13,7 @@ const worker = (name: string, mailbox: Mailbox<string>, work: Effect.Effect<void
     name,
     mailbox,
     handle: () => work,
-    onSuccess: (message) => MailboxWorker.logSettleFailure("ack")(message.acknowledge),
+    onSuccess: () => Effect.succeedNone,
     onFailure: () => Effect.void
   })
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, HashMap, Logger, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
-import type { Mailbox } from "../src/Mailbox.js"
+import type { Mailbox, Message } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 
@@ -16,7 +16,7 @@ const worker = (
     name: "test-worker",
     mailbox,
     handle: (message, heartbeat) => work(message.body, heartbeat),
-    onSuccess: (message) => MailboxWorker.logSettleFailure("ack")(message.acknowledge),
+    onSuccess: () => Effect.succeedNone,
     onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
   })
 
@@ -138,7 +138,7 @@ describe("MailboxWorker leases", () => {
               yield* Effect.sleep("30 seconds")
             }
           }),
-        onSuccess: (message) => MailboxWorker.logSettleFailure("ack")(message.acknowledge),
+        onSuccess: () => Effect.succeedNone,
         onFailure: () => Effect.void,
         leaseExtender: { interval: "20 seconds", extension: "60 seconds" }
       })
@@ -199,7 +199,7 @@ const spanRecordingWorker = (mailbox: Mailbox<string>) =>
             ...entries,
             { id: message.id, span: Option.match(span, { onNone: () => "none", onSome: (s) => s.name }) }
           ])),
-      onSuccess: (message) => MailboxWorker.logSettleFailure("ack")(message.acknowledge),
+      onSuccess: () => Effect.succeedNone,
       onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
     })
     return { loop, seen: Ref.get(seen) }
@@ -241,13 +241,30 @@ describe("MailboxWorker settles", () => {
       for (const body of ["a", "b", "c", "d", "e", "f"]) yield* mailbox.send(body)
       const gate = yield* Deferred.make<void>()
       const handled = yield* Ref.make<Array<string>>([])
+      // A store whose commits hang until the gate opens.
+      const slow: Mailbox<string> = {
+        ...mailbox,
+        receive: (options) =>
+          Effect.map(mailbox.receive(options), (messages) =>
+            messages.map((message): Message<string> => ({
+              id: message.id,
+              body: message.body,
+              receiptHandle: message.receiptHandle,
+              deliveryCount: message.deliveryCount,
+              enqueuedAt: message.enqueuedAt,
+              replyTo: message.replyTo,
+              acknowledge: Effect.zipRight(Deferred.await(gate), message.acknowledge),
+              nack: message.nack,
+              extendVisibility: message.extendVisibility,
+              reply: message.reply,
+              replyAndAcknowledge: message.replyAndAcknowledge
+            })))
+      }
       const loop = yield* MailboxWorker.make({
         name: "slow-commits",
-        mailbox,
+        mailbox: slow,
         handle: (message) => Ref.update(handled, (bodies) => [...bodies, message.body]),
-        // A store whose commits hang until the gate opens.
-        onSuccess: (message) =>
-          Effect.zipRight(Deferred.await(gate), MailboxWorker.logSettleFailure("ack")(message.acknowledge)),
+        onSuccess: () => Effect.succeedNone,
         onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
       })
       const fiber = yield* Effect.fork(loop.run({ maxIterations: 3, maxMessages: 2, waitTime: 0 }))
@@ -277,7 +294,7 @@ describe("MailboxWorker log annotations", () => {
         mailbox,
         annotations: (message) => ({ [`only-${message.body}`]: true }),
         handle: (message) => Effect.logInfo(`handling ${message.body}`),
-        onSuccess: (message) => Effect.logInfo(`settling ${message.body}`),
+        onSuccess: (message) => Effect.as(Effect.logInfo(`settling ${message.body}`), Option.none()),
         onFailure: () => Effect.void
       })
       yield* loop.run({ maxIterations: 1, maxMessages: 2, waitTime: 0 }).pipe(

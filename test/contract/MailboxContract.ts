@@ -4,8 +4,8 @@
  * backend passes only if it reads time from `Clock`.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Exit, Fiber, Option, type Scope, TestClock } from "effect"
-import { type Mailbox, MailboxResolver } from "../../src/Mailbox.js"
+import { Duration, Effect, Either, Exit, Fiber, Option, type Scope, TestClock } from "effect"
+import { type Mailbox, MailboxResolver, settleAll } from "../../src/Mailbox.js"
 
 /** Builds an empty mailbox of string bodies and string replies, removed when the scope closes. */
 export type MakeMailbox = (options: {
@@ -410,6 +410,42 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           expect(reply!.body).toBe("pong")
           expect(reply!.id).toBe(replyId)
           expect((yield* Effect.flip(current!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        }))
+
+      it.scoped("settleAll settles a group, one outcome per message in order, nothing lost or sent twice", () =>
+        Effect.gen(function*() {
+          const requests = yield* make({ name: "requests" })
+          const responses = yield* make({ name: "responses" })
+          const resolver = MailboxResolver.fromMailboxes(requests, responses)
+          yield* requests.send("stale", { replyTo: "responses" })
+          const [stale] = yield* requests.receive({ visibilityTimeout: "1 second" })
+          yield* TestClock.adjust("1 second")
+          for (const body of ["reply", "ack-only", "no-reply-to"]) {
+            yield* requests.send(body, body === "no-reply-to" ? undefined : { replyTo: "responses" })
+          }
+          yield* requests.send("lost", { replyTo: "nowhere" })
+          const received = yield* requests.receive({ maxMessages: 10 })
+          const byBody = new Map(received.map((message) => [message.body, message]))
+          const outcomes = yield* settleAll([
+            { message: byBody.get("reply")!, reply: Option.some("pong") },
+            { message: stale!, reply: Option.some("late") },
+            { message: byBody.get("ack-only")!, reply: Option.none() },
+            { message: byBody.get("no-reply-to")!, reply: Option.some("dropped") },
+            { message: byBody.get("lost")!, reply: Option.some("pong") }
+          ]).pipe(Effect.provideService(MailboxResolver, resolver))
+          const [replied, expired, acked, noReplyTo, unresolved] = outcomes
+          expect(Either.isRight(replied!) && typeof replied.right).toBe("string")
+          expect(Either.isLeft(expired!) && expired.left._tag).toBe("ReceiptHandleExpiredError")
+          expect(acked).toEqual(Either.right(undefined))
+          expect(noReplyTo).toEqual(Either.right(undefined))
+          expect(Either.isLeft(unresolved!) && unresolved.left._tag).toBe("MailboxResolutionError")
+          // One reply (the stale delivery sent none); only the unresolved request is left, still leased.
+          const replies = yield* responses.receive({ maxMessages: 10 })
+          expect(bodies(replies)).toEqual(["pong"])
+          expect(replies[0]!.id).toBe(Either.getOrThrow(replied!))
+          expect(yield* requests.approximateCount).toBe(2) // "stale"'s current delivery, and "lost"
+          yield* byBody.get("lost")!.acknowledge
+          expect(yield* Effect.provideService(settleAll([]), MailboxResolver, resolver)).toEqual([])
         }))
 
       it.scoped("a reply to an unknown name fails MailboxResolutionError naming it", () =>
