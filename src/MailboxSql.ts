@@ -473,15 +473,11 @@ class SettleBatcher {
       return this.enqueue(Effect.async<ReadonlyArray<SettleExit>>((resume) => {
         const results = new Array<SettleExit>(items.length)
         let left = items.length
-        items.forEach((item, index) =>
-          this.pending.push({
-            item,
-            done: (result) => {
-              results[index] = result
-              if (--left === 0) resume(Effect.succeed(results))
-            }
-          })
-        )
+        const collect = (index: number) => (result: SettleExit) => {
+          results[index] = result
+          if (--left === 0) resume(Effect.succeed(results))
+        }
+        items.forEach((item, index) => this.pending.push({ item, done: collect(index) }))
       }))
     })
   }
@@ -757,15 +753,18 @@ class SqlMessage<A, R> implements Message<A, R> {
    * another store, which `replyAndAcknowledge` handles by itself.
    */
   prepare(reply: Option.Option<R>): Effect.Effect<Prepared, never, MailboxResolver> {
-    const item = (reply: SettleItem["reply"]): Prepared => ({
-      _tag: "Item",
-      item: { seq: this.id, handle: this.receiptHandle, reply }
-    })
-    if (Option.isNone(reply) || Option.isNone(this.replyTo)) return Effect.succeed(item(undefined))
-    return Effect.match(this.route(reply.value), {
-      onFailure: (error): Prepared => ({ _tag: "Done", outcome: Either.left(error) }),
-      onSuccess: (route): Prepared =>
-        route._tag === "Remote" ? { _tag: "Alone" } : item({ queue: route.queue, body: route.body })
+    // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
+    if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
+      return Effect.succeed({ _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } })
+    }
+    return Effect.map(Effect.either(this.route(reply.value)), (routed): Prepared => {
+      if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
+      const route = routed.right
+      if (route._tag === "Remote") return { _tag: "Alone" }
+      return {
+        _tag: "Item",
+        item: { seq: this.id, handle: this.receiptHandle, reply: { queue: route.queue, body: route.body } }
+      }
     })
   }
 
@@ -827,11 +826,6 @@ class SqlMessage<A, R> implements Message<A, R> {
       const replyTo = this.replyTo
       if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.id }))
       if (Option.isNone(replyTo)) return Effect.fail(new ReplyNotAvailableError({ messageId: this.id }))
-      const local = (queue: string, encode: Encoder): Effect.Effect<ReplyRoute, SerializationError> =>
-        Either.match(encode(body), {
-          onLeft: (reason) => Effect.fail(new SerializationError({ mailbox: queue, messageId: this.id, reason })),
-          onRight: (encoded) => Effect.succeed({ _tag: "Local", queue, body: encoded })
-        })
       return Effect.flatMap(MailboxResolver, (resolver) => {
         // A reply target is resolved once per resolver and name: resolving (and, for a queue the resolver
         // does not know, building its error) on every message costs more than the reply's insert.
@@ -851,13 +845,13 @@ class SqlMessage<A, R> implements Message<A, R> {
               : Effect.succeed<Destination>({ queue: replyTo.value, encode: this.mailbox.replyEncoder })),
           Effect.tap((destination) => Effect.sync(() => known.set(replyTo.value, destination)))
         )
-        return Effect.flatMap(
-          destination,
-          (found): Effect.Effect<ReplyRoute, SerializationError> =>
-            "target" in found
-              ? Effect.succeed({ _tag: "Remote", target: found.target })
-              : local(found.queue, found.encode)
-        )
+        return Effect.flatMap(destination, (found): Effect.Effect<ReplyRoute, SerializationError> => {
+          if ("target" in found) return Effect.succeed({ _tag: "Remote", target: found.target })
+          const encoded = found.encode(body)
+          return Either.isLeft(encoded)
+            ? Effect.fail(new SerializationError({ mailbox: found.queue, messageId: this.id, reason: encoded.left }))
+            : Effect.succeed({ _tag: "Local", queue: found.queue, body: encoded.right })
+        })
       })
     })
   }

@@ -198,15 +198,16 @@ export const make = <Req, Out, E, R>(options: {
       traceId: message.body.traceId,
       spanId: message.body.spanId
     })
-    // The run context of each in-flight attempt, for the result; keyed by delivery.
-    const contexts = new WeakMap<Msg, RunContext>()
+    // The run context of the attempt in flight, for its result: a loop handles one message at a time and
+    // settles it (onSuccess / onFailure) before it starts the next.
+    let current: { readonly message: Msg; readonly runContext: RunContext } | undefined
 
     const result = (message: Msg, outcome: { output?: Out; error?: DeadLetter.ErrorInfo }) =>
       Effect.map(DateTime.now, (completedAt) =>
         new MainLoopResult<Out>({
           requestId: message.body.requestId,
           ...outcome,
-          runContext: contexts.get(message) ?? runContextOf(message),
+          runContext: current?.message === message ? current.runContext : runContextOf(message),
           completedAt
         }))
 
@@ -276,27 +277,35 @@ export const make = <Req, Out, E, R>(options: {
         )
       })
 
-    // Once per message, so a chain rather than a generator; the optional steps cost only when used.
+    // Once per message, so chains rather than generators, and no closures made per message (`tsx` names
+    // every one); the optional steps cost only when used.
+    const start = (
+      message: Msg,
+      heartbeat: Heartbeat.Heartbeat,
+      budgetTracker: Budget.BudgetTracker | undefined,
+      fallback: Deadline.Deadline | undefined
+    ) =>
+      Effect.suspend(() => {
+        const body = message.body
+        const runContext = runContextOf(message)
+        current = { message, runContext }
+        // The request's own budget and deadline override the loop's config.
+        const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? options.config?.budget)?.deadline)
+        const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
+        return deadline === undefined ? work : Deadline.within(work, deadline)
+      })
+    const withFallback = (message: Msg, heartbeat: Heartbeat.Heartbeat, budgetTracker?: Budget.BudgetTracker) =>
+      message.body.deadline === undefined && timeout !== undefined
+        ? Effect.flatMap(
+          Effect.orDie(Deadline.after(timeout)), // ≥ 1 s, checked at construction: cannot be refused
+          (fallback) => start(message, heartbeat, budgetTracker, fallback)
+        )
+        : start(message, heartbeat, budgetTracker, undefined)
     const handle = (message: Msg, heartbeat: Heartbeat.Heartbeat) => {
-      const body = message.body
-      // The request's own budget and deadline override the loop's config.
-      const budget = body.budget ?? options.config?.budget
-      const start = (budgetTracker: Budget.BudgetTracker | undefined, fallback: Deadline.Deadline | undefined) =>
-        Effect.suspend(() => {
-          const runContext = runContextOf(message)
-          contexts.set(message, runContext)
-          const deadline = Deadline.earliest(body.deadline ?? fallback, budget?.deadline)
-          const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
-          return deadline === undefined ? work : Deadline.within(work, deadline)
-        })
-      const withFallback = (budgetTracker: Budget.BudgetTracker | undefined) =>
-        body.deadline === undefined && timeout !== undefined
-          ? Effect.flatMap(
-            Effect.orDie(Deadline.after(timeout)), // ≥ 1 s, checked at construction: cannot be refused
-            (fallback) => start(budgetTracker, fallback)
-          )
-          : start(budgetTracker, undefined)
-      return budget === undefined ? withFallback(undefined) : Effect.flatMap(Budget.makeTracker(budget), withFallback)
+      const budget = message.body.budget ?? options.config?.budget
+      return budget === undefined
+        ? withFallback(message, heartbeat)
+        : Effect.flatMap(Budget.makeTracker(budget), (tracker) => withFallback(message, heartbeat, tracker))
     }
 
     return yield* MailboxWorker.make<
