@@ -7,11 +7,24 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
-import { ConfigProvider, Context, DateTime, Effect, Either, Exit, Fiber, Layer, Schedule, Schema, Scope } from "effect"
+import {
+  ConfigProvider,
+  Context,
+  DateTime,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  Layer,
+  Option,
+  Schedule,
+  Schema,
+  Scope
+} from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { MailboxResolver } from "../src/Mailbox.js"
+import { MailboxResolver, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
@@ -127,6 +140,26 @@ for (const backend of backends) {
         yield* message!.replyAndAcknowledge({ n: 2 }).pipe(Effect.provide(MailboxResolver.layer()))
         const elsewhere = yield* MailboxSql.make({ name: "elsewhere", schema: Job, prefix })
         expect((yield* elsewhere.receive()).map((m) => m.body)).toEqual([{ n: 2 }])
+        expect(yield* requests.approximateCount).toBe(0)
+      }).pipe(onDb))
+
+    it.scoped("reply bodies with quotes, backslashes, newlines and non-ASCII text arrive intact, alone or grouped", () =>
+      Effect.gen(function*() {
+        const Text = Schema.Struct({ text: Schema.String })
+        const requests = yield* MailboxSql.make({ name: "requests", schema: Text, replySchema: Text, prefix })
+        const responses = yield* MailboxSql.make({ name: "responses", schema: Text, prefix })
+        const resolver = MailboxResolver.fromMailboxes(requests, responses)
+        const texts = ["say \"hi\"", "C:\\temp\\new", "line 1\nline 2\t{}", "naïve — 東京 🚀", "", "null"]
+        for (const text of texts) yield* requests.send({ text }, { replyTo: "responses" })
+        const [first, ...rest] = yield* requests.receive({ maxMessages: 10 })
+        yield* first!.replyAndAcknowledge({ text: first!.body.text }).pipe(
+          Effect.provideService(MailboxResolver, resolver)
+        )
+        yield* settleAll(rest.map((message) => ({ message, reply: Option.some({ text: message.body.text }) }))).pipe(
+          Effect.provideService(MailboxResolver, resolver)
+        )
+        const replies = yield* responses.receive({ maxMessages: 10 })
+        expect(replies.map((m) => m.body.text)).toEqual(texts)
         expect(yield* requests.approximateCount).toBe(0)
       }).pipe(onDb))
 
