@@ -22,7 +22,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
-import type * as ParseResult from "effect/ParseResult"
+import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import { hostname } from "node:os"
@@ -125,31 +125,54 @@ const RunContextSchema = Schema.Struct({
   spanId: Schema.optional(Schema.String)
 })
 
-/** The stored form of `MainLoopResult<Out>`, for a durable reply mailbox (and the requests' `replySchema`). */
+/**
+ * The stored form of `MainLoopResult<Out>`, for a durable reply mailbox (and the requests' `replySchema`).
+ * Decoding checks every field; encoding builds the envelope by hand around `output`'s own encoding, since
+ * a reply is encoded once per request and a generic struct encoding of it costs more than the loop's
+ * other per-message work together (the two agree: see the MainLoop tests).
+ */
 export const resultSchema = <Out, I>(
   output: Schema.Schema<Out, I, never>
-): Schema.Schema<MainLoopResult<Out>, unknown> =>
-  Schema.transform(
-    Schema.Struct({
-      requestId: Schema.String,
-      output: Schema.optional(output),
-      error: Schema.optional(ErrorInfoSchema),
-      runContext: RunContextSchema,
-      completedAt: Schema.DateTimeUtc
-    }),
-    Schema.declare((input): input is MainLoopResult<Out> => input instanceof MainLoopResult),
-    {
-      strict: false,
-      decode: (fields) => new MainLoopResult<Out>(fields as ConstructorParameters<typeof MainLoopResult<Out>>[0]),
-      encode: (result: MainLoopResult<Out>) => ({
+): Schema.Schema<MainLoopResult<Out>, unknown> => {
+  const Stored = Schema.Struct({
+    requestId: Schema.String,
+    output: Schema.optional(output),
+    error: Schema.optional(ErrorInfoSchema),
+    runContext: RunContextSchema,
+    completedAt: Schema.DateTimeUtc
+  })
+  const decodeStored = ParseResult.decodeUnknown(Stored)
+  const encodeOutput = ParseResult.encodeUnknown(output)
+  const Result = Schema.declare((input): input is MainLoopResult<Out> => input instanceof MainLoopResult)
+  return Schema.transformOrFail(Schema.Unknown, Result, {
+    strict: true,
+    decode: (stored, options) =>
+      ParseResult.map(
+        decodeStored(stored, options),
+        (fields) => new MainLoopResult<Out>(fields as ConstructorParameters<typeof MainLoopResult<Out>>[0])
+      ),
+    encode: (result, options) => {
+      const { runContext } = result
+      const envelope = (encodedOutput: unknown) => ({
         requestId: result.requestId,
-        ...(result.output === undefined ? {} : { output: result.output }),
-        ...(result.error === undefined ? {} : { error: result.error }),
-        runContext: result.runContext,
-        completedAt: result.completedAt
+        ...(result.output === undefined ? {} : { output: encodedOutput }),
+        ...(result.error === undefined ? {} : { error: { tag: result.error.tag, message: result.error.message } }),
+        runContext: {
+          workerId: runContext.workerId,
+          runId: runContext.runId,
+          requestId: runContext.requestId,
+          attempt: runContext.attempt,
+          ...(runContext.traceId === undefined ? {} : { traceId: runContext.traceId }),
+          ...(runContext.spanId === undefined ? {} : { spanId: runContext.spanId })
+        },
+        completedAt: DateTime.formatIso(result.completedAt)
       })
+      return result.output === undefined
+        ? ParseResult.succeed(envelope(undefined))
+        : ParseResult.map(encodeOutput(result.output, options), envelope)
     }
-  ) as unknown as Schema.Schema<MainLoopResult<Out>, unknown>
+  }) as unknown as Schema.Schema<MainLoopResult<Out>, unknown>
+}
 
 /** Options of the loop. */
 export interface MainLoopConfig<Req> {

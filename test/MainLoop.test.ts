@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, HashMap, Layer, Logger, Ref, Scope, TestClock } from "effect"
+import { DateTime, Effect, Exit, Fiber, HashMap, Layer, Logger, Ref, Schema, Scope, TestClock } from "effect"
 import * as DeadLetter from "../src/DeadLetter.js"
 import * as Deadline from "../src/Deadline.js"
 import { MailboxResolver } from "../src/Mailbox.js"
@@ -338,6 +338,63 @@ describe("MainLoop settling never loses a request", () => {
       expect((yield* replies).map((r) => r.output)).toEqual(["next"])
       expect(yield* requests.approximateCount).toBe(1)
     }))
+})
+
+describe("MainLoop.resultSchema", () => {
+  it("encodes what a generic struct encoding gives, and decodes back to an equal result", () => {
+    const Output = Schema.Struct({ at: Schema.DateTimeUtc, n: Schema.NumberFromString })
+    const Generic = Schema.Struct({
+      requestId: Schema.String,
+      output: Schema.optional(Output),
+      error: Schema.optional(Schema.Struct({ tag: Schema.String, message: Schema.String })),
+      runContext: Schema.Struct({
+        workerId: Schema.String,
+        runId: Schema.String,
+        requestId: Schema.String,
+        attempt: Schema.Number,
+        traceId: Schema.optional(Schema.String),
+        spanId: Schema.optional(Schema.String)
+      }),
+      completedAt: Schema.DateTimeUtc
+    })
+    const runContext = { workerId: "w", runId: "r", requestId: "q", attempt: 2 }
+    const completedAt = DateTime.unsafeMake(1_700_000_000_000)
+    const results = [
+      new MainLoop.MainLoopResult({
+        requestId: "q",
+        output: { at: DateTime.unsafeMake(0), n: 7 },
+        runContext,
+        completedAt
+      }),
+      new MainLoop.MainLoopResult<typeof Output.Type>({
+        requestId: "q",
+        error: { tag: "Boom", message: "it broke" },
+        runContext: { ...runContext, traceId: "t", spanId: "s" },
+        completedAt
+      })
+    ]
+    const schema = MainLoop.resultSchema(Output)
+    for (const result of results) {
+      const encoded = Schema.encodeSync(schema)(result)
+      const { output, error, ...rest } = result
+      expect(encoded).toEqual(
+        Schema.encodeSync(Generic)({
+          ...rest,
+          ...(output === undefined ? {} : { output }),
+          ...(error === undefined ? {} : { error }),
+          runContext: Object.fromEntries(
+            Object.entries(result.runContext).filter(([, v]) => v !== undefined)
+          ) as typeof runContext
+        })
+      )
+      const decoded = Schema.decodeUnknownSync(schema)(JSON.parse(JSON.stringify(encoded)))
+      expect(decoded).toBeInstanceOf(MainLoop.MainLoopResult)
+      expect(decoded.success).toBe(result.success)
+      expect(Schema.encodeSync(schema)(decoded)).toEqual(encoded)
+    }
+    // A stored result that is not one fails to decode, naming what is wrong.
+    expect(() => Schema.decodeUnknownSync(schema)({ requestId: 1 })).toThrow(/requestId/)
+  })
 })
 
 describe("MainLoop.layer", () => {
