@@ -130,6 +130,8 @@ interface RunState<A, R> {
   readonly settles: SettleQueue<A, R>
   /** Settles queued before the current batch started: done before the batch after it starts. */
   previousBatchStart: number
+  /** Where replies go. */
+  readonly resolver: MailboxResolver["Type"]
 }
 
 /** Settles handed to a run's settler fiber, and how far it got. */
@@ -271,7 +273,15 @@ export const make = <A, R, Out, E, Req>(
       if (Exit.isSuccess(exit)) {
         return Effect.zipRight(
           Metric.increment(messagesProcessed),
-          Effect.map(options.onSuccess(message, exit.value), (reply) => queueSettle(run.settles, { message, reply }))
+          Effect.flatMap(options.onSuccess(message, exit.value), (reply) => {
+            const { settles } = run
+            // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
+            // overlap and handing it to the settler would cost a wake-up for nothing.
+            if (run.pending.length === 0 && settles.completed === settles.submitted) {
+              return settleGroup(run, [{ message, reply }])
+            }
+            return Effect.sync(() => queueSettle(settles, { message, reply }))
+          })
         )
       }
       // Only the paths that log pay for these annotations.
@@ -306,7 +316,8 @@ export const make = <A, R, Out, E, Req>(
      * `Mailbox.settleAll` — a durable mailbox commits them together and the settler waits once, where
      * a fiber per message would cost a fiber and a wake-up each. Never fails; interrupted only when idle.
      */
-    const settler = (settles: SettleQueue<A, R>, resolver: MailboxResolver["Type"]): Effect.Effect<never> => {
+    const settler = (run: RunState<A, R>): Effect.Effect<never> => {
+      const { settles } = run
       const take = Effect.async<ReadonlyArray<Settlement<A, R>>>((resume) => {
         const takeAll = () => {
           settles.wake = undefined
@@ -317,18 +328,8 @@ export const make = <A, R, Out, E, Req>(
         if (settles.queued.length > 0) return takeAll()
         settles.wake = takeAll
       })
-      const settleBatch = (batch: ReadonlyArray<Settlement<A, R>>) =>
-        settleAll(batch).pipe(
-          Effect.flatMap((outcomes) =>
-            Effect.forEach(outcomes, (outcome, index) => {
-              if (Either.isRight(outcome)) return Effect.void
-              const { message, reply } = batch[index]!
-              const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
-              return onSettleFailure(message, replied, outcome.left, options.retryAfter?.(message) ?? Duration.zero)
-            }, { discard: true })
-          ),
-          Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause)),
-          Effect.provideService(MailboxResolver, resolver),
+      const settleQueued = (batch: ReadonlyArray<Settlement<A, R>>) =>
+        settleGroup(run, batch).pipe(
           Effect.ensuring(Effect.sync(() => {
             settles.completed += batch.length
             const ready = settles.waiters.filter((waiter) => waiter.count <= settles.completed)
@@ -337,8 +338,23 @@ export const make = <A, R, Out, E, Req>(
           })),
           Effect.uninterruptible
         )
-      return Effect.forever(Effect.flatMap(take, settleBatch))
+      return Effect.forever(Effect.flatMap(take, settleQueued))
     }
+
+    /** Settles a group with `Mailbox.settleAll` and deals with each failed outcome; never fails. */
+    const settleGroup = (run: RunState<A, R>, batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void> =>
+      settleAll(batch).pipe(
+        Effect.flatMap((outcomes) =>
+          Effect.forEach(outcomes, (outcome, index) => {
+            if (Either.isRight(outcome)) return Effect.void
+            const { message, reply } = batch[index]!
+            const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
+            return onSettleFailure(message, replied, outcome.left, options.retryAfter?.(message) ?? Duration.zero)
+          }, { discard: true })
+        ),
+        Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause)),
+        Effect.provideService(MailboxResolver, run.resolver)
+      )
 
     /**
      * Starts a new batch: waits for the settles of the batch before last, so a batch's commits overlap
@@ -428,15 +444,15 @@ export const make = <A, R, Out, E, Req>(
           pending: [],
           fiber: undefined,
           settles: { queued: [], submitted: 0, completed: 0, wake: undefined, waiters: [] },
-          previousBatchStart: 0
+          previousBatchStart: 0,
+          // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
+          resolver: Option.getOrElse(
+            Context.getOption(context as Context.Context<never>, MailboxResolver),
+            () => MailboxResolver.fromMailboxes()
+          )
         }
         state = current
-        // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
-        const resolver = Option.getOrElse(
-          Context.getOption(context as Context.Context<never>, MailboxResolver),
-          () => MailboxResolver.fromMailboxes()
-        )
-        const settlerFiber = yield* Effect.forkDaemon(settler(current.settles, resolver))
+        const settlerFiber = yield* Effect.forkDaemon(settler(current))
         const fiber = yield* loop(current, receiveOptions, maxIterations).pipe(
           Effect.provide(context),
           Effect.ensuring(Effect.suspend(() => {
