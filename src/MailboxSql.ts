@@ -665,43 +665,36 @@ type ReplyRoute =
 type Prepared =
   | { readonly _tag: "Item"; readonly item: SettleItem }
   | { readonly _tag: "Done"; readonly outcome: SettleOutcome }
-  | { readonly _tag: "Alone" }
 
 /**
  * The `GroupSettler` of a mailbox's messages: every delivery's acknowledgement and local reply go to the
  * group commit together, with one wait for all of them.
  */
-const groupSettler = (settler: SettleBatcher): GroupSettler =>
-<A, R>(
-  settlements: ReadonlyArray<Settlement<A, R>>
-) => {
-  const messageOf = (index: number) => settlements[index]!.message as SqlMessage<A, R>
-  return Effect.flatMap(
-    Effect.forEach(settlements, ({ message, reply }) => (message as SqlMessage<A, R>).prepare(reply)),
-    (prepared) => {
-      const outcomes = new Array<SettleOutcome>(settlements.length)
-      const items: Array<SettleItem> = []
-      const itemIndexes: Array<number> = []
-      const alone: Array<number> = []
-      prepared.forEach((step, index) => {
-        if (step._tag === "Item") {
-          items.push(step.item)
-          itemIndexes.push(index)
-        } else if (step._tag === "Done") outcomes[index] = step.outcome
-        else alone.push(index)
-      })
-      const grouped = Effect.map(settler.submitAll(items), (results) =>
-        results.forEach((result, k) => {
-          outcomes[itemIndexes[k]!] = messageOf(itemIndexes[k]!).settled(result, items[k]!.reply)
-        }))
-      const single = Effect.forEach(alone, (index) =>
-        Effect.map(settleOne(settlements[index]!), (outcome) => {
-          outcomes[index] = outcome
-        }), { concurrency: "unbounded", discard: true })
-      return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
-    }
-  )
-}
+const groupSettler = (settler: SettleBatcher): GroupSettler => <A, R>(settlements: ReadonlyArray<Settlement<A, R>>) =>
+  Effect.flatMap(MailboxResolver, (resolver) => {
+    const outcomes = new Array<SettleOutcome>(settlements.length)
+    const items: Array<SettleItem> = []
+    const itemIndexes: Array<number> = []
+    const alone: Array<number> = []
+    settlements.forEach(({ message, reply }, index) => {
+      const step = (message as SqlMessage<A, R>).prepare(resolver, reply)
+      if (step === undefined) alone.push(index)
+      else if (step._tag === "Item") {
+        items.push(step.item)
+        itemIndexes.push(index)
+      } else outcomes[index] = step.outcome
+    })
+    const grouped = Effect.map(settler.submitAll(items), (results) =>
+      results.forEach((result, k) => {
+        const index = itemIndexes[k]!
+        outcomes[index] = (settlements[index]!.message as SqlMessage<A, R>).settled(result, items[k]!.reply)
+      }))
+    const single = Effect.forEach(alone, (index) =>
+      Effect.map(settleOne(settlements[index]!), (outcome) => {
+        outcomes[index] = outcome
+      }), { concurrency: "unbounded", discard: true })
+    return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
+  })
 
 class SqlMessage<A, R> implements Message<A, R> {
   private finalized = false
@@ -752,23 +745,24 @@ class SqlMessage<A, R> implements Message<A, R> {
 
   /**
    * What a group settle does for this delivery: an item for the group commit (its local reply encoded),
-   * an outcome already known (the reply could not be routed or encoded), or "alone" for a reply to
-   * another store, which `replyAndAcknowledge` handles by itself.
+   * or an outcome already known (the reply could not be routed or encoded); `undefined` when
+   * `replyAndAcknowledge` must settle it on its own: a reply to another store, or to a queue this
+   * resolver has not been asked about yet (the first reply resolves it, later ones find it cached).
    */
-  prepare(reply: Option.Option<R>): Effect.Effect<Prepared, never, MailboxResolver> {
+  prepare(resolver: MailboxResolver["Type"], reply: Option.Option<R>): Prepared | undefined {
     // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
     if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
-      return Effect.succeed({ _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } })
+      return { _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } }
     }
-    return Effect.map(Effect.either(this.route(reply.value)), (routed): Prepared => {
-      if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
-      const route = routed.right
-      if (route._tag === "Remote") return { _tag: "Alone" }
-      return {
-        _tag: "Item",
-        item: { seq: this.id, handle: this.receiptHandle, reply: { queue: route.queue, body: route.body } }
-      }
-    })
+    const routed = this.routeNow(resolver, reply.value)
+    if (routed === undefined) return undefined
+    if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
+    const route = routed.right
+    if (route._tag === "Remote") return undefined
+    return {
+      _tag: "Item",
+      item: { seq: this.id, handle: this.receiptHandle, reply: { queue: route.queue, body: route.body } }
+    }
   }
 
   /** The outcome of this delivery's item in a group commit (the twin of `settle`'s continuation). */
@@ -824,38 +818,57 @@ class SqlMessage<A, R> implements Message<A, R> {
     })
   }
 
+  /**
+   * Routes a reply without waiting when it can: the checks, and a destination this resolver already
+   * gave (`undefined` when it has to be resolved first).
+   */
+  private routeNow(
+    resolver: MailboxResolver["Type"],
+    body: R
+  ): Either.Either<ReplyRoute, ReplyError> | undefined {
+    const refused = this.replyRefused()
+    if (refused !== undefined) return Either.left(refused)
+    const found = this.mailbox.routes.get(resolver)?.get(Option.getOrElse(this.replyTo, () => ""))
+    if (found === undefined) return undefined
+    if ("target" in found) return Either.right({ _tag: "Remote", target: found.target })
+    const encoded = found.encode(body)
+    return Either.isLeft(encoded)
+      ? Either.left(new SerializationError({ mailbox: found.queue, messageId: this.id, reason: encoded.left }))
+      : Either.right({ _tag: "Local", queue: found.queue, body: encoded.right })
+  }
+
+  /** Why this delivery cannot reply at all, if it cannot. */
+  private replyRefused(): MessageFinalizedError | ReplyNotAvailableError | undefined {
+    if (this.finalized) return new MessageFinalizedError({ messageId: this.id })
+    if (Option.isNone(this.replyTo)) return new ReplyNotAvailableError({ messageId: this.id })
+    return undefined
+  }
+
   private route(body: R): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> {
-    return Effect.suspend((): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> => {
-      const replyTo = this.replyTo
-      if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.id }))
-      if (Option.isNone(replyTo)) return Effect.fail(new ReplyNotAvailableError({ messageId: this.id }))
-      return Effect.flatMap(MailboxResolver, (resolver) => {
-        // A reply target is resolved once per resolver and name: resolving (and, for a queue the resolver
-        // does not know, building its error) on every message costs more than the reply's insert.
-        let known = this.mailbox.routes.get(resolver)
-        if (known === undefined) this.mailbox.routes.set(resolver, known = new Map())
-        const cached = known.get(replyTo.value)
-        const destination = cached !== undefined ? Effect.succeed(cached) : resolver.resolve(replyTo.value).pipe(
-          Effect.map((target): Destination => {
-            const local = registered.get(target)
-            return local !== undefined && local.store === this.mailbox.store
-              ? { queue: local.queue, encode: local.encode }
-              : { target }
-          }),
-          Effect.catchTag("MailboxResolutionError", (error) =>
-            this.mailbox.replyEncoder === undefined
-              ? Effect.fail(error)
-              : Effect.succeed<Destination>({ queue: replyTo.value, encode: this.mailbox.replyEncoder })),
-          Effect.tap((destination) => Effect.sync(() => known.set(replyTo.value, destination)))
-        )
-        return Effect.flatMap(destination, (found): Effect.Effect<ReplyRoute, SerializationError> => {
-          if ("target" in found) return Effect.succeed({ _tag: "Remote", target: found.target })
-          const encoded = found.encode(body)
-          return Either.isLeft(encoded)
-            ? Effect.fail(new SerializationError({ mailbox: found.queue, messageId: this.id, reason: encoded.left }))
-            : Effect.succeed({ _tag: "Local", queue: found.queue, body: encoded.right })
+    return Effect.flatMap(MailboxResolver, (resolver) => {
+      const now = this.routeNow(resolver, body)
+      if (now !== undefined) return now
+      // A reply target is resolved once per resolver and name: resolving (and, for a queue the resolver
+      // does not know, building its error) on every message costs more than the reply's insert.
+      const replyTo = Option.getOrElse(this.replyTo, () => "") // present: `routeNow` answered otherwise
+      return resolver.resolve(replyTo).pipe(
+        Effect.map((target): Destination => {
+          const local = registered.get(target)
+          return local !== undefined && local.store === this.mailbox.store
+            ? { queue: local.queue, encode: local.encode }
+            : { target }
+        }),
+        Effect.catchTag("MailboxResolutionError", (error) =>
+          this.mailbox.replyEncoder === undefined
+            ? Effect.fail(error)
+            : Effect.succeed<Destination>({ queue: replyTo, encode: this.mailbox.replyEncoder })),
+        Effect.flatMap((destination) => {
+          let known = this.mailbox.routes.get(resolver)
+          if (known === undefined) this.mailbox.routes.set(resolver, known = new Map())
+          known.set(replyTo, destination)
+          return this.routeNow(resolver, body)!
         })
-      })
+      )
     })
   }
 

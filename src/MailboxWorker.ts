@@ -345,7 +345,7 @@ export const make = <A, R, Out, E, Req>(
     const settleGroup = (run: RunState<A, R>, batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void> =>
       settleAll(batch).pipe(
         Effect.flatMap((outcomes) =>
-          Effect.forEach(outcomes, (outcome, index) => {
+          outcomes.every(Either.isRight) ? Effect.void : Effect.forEach(outcomes, (outcome, index) => {
             if (Either.isRight(outcome)) return Effect.void
             const { message, reply } = batch[index]!
             const replied = Option.isSome(reply) && Option.isSome(message.replyTo)

@@ -225,14 +225,16 @@ export const make = <Req, Out, E, R>(options: {
     // settles it (onSuccess / onFailure) before it starts the next.
     let current: { readonly message: Msg; readonly runContext: RunContext } | undefined
 
+    const clock = yield* Effect.clock
     const result = (message: Msg, outcome: { output?: Out; error?: DeadLetter.ErrorInfo }) =>
-      Effect.map(DateTime.now, (completedAt) =>
+      Effect.sync(() =>
         new MainLoopResult<Out>({
           requestId: message.body.requestId,
           ...outcome,
           runContext: current?.message === message ? current.runContext : runContextOf(message),
-          completedAt
-        }))
+          completedAt: DateTime.unsafeMake(clock.unsafeCurrentTimeMillis())
+        })
+      )
 
     const replyAndAck = (message: Msg, reply: MainLoopResult<Out>) =>
       MailboxWorker.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
