@@ -259,8 +259,11 @@ export const run = (
         lastPrinted = yield* Clock.currentTimeMillis
       }
       if (now.done + now.deadLettered >= options.size) break
-      if (Option.isNone(killed) && now.done >= options.size * 0.3 && now.inFlight > 0) {
-        const victim = workers[0]!
+      const victim = workers[0]!
+      // Mid-work (compiling), so the kill really takes a leased request with it.
+      const working = (victim.output.match(/^compiling$/gm)?.length ?? 0) >
+        (victim.output.match(/^compiled$/gm)?.length ?? 0)
+      if (Option.isNone(killed) && now.done >= options.size * 0.3 && working) {
         victim.child.kill("SIGKILL")
         killed = Option.some({ worker: victim.name, pid: victim.child.pid! })
         if (options.live) process.stderr.write("\n")

@@ -38,12 +38,14 @@ const program = Effect.gen(function*() {
         success: Schema.Struct({ ok: Schema.Boolean }),
         handler: (_, { beat }) =>
           Effect.gen(function*() {
+            // The demo kills a worker only while it is compiling, so the kill surely takes a leased request.
+            process.stdout.write("compiling\n")
             for (let step = 0; step < 5; step++) {
               yield* beat // proof of work: keeps the request leased
               yield* Effect.sleep(`${Math.max(1, Math.round(workMs / 5))} millis`)
             }
             return { ok: true }
-          })
+          }).pipe(Effect.ensuring(Effect.sync(() => process.stdout.write("compiled\n"))))
       })
       // Each request takes two turns: call the tool, then answer. Enough turns for every request twice over.
       const turns = Array.from({ length: 20_000 }, (_, i): ScriptedAdapter.ScriptedTurn =>
