@@ -23,7 +23,7 @@ import { baselinePairs, retainedAfter, sqlPairs, stmPairs } from "./workLease.js
 const ROUNDS = 5
 /** Durable mailbox comparison: jobs per round, rounds, and the pg-boss settings. */
 const JOBS = 5000
-const DURABLE_ROUNDS = 3
+const DURABLE_ROUNDS = 5
 const PG_BOSS_BEST = { batchSize: 500, pollingIntervalSeconds: 0.5 }
 const PG_BOSS_DEFAULT_JOBS = 40
 /** Merge queue: entries per round, rounds, and the lock timeout of the recovery case. */
