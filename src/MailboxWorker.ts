@@ -108,8 +108,8 @@ export interface Options<A, R, Out, E, Req> {
   /** How long a message whose reply could not be sent stays away before it is delivered again (default 0). */
   readonly retryAfter?: ((message: Message<A, R>) => Duration.Duration) | undefined
   /**
-   * Log annotations for everything the handler and the settle log (MainLoop's `requestId`, say); they
-   * do not outlive the message.
+   * Log annotations for what the handler, `onSuccess` and `onFailure` log (MainLoop's `requestId`,
+   * say); they do not outlive the message.
    */
   readonly annotations?: ((message: Message<A, R>) => Readonly<Record<string, unknown>>) | undefined
   readonly leaseExtender?: Partial<
@@ -452,19 +452,21 @@ export const make = <A, R, Out, E, Req>(
           )
         }
         state = current
-        const settlerFiber = yield* Effect.forkDaemon(settler(current))
-        const fiber = yield* loop(current, receiveOptions, maxIterations).pipe(
-          Effect.provide(context),
-          Effect.ensuring(Effect.suspend(() => {
-            const leftover = current.pending
-            current.pending = []
-            return nackAll(leftover).pipe(
-              Effect.zipRight(settled(current)),
-              Effect.zipRight(Fiber.interrupt(settlerFiber))
-            )
-          })),
-          Effect.fork
-        )
+        // The settler starts with the loop and stops after it, once every settle is done.
+        const fiber = yield* Effect.uninterruptibleMask((restore) =>
+          // (Interruptible: a fiber forked here would otherwise inherit the mask and never stop.)
+          Effect.flatMap(Effect.forkDaemon(Effect.interruptible(settler(current))), (settlerFiber) =>
+            restore(Effect.provide(loop(current, receiveOptions, maxIterations), context)).pipe(
+              Effect.ensuring(Effect.suspend(() => {
+                const leftover = current.pending
+                current.pending = []
+                return nackAll(leftover).pipe(
+                  Effect.zipRight(settled(current)),
+                  Effect.zipRight(Fiber.interrupt(settlerFiber))
+                )
+              }))
+            ))
+        ).pipe(Effect.fork)
         current.fiber = fiber
         // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message back).
         yield* Fiber.await(fiber).pipe(
@@ -479,10 +481,14 @@ export const make = <A, R, Out, E, Req>(
     const shutdown = (shutdownOptions?: { readonly timeout?: Duration.DurationInput | undefined }) =>
       Effect.gen(function*() {
         const current = state
-        if (current === undefined) return true
+        if (current === undefined) {
+          return true
+        }
         const decoded = validateDuration("timeout", shutdownOptions?.timeout, Duration.seconds(30), Duration.infinity)
         // `shutdown` cannot fail (it is what a signal handler calls): a bad timeout is reported and replaced.
-        if (Either.isLeft(decoded)) yield* Effect.logError(`${decoded.left.message}; using 30 s`)
+        if (Either.isLeft(decoded)) {
+          yield* Effect.logError(`${decoded.left.message}; using 30 s`)
+        }
         const timeout = Either.getOrElse(decoded, () => Duration.seconds(30))
         current.stopping = true
         const unstarted = current.pending
