@@ -298,6 +298,40 @@ describe("MailboxSql layers", () => {
     }))
 })
 
+describe("MailboxSql migrations on PostgreSQL", () => {
+  it.effect("a database made before migration 4 gets the PL/pgSQL claim and settle functions and keeps working", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const old = "upgraded_"
+      const language = sql<{ name: string; language: string }>`SELECT p.proname AS name, l.lanname AS language
+        FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+        WHERE p.proname IN (${old + "mailbox_claim"}, ${old + "mailbox_settle"}) ORDER BY p.proname`
+      yield* MailboxSql.make({ name: "jobs", schema: Job, prefix: old })
+      // Back to how migration 3 left a database: its functions in plain SQL, migration 4 not recorded.
+      yield* sql`DELETE FROM upgraded_mailbox_migrations WHERE migration_id = 4`
+      yield* sql`CREATE OR REPLACE FUNCTION upgraded_mailbox_claim(
+          p_queue text, p_now bigint, p_visible_at bigint, p_max integer)
+        RETURNS SETOF upgraded_mailbox_messages LANGUAGE sql VOLATILE
+        AS $$ SELECT * FROM upgraded_mailbox_messages WHERE false $$`
+      expect((yield* language).map((row) => row.language)).toEqual(["sql", "plpgsql"])
+      const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix: old })
+      yield* MailboxSql.make({ name: "done", schema: Job, prefix: old })
+      expect(yield* language).toEqual([
+        { name: "upgraded_mailbox_claim", language: "plpgsql" },
+        { name: "upgraded_mailbox_settle", language: "plpgsql" }
+      ])
+      yield* jobs.send({ n: 1 }, { replyTo: "done" })
+      const [message] = yield* jobs.receive({ waitTime: 0 })
+      expect(message?.body).toEqual({ n: 1 })
+      yield* message!.replyAndAcknowledge({ n: 2 })
+      expect(yield* jobs.approximateCount).toBe(0)
+    }).pipe(
+      Effect.provideService(SqlClient.SqlClient, pg),
+      Effect.provide(MailboxResolver.layer()),
+      Effect.scoped
+    ))
+})
+
 // Last in the file: it stops the shared cluster (and starts it again).
 describe("MailboxSql when PostgreSQL goes away", () => {
   it.live(
