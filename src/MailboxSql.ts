@@ -14,9 +14,10 @@
  * one is committing go together in the next statement (group commit). A
  * receive interrupted once its rows are claimed gives them back at once.
  * On PostgreSQL the claim and the grouped acknowledgement run inside two
- * SQL functions (`<prefix>mailbox_claim`, `<prefix>mailbox_settle`) whose
- * settings pin index plans, so a table PostgreSQL has not analysed yet (a
- * new queue, a burst) is not scanned whole per statement.
+ * PL/pgSQL functions (`<prefix>mailbox_claim`, `<prefix>mailbox_settle`):
+ * their settings pin index plans, so a table PostgreSQL has not analysed yet
+ * (a new queue, a burst) is not scanned whole per statement, and each
+ * connection plans them once.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
  * or the end of the wait. Sends in the same process wake receivers at once;
