@@ -11,8 +11,9 @@
  * on SQLite. Acknowledge, nack and extend are statements guarded by the
  * handle and `visible_at > now`, so a stale handle changes nothing; the
  * acknowledgements (with their replies) that concurrent loops submit while
- * one is committing go together in the next statement (group commit). A
- * receive interrupted once its rows are claimed gives them back at once.
+ * one is committing go together in the next statement (group commit), and so
+ * do concurrent sends. A receive interrupted once its rows are claimed gives
+ * them back at once.
  * On PostgreSQL the claim and the grouped acknowledgement run inside two
  * PL/pgSQL functions (`<prefix>mailbox_claim`, `<prefix>mailbox_settle`):
  * their settings pin index plans, so a table PostgreSQL has not analysed yet
@@ -305,14 +306,13 @@ interface Statements {
     visibleAt: number,
     max: number
   ) => Effect.Effect<ReadonlyArray<Row>, SqlError>
+  /** Inserts messages into one queue: each one's id, in order, or `undefined` for those that found it full. */
   readonly insert: (
     queue: string,
-    body: string,
+    items: ReadonlyArray<SendItem>,
     now: number,
-    visibleAt: number,
-    replyTo: string | null,
     maxSize: number | undefined
-  ) => Effect.Effect<ReadonlyArray<{ seq: number | string }>, SqlError>
+  ) => Effect.Effect<ReadonlyArray<string | undefined>, SqlError>
   /** Acknowledges deliveries, inserting each one's reply (if any) in the same transaction. */
   readonly settle: (
     items: ReadonlyArray<SettleItem>,
@@ -338,6 +338,13 @@ interface Statements {
   readonly nextVisibleAt: (queue: string, now: number) => Effect.Effect<number | undefined, SqlError>
   readonly count: (queue: string) => Effect.Effect<number, SqlError>
   readonly purge: (queue: string) => Effect.Effect<number, SqlError>
+}
+
+/** A message to insert: its encoded body, how long it stays invisible, where its replies go. */
+interface SendItem {
+  readonly body: string
+  readonly delayMillis: number
+  readonly replyTo: string | null
 }
 
 /** A delivery to acknowledge, with the reply to insert in the same transaction. */
@@ -454,37 +461,38 @@ interface ClaimRequest {
 }
 
 /**
- * Group commit for acknowledgements: settles requested while a settle
- * statement is in flight go together in the next one. An idle mailbox pays no
- * delay (the first settle flushes after one yield); a busy one sends one
- * statement and one commit for many messages. Waiters are plain callbacks
- * (a `Deferred` per acknowledgement costs more than the rest of the path).
- * A waiter interrupted once it has submitted stops waiting; its settle
- * still commits with the batch.
+ * Group commit: items submitted while a statement is in flight go together
+ * in the next one — acknowledgements (with their replies) and sends, each
+ * mailbox with one of each. An idle mailbox pays no delay (the first item
+ * flushes after one yield); a busy one sends one statement and one commit
+ * for many items. Waiters are plain callbacks (a `Deferred` per item costs
+ * more than the rest of the path). A waiter interrupted once it has
+ * submitted stops waiting; its item still commits with the batch.
  */
-class SettleBatcher {
-  private pending: Array<{ readonly item: SettleItem; readonly done: (result: SettleExit) => void }> = []
+class GroupCommit<I, O> {
+  private pending: Array<{ readonly item: I; readonly done: (result: Exit.Exit<O, SqlError>) => void }> = []
   private flushing = false
 
-  constructor(private readonly statements: Statements, private readonly clock: Clock.Clock) {}
+  /** `commit` writes a batch (at most 200 items) and gives each item's result, in order. */
+  constructor(private readonly commit: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<O>, SqlError>) {}
 
-  /** Resolves with the reply id (or `undefined` without a reply) once committed, `false` if the handle was stale. */
-  submit(item: SettleItem): SettleResult {
+  /** Resolves with the item's result once its batch has committed. */
+  submit(item: I): Effect.Effect<O, SqlError> {
     return Effect.suspend(() =>
-      this.enqueue(Effect.async<string | undefined | false, SqlError>((resume) => {
+      this.enqueue(Effect.async<O, SqlError>((resume) => {
         this.pending.push({ item, done: resume })
       }))
     )
   }
 
   /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
-  submitAll(items: ReadonlyArray<SettleItem>): Effect.Effect<ReadonlyArray<SettleExit>> {
+  submitAll(items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, SqlError>>> {
     return Effect.suspend(() => {
       if (items.length === 0) return Effect.succeed([])
-      return this.enqueue(Effect.async<ReadonlyArray<SettleExit>>((resume) => {
-        const results = new Array<SettleExit>(items.length)
+      return this.enqueue(Effect.async<ReadonlyArray<Exit.Exit<O, SqlError>>>((resume) => {
+        const results = new Array<Exit.Exit<O, SqlError>>(items.length)
         let left = items.length
-        const collect = (index: number) => (result: SettleExit) => {
+        const collect = (index: number) => (result: Exit.Exit<O, SqlError>) => {
           results[index] = result
           if (--left === 0) resume(Effect.succeed(results))
         }
@@ -506,18 +514,8 @@ class SettleBatcher {
       while (this.pending.length > 0) {
         const batch = this.pending.slice(0, 200)
         this.pending = this.pending.slice(batch.length)
-        const settled = yield* Effect.exit(
-          this.statements.settle(batch.map((entry) => entry.item), this.clock.unsafeCurrentTimeMillis())
-        )
-        // The same delivery settled twice in one batch (concurrent acks): only the first wins.
-        const answered = new Set<string>()
-        for (const { done, item } of batch) {
-          done(Exit.map(settled, (rows) => {
-            if (!rows.has(item.seq) || answered.has(item.seq)) return false
-            answered.add(item.seq)
-            return rows.get(item.seq)
-          }))
-        }
+        const committed = yield* Effect.exit(this.commit(batch.map((entry) => entry.item)))
+        batch.forEach((entry, index) => entry.done(Exit.map(committed, (results) => results[index]!)))
       }
       this.flushing = false
     })
@@ -527,7 +525,21 @@ class SettleBatcher {
 /** A settle's result: the reply id (or `undefined` without one), `false` for a stale handle, or the store's error. */
 type SettleExit = Exit.Exit<string | undefined | false, SqlError>
 
-type SettleResult = Effect.Effect<string | undefined | false, SqlError>
+/** Acknowledgements with their replies, committed together. */
+type SettleBatcher = GroupCommit<SettleItem, string | undefined | false>
+
+const settleBatcher = (statements: Statements, clock: Clock.Clock): SettleBatcher =>
+  new GroupCommit((items) =>
+    Effect.map(statements.settle(items, clock.unsafeCurrentTimeMillis()), (rows) => {
+      // The same delivery settled twice in one batch (concurrent acks): only the first wins.
+      const answered = new Set<string>()
+      return items.map((item) => {
+        if (!rows.has(item.seq) || answered.has(item.seq)) return false
+        answered.add(item.seq)
+        return rows.get(item.seq)
+      })
+    })
+  )
 
 /** The statement set of the store's dialect. */
 const statements = (store: Store): Statements => {
@@ -549,19 +561,38 @@ const statements = (store: Store): Statements => {
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${now}
             ORDER BY visible_at, seq LIMIT ${max})
           RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to`,
-    insert: (queue, body, now, visibleAt, replyTo, maxSize) => {
+    insert: (queue, items, now, maxSize) => {
+      if (pg) {
+        // The first `maxSize - count` items go in; ids are drawn up front so each item learns its own.
+        const room = maxSize === undefined
+          ? sql``
+          : sql`WHERE v.n <= ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
+        const wake = items.some((item) => item.delayMillis === 0)
+        return Effect.map(
+          sql<{ seq: string }>`WITH input AS MATERIALIZED (
+            SELECT nextval((SELECT pg_get_serial_sequence(${
+            sql.literal(`'${store.messages}'`)
+          }, 'seq')::regclass)) AS seq,
+              v.body, v.delay, v.reply_to, v.n
+            FROM ROWS FROM (json_to_recordset(${JSON.stringify(items)}::json)
+              AS (body text, "delayMillis" bigint, "replyTo" text)) WITH ORDINALITY AS v(body, delay, reply_to, n)
+            ${room}),
+          ins AS (
+            INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to)
+            SELECT seq, ${queue}::text, body, ${now}::bigint + delay, ${now}::bigint, reply_to FROM input)
+          SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`,
+          (rows) => items.map((_, index) => rows[index]?.seq)
+        )
+      }
       const room = maxSize === undefined
         ? sql``
         : sql`WHERE (SELECT count(*) FROM ${messages} WHERE queue = ${queue}) < ${maxSize}`
-      const wake = pg && visibleAt <= now
-      return pg
-        ? sql<{ seq: string }>`WITH ins AS (
-            INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
-            SELECT ${queue}::text, ${body}::text, ${visibleAt}::bigint, ${now}::bigint, ${replyTo}::text ${room}
-            RETURNING seq)
-          SELECT seq${wake ? notify(queue) : sql``} FROM ins`
-        : sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
-          SELECT ${queue}, ${body}, ${visibleAt}, ${now}, ${replyTo} ${room} RETURNING seq`
+      return sql.withTransaction(Effect.forEach(items, (item) =>
+        Effect.map(
+          sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+            SELECT ${queue}, ${item.body}, ${now + item.delayMillis}, ${now}, ${item.replyTo} ${room} RETURNING seq`,
+          (rows) => rows[0] === undefined ? undefined : String(rows[0].seq)
+        )))
     },
     settle: (items, now) =>
       pg
@@ -889,11 +920,11 @@ class SqlMessage<A, R> implements Message<A, R> {
       const { statements, store } = this.mailbox
       return Effect.suspend(() => {
         const now = this.mailbox.clock.unsafeCurrentTimeMillis()
-        return statements.insert(route.queue, route.body, now, now, null, undefined)
+        return statements.insert(route.queue, [{ body: route.body, delayMillis: 0, replyTo: null }], now, undefined)
       }).pipe(
-        Effect.map((rows) => {
+        Effect.map((ids) => {
           store.wake(route.queue)
-          return String(rows[0]!.seq)
+          return ids[0]!
         }),
         connectionError(route.queue)
       )
@@ -973,7 +1004,14 @@ export const make = <A, I, R = never, IR = never>(
     const statements_ = statements(store)
     const encode = encoderOf(options.schema)
     const decode = Schema.decodeUnknownEither(Schema.parseJson(options.schema))
-    const settler = new SettleBatcher(statements_, clock)
+    const settler = settleBatcher(statements_, clock)
+    // Sends group-commit too: concurrent producers share one statement and one commit.
+    const sender = new GroupCommit<SendItem, string | undefined>((items) =>
+      Effect.map(statements_.insert(name, items, clock.unsafeCurrentTimeMillis(), maxSize), (ids) => {
+        if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
+        return ids
+      })
+    )
     const context: MailboxContext = {
       name,
       store,
@@ -999,16 +1037,14 @@ export const make = <A, I, R = never, IR = never>(
         if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
         const encoded = encode(body)
         if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
-        const now = clock.unsafeCurrentTimeMillis()
-        return statements_.insert(name, encoded.right, now, now + delayMillis, sendOptions?.replyTo ?? null, maxSize)
-          .pipe(
-            withStore,
-            Effect.flatMap((rows) => {
-              if (rows[0] === undefined) return Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
-              if (delayMillis === 0) store.wake(name)
-              return Effect.succeed(String(rows[0].seq))
-            })
+        return sender.submit({ body: encoded.right, delayMillis, replyTo: sendOptions?.replyTo ?? null }).pipe(
+          withStore,
+          Effect.flatMap((id) =>
+            id === undefined
+              ? Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
+              : Effect.succeed(id)
           )
+        )
       })
 
     /** Turns claimed rows into messages; a row whose body no longer decodes goes to the dead-letter table. */

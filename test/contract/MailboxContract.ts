@@ -275,6 +275,24 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           yield* mailbox.send("c")
         }))
 
+      it.scoped("concurrent sends: each gets its own id, a bounded mailbox takes exactly maxSize of them", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh(5)
+          const bodies = Array.from({ length: 8 }, (_, i) => `m${i}`)
+          const results = yield* Effect.forEach(bodies, (body) => Effect.either(mailbox.send(body)), {
+            concurrency: "unbounded"
+          })
+          const accepted = new Map(
+            results.flatMap((result, i) => Either.isRight(result) ? [[result.right, bodies[i]]] : [])
+          )
+          expect(accepted.size).toBe(5)
+          expect(results.flatMap((result) => Either.isLeft(result) ? [result.left._tag] : [])).toEqual(
+            Array(3).fill("MailboxFullError")
+          )
+          const received = yield* mailbox.receive({ maxMessages: 10 })
+          expect(new Map(received.map((message) => [message.id, message.body]))).toEqual(accepted)
+        }))
+
       it.scoped("approximateCount counts visible, delayed and in-flight messages; purge deletes them all", () =>
         Effect.gen(function*() {
           const mailbox = yield* fresh()
