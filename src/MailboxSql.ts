@@ -1532,10 +1532,37 @@ export const databaseUrl = Sql.databaseUrl
  */
 export const layerPg = (options?: {
   readonly url?: Redacted.Redacted | string | undefined
+  /** Most connections the pool opens (default 10). */
   readonly maxConnections?: number | undefined
+  /**
+   * Connections opened when the layer starts and kept open (default 4, or `maxConnections` if fewer): a busy
+   * worker uses about that many (claims, acknowledgements, sends, the odd long poll), and opening them
+   * at start keeps that cost out of its first messages.
+   */
+  readonly minConnections?: number | undefined
   readonly prefix?: string | undefined
-}): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError> => {
-  const client = Sql.pgClient(options?.url, options?.maxConnections ?? 10).pipe(
+}): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError | InvalidParameterError> => {
+  const maxConnections = options?.maxConnections ?? 10
+  const minConnections = options?.minConnections ?? Math.min(4, maxConnections)
+  if (!(Number.isSafeInteger(maxConnections) && maxConnections > 0)) {
+    return Layer.fail(
+      new InvalidParameterError({
+        parameter: "maxConnections",
+        value: maxConnections,
+        reason: "must be a positive integer"
+      })
+    )
+  }
+  if (!(Number.isSafeInteger(minConnections) && minConnections >= 0 && minConnections <= maxConnections)) {
+    return Layer.fail(
+      new InvalidParameterError({
+        parameter: "minConnections",
+        value: minConnections,
+        reason: `must be an integer from 0 to maxConnections (${maxConnections})`
+      })
+    )
+  }
+  const client = Sql.pgClient(options?.url, maxConnections, minConnections).pipe(
     Layer.catchAll((error) =>
       Layer.fail(
         error._tag === "SqlError" ? new MailboxConnectionError({ mailbox: "postgresql", cause: error }) : error

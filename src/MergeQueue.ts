@@ -968,7 +968,7 @@ export const layerPg = (
   const { url, ...rest } = options ?? {}
   return Layer.provideMerge(
     layer(rest),
-    Sql.pgClient(url, 10).pipe(
+    Sql.pgClient(url, 10, 1).pipe(
       Layer.catchAll((error) =>
         Layer.fail(error._tag === "SqlError" ? new MergeQueueStoreError({ operation: "connect", cause: error }) : error)
       )

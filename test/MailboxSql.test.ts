@@ -287,6 +287,27 @@ describe("MailboxSql layers", () => {
       expect(error.message).toContain(filename)
     }))
 
+  it.live("layerPg opens minConnections connections when it starts; bad pool sizes are InvalidParameterError", () =>
+    Effect.gen(function*() {
+      const sessions = pg<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE datname = current_database() AND backend_type = 'client backend'`.pipe(Effect.map((rows) => rows[0]!.n))
+      const before = yield* sessions
+      yield* Layer.build(Layer.fresh(MailboxSql.layerPg({ url: cluster.url, minConnections: 3 })))
+      expect((yield* sessions) - before).toBe(3)
+      for (
+        const [options, parameter] of [
+          [{ maxConnections: 0 }, "maxConnections"],
+          [{ minConnections: -1 }, "minConnections"],
+          [{ maxConnections: 2, minConnections: 3 }, "minConnections"],
+          [{ minConnections: 1.5 }, "minConnections"]
+        ] as const
+      ) {
+        const error = yield* Effect.flip(Layer.build(MailboxSql.layerPg({ url: cluster.url, ...options })))
+        expect(error._tag).toBe("InvalidParameterError")
+        expect(error._tag === "InvalidParameterError" && error.parameter).toBe(parameter)
+      }
+    }).pipe(Effect.scoped))
+
   it.effect("layerPg without a url reads LEASEHOLD_DATABASE_URL and says so when it is missing", () =>
     Effect.gen(function*() {
       const error = yield* Effect.flip(

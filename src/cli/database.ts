@@ -58,7 +58,7 @@ export const client = (
     return Layer.fail(new MissingDatabaseError())
   }
   if (isPostgres(resolved)) {
-    return Sql.pgClient(resolved, 2).pipe(
+    return Sql.pgClient(resolved, 2, 1).pipe(
       Layer.catchAll((error) =>
         Layer.fail(
           new DatabaseUnavailableError({

@@ -118,12 +118,29 @@ export const databaseUrl: Config.Config<Redacted.Redacted> = Config.redacted("LE
   Config.orElse(() => Config.redacted("DATABASE_URL"))
 )
 
-/** A PostgreSQL client at `url`, else at `databaseUrl`. */
+/**
+ * A PostgreSQL client at `url`, else at `databaseUrl`, whose pool opens
+ * `minConnections` connections when the layer starts and keeps them: a new
+ * server process costs milliseconds (and its first calls of the mailbox's
+ * functions compile them), which a worker pays at start rather than on the
+ * first burst of messages.
+ */
 export const pgClient = (
   url: Redacted.Redacted | string | undefined,
-  maxConnections: number
+  maxConnections: number,
+  minConnections: number
 ): Layer.Layer<SqlClient.SqlClient, SqlError | ConfigError.ConfigError> =>
   PgClient.layerConfig({
     url: url === undefined ? databaseUrl : Config.succeed(typeof url === "string" ? Redacted.make(url) : url),
-    maxConnections: Config.succeed(maxConnections)
-  })
+    maxConnections: Config.succeed(maxConnections),
+    minConnections: Config.succeed(minConnections)
+  }).pipe(
+    Layer.tap((context) => {
+      const sql = Context.get(context, SqlClient.SqlClient)
+      // Asked for all at once, so the pool has no idle connection to reuse and opens each.
+      return Effect.all(Array.from({ length: minConnections }, () => sql`SELECT 1`), {
+        concurrency: "unbounded",
+        discard: true
+      })
+    })
+  )
