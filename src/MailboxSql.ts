@@ -21,7 +21,8 @@
  * connection plans them once.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
- * or the end of the wait. Sends in the same process wake receivers at once;
+ * or the end of the wait; a queue's idle receivers share one look-up of that
+ * expiry, as they share claims. Sends in the same process wake receivers at once;
  * across processes PostgreSQL sends `NOTIFY` (with a bounded polling
  * fallback) and SQLite receivers poll with backoff.
  *
@@ -518,6 +519,32 @@ class GroupCommit<I, O> {
         batch.forEach((entry, index) => entry.done(Exit.map(committed, (results) => results[index]!)))
       }
       this.flushing = false
+    })
+  }
+}
+
+/**
+ * Single flight: callers that ask while the query is running share its
+ * answer. A queue's idle receivers all ask when its next message becomes
+ * visible; one query answers them, where each asking would take as many
+ * connections and scans. The query runs in a fiber of its own, so a caller
+ * interrupted while it waits does not cut the query short for the others.
+ */
+class SingleFlight<A, E> {
+  private running: Deferred.Deferred<A, E> | undefined
+
+  constructor(private readonly query: () => Effect.Effect<A, E>) {}
+
+  get run(): Effect.Effect<A, E> {
+    return Effect.suspend(() => {
+      if (this.running !== undefined) return Deferred.await(this.running)
+      const running = Deferred.unsafeMake<A, E>(FiberId.none)
+      this.running = running
+      const query = Effect.flatMap(Effect.exit(Effect.suspend(this.query)), (exit) => {
+        this.running = undefined
+        return Deferred.done(running, exit)
+      })
+      return Effect.zipRight(Effect.forkDaemon(query), Deferred.await(running))
     })
   }
 }
@@ -1085,6 +1112,7 @@ export const make = <A, I, R = never, IR = never>(
         (row) => Effect.ignore(statements_.release(String(row.seq), row.receipt_handle, now)),
         { discard: true }
       )
+    const nextVisibleAt = new SingleFlight(() => statements_.nextVisibleAt(name, clock.unsafeCurrentTimeMillis()))
     const claimer = new ClaimBatcher(
       (now, visibleAt, max) => statements_.claim(name, now, visibleAt, max),
       releaseRows,
@@ -1126,7 +1154,7 @@ export const make = <A, I, R = never, IR = never>(
         return Effect.flatMap(claimOnce(max, visibilityMillis), (received) => {
           const now = clock.unsafeCurrentTimeMillis()
           if (received.length > 0 || closed || now >= waitUntil) return Effect.succeed(received)
-          return Effect.flatMap(withStore(statements_.nextVisibleAt(name, now)), (nextVisible) => {
+          return Effect.flatMap(withStore(nextVisibleAt.run), (nextVisible) => {
             const sleepUntil = Math.min(waitUntil, nextVisible ?? waitUntil, now + pollMillis)
             return Effect.zipRight(
               Effect.raceAll([
