@@ -263,26 +263,30 @@ describe("MailboxSql long polls across clients (another process, as far as the d
     30_000
   )
 
-  it.live("PostgreSQL: idle receivers of a queue share one look-up of when its next message is visible", () =>
-    Effect.gen(function*() {
-      const lookUps: Array<string> = []
-      const countLookUps: Statement.Statement.Transformer = (statement) =>
-        Effect.sync(() => {
-          const [text] = statement.compile()
-          if (text.includes("min(visible_at)")) lookUps.push(text)
-          return statement
-        })
-      const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix, pollInterval: "1 minute" })
-      yield* jobs.send({ n: 1 }, { delay: "1 minute" })
-      const receivers = yield* Effect.forEach(
-        Array.from({ length: 8 }),
-        () => Effect.fork(Statement.withTransformer(jobs.receive({ waitTime: "20 seconds" }), countLookUps)),
-        { concurrency: "unbounded" }
-      )
-      yield* Effect.sleep("300 millis") // all eight found the queue empty and sleep until the next visible time
-      expect(lookUps).toHaveLength(1)
-      yield* Effect.forEach(receivers, Fiber.interrupt, { discard: true })
-    }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped), 30_000)
+  it.live(
+    "PostgreSQL: idle receivers of a queue share one look-up of when its next message is visible",
+    () =>
+      Effect.gen(function*() {
+        const lookUps: Array<string> = []
+        const countLookUps: Statement.Statement.Transformer = (statement) =>
+          Effect.sync(() => {
+            const [text] = statement.compile()
+            if (text.includes("min(visible_at)")) lookUps.push(text)
+            return statement
+          })
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix, pollInterval: "1 minute" })
+        yield* jobs.send({ n: 1 }, { delay: "1 minute" })
+        const receivers = yield* Effect.forEach(
+          Array.from({ length: 8 }),
+          () => Effect.fork(Statement.withTransformer(jobs.receive({ waitTime: "20 seconds" }), countLookUps)),
+          { concurrency: "unbounded" }
+        )
+        yield* Effect.sleep("300 millis") // all eight found the queue empty and sleep until the next visible time
+        expect(lookUps).toHaveLength(1)
+        yield* Effect.forEach(receivers, Fiber.interrupt, { discard: true })
+      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+    30_000
+  )
 
   it.live("SQLite: a send from another client reaches a waiting receiver by polling", () =>
     Effect.gen(function*() {
