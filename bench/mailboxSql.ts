@@ -6,23 +6,63 @@
  * graphile-worker (defaults; local queue + batched completion) and pg-boss
  * (defaults; largest batch and shortest polling interval). Each run reports
  * enqueue and processing rates separately; processing is timed from the
- * start of the workers until the last job's completion is committed.
+ * start of the workers until the last job's completion is committed, and the
+ * CPU time spent meanwhile is reported per job: this process's (all its
+ * threads: the event loop, and V8's garbage-collector helpers) and the
+ * PostgreSQL server's (its processes' time on CPU, read from Linux `/proc`).
  */
 import { Effect, Layer, Schema } from "effect"
 import { Logger, makeWorkerUtils, run as graphileRun } from "graphile-worker"
 import { Mailbox, MailboxSql, MainLoop } from "leasehold"
+import { readdirSync, readFileSync } from "node:fs"
 import { performance } from "node:perf_hooks"
 import pg from "pg"
 import PgBoss from "pg-boss"
 
-/** Jobs per second, enqueueing and processing. */
+/** Jobs per second, enqueueing and processing, and the CPU time processing took per job (µs). */
 export interface Throughput {
   readonly enqueue: number
   readonly process: number
+  readonly nodeCpu: number
+  /** `undefined` where `/proc` cannot be read (not Linux). */
+  readonly pgCpu: number | undefined
 }
 
 const perSecond = (jobs: number, started: number) => jobs / ((performance.now() - started) / 1000)
 const now = Effect.sync(() => performance.now())
+
+/** Nanoseconds on CPU of every `postgres` process (Linux `/proc/<pid>/schedstat`), or `undefined`. */
+const postgresCpuNanos = (): number | undefined => {
+  try {
+    let total = 0
+    for (const pid of readdirSync("/proc")) {
+      if (!/^\d+$/.test(pid)) continue
+      try {
+        if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() !== "postgres") continue
+        total += Number(readFileSync(`/proc/${pid}/schedstat`, "utf8").split(" ")[0])
+      } catch {
+        // the process ended meanwhile
+      }
+    }
+    return total
+  } catch {
+    return undefined
+  }
+}
+
+/** Starts counting CPU time; the result gives it per job (µs) for `jobs` jobs. Read outside the timed span. */
+const cpuMeter = () => {
+  const node = process.cpuUsage()
+  const pg = postgresCpuNanos()
+  return (jobs: number) => {
+    const nodeUsed = process.cpuUsage(node)
+    const pgNow = postgresCpuNanos()
+    return {
+      nodeCpu: (nodeUsed.user + nodeUsed.system) / jobs,
+      pgCpu: pg === undefined || pgNow === undefined ? undefined : (pgNow - pg) / 1000 / jobs
+    }
+  }
+}
 
 /** leasehold: `jobs` requests through `concurrency` MainLoops (maxMessages 10) on a fresh table prefix. */
 export const leasehold = (
@@ -63,6 +103,7 @@ export const leasehold = (
         })),
       { concurrency: "unbounded" }
     )
+    const meter = cpuMeter()
     const processStarted = yield* now
     yield* Effect.forEach(
       loops,
@@ -71,9 +112,10 @@ export const leasehold = (
     )
     while (executed < jobs || (yield* requests.approximateCount) > 0) yield* Effect.sleep("5 millis")
     const process = perSecond(jobs, processStarted)
+    const cpu = meter(jobs)
     yield* Effect.forEach(loops, (loop) => loop.shutdown(), { concurrency: "unbounded", discard: true })
     if ((yield* responses.approximateCount) !== jobs) return yield* Effect.dieMessage("replies missing")
-    return { enqueue, process }
+    return { enqueue, process, ...cpu }
   }).pipe(Effect.scoped, Effect.provide(Layer.merge(Layer.fresh(database), Mailbox.MailboxResolver.layer())))
 
 const waitUntil = (check: () => Promise<boolean>): Effect.Effect<void> =>
@@ -100,6 +142,7 @@ export const graphileWorker = (
     const remaining = async () =>
       Number((await pool.query(`SELECT count(*) AS n FROM ${schema}._private_jobs`)).rows[0].n)
     let executed = 0
+    const meter = cpuMeter()
     const processStarted = performance.now()
     const runner = await graphileRun({
       connectionString: url,
@@ -127,10 +170,11 @@ export const graphileWorker = (
     })
     await Effect.runPromise(waitUntil(async () => executed >= jobs && (await remaining()) === 0))
     const process = perSecond(jobs, processStarted)
+    const cpu = meter(jobs)
     await runner.stop()
     await pool.end()
     await utils.release()
-    return { enqueue, process }
+    return { enqueue, process, ...cpu }
   })
 
 /** pg-boss 10: `jobs` no-op jobs, `concurrency` workers fetching `batchSize` each `pollingIntervalSeconds`. */
@@ -155,11 +199,13 @@ export const pgBoss = (
         (await pool.query(`SELECT count(*) AS n FROM ${schema}.job WHERE name = 'noop' AND state = 'completed'`))
           .rows[0].n
       )
+    const meter = cpuMeter()
     const processStarted = performance.now()
     for (let i = 0; i < concurrency; i++) await boss.work("noop", options, async () => undefined)
     await Effect.runPromise(waitUntil(async () => (await completed()) >= jobs))
     const process = perSecond(jobs, processStarted)
+    const cpu = meter(jobs)
     await boss.stop({ graceful: false, wait: true })
     await pool.end()
-    return { enqueue, process }
+    return { enqueue, process, ...cpu }
   })

@@ -339,10 +339,23 @@ const main = async () => {
       `per round: ${peers.map((label) => `÷ ${label} ${perRound(label)}`).join(", ")}; ` +
       `SQLite ${fmt(processing("leasehold SQLite"))} jobs/s (≥ 5,000)`
   )
+  // CPU time per job while processing (µs, medians): this process, and the PostgreSQL server.
+  const nodeCpu = (run: Throughput) => run.nodeCpu
+  const pgCpu = (run: Throughput) => run.pgCpu
+  const cpu = (label: string, of: (run: Throughput) => number | undefined) => {
+    if (label === "leasehold SQLite" && of === pgCpu) return "–"
+    const values = runs[label]!.map(of).filter((value): value is number => value !== undefined)
+    return values.length === 0 ? "–" : median(values).toFixed(0)
+  }
+  for (const label of durableLabels) {
+    log(
+      `${label}: CPU per job ${cpu(label, nodeCpu)} µs Node, ${cpu(label, pgCpu)} µs PostgreSQL`
+    )
+  }
   const durableRows = durableLabels.map((label) =>
     `| ${label} | ${fmt(processing(label))} | ${fmt(enqueueing(label))} | ${
       label.startsWith("leasehold") ? "" : `${ratio(label)}×`
-    } | ${peers.includes(label) ? perRound(label) : ""} |`
+    } | ${peers.includes(label) ? perRound(label) : ""} | ${cpu(label, nodeCpu)} | ${cpu(label, pgCpu)} |`
   )
   const heapBefore = process.memoryUsage().heapUsed
   const retained = await Effect.runPromise(retainedAfter(1_000_000))
@@ -446,8 +459,12 @@ const main = async () => {
     "and the median (with the range) of the ratios taken round by round, each round's leasehold run over the same",
     "round's peer run — the machine's speed drifts between rounds, and a pair measured seconds apart shares most of it.",
     "",
-    "| system | processed jobs/s | enqueued jobs/s | leasehold PostgreSQL ÷ this | per round: median (range) |",
-    "| --- | ---: | ---: | ---: | ---: |",
+    "The CPU columns are the CPU time spent while processing, per job, in microseconds (medians): this Node",
+    "process's, all threads (the event loop and V8's garbage-collector helpers; every system runs in it), and the",
+    "PostgreSQL server's (its processes' time on CPU, from Linux `/proc`). The machine has two cores, shared by both.",
+    "",
+    "| system | processed jobs/s | enqueued jobs/s | leasehold PostgreSQL ÷ this | per round: median (range) | Node CPU µs/job | PostgreSQL CPU µs/job |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ...durableRows,
     "",
     "## MergeQueue: claim → transitions → merged → release",
