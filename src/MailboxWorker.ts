@@ -15,6 +15,12 @@
  * the next batch; at most two batches' settles are ever outstanding, and all
  * of them finish before the loop stops.
  *
+ * A message's log annotations (MainLoop's `requestId`) are not a FiberRef
+ * set per message — two FiberRef writes and a HashMap cost more than a short
+ * handler's whole turn — but a cell the run's loggers read: `run` wraps the
+ * loggers it finds once, the loop fills the cell while a message is in hand,
+ * and a fiber forked meanwhile keeps a copy of the cell as it was when forked.
+ *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
  * finish up to the timeout, and otherwise interrupts it (and so nacks it).
@@ -30,7 +36,10 @@ import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
+import * as FiberRefs from "effect/FiberRefs"
 import * as HashMap from "effect/HashMap"
+import * as HashSet from "effect/HashSet"
+import * as Logger from "effect/Logger"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
@@ -109,7 +118,9 @@ export interface Options<A, R, Out, E, Req> {
   readonly retryAfter?: ((message: Message<A, R>) => Duration.Duration) | undefined
   /**
    * Log annotations for what the handler, `onSuccess` and `onFailure` log (MainLoop's `requestId`,
-   * say); they do not outlive the message.
+   * say), winning over annotations of the same name. The loggers in place when `run` starts add them
+   * (not a logger the handler installs itself); a fiber forked while the message is in hand keeps them,
+   * the loop's own logs after the message do not.
    */
   readonly annotations?: ((message: Message<A, R>) => Readonly<Record<string, unknown>>) | undefined
   readonly leaseExtender?: Partial<
@@ -132,6 +143,10 @@ interface RunState<A, R> {
   previousBatchStart: number
   /** Where replies go. */
   readonly resolver: MailboxResolver["Type"]
+  /** The annotations of the message in hand, which the run's loggers add (see `annotating`). */
+  readonly annotations: AnnotationCell
+  /** Empties `annotations`, once the message is settled. */
+  readonly unannotate: Effect.Effect<void>
 }
 
 /** Settles handed to a run's settler fiber, and how far it got. */
@@ -146,6 +161,24 @@ interface SettleQueue<A, R> {
   waiters: Array<{ readonly count: number; readonly resume: () => void }>
 }
 
+/**
+ * Log annotations of the message in hand (`current`), and of the runs around this one (`outer`: a
+ * worker running inside another's handler).
+ */
+interface AnnotationCell {
+  current: Readonly<Record<string, unknown>> | undefined
+  readonly outer: AnnotationCell | undefined
+}
+
+/**
+ * The annotation cell of the fiber's run. A fiber forked while a message is in hand gets a copy (it keeps
+ * the message it was forked for after the loop moves on); joining a child leaves the parent's cell.
+ */
+const annotationCell = FiberRef.unsafeMake<AnnotationCell | undefined>(undefined, {
+  fork: (cell) => cell === undefined ? undefined : { current: cell.current, outer: cell.outer },
+  join: (parent) => parent
+})
+
 const addAnnotations = (
   annotations: HashMap.HashMap<string, unknown>,
   extra: Readonly<Record<string, unknown>>
@@ -153,6 +186,29 @@ const addAnnotations = (
   let result = annotations
   for (const key in extra) result = HashMap.set(result, key, extra[key])
   return result
+}
+
+/** Adds a cell's annotations to a log line's, the outer runs' first, so the innermost win. */
+const addCell = (
+  annotations: HashMap.HashMap<string, unknown>,
+  cell: AnnotationCell
+): HashMap.HashMap<string, unknown> => {
+  const outer = cell.outer === undefined ? annotations : addCell(annotations, cell.outer)
+  return cell.current === undefined ? outer : addAnnotations(outer, cell.current)
+}
+
+/** Loggers that already add the cell's annotations: a nested run does not wrap them again. */
+const annotatingLoggers = new WeakSet<Logger.Logger<unknown, unknown>>()
+
+/** Wraps a logger so it adds the annotations of the logging fiber's cell, if any. */
+const annotating = (logger: Logger.Logger<unknown, unknown>): Logger.Logger<unknown, unknown> => {
+  if (annotatingLoggers.has(logger)) return logger
+  const wrapped = Logger.mapInputOptions(logger, (options) => {
+    const cell = FiberRefs.getOrDefault(options.context, annotationCell)
+    return cell === undefined ? options : { ...options, annotations: addCell(options.annotations, cell) }
+  })
+  annotatingLoggers.add(wrapped)
+  return wrapped
 }
 
 /** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
@@ -236,24 +292,18 @@ export const make = <A, R, Out, E, Req>(
         // masks and finalizers cost more than a short handler's whole turn. The region is uninterruptible
         // except the handler, so the detach and the reset below run however the handler ends.
         const handled = Effect.suspend(() => {
+          if (options.annotations !== undefined) run.annotations.current = options.annotations(message)
           const attached = extender.unsafeAttach(message, heartbeat)
           // A worker handles one message at a time, so it is never attached already.
           if (Either.isLeft(attached)) return Effect.die(attached.left)
           return Effect.flatMap(
             Effect.exit(restore(Effect.suspend(() => options.handle(message, heartbeat)))),
-            (exit) => Effect.zipRight(attached.right, settle(run, message, exit))
+            (exit) => Effect.zipRight(attached.right, Effect.zipRight(settle(run, message, exit), run.unannotate))
           )
         })
-        const counted = message.deliveryCount > 1
+        return message.deliveryCount > 1
           ? Effect.zipRight(Metric.increment(messagesRedelivered), handled)
           : handled
-        const { annotations } = options
-        if (annotations === undefined) return counted
-        return Effect.flatMap(FiberRef.get(FiberRef.currentLogAnnotations), (outer) =>
-          Effect.zipRight(
-            FiberRef.set(FiberRef.currentLogAnnotations, addAnnotations(outer, annotations(message))),
-            Effect.zipRight(counted, FiberRef.set(FiberRef.currentLogAnnotations, outer))
-          ))
       }).pipe(
         perMessage("MailboxWorker.handle", {
           attributes: { worker: name, messageId: message.id },
@@ -367,6 +417,13 @@ export const make = <A, R, Out, E, Req>(
         return settledUpTo(run.settles, older)
       })
 
+    /** Runs the loop with the loggers it finds wrapped to add the message's annotations (none to add: as it is). */
+    const annotated = <X, Y>(cell: AnnotationCell, loop: Effect.Effect<X, Y>): Effect.Effect<X, Y> =>
+      options.annotations === undefined ? loop : loop.pipe(
+        Effect.locallyWith(FiberRef.currentLoggers, HashSet.map(annotating)),
+        Effect.locally(annotationCell, cell)
+      )
+
     /** Waits for every settle queued. */
     const settled = (run: RunState<A, R>) => Effect.suspend(() => settledUpTo(run.settles, run.settles.submitted))
 
@@ -437,6 +494,7 @@ export const make = <A, R, Out, E, Req>(
             reason: "the loop is already running"
           })
         }
+        const cell: AnnotationCell = { current: undefined, outer: yield* FiberRef.get(annotationCell) }
         const current: RunState<A, R> = {
           done: yield* Deferred.make<void>(),
           stopping: false,
@@ -449,14 +507,18 @@ export const make = <A, R, Out, E, Req>(
           resolver: Option.getOrElse(
             Context.getOption(context as Context.Context<never>, MailboxResolver),
             () => MailboxResolver.fromMailboxes()
-          )
+          ),
+          annotations: cell,
+          unannotate: Effect.sync(() => {
+            cell.current = undefined
+          })
         }
         state = current
         // The settler starts with the loop and stops after it, once every settle is done.
         const fiber = yield* Effect.uninterruptibleMask((restore) =>
           // (Interruptible: a fiber forked here would otherwise inherit the mask and never stop.)
           Effect.flatMap(Effect.forkDaemon(Effect.interruptible(settler(current))), (settlerFiber) =>
-            restore(Effect.provide(loop(current, receiveOptions, maxIterations), context)).pipe(
+            restore(annotated(cell, Effect.provide(loop(current, receiveOptions, maxIterations), context))).pipe(
               Effect.ensuring(Effect.suspend(() => {
                 const leftover = current.pending
                 current.pending = []

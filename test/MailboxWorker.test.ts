@@ -306,4 +306,82 @@ describe("MailboxWorker log annotations", () => {
       expect(keys("handling b")).toEqual(["module", "only-b", "worker"])
       expect(keys("settling b")).toEqual(["module", "only-b", "worker"])
     }))
+
+  it.scoped("a fiber forked for a message keeps that message's annotations after the loop moves on", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      for (const body of ["a", "b"]) yield* mailbox.send(body)
+      const lines: Array<{ message: string; annotations: Record<string, unknown> }> = []
+      const logger = Logger.make(({ annotations, message }) => {
+        lines.push({ message: String(message), annotations: Object.fromEntries(HashMap.toEntries(annotations)) })
+      })
+      const gate = yield* Deferred.make<void>()
+      const late = yield* Ref.make<Option.Option<Fiber.RuntimeFiber<void>>>(Option.none())
+      const loop = yield* MailboxWorker.make({
+        name: "forking",
+        mailbox,
+        annotations: (message) => ({ requestId: message.body }),
+        handle: (message) =>
+          message.body === "a"
+            // Outlives its message: it logs while "b" is in hand.
+            ? Effect.flatMap(
+              Effect.forkDaemon(Effect.zipRight(Deferred.await(gate), Effect.logInfo("late log of a"))),
+              (fiber) => Ref.set(late, Option.some(fiber))
+            )
+            : Effect.zipRight(
+              Deferred.succeed(gate, undefined),
+              Effect.flatMap(Ref.get(late), Option.match({ onNone: () => Effect.void, onSome: Fiber.join }))
+            ).pipe(Effect.zipRight(Effect.logInfo("handling b"))),
+        onSuccess: () => Effect.succeedNone,
+        onFailure: () => Effect.void
+      })
+      yield* loop.run({ maxIterations: 1, maxMessages: 2, waitTime: 0 }).pipe(
+        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+      )
+      const of = (text: string) => lines.find((line) => line.message.includes(text))?.annotations
+      expect(of("late log of a")).toMatchObject({ requestId: "a" })
+      // Joining the forked fiber did not hand its copy to the loop.
+      expect(of("handling b")).toMatchObject({ requestId: "b" })
+    }))
+
+  it.scoped("a worker run inside another's handler adds both messages' annotations, its own winning", () =>
+    Effect.gen(function*() {
+      const outerBox = yield* MailboxMemory.make<string>({ name: "outer" })
+      const innerBox = yield* MailboxMemory.make<string>({ name: "inner" })
+      yield* outerBox.send("o")
+      yield* innerBox.send("i")
+      const lines: Array<{ message: string; annotations: Record<string, unknown> }> = []
+      const logger = Logger.make(({ annotations, message }) => {
+        lines.push({ message: String(message), annotations: Object.fromEntries(HashMap.toEntries(annotations)) })
+      })
+      const inner = yield* MailboxWorker.make({
+        name: "inner",
+        mailbox: innerBox,
+        annotations: (message) => ({ innerId: message.body, requestId: `inner-${message.body}` }),
+        handle: () => Effect.logInfo("inner work"),
+        onSuccess: () => Effect.succeedNone,
+        onFailure: () => Effect.void
+      })
+      const outer = yield* MailboxWorker.make({
+        name: "outer",
+        mailbox: outerBox,
+        annotations: (message) => ({ outerId: message.body, requestId: `outer-${message.body}` }),
+        handle: () =>
+          Effect.zipRight(
+            inner.run({ maxIterations: 1, waitTime: 0 }).pipe(Effect.orDie),
+            Effect.logInfo("outer work after the inner run")
+          ),
+        onSuccess: () => Effect.succeedNone,
+        onFailure: () => Effect.void
+      })
+      yield* outer.run({ maxIterations: 1, waitTime: 0 }).pipe(
+        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+      )
+      const of = (text: string) => lines.find((line) => line.message.includes(text))?.annotations
+      expect(of("inner work")).toMatchObject({ outerId: "o", innerId: "i", requestId: "inner-i" })
+      expect(of("outer work after the inner run")).toMatchObject({ outerId: "o", requestId: "outer-o" })
+      expect(of("outer work after the inner run")).not.toHaveProperty("innerId")
+      // One wrapper per logger, however deep the nesting: each line is logged once.
+      expect(lines.filter((line) => line.message.includes("inner work"))).toHaveLength(1)
+    }))
 })
