@@ -155,7 +155,7 @@ export const make = (
       return Either.right(Effect.suspend(() => {
         stopListening()
         current = undefined
-        return awaitInFlight
+        return attachment.extending ? awaitInFlight : Effect.void
       }))
     }
 

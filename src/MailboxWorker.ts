@@ -40,13 +40,14 @@ import * as FiberRefs from "effect/FiberRefs"
 import * as HashMap from "effect/HashMap"
 import * as HashSet from "effect/HashSet"
 import * as Logger from "effect/Logger"
-import * as Metric from "effect/Metric"
+import type * as Metric from "effect/Metric"
+import type * as MetricLabel from "effect/MetricLabel"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Heartbeat from "./Heartbeat.js"
 import { counter } from "./internal/metrics.js"
-import { perMessage } from "./internal/tracing.js"
+import { exporting } from "./internal/tracing.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import {
   InvalidParameterError,
@@ -147,6 +148,10 @@ interface RunState<A, R> {
   readonly annotations: AnnotationCell
   /** Empties `annotations`, once the message is settled. */
   readonly unannotate: Effect.Effect<void>
+  /** Whether handled messages are spans: an exporting tracer was installed when the run started. */
+  readonly traced: boolean
+  /** The metric labels of the run (`Effect.tagMetrics`), read once: counters are updated directly. */
+  readonly metricLabels: ReadonlyArray<MetricLabel.MetricLabel>
 }
 
 /** Settles handed to a run's settler fiber, and how far it got. */
@@ -301,14 +306,14 @@ export const make = <A, R, Out, E, Req>(
             (exit) => Effect.zipRight(attached.right, Effect.zipRight(settle(run, message, exit), run.unannotate))
           )
         })
-        return message.deliveryCount > 1
-          ? Effect.zipRight(Metric.increment(messagesRedelivered), handled)
-          : handled
-      }).pipe(
-        perMessage("MailboxWorker.handle", {
-          attributes: { worker: name, messageId: message.id },
-          captureStackTrace: false
-        })
+        return message.deliveryCount > 1 ? Effect.zipRight(increment(run, messagesRedelivered), handled) : handled
+      }).pipe((handling) =>
+        run.traced
+          ? Effect.withSpan(handling, "MailboxWorker.handle", {
+            attributes: { worker: name, messageId: message.id },
+            captureStackTrace: false
+          })
+          : handling
       )
 
     /**
@@ -321,32 +326,34 @@ export const make = <A, R, Out, E, Req>(
       exit: Exit.Exit<Out, E>
     ): Effect.Effect<void, never, Req> => {
       if (Exit.isSuccess(exit)) {
-        return Effect.zipRight(
-          Metric.increment(messagesProcessed),
-          Effect.flatMap(options.onSuccess(message, exit.value), (reply) => {
-            const { settles } = run
-            // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
-            // overlap and handing it to the settler would cost a wake-up for nothing.
-            if (run.pending.length === 0 && settles.completed === settles.submitted) {
-              return settleGroup(run, [{ message, reply }])
-            }
-            return Effect.sync(() => queueSettle(settles, { message, reply }))
-          })
-        )
+        return Effect.flatMap(options.onSuccess(message, exit.value), (reply) => {
+          messagesProcessed.unsafeUpdate(1, run.metricLabels)
+          const { settles } = run
+          // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
+          // overlap and handing it to the settler would cost a wake-up for nothing.
+          if (run.pending.length === 0 && settles.completed === settles.submitted) {
+            return settleGroup(run, [{ message, reply }])
+          }
+          queueSettle(settles, { message, reply })
+          return Effect.void
+        })
       }
       // Only the paths that log pay for these annotations.
       const annotate = Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
       if (Exit.isInterrupted(exit)) {
         return Effect.zipRight(
-          Metric.increment(messagesInterrupted),
+          increment(run, messagesInterrupted),
           annotate(Effect.zipRight(
             Effect.logWarning("Handler interrupted; giving the message back"),
             logSettleFailure("nack after interruption")(message.nack(0))
           ))
         )
       }
-      return Effect.zipRight(Metric.increment(messagesFailed), annotate(options.onFailure(message, exit.cause)))
+      return Effect.zipRight(increment(run, messagesFailed), annotate(options.onFailure(message, exit.cause)))
     }
+
+    const increment = (run: RunState<A, R>, counter: Metric.Metric.Counter<number>) =>
+      Effect.sync(() => counter.unsafeUpdate(1, run.metricLabels))
 
     const queueSettle = (settles: SettleQueue<A, R>, settlement: Settlement<A, R>) => {
       settles.queued.push(settlement)
@@ -511,7 +518,9 @@ export const make = <A, R, Out, E, Req>(
           annotations: cell,
           unannotate: Effect.sync(() => {
             cell.current = undefined
-          })
+          }),
+          traced: yield* exporting,
+          metricLabels: yield* FiberRef.get(FiberRef.currentMetricLabels)
         }
         state = current
         // The settler starts with the loop and stops after it, once every settle is done.

@@ -226,15 +226,15 @@ export const make = <Req, Out, E, R>(options: {
     let current: { readonly message: Msg; readonly runContext: RunContext } | undefined
 
     const clock = yield* Effect.clock
+    const unsafeResult = (message: Msg, outcome: { output?: Out; error?: DeadLetter.ErrorInfo }) =>
+      new MainLoopResult<Out>({
+        requestId: message.body.requestId,
+        ...outcome,
+        runContext: current?.message === message ? current.runContext : runContextOf(message),
+        completedAt: DateTime.unsafeMake(clock.unsafeCurrentTimeMillis())
+      })
     const result = (message: Msg, outcome: { output?: Out; error?: DeadLetter.ErrorInfo }) =>
-      Effect.sync(() =>
-        new MainLoopResult<Out>({
-          requestId: message.body.requestId,
-          ...outcome,
-          runContext: current?.message === message ? current.runContext : runContextOf(message),
-          completedAt: DateTime.unsafeMake(clock.unsafeCurrentTimeMillis())
-        })
-      )
+      Effect.sync(() => unsafeResult(message, outcome))
 
     const replyAndAck = (message: Msg, reply: MainLoopResult<Out>) =>
       MailboxWorker.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
@@ -309,16 +309,16 @@ export const make = <Req, Out, E, R>(options: {
       heartbeat: Heartbeat.Heartbeat,
       budgetTracker: Budget.BudgetTracker | undefined,
       fallback: Deadline.Deadline | undefined
-    ) =>
-      Effect.suspend(() => {
-        const body = message.body
-        const runContext = runContextOf(message)
-        current = { message, runContext }
-        // The request's own budget and deadline override the loop's config.
-        const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? options.config?.budget)?.deadline)
-        const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
-        return deadline === undefined ? work : Deadline.within(work, deadline)
-      })
+    ) => {
+      // Not suspended: the worker calls `handle` when the message starts, and a throwing `execute` is a defect there.
+      const body = message.body
+      const runContext = runContextOf(message)
+      current = { message, runContext }
+      // The request's own budget and deadline override the loop's config.
+      const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? options.config?.budget)?.deadline)
+      const work = options.execute(body.request, { heartbeat, deadline, budgetTracker, runContext })
+      return deadline === undefined ? work : Deadline.within(work, deadline)
+    }
     const withFallback = (message: Msg, heartbeat: Heartbeat.Heartbeat, budgetTracker?: Budget.BudgetTracker) =>
       message.body.deadline === undefined && timeout !== undefined
         ? Effect.flatMap(
@@ -344,7 +344,7 @@ export const make = <Req, Out, E, R>(options: {
       mailbox: requests,
       handle,
       annotations: (message) => ({ requestId: message.body.requestId }),
-      onSuccess: (message, output) => Effect.map(result(message, { output }), Option.some),
+      onSuccess: (message, output) => Effect.sync(() => Option.some(unsafeResult(message, { output }))),
       retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
       onFailure,
       ...(options.config?.leaseExtender !== undefined ? { leaseExtender: options.config.leaseExtender } : {})

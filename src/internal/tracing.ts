@@ -14,6 +14,9 @@ import * as Tracer from "effect/Tracer"
 /** The tracer every fiber has unless one is installed. */
 const defaultTracer: Tracer.Tracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
 
+/** Whether the fiber's tracer exports spans (one was installed); a loop reads it once per run. */
+export const exporting: Effect.Effect<boolean> = Effect.map(Effect.tracer, (tracer) => tracer !== defaultTracer)
+
 /** `Effect.withSpan(name, options)`, skipped while no exporting tracer is installed. */
 export const perMessage =
   (name: string, options: Tracer.SpanOptions) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
