@@ -232,7 +232,21 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
             ORDER BY c.visible_at, c.seq LIMIT p_max FOR UPDATE SKIP LOCKED))
           RETURNING m.*;
         END $$`,
-        sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_settle`)}(
+        settleFunction(store)
+      ], { discard: true })
+      : Effect.void,
+    // The settle notifies once per reply queue, not once per reply (a tenth of its time at 80 rows).
+    "5_settle_notifies_once_per_queue": store.dialect === "pg" ? settleFunction(store) : Effect.void
+  })
+}
+
+/**
+ * The grouped acknowledgement (PostgreSQL): deletes each delivery whose handle is current and inserts
+ * its reply in the same statement, then wakes each reply queue once.
+ */
+const settleFunction = (store: Store) => {
+  const { messages, sql } = store
+  return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_settle`)}(
           p_seqs bigint[], p_handles text[], p_reply_queues text[], p_reply_bodies text[], p_now bigint,
           p_channel text)
         RETURNS TABLE (settled_seq bigint, settled_reply_seq bigint, notified boolean) LANGUAGE plpgsql VOLATILE
@@ -255,13 +269,12 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
             INSERT INTO ${sql(messages)} (seq, queue, body, visible_at, enqueued_at)
             SELECT input.reply_seq, input.reply_queue, input.reply_body, p_now, p_now
             FROM input JOIN acked ON acked.seq = input.seq WHERE input.reply_queue IS NOT NULL)
-          SELECT input.seq, input.reply_seq,
-            CASE WHEN input.reply_queue IS NULL THEN false ELSE pg_notify(p_channel, input.reply_queue) IS NULL END
+          SELECT input.seq, input.reply_seq, input.reply_queue IS NOT NULL
           FROM input JOIN acked ON acked.seq = input.seq;
+          -- A queue whose every acknowledgement was stale is woken for nothing: its receivers look and wait again.
+          PERFORM pg_notify(p_channel, q.queue) FROM (SELECT DISTINCT unnest(p_reply_queues) AS queue) q
+          WHERE q.queue IS NOT NULL;
         END $$`
-      ], { discard: true })
-      : Effect.void
-  })
 }
 
 /**
@@ -704,9 +717,37 @@ const statements = (store: Store): Statements => {
 /** Encodes a body for a queue (a mailbox's schema, or its `replySchema`). */
 type Encoder = (body: unknown) => Either.Either<string, string>
 
+// Bodies are JSON: the schema runs on the parsed value and `JSON` itself runs around it, rather than
+// through `Schema.parseJson`, whose extra transformation costs as much as the schema of a small body.
+
 const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>): Encoder => {
-  const encode = Schema.encodeEither(Schema.parseJson(schema))
-  return (body) => Either.mapLeft(encode(body as A), (error) => ParseResult.TreeFormatter.formatErrorSync(error))
+  const encode = Schema.encodeEither(schema)
+  return (body) => {
+    const encoded = encode(body as A)
+    if (Either.isLeft(encoded)) return Either.left(ParseResult.TreeFormatter.formatErrorSync(encoded.left))
+    let text: string | undefined
+    try {
+      text = JSON.stringify(encoded.right)
+    } catch (error) {
+      return Either.left(`Not JSON: ${String(error)}`)
+    }
+    // `undefined` (a `Schema.Void` body, say) has no JSON text.
+    return text === undefined ? Either.left(`Not JSON: ${String(encoded.right)}`) : Either.right(text)
+  }
+}
+
+/** Decodes a stored body; the error is the reason a row that fails is dead-lettered with. */
+const decoderOf = <A, I>(schema: Schema.Schema<A, I, never>): (text: string) => Either.Either<A, string> => {
+  const decode = Schema.decodeUnknownEither(schema)
+  return (text) => {
+    let json: unknown
+    try {
+      json = JSON.parse(text)
+    } catch (error) {
+      return Either.left(`Not JSON: ${String(error)}`)
+    }
+    return Either.mapLeft(decode(json), (error) => ParseResult.TreeFormatter.formatErrorSync(error))
+  }
 }
 
 /** What the messages of one mailbox share. */
@@ -1030,7 +1071,7 @@ export const make = <A, I, R = never, IR = never>(
     const clock = yield* Effect.clock
     const statements_ = statements(store)
     const encode = encoderOf(options.schema)
-    const decode = Schema.decodeUnknownEither(Schema.parseJson(options.schema))
+    const decode = decoderOf(options.schema)
     const settler = settleBatcher(statements_, clock)
     // Sends group-commit too: concurrent producers share one statement and one commit.
     const sender = new GroupCommit<SendItem, string | undefined>((items) =>
@@ -1082,7 +1123,7 @@ export const make = <A, I, R = never, IR = never>(
           const id = String(row.seq)
           const body = decode(row.body)
           if (Either.isLeft(body)) {
-            const reason = ParseResult.TreeFormatter.formatErrorSync(body.left)
+            const reason = body.left
             yield* statements_.deadLetter(id, row.receipt_handle, now, "SerializationError", reason)
             yield* Metric.increment(undecodableDeadLettered)
             yield* Effect.logWarning(

@@ -85,17 +85,21 @@ for (const backend of backends) {
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
         const bad = yield* jobs.send({ n: 1 })
         yield* jobs.send({ n: 2 })
+        const notJson = yield* jobs.send({ n: 3 })
         yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET body = ${"{\"n\":\"two\"}"}
           WHERE seq = ${Number(bad)}`
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET body = ${"{\"n\": 3"} WHERE seq = ${Number(notJson)}`
         const received = yield* jobs.receive({ maxMessages: 10 })
         expect(received.map((m) => m.body)).toEqual([{ n: 2 }])
         const letters = yield* MailboxSql.deadLetters({ prefix })
-        const [letter] = yield* letters.list()
+        const [letter, truncated] = yield* letters.list()
         expect(letter!.id).toBe(bad)
         expect(letter!.queue).toBe("jobs")
         expect(letter!.errorTag).toBe("SerializationError")
         expect(letter!.error).toContain("Expected number")
         expect(letter!.deliveryCount).toBe(1)
+        expect(truncated!.id).toBe(notJson)
+        expect(truncated!.error).toContain("Not JSON")
         expect(yield* jobs.approximateCount).toBe(1)
       }).pipe(onDb))
 
@@ -235,6 +239,12 @@ for (const backend of backends) {
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
         const error = yield* Effect.flip(jobs.send({ n: "x" } as unknown as { n: number }))
         expect(error._tag).toBe("SerializationError")
+        // A body the schema accepts but JSON cannot hold is refused too, and nothing is stored.
+        const anything = yield* MailboxSql.make({ name: "anything", schema: Schema.Unknown, prefix })
+        const notJson = yield* Effect.flip(anything.send(10n))
+        expect(notJson._tag).toBe("SerializationError")
+        expect(notJson.message).toContain("Not JSON")
+        expect(yield* anything.approximateCount).toBe(0)
       }).pipe(onDb))
   })
 }
@@ -259,6 +269,35 @@ describe("MailboxSql long polls across clients (another process, as far as the d
         yield* sender.send({ n: 7 })
         const received = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
         expect(received.map((m) => m.body)).toEqual([{ n: 7 }])
+      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+    30_000
+  )
+
+  it.live(
+    "PostgreSQL: replies settled by another client wake a receiver of the reply queue",
+    () =>
+      Effect.gen(function*() {
+        const done = yield* MailboxSql.make({ name: "done", schema: Job, prefix, pollInterval: "1 minute" })
+        const receiving = yield* Effect.fork(done.receive({ waitTime: "20 seconds", maxMessages: 10 }))
+        yield* Effect.sleep("300 millis") // the receiver is asleep in its long poll
+        const other = yield* otherClient(MailboxSql.layerPg({ url: cluster.url }))
+        const worker = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix }).pipe(
+          Effect.provideService(SqlClient.SqlClient, other)
+        )
+        yield* Effect.forEach([1, 2, 3], (n) => worker.send({ n }, { replyTo: "done" }), { discard: true })
+        const requests = yield* worker.receive({ waitTime: 0, maxMessages: 10 })
+        const outcomes = yield* settleAll(requests.map((message) => ({
+          message,
+          reply: Option.some({ n: message.body.n * 10 })
+        }))).pipe(Effect.provide(MailboxResolver.layer()))
+        expect(outcomes.every(Either.isRight)).toBe(true)
+        const received = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
+        expect(received.length).toBeGreaterThan(0)
+        const replies = [
+          ...received.map((m) => m.body.n),
+          ...(yield* done.receive({ waitTime: 0, maxMessages: 10 })).map((m) => m.body.n)
+        ]
+        expect(replies.sort((a, b) => a - b)).toEqual([10, 20, 30])
       }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
     30_000
   )
@@ -347,7 +386,7 @@ describe("MailboxSql layers", () => {
 })
 
 describe("MailboxSql migrations on PostgreSQL", () => {
-  it.effect("a database made before migration 4 gets the PL/pgSQL claim and settle functions and keeps working", () =>
+  it.effect("a database made before migration 4 gets the PL/pgSQL claim and settle functions (5's settle) and works", () =>
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
       const old = "upgraded_"
@@ -355,8 +394,8 @@ describe("MailboxSql migrations on PostgreSQL", () => {
         FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
         WHERE p.proname IN (${old + "mailbox_claim"}, ${old + "mailbox_settle"}) ORDER BY p.proname`
       yield* MailboxSql.make({ name: "jobs", schema: Job, prefix: old })
-      // Back to how migration 3 left a database: its functions in plain SQL, migration 4 not recorded.
-      yield* sql`DELETE FROM upgraded_mailbox_migrations WHERE migration_id = 4`
+      // Back to how migration 3 left a database: its functions in plain SQL, migrations 4 and 5 not recorded.
+      yield* sql`DELETE FROM upgraded_mailbox_migrations WHERE migration_id >= 4`
       yield* sql`CREATE OR REPLACE FUNCTION upgraded_mailbox_claim(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer)
         RETURNS SETOF upgraded_mailbox_messages LANGUAGE sql VOLATILE
@@ -368,6 +407,10 @@ describe("MailboxSql migrations on PostgreSQL", () => {
         { name: "upgraded_mailbox_claim", language: "plpgsql" },
         { name: "upgraded_mailbox_settle", language: "plpgsql" }
       ])
+      // Migration 5's settle: one NOTIFY per reply queue.
+      const [settle] = yield* sql<{ source: string }>`SELECT prosrc AS source FROM pg_proc
+        WHERE proname = ${old + "mailbox_settle"}`
+      expect(settle!.source).toContain("DISTINCT unnest(p_reply_queues)")
       yield* jobs.send({ n: 1 }, { replyTo: "done" })
       const [message] = yield* jobs.receive({ waitTime: 0 })
       expect(message?.body).toEqual({ n: 1 })
