@@ -232,11 +232,11 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
             ORDER BY c.visible_at, c.seq LIMIT p_max FOR UPDATE SKIP LOCKED))
           RETURNING m.*;
         END $$`,
-        settleFunction(store)
+        createSettleFunction(store)
       ], { discard: true })
       : Effect.void,
     // The settle notifies once per reply queue, not once per reply (a tenth of its time at 80 rows).
-    "5_settle_notifies_once_per_queue": store.dialect === "pg" ? settleFunction(store) : Effect.void
+    "5_settle_notifies_once_per_queue": store.dialect === "pg" ? createSettleFunction(store) : Effect.void
   })
 }
 
@@ -244,7 +244,7 @@ const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.Migratio
  * The grouped acknowledgement (PostgreSQL): deletes each delivery whose handle is current and inserts
  * its reply in the same statement, then wakes each reply queue once.
  */
-const settleFunction = (store: Store) => {
+const createSettleFunction = (store: Store) => {
   const { messages, sql } = store
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_settle`)}(
           p_seqs bigint[], p_handles text[], p_reply_queues text[], p_reply_bodies text[], p_now bigint,
@@ -637,15 +637,17 @@ const statements = (store: Store): Statements => {
     settle: (items, now) =>
       pg
         ? Effect.map(
-          // The reply bodies travel as one JSON array: the driver's array literal escapes every quote of
-          // every (JSON) body in JavaScript, which costs more than the rest of the statement's parameters.
+          // The reply bodies travel as one JSON array of the bodies themselves (each is JSON already), and
+          // each element's text is its body as it was: escaping every quote of every body, in the driver's
+          // array literal or as JSON strings, cost more than the rest of the statement's parameters. An
+          // item without a reply has `null` there, never read (its reply queue is NULL).
           sql<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
             FROM ${settleFunction}(${items.map((item) => item.seq)}::bigint[], ${
             items.map((item) => item.handle)
           }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
-            ARRAY(SELECT body FROM json_array_elements_text(${
-            JSON.stringify(items.map((item) => item.reply?.body ?? null))
-          }::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${now}::bigint, ${store.channel}::text)`,
+            ARRAY(SELECT body::text FROM json_array_elements(${`[${
+            items.map((item) => item.reply?.body ?? "null").join(",")
+          }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${now}::bigint, ${store.channel}::text)`,
           (rows) =>
             new Map(rows.map((row) => [
               String(row.settled_seq),
