@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, Fiber, HashMap, Logger, Option, Ref, TestClock, Tracer } from "effect"
+import { Deferred, Effect, Exit, Fiber, HashMap, Logger, Metric, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type { Mailbox, Message } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
@@ -277,6 +277,26 @@ describe("MailboxWorker settles", () => {
       // The loop ends only once every settle has committed.
       expect(yield* Ref.get(handled)).toEqual(["a", "b", "c", "d", "e", "f"])
       expect(yield* mailbox.approximateCount).toBe(0)
+    }))
+})
+
+describe("MailboxWorker metrics", () => {
+  it.scoped("its counters carry the metric labels the run was started with", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      for (const body of ["ok", "ok", "fail"]) yield* mailbox.send(body)
+      const loop = yield* MailboxWorker.make({
+        name: "counting",
+        mailbox,
+        handle: (message) => message.body === "fail" ? Effect.fail("boom") : Effect.void,
+        onSuccess: () => Effect.succeedNone,
+        onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+      })
+      yield* loop.run({ maxIterations: 1, maxMessages: 3, waitTime: 0 }).pipe(Effect.tagMetrics("worker", "w-7"))
+      const count = (counter: typeof MailboxWorker.messagesProcessed) =>
+        Effect.map(Metric.value(Metric.tagged(counter, "worker", "w-7")), (state) => state.count)
+      expect(yield* count(MailboxWorker.messagesProcessed)).toBe(2)
+      expect(yield* count(MailboxWorker.messagesFailed)).toBe(1)
     }))
 })
 
