@@ -113,6 +113,30 @@ describe("MainLoop", () => {
       expect(yield* requests.approximateCount).toBe(0)
     }))
 
+  it.scoped("an execute that throws instead of returning an effect: a Defect error reply, and the loop goes on", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      for (const body of ["throw", "fine"]) yield* send(body)
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (request: string) => {
+            // eslint-disable-next-line no-restricted-syntax -- the case under test: user code that throws
+            if (request === "throw") throw new Error("thrown while building the effect")
+            return Effect.succeed(request)
+          }
+        })
+      )
+      yield* withResolver(resolver, loop.run({ maxIterations: 2, waitTime: 0 }))
+      const [thrown, fine] = yield* replies
+      expect(thrown!.success).toBe(false)
+      expect(thrown!.error?.tag).toBe("Defect")
+      expect(thrown!.error?.message).toContain("thrown while building the effect")
+      expect(fine!.output).toBe("fine")
+      expect(yield* requests.approximateCount).toBe(0)
+    }))
+
   it.scoped("maxIterations bounds the polls", () =>
     Effect.gen(function*() {
       const { replies, requests, resolver, send } = yield* setup
