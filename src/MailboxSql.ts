@@ -18,7 +18,10 @@
  * PL/pgSQL functions (`<prefix>mailbox_claim`, `<prefix>mailbox_settle`):
  * their settings pin index plans, so a table PostgreSQL has not analysed yet
  * (a new queue, a burst) is not scanned whole per statement, and each
- * connection plans them once.
+ * connection plans them once. Claims, grouped acknowledgements and sends run
+ * on one connection the store keeps while its mailboxes are open (its lane:
+ * see `Store.onLane`), so the server works on one of them at a time, back to
+ * back.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
  * or the end of the wait; a queue's idle receivers share one look-up of that
@@ -44,6 +47,7 @@ import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
 import type * as ConfigError from "effect/ConfigError"
+import * as Context from "effect/Context"
 import * as DateTime from "effect/DateTime"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -131,11 +135,80 @@ class Store {
   listener: Fiber.RuntimeFiber<unknown, unknown> | undefined
   /** Restarts the LISTEN connection (PostgreSQL), after the server went away. */
   relisten: () => void = () => undefined
+  /** The PostgreSQL client's settings, from which the lane's client is made; `undefined` on SQLite. */
+  private readonly pgConfig: PgClient.PgClientConfig | undefined
+  private lane: Lane | undefined
 
   constructor(readonly sql: SqlClient.SqlClient, readonly prefix: string, readonly dialect: "pg" | "sqlite") {
     this.messages = `${prefix}mailbox_messages`
     this.deadLetters = `${prefix}mailbox_dead_letters`
     this.channel = `${prefix}mailbox`
+    this.pgConfig = dialect === "pg"
+      ? (sql as SqlClient.SqlClient & Partial<Pick<PgClient.PgClient, "config">>).config
+      : undefined
+  }
+
+  /**
+   * Runs a claim, a grouped acknowledgement or a send (one statement each, never a transaction of the
+   * caller's) on the store's lane (PostgreSQL): a client of its own with one connection, made at the first
+   * such statement with the same settings as the store's client and closed when the last mailbox on the
+   * store closes. The statements of every mailbox on the store queue for that connection, and each is
+   * written the moment the one before returns (the pool hands the connection over in the driver's
+   * callback), so the server works on one at a time with no gap between them. Through the shared pool
+   * instead, a claim and an acknowledgement run at once in two server processes, which take the cores the
+   * worker itself needs: on the benchmark's 2-core machine the lane gave 1.13-1.26x the throughput
+   * (medians of 10 alternating rounds). A lane that cannot be made (the database is down) fails the
+   * statement, and the next statement tries again; the pool replaces a connection that died.
+   */
+  onLane<A>(statement: (sql: SqlClient.SqlClient) => Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError> {
+    return Effect.suspend(() => {
+      const config = this.pgConfig
+      // No lane outside a mailbox's life (a late acknowledgement): nothing would close it.
+      if (config === undefined || this.users === 0) return statement(this.sql)
+      return Effect.acquireUseRelease(
+        this.enterLane(config),
+        (lane) =>
+          Deferred.await(lane.client).pipe(
+            Effect.tapError(() =>
+              Effect.sync(() => {
+                if (this.lane === lane) this.lane = undefined
+              })
+            ),
+            Effect.flatMap(statement)
+          ),
+        (lane) =>
+          Effect.sync(() => {
+            if (--lane.running === 0 && lane.closing) Deferred.unsafeDone(lane.closed, Exit.void)
+          })
+      )
+    })
+  }
+
+  /** The lane a statement joins (counted in `running`): the current one, or a new one whose client is being made. */
+  private enterLane(config: PgClient.PgClientConfig): Effect.Effect<Lane> {
+    return Effect.suspend(() => {
+      const current = this.lane
+      if (current !== undefined) {
+        current.running++
+        return Effect.succeed(current)
+      }
+      const lane: Lane = this.lane = {
+        client: Deferred.unsafeMake(FiberId.none),
+        closed: Deferred.unsafeMake(FiberId.none),
+        running: 1,
+        closing: false
+      }
+      return Effect.as(Effect.forkDaemon(holdLane(config, lane)), lane)
+    })
+  }
+
+  /** Closes the lane once the last mailbox on the store has closed and the statements on it are done. */
+  closeLane(): void {
+    const lane = this.lane
+    if (lane === undefined) return
+    this.lane = undefined
+    lane.closing = true
+    if (lane.running === 0) Deferred.unsafeDone(lane.closed, Exit.void)
   }
 
   /** The signal a receiver of `queue` sleeps on; armed before it looks, so no wake-up is missed. */
@@ -156,6 +229,31 @@ class Store {
     }
   }
 }
+
+/** A store's lane (see `Store.onLane`). */
+interface Lane {
+  /** Its client, once made. */
+  readonly client: Deferred.Deferred<SqlClient.SqlClient, SqlError>
+  /** Done when the client is to close. */
+  readonly closed: Deferred.Deferred<void>
+  /** Statements submitted and not finished: a statement waiting for the connection when the pool ends would wait forever. */
+  running: number
+  /** The last mailbox on the store closed: the client closes once `running` reaches 0. */
+  closing: boolean
+}
+
+/** Makes the lane's client (one connection, the store's client's settings) and keeps it until the lane closes. */
+const holdLane = (config: PgClient.PgClientConfig, lane: Lane): Effect.Effect<void> =>
+  Effect.scoped(
+    Effect.flatMap(
+      Layer.build(PgClient.layer({ ...config, maxConnections: 1, minConnections: 1 })),
+      (context) =>
+        Effect.zipRight(
+          Deferred.succeed(lane.client, Context.get(context, SqlClient.SqlClient)),
+          Deferred.await(lane.closed)
+        )
+    )
+  ).pipe(Effect.catchAll((error) => Effect.asVoid(Deferred.fail(lane.client, error))))
 
 const stores = new WeakMap<SqlClient.SqlClient, Map<string, Store>>()
 
@@ -595,8 +693,10 @@ const statements = (store: Store): Statements => {
   return {
     claim: (queue, now, visibleAt, max) =>
       pg
-        ? sql<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to
+        ? store.onLane((lane) =>
+          lane<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to
           FROM ${claimFunction}(${queue}::text, ${now}::bigint, ${visibleAt}::bigint, ${max}::integer)`
+        )
         : sql<Row>`UPDATE ${messages} SET visible_at = ${visibleAt}, receipt_handle = lower(hex(randomblob(16))),
             delivery_count = delivery_count + 1
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${now}
@@ -610,10 +710,11 @@ const statements = (store: Store): Statements => {
           : sql`WHERE v.n <= ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
         const wake = items.some((item) => item.delayMillis === 0)
         return Effect.map(
-          sql<{ seq: string }>`WITH input AS MATERIALIZED (
+          store.onLane((lane) =>
+            lane<{ seq: string }>`WITH input AS MATERIALIZED (
             SELECT nextval((SELECT pg_get_serial_sequence(${
-            sql.literal(`'${store.messages}'`)
-          }, 'seq')::regclass)) AS seq,
+              sql.literal(`'${store.messages}'`)
+            }, 'seq')::regclass)) AS seq,
               v.body, v.delay, v.reply_to, v.n
             FROM ROWS FROM (json_to_recordset(${JSON.stringify(items)}::json)
               AS (body text, "delayMillis" bigint, "replyTo" text)) WITH ORDINALITY AS v(body, delay, reply_to, n)
@@ -621,7 +722,8 @@ const statements = (store: Store): Statements => {
           ins AS (
             INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to)
             SELECT seq, ${queue}::text, body, ${now}::bigint + delay, ${now}::bigint, reply_to FROM input)
-          SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`,
+          SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`
+          ),
           (rows) => items.map((_, index) => rows[index]?.seq)
         )
       }
@@ -638,17 +740,19 @@ const statements = (store: Store): Statements => {
     settle: (items, now) =>
       pg
         ? Effect.map(
-          // The reply bodies travel as one JSON array of the bodies themselves (each is JSON already), and
-          // each element's text is its body as it was: escaping every quote of every body, in the driver's
-          // array literal or as JSON strings, cost more than the rest of the statement's parameters. An
-          // item without a reply has `null` there, never read (its reply queue is NULL).
-          sql<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
+          store.onLane((lane) =>
+            // The reply bodies travel as one JSON array of the bodies themselves (each is JSON already), and
+            // each element's text is its body as it was: escaping every quote of every body, in the driver's
+            // array literal or as JSON strings, cost more than the rest of the statement's parameters. An
+            // item without a reply has `null` there, never read (its reply queue is NULL).
+            lane<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
             FROM ${settleFunction}(${items.map((item) => item.seq)}::bigint[], ${
-            items.map((item) => item.handle)
-          }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
+              items.map((item) => item.handle)
+            }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
             ARRAY(SELECT body::text FROM json_array_elements(${`[${
-            items.map((item) => item.reply?.body ?? "null").join(",")
-          }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${now}::bigint, ${store.channel}::text)`,
+              items.map((item) => item.reply?.body ?? "null").join(",")
+            }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${now}::bigint, ${store.channel}::text)`
+          ),
           (rows) =>
             new Map(rows.map((row) => [
               String(row.settled_seq),
@@ -1258,13 +1362,17 @@ export const make = <A, I, R = never, IR = never>(
         Effect.suspend(() => {
           open.delete(target)
           if (open.size === 0) store.open.delete(name)
-          if (--store.users > 0 || store.listener === undefined) return Effect.void
+          if (--store.users > 0) return Effect.void
+          store.closeLane()
+          if (store.listener === undefined) return Effect.void
           const listener = store.listener
           store.listener = undefined
           return Fiber.interrupt(listener)
         })
       )
     )
+    // The lane's connection opens with the first mailbox, not with its first message.
+    yield* store.onLane(() => Effect.void).pipe(connectionError(name))
     return mailbox
   })
 
@@ -1607,9 +1715,10 @@ export const layerPg = (options?: {
   /** Most connections the pool opens (default 10). */
   readonly maxConnections?: number | undefined
   /**
-   * Connections opened when the layer starts and kept open (default 4, or `maxConnections` if fewer): a busy
-   * worker uses about that many (claims, acknowledgements, sends, the odd long poll), and opening them
-   * at start keeps that cost out of its first messages.
+   * Connections opened when the layer starts and kept open (default 4, or `maxConnections` if fewer), so a
+   * worker's first long polls, extensions and nacks do not pay for new server processes. Claims,
+   * acknowledgements and sends do not use the pool: the mailboxes of a prefix share a connection of their
+   * own, opened with the first of them (see `Store.onLane`).
    */
   readonly minConnections?: number | undefined
   readonly prefix?: string | undefined

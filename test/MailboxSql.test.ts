@@ -11,6 +11,7 @@ import {
   ConfigProvider,
   Context,
   DateTime,
+  Deferred,
   Effect,
   Either,
   Exit,
@@ -383,6 +384,62 @@ describe("MailboxSql layers", () => {
       )
       expect(String(error)).toContain("DATABASE_URL")
     }))
+})
+
+describe("MailboxSql lane on PostgreSQL", () => {
+  it.live(
+    "claims, acknowledgements and sends run on one connection of the store's own, which closes with its last mailbox",
+    () =>
+      Effect.gen(function*() {
+        // Counted by application name, so other tests' connections coming and going cannot change the count.
+        const url = `${cluster.url}?application_name=lane_test`
+        const sessions = pg<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE application_name = 'lane_test'`.pipe(Effect.map((rows) => rows[0]!.n))
+        // The LISTEN connection opens in the background, and a closing client ends in the background.
+        const sessionsReach = (n: number) =>
+          sessions.pipe(
+            Effect.filterOrFail((count) => count === n, (count) => count),
+            Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+            Effect.merge
+          )
+        const sql = Context.get(
+          yield* Layer.build(Layer.fresh(MailboxSql.layerPg({ url, maxConnections: 1, minConnections: 1 }))),
+          SqlClient.SqlClient
+        )
+        const mailboxes = yield* Scope.make()
+        const [jobs, done] = yield* Effect.all([
+          MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix }),
+          MailboxSql.make({ name: "done", schema: Job, prefix })
+        ]).pipe(Effect.provideService(SqlClient.SqlClient, sql), Scope.extend(mailboxes))
+        yield* jobs.send({ n: 1 }, { replyTo: "done" })
+        // The pool's one connection, LISTEN's, and the lane's.
+        expect(yield* sessionsReach(3)).toBe(3)
+
+        // The application holds the pool's only connection in a transaction; the mailboxes go on without it.
+        const gate = yield* Deferred.make<void>()
+        const holding = yield* Effect.fork(sql.withTransaction(Effect.zipRight(sql`SELECT 1`, Deferred.await(gate))))
+        yield* Effect.all([jobs.send({ n: 2 }, { replyTo: "done" }), jobs.send({ n: 3 }, { replyTo: "done" })], {
+          concurrency: "unbounded"
+        })
+        const received = yield* jobs.receive({ maxMessages: 10, waitTime: 0 })
+        expect(received.map((message) => message.body.n).sort()).toEqual([1, 2, 3])
+        const outcomes = yield* settleAll(received.map((message) => ({
+          message,
+          reply: Option.some({ n: message.body.n * 10 })
+        })))
+        expect(outcomes.every(Either.isRight)).toBe(true)
+        const replies = yield* done.receive({ maxMessages: 10, waitTime: 0 })
+        expect(replies.map((message) => message.body.n).sort((a, b) => a - b)).toEqual([10, 20, 30])
+        yield* Effect.forEach(replies, (message) => message.acknowledge, { discard: true })
+        expect(yield* sessions).toBe(3)
+        yield* Deferred.succeed(gate, undefined)
+        yield* Fiber.join(holding)
+
+        yield* Scope.close(mailboxes, Exit.void)
+        expect(yield* sessionsReach(1)).toBe(1)
+      }).pipe(Effect.provide(MailboxResolver.layer()), Effect.scoped),
+    30_000
+  )
 })
 
 describe("MailboxSql migrations on PostgreSQL", () => {
