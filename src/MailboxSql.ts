@@ -668,17 +668,43 @@ type SettleExit = Exit.Exit<string | undefined | false, SqlError>
 type SettleBatcher = GroupCommit<SettleItem, string | undefined | false>
 
 const settleBatcher = (statements: Statements, clock: Clock.Clock): SettleBatcher =>
-  new GroupCommit((items) =>
-    Effect.map(statements.settle(items, clock.unsafeCurrentTimeMillis()), (rows) => {
-      // The same delivery settled twice in one batch (concurrent acks): only the first wins.
-      const answered = new Set<string>()
-      return items.map((item) => {
-        if (!rows.has(item.seq) || answered.has(item.seq)) return false
-        answered.add(item.seq)
-        return rows.get(item.seq)
+  new GroupCommit((items) => settleRounds(statements, clock, items))
+
+/**
+ * Settles a batch, each message at most once per statement: a message twice in a batch (a delivery that
+ * timed out and its redelivery, settled together, or the same delivery twice) goes to a second statement,
+ * so each outcome is its own delivery's — the statements match rows by message, and only the current
+ * handle settles.
+ */
+const settleRounds = (
+  statements: Statements,
+  clock: Clock.Clock,
+  items: ReadonlyArray<SettleItem>
+): Effect.Effect<Array<string | undefined | false>, SqlError> => {
+  const seen = new Set<string>()
+  const first: Array<number> = []
+  const again: Array<number> = []
+  items.forEach((item, index) => {
+    if (seen.has(item.seq)) return again.push(index)
+    seen.add(item.seq)
+    first.push(index)
+  })
+  const round = first.length === items.length ? items : first.map((index) => items[index]!)
+  return Effect.flatMap(statements.settle(round, clock.unsafeCurrentTimeMillis()), (rows) => {
+    const results = new Array<string | undefined | false>(items.length)
+    for (const index of first) {
+      const { seq } = items[index]!
+      results[index] = rows.has(seq) ? rows.get(seq) : false
+    }
+    if (again.length === 0) return Effect.succeed(results)
+    return Effect.map(settleRounds(statements, clock, again.map((index) => items[index]!)), (later) => {
+      again.forEach((index, k) => {
+        results[index] = later[k]!
       })
+      return results
     })
-  )
+  })
+}
 
 /** The statement set of the store's dialect. */
 const statements = (store: Store): Statements => {
@@ -727,15 +753,22 @@ const statements = (store: Store): Statements => {
           (rows) => items.map((_, index) => rows[index]?.seq)
         )
       }
+      // One statement for the batch, like PostgreSQL's; the items go in in order, so their ids ascend in it.
       const room = maxSize === undefined
         ? sql``
-        : sql`WHERE (SELECT count(*) FROM ${messages} WHERE queue = ${queue}) < ${maxSize}`
-      return sql.withTransaction(Effect.forEach(items, (item) =>
-        Effect.map(
-          sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
-            SELECT ${queue}, ${item.body}, ${now + item.delayMillis}, ${now}, ${item.replyTo} ${room} RETURNING seq`,
-          (rows) => rows[0] === undefined ? undefined : String(rows[0].seq)
-        )))
+        : sql`WHERE key < ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
+      return Effect.map(
+        sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+          SELECT ${queue}, json_extract(value, '$[0]'), ${now} + json_extract(value, '$[1]'), ${now},
+            json_extract(value, '$[2]')
+          FROM json_each(${JSON.stringify(items.map((item) => [item.body, item.delayMillis, item.replyTo]))}) ${room}
+          ORDER BY key
+          RETURNING seq`,
+        (rows) => {
+          const ids = rows.map((row) => row.seq).sort((a, b) => a - b)
+          return items.map((_, index) => index < ids.length ? String(ids[index]) : undefined)
+        }
+      )
     },
     settle: (items, now) =>
       pg
@@ -760,20 +793,31 @@ const statements = (store: Store): Statements => {
             ]))
         )
         : sql.withTransaction(Effect.gen(function*() {
-          // One transaction for the batch; its first statement writes, so it takes the write lock at once.
+          // One transaction and two statements for the batch (a statement costs more than a row): the deletes,
+          // whose first write takes the write lock at once, then the replies of the deliveries that were current.
+          const acked = yield* sql<{ seq: number; receipt_handle: string }>`DELETE FROM ${messages}
+            WHERE visible_at > ${now} AND (seq, receipt_handle) IN (
+              SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(${
+            JSON.stringify(items.map((item) => [Number(item.seq), item.handle]))
+          }))
+            RETURNING seq, receipt_handle`
+          const current = new Set(acked.map((row) => `${row.seq} ${row.receipt_handle}`))
           const settled = new Map<string, string | undefined>()
+          const replying: Array<{ readonly seq: string; readonly queue: string; readonly body: string }> = []
           for (const item of items) {
-            const acked = yield* sql`DELETE FROM ${messages} WHERE seq = ${Number(item.seq)}
-              AND receipt_handle = ${item.handle} AND visible_at > ${now} RETURNING seq`
-            if (acked.length === 0) continue
-            if (item.reply === undefined) {
-              settled.set(item.seq, undefined)
-              continue
-            }
-            const rows = yield* sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
-              VALUES (${item.reply.queue}, ${item.reply.body}, ${now}, ${now}) RETURNING seq`
-            settled.set(item.seq, String(rows[0]!.seq))
+            // A delivery in the batch twice (concurrent acknowledgements) is settled once, by the first.
+            if (!current.delete(`${item.seq} ${item.handle}`)) continue
+            if (item.reply === undefined) settled.set(item.seq, undefined)
+            else replying.push({ seq: item.seq, ...item.reply })
           }
+          if (replying.length === 0) return settled
+          // Inserted in the array's order, so the new ids ascend in that order (RETURNING's order is unspecified).
+          const replies = yield* sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
+            SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ${now}, ${now}
+            FROM json_each(${JSON.stringify(replying.map((reply) => [reply.queue, reply.body]))}) ORDER BY key
+            RETURNING seq`
+          const ids = replies.map((row) => row.seq).sort((a, b) => a - b)
+          replying.forEach((reply, index) => settled.set(reply.seq, String(ids[index])))
           return settled
         })),
     setVisibility: (seq, handle, now, visibleAt, keepHandle, queue) => {

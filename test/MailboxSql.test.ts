@@ -20,7 +20,8 @@ import {
   Option,
   Schedule,
   Schema,
-  Scope
+  Scope,
+  TestClock
 } from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -166,6 +167,44 @@ for (const backend of backends) {
         const replies = yield* responses.receive({ maxMessages: 10 })
         expect(replies.map((m) => m.body.text)).toEqual(texts)
         expect(yield* requests.approximateCount).toBe(0)
+      }).pipe(onDb))
+
+    it.scoped("grouped sends and a grouped settle give each item its own id: the ids the receivers see", () =>
+      Effect.gen(function*() {
+        const requests = yield* MailboxSql.make({ name: "requests", schema: Job, replySchema: Job, prefix })
+        const responses = yield* MailboxSql.make({ name: "responses", schema: Job, prefix })
+        const resolver = MailboxResolver.fromMailboxes(requests, responses)
+        // Sent concurrently, so they commit together; one without a replyTo, one delayed.
+        const sent = yield* Effect.all(
+          [1, 2, 3, 4, 5].map((n) =>
+            requests.send({ n }, n === 4 ? { delay: "1 minute" } : n === 2 ? {} : { replyTo: "responses" })
+          ),
+          { concurrency: "unbounded" }
+        )
+        expect(new Set(sent).size).toBe(5)
+        const first = yield* requests.receive({ maxMessages: 10, visibilityTimeout: "1 second" })
+        expect(first.map((m) => m.body.n)).toEqual([1, 2, 3, 5])
+        yield* TestClock.adjust("2 seconds")
+        const received = yield* requests.receive({ maxMessages: 10 })
+        expect(received.map((m) => [m.id, m.body.n])).toEqual([[sent[0], 1], [sent[1], 2], [sent[2], 3], [
+          sent[4],
+          5
+        ]])
+        // Settled as one group, with the first delivery of the first message, stale since it timed out.
+        const outcomes = yield* settleAll(
+          [first[0]!, ...received].map((message) => ({ message, reply: Option.some({ n: message.body.n * 10 }) }))
+        ).pipe(Effect.provideService(MailboxResolver, resolver))
+        expect(outcomes.map(Either.isRight)).toEqual([false, true, true, true, true])
+        const replies = yield* responses.receive({ maxMessages: 10 })
+        // The redelivery of the first message was settled in a statement of its own, after the others.
+        expect(replies.map((m) => m.body.n)).toEqual([30, 50, 10])
+        // Each settled delivery learns its reply's id; the one without a replyTo has none.
+        expect(outcomes.slice(1).map((outcome) => Either.getOrUndefined(outcome))).toEqual([
+          replies[2]!.id,
+          undefined,
+          replies[0]!.id,
+          replies[1]!.id
+        ])
       }).pipe(onDb))
 
     it.scoped("the resolver finds mailboxes made in this process on the same database", () =>
