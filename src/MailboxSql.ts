@@ -12,16 +12,18 @@
  * handle and `visible_at > now`, so a stale handle changes nothing; the
  * acknowledgements (with their replies) that concurrent loops submit while
  * one is committing go together in the next statement (group commit), and so
- * do concurrent sends. A receive interrupted once its rows are claimed gives
- * them back at once.
+ * do concurrent sends — on SQLite too, where a grouped acknowledgement is two
+ * statements (the deletes, the replies) and grouped sends one, whatever their
+ * number. A receive interrupted once its rows are claimed gives them back at
+ * once.
  * On PostgreSQL the claim and the grouped acknowledgement run inside two
  * PL/pgSQL functions (`<prefix>mailbox_claim`, `<prefix>mailbox_settle`):
  * their settings pin index plans, so a table PostgreSQL has not analysed yet
  * (a new queue, a burst) is not scanned whole per statement, and each
  * connection plans them once. Claims, grouped acknowledgements and sends run
- * on one connection the store keeps while its mailboxes are open (its lane:
- * see `Store.onLane`), so the server works on one of them at a time, back to
- * back.
+ * on a connection of the store's own, outside the pool, opened with its first
+ * mailbox and closed with its last (its lane: see `Store.onLane`), so the
+ * server works on one of them at a time, back to back.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
  * or the end of the wait; a queue's idle receivers share one look-up of that
