@@ -158,8 +158,8 @@ class Store {
    * written the moment the one before returns (the pool hands the connection over in the driver's
    * callback), so the server works on one at a time with no gap between them. Through the shared pool
    * instead, a claim and an acknowledgement run at once in two server processes, which take the cores the
-   * worker itself needs: on the benchmark's 2-core machine the lane gave 1.13-1.26x the throughput
-   * (medians of 10 alternating rounds). A lane that cannot be made (the database is down) fails the
+   * worker itself needs: on the benchmark's 2-core machine the lane gave 1.06-1.19x the throughput
+   * (three same-process A/B runs, 10-12 alternating rounds each). A lane that cannot be made (the database is down) fails the
    * statement, and the next statement tries again; the pool replaces a connection that died.
    */
   onLane<A>(statement: (sql: SqlClient.SqlClient) => Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError> {
