@@ -159,8 +159,9 @@ class Store {
    * callback), so the server works on one at a time with no gap between them. Through the shared pool
    * instead, a claim and an acknowledgement run at once in two server processes, which take the cores the
    * worker itself needs: on the benchmark's 2-core machine the lane gave 1.06-1.19x the throughput
-   * (three same-process A/B runs, 10-12 alternating rounds each). A lane that cannot be made (the database is down) fails the
-   * statement, and the next statement tries again; the pool replaces a connection that died.
+   * (three same-process A/B runs, 10-12 alternating rounds each). A lane that cannot be made (the
+   * database is down) fails the statement, and the next statement tries again; a statement that finds the
+   * connection dead fails, and once the pool has dropped it the next statement gets a new one.
    */
   onLane<A>(statement: (sql: SqlClient.SqlClient) => Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError> {
     return Effect.suspend(() => {

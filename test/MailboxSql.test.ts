@@ -426,21 +426,23 @@ describe("MailboxSql layers", () => {
 })
 
 describe("MailboxSql lane on PostgreSQL", () => {
+  // Sessions counted by application name, so other tests' connections coming and going cannot change the count.
+  const sessions = (application: string) =>
+    pg<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+      WHERE application_name = ${application}`.pipe(Effect.map((rows) => rows[0]!.n))
+  /** The count once it is `n` (connections open and end in the background), or the last count after 5 s. */
+  const sessionsReach = (application: string, n: number) =>
+    sessions(application).pipe(
+      Effect.filterOrFail((count) => count === n, (count) => count),
+      Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+      Effect.merge
+    )
+
   it.live(
     "claims, acknowledgements and sends run on one connection of the store's own, which closes with its last mailbox",
     () =>
       Effect.gen(function*() {
-        // Counted by application name, so other tests' connections coming and going cannot change the count.
         const url = `${cluster.url}?application_name=lane_test`
-        const sessions = pg<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
-          WHERE application_name = 'lane_test'`.pipe(Effect.map((rows) => rows[0]!.n))
-        // The LISTEN connection opens in the background, and a closing client ends in the background.
-        const sessionsReach = (n: number) =>
-          sessions.pipe(
-            Effect.filterOrFail((count) => count === n, (count) => count),
-            Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
-            Effect.merge
-          )
         const sql = Context.get(
           yield* Layer.build(Layer.fresh(MailboxSql.layerPg({ url, maxConnections: 1, minConnections: 1 }))),
           SqlClient.SqlClient
@@ -452,7 +454,7 @@ describe("MailboxSql lane on PostgreSQL", () => {
         ]).pipe(Effect.provideService(SqlClient.SqlClient, sql), Scope.extend(mailboxes))
         yield* jobs.send({ n: 1 }, { replyTo: "done" })
         // The pool's one connection, LISTEN's, and the lane's.
-        expect(yield* sessionsReach(3)).toBe(3)
+        expect(yield* sessionsReach("lane_test", 3)).toBe(3)
 
         // The application holds the pool's only connection in a transaction; the mailboxes go on without it.
         const gate = yield* Deferred.make<void>()
@@ -470,15 +472,47 @@ describe("MailboxSql lane on PostgreSQL", () => {
         const replies = yield* done.receive({ maxMessages: 10, waitTime: 0 })
         expect(replies.map((message) => message.body.n).sort((a, b) => a - b)).toEqual([10, 20, 30])
         yield* Effect.forEach(replies, (message) => message.acknowledge, { discard: true })
-        expect(yield* sessions).toBe(3)
+        expect(yield* sessions("lane_test")).toBe(3)
         yield* Deferred.succeed(gate, undefined)
         yield* Fiber.join(holding)
 
         yield* Scope.close(mailboxes, Exit.void)
-        expect(yield* sessionsReach(1)).toBe(1)
+        expect(yield* sessionsReach("lane_test", 1)).toBe(1)
       }).pipe(Effect.provide(MailboxResolver.layer()), Effect.scoped),
     30_000
   )
+
+  it.live("a lane connection the server ends is replaced: the mailbox goes on", () =>
+    Effect.gen(function*() {
+      const sql = Context.get(
+        yield* Layer.build(Layer.fresh(MailboxSql.layerPg({ url: `${cluster.url}?application_name=lane_end_test` }))),
+        SqlClient.SqlClient
+      )
+      const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix }).pipe(
+        Effect.provideService(SqlClient.SqlClient, sql)
+      )
+      yield* jobs.send({ n: 1 })
+      // The lane is the one session whose last statement was a send.
+      const lane = yield* pg<{ pid: number }>`SELECT pid FROM pg_stat_activity
+        WHERE application_name = 'lane_end_test' AND query LIKE 'WITH input AS MATERIALIZED%'`
+      expect(lane.length).toBe(1)
+      yield* pg`SELECT pg_terminate_backend(${lane[0]!.pid})`
+      const gone = pg<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ${lane[0]!.pid}`
+      yield* gone.pipe(
+        Effect.filterOrFail((rows) => rows[0]!.n === 0, () => "still there"),
+        Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 })
+      )
+      // The statements that find the connection dead fail (MailboxConnectionError) and send nothing; the pool
+      // drops it, and the next statement gets a new one.
+      const sent = yield* jobs.send({ n: 2 }).pipe(
+        Effect.tapError((error) => Effect.sync(() => expect(error._tag).toBe("MailboxConnectionError"))),
+        Effect.retry({ schedule: Schedule.spaced("50 millis"), times: 5 }),
+        Effect.either
+      )
+      expect(Either.isRight(sent)).toBe(true)
+      const received = yield* jobs.receive({ maxMessages: 10, waitTime: 0 })
+      expect(received.map((message) => message.body.n)).toEqual([1, 2])
+    }).pipe(Effect.scoped), 30_000)
 })
 
 describe("MailboxSql migrations on PostgreSQL", () => {
