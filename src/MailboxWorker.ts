@@ -142,8 +142,6 @@ interface RunState<A, R> {
   readonly settles: SettleQueue<A, R>
   /** Settles queued before the current batch started: done before the batch after it starts. */
   previousBatchStart: number
-  /** Where replies go. */
-  readonly resolver: MailboxResolver["Type"]
   /** The annotations of the message in hand, which the run's loggers add (see `annotating`). */
   readonly annotations: AnnotationCell
   /** Empties `annotations`, once the message is settled. */
@@ -290,7 +288,10 @@ export const make = <A, R, Out, E, Req>(
      * of the batch runs (a durable store batches those commits), while the loop receives its next
      * batch and while that batch runs (see `nextBatch`); the loop awaits them all before it stops.
      */
-    const process = (run: RunState<A, R>, message: Message<A, R>): Effect.Effect<void, never, Req> =>
+    const process = (
+      run: RunState<A, R>,
+      message: Message<A, R>
+    ): Effect.Effect<void, never, Req | MailboxResolver> =>
       Effect.uninterruptibleMask((restore) => {
         // Written as a chain, not a generator, with the extender attached and the log annotations set by
         // hand rather than through `ensuring` / `annotateLogs`: this runs once per message, and their
@@ -324,7 +325,7 @@ export const make = <A, R, Out, E, Req>(
       run: RunState<A, R>,
       message: Message<A, R>,
       exit: Exit.Exit<Out, E>
-    ): Effect.Effect<void, never, Req> => {
+    ): Effect.Effect<void, never, Req | MailboxResolver> => {
       if (Exit.isSuccess(exit)) {
         return Effect.flatMap(options.onSuccess(message, exit.value), (reply) => {
           messagesProcessed.unsafeUpdate(1, run.metricLabels)
@@ -332,7 +333,7 @@ export const make = <A, R, Out, E, Req>(
           // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
           // overlap and handing it to the settler would cost a wake-up for nothing.
           if (run.pending.length === 0 && settles.completed === settles.submitted) {
-            return settleGroup(run, [{ message, reply }])
+            return settleGroup([{ message, reply }])
           }
           queueSettle(settles, { message, reply })
           return Effect.void
@@ -373,7 +374,7 @@ export const make = <A, R, Out, E, Req>(
      * `Mailbox.settleAll` — a durable mailbox commits them together and the settler waits once, where
      * a fiber per message would cost a fiber and a wake-up each. Never fails; interrupted only when idle.
      */
-    const settler = (run: RunState<A, R>): Effect.Effect<never> => {
+    const settler = (run: RunState<A, R>): Effect.Effect<never, never, MailboxResolver> => {
       const { settles } = run
       const take = Effect.async<ReadonlyArray<Settlement<A, R>>>((resume) => {
         const takeAll = () => {
@@ -386,7 +387,7 @@ export const make = <A, R, Out, E, Req>(
         settles.wake = takeAll
       })
       const settleQueued = (batch: ReadonlyArray<Settlement<A, R>>) =>
-        settleGroup(run, batch).pipe(
+        settleGroup(batch).pipe(
           Effect.ensuring(Effect.sync(() => {
             settles.completed += batch.length
             const ready = settles.waiters.filter((waiter) => waiter.count <= settles.completed)
@@ -398,8 +399,11 @@ export const make = <A, R, Out, E, Req>(
       return Effect.forever(Effect.flatMap(take, settleQueued))
     }
 
-    /** Settles a group with `Mailbox.settleAll` and deals with each failed outcome; never fails. */
-    const settleGroup = (run: RunState<A, R>, batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void> =>
+    /**
+     * Settles a group with `Mailbox.settleAll` and deals with each failed outcome; never fails. The loop and
+     * the settler run with the run's resolver provided once (a provide per group costs two FiberRef writes).
+     */
+    const settleGroup = (batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void, never, MailboxResolver> =>
       settleAll(batch).pipe(
         Effect.flatMap((outcomes) =>
           outcomes.every(Either.isRight) ? Effect.void : Effect.forEach(outcomes, (outcome, index) => {
@@ -409,8 +413,7 @@ export const make = <A, R, Out, E, Req>(
             return onSettleFailure(message, replied, outcome.left, options.retryAfter?.(message) ?? Duration.zero)
           }, { discard: true })
         ),
-        Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause)),
-        Effect.provideService(MailboxResolver, run.resolver)
+        Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause))
       )
 
     /**
@@ -510,11 +513,6 @@ export const make = <A, R, Out, E, Req>(
           fiber: undefined,
           settles: { queued: [], submitted: 0, completed: 0, wake: undefined, waiters: [] },
           previousBatchStart: 0,
-          // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
-          resolver: Option.getOrElse(
-            Context.getOption(context as Context.Context<never>, MailboxResolver),
-            () => MailboxResolver.fromMailboxes()
-          ),
           annotations: cell,
           unannotate: Effect.sync(() => {
             cell.current = undefined
@@ -523,20 +521,29 @@ export const make = <A, R, Out, E, Req>(
           metricLabels: yield* FiberRef.get(FiberRef.currentMetricLabels)
         }
         state = current
+        // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
+        const resolver = Option.getOrElse(
+          Context.getOption(context as Context.Context<never>, MailboxResolver),
+          () => MailboxResolver.fromMailboxes()
+        )
+        const loopContext = Context.add(context, MailboxResolver, resolver)
         // The settler starts with the loop and stops after it, once every settle is done.
         const fiber = yield* Effect.uninterruptibleMask((restore) =>
           // (Interruptible: a fiber forked here would otherwise inherit the mask and never stop.)
-          Effect.flatMap(Effect.forkDaemon(Effect.interruptible(settler(current))), (settlerFiber) =>
-            restore(annotated(cell, Effect.provide(loop(current, receiveOptions, maxIterations), context))).pipe(
-              Effect.ensuring(Effect.suspend(() => {
-                const leftover = current.pending
-                current.pending = []
-                return nackAll(leftover).pipe(
-                  Effect.zipRight(settled(current)),
-                  Effect.zipRight(Fiber.interrupt(settlerFiber))
-                )
-              }))
-            ))
+          Effect.flatMap(
+            Effect.forkDaemon(Effect.interruptible(Effect.provideService(settler(current), MailboxResolver, resolver))),
+            (settlerFiber) =>
+              restore(annotated(cell, Effect.provide(loop(current, receiveOptions, maxIterations), loopContext))).pipe(
+                Effect.ensuring(Effect.suspend(() => {
+                  const leftover = current.pending
+                  current.pending = []
+                  return nackAll(leftover).pipe(
+                    Effect.zipRight(settled(current)),
+                    Effect.zipRight(Fiber.interrupt(settlerFiber))
+                  )
+                }))
+              )
+          )
         ).pipe(Effect.fork)
         current.fiber = fiber
         // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message back).
