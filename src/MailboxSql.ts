@@ -808,8 +808,8 @@ const statements = (store: Store): Statements => {
           const settled = new Map<string, string | undefined>()
           const replying: Array<{ readonly seq: string; readonly queue: string; readonly body: string }> = []
           for (const item of items) {
-            // A delivery in the batch twice (concurrent acknowledgements) is settled once, by the first.
-            if (!current.delete(`${item.seq} ${item.handle}`)) continue
+            // Only the deliveries whose handle was current (a message is once per statement: `settleRounds`).
+            if (!current.has(`${item.seq} ${item.handle}`)) continue
             if (item.reply === undefined) settled.set(item.seq, undefined)
             else replying.push({ seq: item.seq, ...item.reply })
           }
