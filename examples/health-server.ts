@@ -7,7 +7,7 @@
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"
-import { Health, Lifecycle, Mailbox, MailboxMemory, MainLoop } from "leasehold"
+import { Health, LoopGroup, Mailbox, MailboxMemory, MainLoop } from "leasehold"
 
 const get = (url: string) =>
   Effect.promise(async () => {
@@ -23,7 +23,7 @@ Effect.gen(function*() {
     Effect.provideService(Mailbox.MailboxResolver, Mailbox.MailboxResolver.fromMailboxes(requests))
   )
   const health = yield* Health.Health
-  const group = Lifecycle.makeGroup([loop])
+  const group = LoopGroup.make([loop])
   const running = yield* Effect.fork(group.run({ waitTime: "1 second" }))
   for (let i = 0; i < 3; i++) yield* requests.send(MainLoop.request(`job ${i}`))
   yield* Effect.sleep("300 millis")

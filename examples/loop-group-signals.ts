@@ -9,7 +9,7 @@
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"
-import { Lifecycle, Mailbox, MailboxMemory, MainLoop } from "leasehold"
+import { LoopGroup, Mailbox, MailboxMemory, MainLoop, ShutdownCoordinator } from "leasehold"
 
 const args = process.argv.slice(2)
 const idle = args.includes("--idle")
@@ -45,7 +45,7 @@ Effect.gen(function*() {
   }).pipe(Effect.provideService(Mailbox.MailboxResolver, Mailbox.MailboxResolver.fromMailboxes(requests, responses)))
 
   if (!idle) yield* requests.send(MainLoop.request("job-1", { requestId: "job-1" }), { replyTo: "responses" })
-  const group = Lifecycle.makeGroup([loop], { shutdownTimeout: "10 seconds" })
+  const group = LoopGroup.make([loop], { shutdownTimeout: "10 seconds" })
   yield* Effect.log(`worker ready (pid ${process.pid})`)
   yield* group.run({ waitTime: "20 seconds" })
-}).pipe(Effect.scoped, Effect.provide(Lifecycle.layer), NodeRuntime.runMain)
+}).pipe(Effect.scoped, Effect.provide(ShutdownCoordinator.layer()), NodeRuntime.runMain)

@@ -8,18 +8,15 @@
  * dead-lettered at once; otherwise a message is dead-lettered when its
  * `deliveryCount` reaches `maxDeliveryCount`. Below that it is nacked with a
  * growing backoff, `min(60 s × deliveryCount, 15 min)`. Exclude wins over
- * include. The `DeadLetterConsumer` is a worker loop over the dead-letter
- * mailbox: it acknowledges what its handler resolved and hides what failed
- * for an hour.
+ * include. `MailboxWorker.deadLetterConsumer` is a worker loop over a
+ * dead-letter mailbox.
  */
 import type * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
-import * as Effect from "effect/Effect"
+import type * as Effect from "effect/Effect"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
-import type * as Heartbeat from "./Heartbeat.js"
-import type { Mailbox, Message, SendError } from "./Mailbox.js"
-import * as MailboxWorker from "./MailboxWorker.js"
+import type { SendError } from "./Mailbox.js"
 
 /** When to dead-letter instead of retrying. */
 export class DLQPolicy extends Schema.Class<DLQPolicy>("leasehold/DLQPolicy")({
@@ -80,42 +77,3 @@ export interface DeadLetterQueue<A> {
   readonly mailbox: DeadLetterSink<A>
   readonly policy: DLQPolicy
 }
-
-/** Errors seen by the loops, reduced to a tag and a message for results and dead letters. */
-export interface ErrorInfo {
-  readonly tag: string
-  readonly message: string
-}
-
-/** Describes the failure in a handler's cause: its tag (`Defect` for a defect, `Interrupted`) and message. */
-export const describe = (error: unknown): ErrorInfo => {
-  if (typeof error === "object" && error !== null) {
-    const tag = "_tag" in error && typeof error._tag === "string" ? error._tag : error.constructor?.name ?? "Error"
-    const message = "message" in error && typeof error.message === "string" && error.message.length > 0
-      ? error.message
-      : tag
-    return { tag, message }
-  }
-  return { tag: "Error", message: String(error) }
-}
-
-/**
- * A loop over a dead-letter mailbox: acknowledges a letter when `handle`
- * succeeds, hides it for an hour when it fails (it will come back).
- */
-export const consumer = <A, E, Req>(options: {
-  readonly name?: string
-  readonly mailbox: Mailbox<DeadLetter<A>, unknown>
-  readonly handle: (letter: DeadLetter<A>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void, E, Req>
-}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, Req> =>
-  MailboxWorker.make({
-    name: options.name ?? `${options.mailbox.name}-consumer`,
-    mailbox: options.mailbox,
-    handle: (message: Message<DeadLetter<A>, unknown>, heartbeat) => options.handle(message.body, heartbeat),
-    onSuccess: () => Effect.succeedNone,
-    onFailure: (message, cause) =>
-      Effect.zipRight(
-        Effect.logWarning("Dead-letter handler failed; retrying in 1 hour", cause),
-        MailboxWorker.logSettleFailure("nack of a dead letter")(message.nack(Duration.hours(1)))
-      )
-  })

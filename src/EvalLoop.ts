@@ -2,25 +2,33 @@
  * EvalLoop: runs evaluation samples from a mailbox and replies scored results.
  *
  * Each `EvalRequest` carries a sample and an experiment name. The loop runs
- * the caller's `execute` on the sample's input — with the loop's heartbeat,
- * so tools that beat keep the eval message leased — times it with `Clock`,
- * scores the output with an `Evaluator` and replies an `EvalResult`. A
- * failed execution is a data point, not a poison message: it becomes a
- * result with `error` and score 0. `EvalReport` aggregates results per
- * experiment and compares experiments; `submitDataset` and `collectResults`
- * drive a whole run from the outside.
+ * the caller's `execute` on the sample's input and scores the output with an
+ * `Evaluator`, replying an `EvalResult`. It stands on MainLoop's footing (the
+ * same request loop): the loop's heartbeat keeps the eval message leased while
+ * the sample works; the sample runs under its deadline — the request's, or the
+ * config's `timeout` from the start of the attempt — and its budget, and is
+ * interrupted when the deadline passes, so a hung sample cannot hold the
+ * loop. A sample whose execution or evaluator fails is a data point: without a
+ * dead-letter queue its result carries `error` and score 0; with one, it is
+ * retried with backoff and dead-lettered by the policy (then the error result
+ * is replied), so a crashing evaluator cannot loop for ever. `layer` runs the
+ * loop for a scope's lifetime with a graceful stop. `EvalReport` aggregates
+ * results per experiment and compares experiments; `submitDataset` and
+ * `collectResults` drive a whole run from the outside.
  */
 import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Option from "effect/Option"
+import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
 import { randomUUID } from "node:crypto"
+import type * as Budget from "./Budget.js"
 import type * as Dataset from "./Dataset.js"
-import * as DeadLetter from "./DeadLetter.js"
+import type * as Deadline from "./Deadline.js"
 import * as Evaluator from "./Evaluator.js"
-import type * as Heartbeat from "./Heartbeat.js"
-import type { Mailbox, MailboxResolver, SendError } from "./Mailbox.js"
+import * as Heartbeat from "./Heartbeat.js"
+import * as RequestLoop from "./internal/worker/requestLoop.js"
+import type { InvalidParameterError, Mailbox, MailboxResolver, SendError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import * as Session from "./Session.js"
 
@@ -29,6 +37,12 @@ export interface EvalRequest<I, E> {
   readonly requestId: string
   readonly experiment: string
   readonly sample: Dataset.Sample<I, E>
+  /** The sample's execution and scoring are interrupted when this passes. */
+  readonly deadline?: Deadline.Deadline | undefined
+  /** Token and deadline limits for the sample; a tracker reaches `execute`. */
+  readonly budget?: Budget.Budget | undefined
+  readonly traceId?: string | undefined
+  readonly spanId?: string | undefined
 }
 
 /** The scored outcome of one sample. */
@@ -37,62 +51,79 @@ export interface EvalResult {
   readonly sampleId: string
   readonly experiment: string
   readonly score: Evaluator.Score
+  /** From the start of the attempt to the end of the execution (or of the failed attempt). */
   readonly latencyMs: number
-  /** Why the execution failed; the score is 0 then. */
+  /** Why the execution or the scoring failed (`Tag: message`); the score is 0 then. */
   readonly error: string | undefined
 }
 
-/** What `execute` receives besides the input. */
-export interface EvalContext {
-  readonly heartbeat: Heartbeat.Heartbeat
+/** What `execute` receives besides the input: MainLoop's context, a session and the sample's names. */
+export interface EvalContext extends RequestLoop.Attempt {
   /** A fresh session per sample: pass it to the adapter so session-aware evaluators can read it. */
   readonly session: Session.Session
   readonly sampleId: string
   readonly experiment: string
 }
 
-/** Makes an EvalLoop; bad lease-extender config fails with a readable `ParseError`. */
+/** Options of the loop: MainLoop's (worker id, lease extender, dead letters, timeout, budget). */
+export type EvalLoopConfig<I, E> = RequestLoop.Config<EvalRequest<I, E>>
+
+/** Makes an EvalLoop; bad config fails with a readable `ParseError`. */
 export const make = <I, E, O, Err, R>(options: {
   readonly name?: string
   readonly requests: Mailbox<EvalRequest<I, E>, EvalResult>
   readonly execute: (input: I, context: EvalContext) => Effect.Effect<O, Err, R>
   readonly evaluator: Evaluator.Evaluator<O, E>
-  readonly leaseExtender?: MailboxWorker.Options<never, never, never, never, never>["leaseExtender"]
+  readonly config?: EvalLoopConfig<I, E>
 }): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
-  MailboxWorker.make<EvalRequest<I, E>, EvalResult, EvalResult, never, R | MailboxResolver>({
-    name: options.name ?? `eval-loop:${options.requests.name}`,
-    mailbox: options.requests,
-    handle: (message, heartbeat) =>
-      Effect.gen(function*() {
-        const { experiment, requestId, sample } = message.body
-        const session = yield* Session.make
-        const started = yield* Clock.currentTimeMillis
-        const outcome = yield* Effect.either(
-          options.execute(sample.input, { heartbeat, session, sampleId: sample.id, experiment })
-        )
-        const latencyMs = (yield* Clock.currentTimeMillis) - started
-        const base = { requestId, sampleId: sample.id, experiment, latencyMs }
-        if (outcome._tag === "Left") {
-          const error = DeadLetter.describe(outcome.left)
-          return {
-            ...base,
-            score: new Evaluator.Score({ value: 0, passed: false, reason: "execution failed" }),
-            error: `${error.tag}: ${error.message}`
-          } satisfies EvalResult
-        }
-        const score = yield* options.evaluator(outcome.right, sample.expected, session)
-        return { ...base, score, error: undefined } satisfies EvalResult
-      }),
-    onSuccess: (_message, result) => Effect.succeed(Option.some(result)),
-    retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
-    // `handle` turns execution failures into results; what is left is a defect in the evaluator.
-    onFailure: (message, cause) =>
-      Effect.zipRight(
-        Effect.logError("Evaluation failed outside execute", cause),
-        MailboxWorker.logSettleFailure("nack")(message.nack(DeadLetter.backoff(message.deliveryCount)))
-      ),
-    ...(options.leaseExtender !== undefined ? { leaseExtender: options.leaseExtender } : {})
+  Effect.flatMap(Effect.clock, (clock) => {
+    const latencySince = (startedAt: number) => Math.max(0, Heartbeat.monotonicMillis(clock) - startedAt)
+    const base = (body: EvalRequest<I, E>) => ({
+      requestId: body.requestId,
+      sampleId: body.sample.id,
+      experiment: body.experiment
+    })
+    return RequestLoop.make<
+      EvalRequest<I, E>,
+      EvalResult,
+      { readonly score: Evaluator.Score; readonly latencyMs: number },
+      Err,
+      R
+    >({
+      name: options.name ?? `eval-loop:${options.requests.name}`,
+      requests: options.requests,
+      config: options.config,
+      execute: (body, attempt) =>
+        Effect.gen(function*() {
+          const { experiment, sample } = body
+          const session = yield* Session.make
+          const started = Heartbeat.monotonicMillis(clock)
+          const output = yield* options.execute(sample.input, { ...attempt, session, sampleId: sample.id, experiment })
+          const latencyMs = latencySince(started)
+          const score = yield* options.evaluator(output, sample.expected, session)
+          return { score, latencyMs }
+        }),
+      success: (message, { latencyMs, score }) => ({ ...base(message.body), score, latencyMs, error: undefined }),
+      failure: (message, error, outcome) => ({
+        ...base(message.body),
+        score: new Evaluator.Score({ value: 0, passed: false, reason: "execution failed" }),
+        latencyMs: latencySince(outcome.startedAt),
+        error: `${error.tag}: ${error.message}`
+      })
+    })
   })
+
+/**
+ * Runs an EvalLoop for the lifetime of the layer; closing the layer's scope shuts it down gracefully within
+ * `shutdownTimeout` (default 30 s) — then the sample in flight is interrupted and given back.
+ */
+export const layer = <I, E, O, Err, R>(
+  options: Parameters<typeof make<I, E, O, Err, R>>[0] & {
+    readonly run?: MailboxWorker.RunOptions
+    readonly shutdownTimeout?: Duration.DurationInput
+  }
+): Layer.Layer<never, ParseResult.ParseError | InvalidParameterError, R | MailboxResolver> =>
+  Layer.scopedDiscard(Effect.flatMap(make(options), (loop) => MailboxWorker.runScoped(loop, options)))
 
 /** Sends one request per sample, replies to `replyTo`; returns the request ids in sample order. */
 export const submitDataset = <I, E>(

@@ -6,8 +6,9 @@
  * shutting down, a registered loop is not running, or a loop's heartbeat is
  * older than `staleAfter` (use the watchdog's threshold). `GET /metrics` is
  * every Effect `Metric` of the runtime in Prometheus text, rendered by
- * OpenTelemetry's Prometheus serializer through `@effect/opentelemetry`.
- * Anything else is 404.
+ * OpenTelemetry's Prometheus serializer through `@effect/opentelemetry`,
+ * with each registered loop's `leasehold_heartbeat_age_seconds` as of the
+ * scrape. Anything else is 404.
  */
 import * as Metrics from "@effect/opentelemetry/Metrics"
 import * as Resource from "@effect/opentelemetry/Resource"
@@ -25,6 +26,7 @@ import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import { createServer } from "node:http"
+import * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
 import type * as MailboxWorker from "./MailboxWorker.js"
 
@@ -45,10 +47,13 @@ export class Health extends Context.Tag("leasehold/Health")<Health, {
   readonly url: string | undefined
 }>() {}
 
-const makeRegistry = (staleAfter: Duration.Duration, url: string | undefined): Health["Type"] => {
+const makeRegistry = (
+  staleAfter: Duration.Duration,
+  url: string | undefined
+): { readonly health: Health["Type"]; readonly recordAges: Effect.Effect<void> } => {
   const loops = new Set<MailboxWorker.Runnable>()
   let shuttingDown = false
-  return {
+  const health: Health["Type"] = {
     register: (loop) =>
       Effect.acquireRelease(Effect.sync(() => loops.add(loop)), () => Effect.sync(() => loops.delete(loop))),
     setShuttingDown: Effect.sync(() => {
@@ -68,6 +73,10 @@ const makeRegistry = (staleAfter: Duration.Duration, url: string | undefined): H
     }),
     url
   }
+  const recordAges = Effect.suspend(() =>
+    Effect.forEach(loops, (loop) => Heartbeat.recordAge(loop.name, loop.heartbeat), { discard: true })
+  )
+  return { health, recordAges }
 }
 
 /** Readiness tracking without a server (for tests, or a process that serves health elsewhere). */
@@ -76,7 +85,7 @@ export const layerRegistry = (
 ): Layer.Layer<Health, ParseResult.ParseError> =>
   Layer.effect(
     Health,
-    Effect.map(decodeStaleAfter(options?.staleAfter), (staleAfter) => makeRegistry(staleAfter, undefined))
+    Effect.map(decodeStaleAfter(options?.staleAfter), (staleAfter) => makeRegistry(staleAfter, undefined).health)
   )
 
 /** `staleAfter` (default 720 s), refused with a readable `ParseError` when it is not a duration. */
@@ -103,8 +112,15 @@ const prometheusText: Effect.Effect<Effect.Effect<string>, never, Scope.Scope> =
 
 /**
  * Serves health and metrics on `port` (0 picks a free one; see `url`) until
- * the layer closes. `staleAfter` (default 720 s, the watchdog's default
- * threshold) is how old a heartbeat may be in a ready worker.
+ * the layer closes. `host` defaults to `127.0.0.1`: a probe from outside the
+ * machine or container (Kubernetes' kubelet) needs `host: "0.0.0.0"`.
+ * `staleAfter` (default 720 s, the watchdog's default threshold) is how old a
+ * heartbeat may be in a ready worker.
+ *
+ * The server never holds a stopping process: a client has `headersTimeout`
+ * to send its headers and the whole request must arrive within
+ * `requestTimeout`, and when the layer closes every connection still open —
+ * idle, half-sent or waiting — is closed at once.
  */
 export const layer = (options: {
   readonly port: number
@@ -115,17 +131,31 @@ export const layer = (options: {
     Health,
     Effect.gen(function*() {
       const staleAfter = yield* decodeStaleAfter(options.staleAfter)
-      const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => createServer(), {
-        port: options.port,
-        host: options.host ?? "0.0.0.0"
+      const node = createServer({
+        headersTimeout: headersTimeoutMillis,
+        requestTimeout: requestTimeoutMillis,
+        // How often Node looks for connections past those timeouts (its default is 30 s).
+        connectionsCheckingInterval: 1_000
       })
+      const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => node, {
+        port: options.port,
+        host: options.host ?? "127.0.0.1"
+      })
+      // Runs before the platform's own close (finalizers run in reverse), which would wait for every open
+      // connection: a client that sent half a request would keep the process alive.
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          node.close()
+          node.closeAllConnections()
+        })
+      )
       const address = server.address
       const url = address._tag === "TcpAddress"
         ? `http://${
           address.hostname === "0.0.0.0" || address.hostname === "::" ? "127.0.0.1" : address.hostname
         }:${address.port}`
         : undefined
-      const health = makeRegistry(staleAfter, url)
+      const { health, recordAges } = makeRegistry(staleAfter, url)
       const metrics = yield* prometheusText
       yield* server.serve(
         Effect.gen(function*() {
@@ -138,6 +168,7 @@ export const layer = (options: {
               return HttpServerResponse.unsafeJson(readiness, { status: readiness.ready ? 200 : 503 })
             }
             case "/metrics":
+              yield* recordAges
               return HttpServerResponse.text(yield* metrics, { contentType: "text/plain; version=0.0.4" })
             default:
               return HttpServerResponse.text("not found\n", { status: 404 })
@@ -148,3 +179,7 @@ export const layer = (options: {
       return health
     })
   )
+
+/** How long a client has to send a request's headers, and the whole request. */
+const headersTimeoutMillis = 5_000
+const requestTimeoutMillis = 10_000

@@ -8,7 +8,8 @@
  * it runs) and while finalising (`phase: "response"`); records every turn in
  * the session and checks the budget after it (`reason: "budget"`); and
  * decodes the final answer with the prompt's Schema (`reason: "output"`).
- * Retries of a failed request re-check the deadline before each attempt.
+ * Retries of a failed request re-check the deadline before each attempt,
+ * and a wait between two attempts ends when the deadline passes.
  */
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
@@ -114,20 +115,22 @@ export const run = <Out>(
       adapter
     }
 
-    const attempt = (request: ModelRequest) =>
-      Effect.zipRight(
-        checkpoint("request"),
-        (deadline === undefined ? complete(request) : Deadline.within(complete(request), deadline)).pipe(
-          Effect.catchTag("DeadlineExceededError", () => Effect.fail(deadlineFailure("request")))
-        )
-      )
-    const request = (model: ModelRequest) =>
-      (loopOptions?.retry === undefined
+    const attempt = (request: ModelRequest) => Effect.zipRight(checkpoint("request"), complete(request))
+    const retried = (model: ModelRequest) =>
+      loopOptions?.retry === undefined
         ? attempt(model)
         : Effect.retry(attempt(model), {
           schedule: loopOptions.retry,
           while: (error) => error._tag === "ProviderError"
-        })).pipe(
+        })
+    // The deadline bounds a request with its retries: an attempt is interrupted when it passes, and so is a
+    // wait between two attempts.
+    const request = (model: ModelRequest) =>
+      (deadline === undefined
+        ? retried(model)
+        : Deadline.within(retried(model), deadline).pipe(
+          Effect.catchTag("DeadlineExceededError", () => Effect.fail(deadlineFailure("request")))
+        )).pipe(
           Effect.catchTag("ProviderError", (error) => Effect.fail(fail("request", "provider", error.detail)))
         )
 

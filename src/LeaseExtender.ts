@@ -6,8 +6,9 @@
  * stuck worker's message hostage), the extender listens to a `Heartbeat`:
  * the first beat after `attach` extends the message's visibility by
  * `extension`, later beats at most once per `interval` counted from the last
- * successful extension. A worker that stops beating lets its lease run out and
- * the message is redelivered elsewhere.
+ * successful extension, on the monotonic clock (a wall-clock step back must
+ * not stop extensions while the worker works). A worker that stops beating
+ * lets its lease run out and the message is redelivered elsewhere.
  *
  * The extension runs on its own fiber so `beat` never waits on I/O; at most
  * one is in flight and a beat that arrives meanwhile is dropped. Closing the
@@ -87,6 +88,7 @@ export const extensionFailures = counter("leasehold_lease_extension_failures_tot
 
 interface Attachment {
   readonly message: Extendable
+  /** When the last extension started, on the monotonic clock (the beat's time). */
   lastExtension: number | undefined
   /** Set synchronously when an extension starts, so a beat that follows at once is dropped. */
   extending: boolean

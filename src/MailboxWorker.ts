@@ -4,30 +4,30 @@
  *
  * Each iteration receives a batch, beats, and handles the messages one by
  * one: the lease extender is attached for the message, the message's log
- * annotations (MainLoop's `requestId`) are set, the handler (user code) runs
- * inside `restore` of an `uninterruptibleMask`, and the message is
+ * annotations are set (`internal/worker/annotations`), the handler (user code)
+ * runs inside `restore` of an `uninterruptibleMask`, and the message is
  * settled by the handler's `Exit`: a failure by the caller's policy, before
  * the next message; an interruption by `nack(0)`, so another worker gets it at
  * once; a success by replying (the caller's `onSuccess` makes the reply) and
- * acknowledging. Successes go to the run's settler, one fiber that settles
- * whatever has queued up in one `Mailbox.settleAll` (a durable mailbox commits
- * them together), so commits overlap the next message, the next receive and
- * the next batch; at most two batches' settles are ever outstanding, and all
- * of them finish before the loop stops.
- *
- * A message's log annotations (MainLoop's `requestId`) are not a FiberRef
- * set per message — two FiberRef writes and a HashMap cost more than a short
- * handler's whole turn — but a cell the run's loggers read: `run` wraps the
- * loggers it finds once, the loop fills the cell while a message is in hand,
- * and a fiber forked meanwhile keeps a copy of the cell as it was when forked.
+ * acknowledging, in the background with the other successes
+ * (`internal/worker/settler`). A settle that fails is handled without losing
+ * the message (`internal/worker/settleFailure`).
  *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
- * finish up to the timeout, and otherwise interrupts it (and so nacks it).
- * It returns true when the loop stopped without interrupting work. A loop can
- * `run` again after a shutdown; it also stops when its mailbox closes.
+ * finish up to the timeout, and otherwise interrupts it (and so nacks it). It
+ * keeps that promise wherever it is called from: a scope's finalizer, an
+ * `onInterrupt`, a signal handler — regions that cannot be interrupted, where a
+ * plain timeout could never fire. It returns true when the loop stopped
+ * without interrupting work, whoever stopped it.
+ *
+ * A loop never dies silently: when its fiber fails (a receive that fails with
+ * an unexpected error, a defect while settling), `run` logs the cause at
+ * error level with the loop's name, counts it (`leasehold_loop_failures_total`)
+ * and fails with that cause; `LoopGroup` decides what happens next. A loop can
+ * `run` again after it stopped or died; it also stops when its mailbox closes.
  */
-import type * as Cause from "effect/Cause"
+import * as Cause from "effect/Cause"
 import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -36,28 +36,25 @@ import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
-import * as FiberRefs from "effect/FiberRefs"
-import * as HashMap from "effect/HashMap"
-import * as HashSet from "effect/HashSet"
-import * as Logger from "effect/Logger"
 import type * as Metric from "effect/Metric"
-import type * as MetricLabel from "effect/MetricLabel"
+import * as MetricLabel from "effect/MetricLabel"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
+import type * as DeadLetter from "./DeadLetter.js"
 import * as Heartbeat from "./Heartbeat.js"
 import { counter } from "./internal/metrics.js"
 import { exporting } from "./internal/tracing.js"
+import { annotated, type AnnotationCell, makeCell } from "./internal/worker/annotations.js"
+import * as SettleFailure from "./internal/worker/settleFailure.js"
+import * as Settler from "./internal/worker/settler.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import {
   InvalidParameterError,
   type Mailbox,
   MailboxResolver,
   type Message,
-  type ReceiptHandleExpiredError,
-  type ReplyError,
-  settleAll,
-  type Settlement,
   validateDuration,
   validateReceiveOptions
 } from "./Mailbox.js"
@@ -82,7 +79,10 @@ export interface Runnable {
   readonly name: string
   /** Beaten on every poll and by the work itself; a Watchdog reads it. */
   readonly heartbeat: Heartbeat.Heartbeat
-  /** Runs until `maxIterations`, `shutdown` or the mailbox closing. */
+  /**
+   * Runs until `maxIterations`, `shutdown` or the mailbox closing. Fails when the loop dies, with the
+   * cause (logged at error level first).
+   */
   readonly run: (options?: RunOptions) => Effect.Effect<void, InvalidParameterError>
   /** Stops the loop; true when it stopped within `timeout` (default 30 s) without interrupting work. */
   readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput | undefined }) => Effect.Effect<boolean>
@@ -100,6 +100,8 @@ export const messagesRedelivered = counter(
   "leasehold_messages_redelivered_total",
   "Messages received with deliveryCount > 1"
 )
+/** Loops that died (their fiber failed), by loop name. */
+export const loopFailures = counter("leasehold_loop_failures_total", "Worker loops that died with an error")
 
 /** How a worker settles messages; the handler's success and failure are the caller's to settle. */
 export interface Options<A, R, Out, E, Req> {
@@ -129,20 +131,30 @@ export interface Options<A, R, Out, E, Req> {
   >
 }
 
+/** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
+export const logSettleFailure = SettleFailure.logSettleFailure
+
+/**
+ * Replies and acknowledges in one step (`Message.replyAndAcknowledge`), so a request is answered once even
+ * when it ran twice; a failure is logged and the message given back (or left to its visibility) rather than
+ * lost. A message without `replyTo` is only acknowledged.
+ */
+export const replyThenAck = SettleFailure.replyThenAck
+
 interface RunState<A, R> {
   readonly done: Deferred.Deferred<void>
   stopping: boolean
+  /** Work was interrupted (a shutdown's timeout, an interrupted `run`): the stop is not clean. */
+  interruptedWork: boolean
   /** "receiving" while the loop waits on the mailbox: the only time shutdown interrupts it right away. */
   phase: "receiving" | "processing"
   /** Received, not started. */
   pending: Array<Message<A, R>>
   /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
   fiber: Fiber.RuntimeFiber<void> | undefined
-  /** Successful messages' replies and acknowledgements, committed in the background (see `settler`). */
-  readonly settles: SettleQueue<A, R>
-  /** Settles queued before the current batch started: done before the batch after it starts. */
-  previousBatchStart: number
-  /** The annotations of the message in hand, which the run's loggers add (see `annotating`). */
+  /** Successful messages' replies and acknowledgements, committed in the background. */
+  readonly settler: Settler.Settler<A, R>
+  /** The annotations of the message in hand, which the run's loggers add. */
   readonly annotations: AnnotationCell
   /** Empties `annotations`, once the message is settled. */
   readonly unannotate: Effect.Effect<void>
@@ -152,117 +164,27 @@ interface RunState<A, R> {
   readonly metricLabels: ReadonlyArray<MetricLabel.MetricLabel>
 }
 
-/** Settles handed to a run's settler fiber, and how far it got. */
-interface SettleQueue<A, R> {
-  queued: Array<Settlement<A, R>>
-  /** Settles ever queued, and ever finished (committed, or failed and handled). */
-  submitted: number
-  completed: number
-  /** Wakes the settler when it waits for work. */
-  wake: (() => void) | undefined
-  /** Fibers waiting until `completed` reaches their count. */
-  waiters: Array<{ readonly count: number; readonly resume: () => void }>
-}
-
-/**
- * Log annotations of the message in hand (`current`), and of the runs around this one (`outer`: a
- * worker running inside another's handler).
- */
-interface AnnotationCell {
-  current: Readonly<Record<string, unknown>> | undefined
-  readonly outer: AnnotationCell | undefined
-}
-
-/**
- * The annotation cell of the fiber's run. A fiber forked while a message is in hand gets a copy (it keeps
- * the message it was forked for after the loop moves on); joining a child leaves the parent's cell.
- */
-const annotationCell = FiberRef.unsafeMake<AnnotationCell | undefined>(undefined, {
-  fork: (cell) => cell === undefined ? undefined : { current: cell.current, outer: cell.outer },
-  join: (parent) => parent
-})
-
-const addAnnotations = (
-  annotations: HashMap.HashMap<string, unknown>,
-  extra: Readonly<Record<string, unknown>>
-): HashMap.HashMap<string, unknown> => {
-  let result = annotations
-  for (const key in extra) result = HashMap.set(result, key, extra[key])
-  return result
-}
-
-/** Adds a cell's annotations to a log line's, the outer runs' first, so the innermost win. */
-const addCell = (
-  annotations: HashMap.HashMap<string, unknown>,
-  cell: AnnotationCell
-): HashMap.HashMap<string, unknown> => {
-  const outer = cell.outer === undefined ? annotations : addCell(annotations, cell.outer)
-  return cell.current === undefined ? outer : addAnnotations(outer, cell.current)
-}
-
-/** Loggers that already add the cell's annotations: a nested run does not wrap them again. */
-const annotatingLoggers = new WeakSet<Logger.Logger<unknown, unknown>>()
-
-/** Wraps a logger so it adds the annotations of the logging fiber's cell, if any. */
-const annotating = (logger: Logger.Logger<unknown, unknown>): Logger.Logger<unknown, unknown> => {
-  if (annotatingLoggers.has(logger)) return logger
-  const wrapped = Logger.mapInputOptions(logger, (options) => {
-    const cell = FiberRefs.getOrDefault(options.context, annotationCell)
-    return cell === undefined ? options : { ...options, annotations: addCell(options.annotations, cell) }
-  })
-  annotatingLoggers.add(wrapped)
-  return wrapped
-}
-
-/** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
-export const logSettleFailure = (step: string) => <E>(effect: Effect.Effect<void, E>): Effect.Effect<void> =>
-  Effect.catchAllCause(effect, (cause) => Effect.logWarning(`${step} failed`, cause))
-
-/**
- * What to do when a reply + acknowledgement failed: a stale delivery sent nothing (another delivery owns
- * the message); a store that cannot be reached leaves the message to come back when its visibility
- * ends; any other reply failure gives the message back after `retryAfter` instead of losing the work.
- */
-const onSettleFailure = <A, R>(
-  message: Message<A, R>,
-  replied: boolean,
-  error: ReplyError | ReceiptHandleExpiredError,
-  retryAfter: Duration.Duration
-): Effect.Effect<void> => {
-  if (!replied) return Effect.logWarning(`acknowledge of ${message.id} failed`, error)
-  switch (error._tag) {
-    case "ReceiptHandleExpiredError":
-      return Effect.logWarning(`Reply to ${message.id} not sent: this delivery lost its lease`, error)
-    case "MailboxConnectionError":
-      return Effect.logError(
-        `Reply to ${message.id} could not be stored; the message comes back when its visibility ends`,
-        error
-      )
-    default:
-      return Effect.zipRight(
-        Effect.logError(`Reply to ${message.id} could not be sent; the message goes back to the queue`, error),
-        logSettleFailure("nack after a failed reply")(message.nack(retryAfter))
-      )
-  }
-}
-
-/**
- * Replies and acknowledges in one step (`Message.replyAndAcknowledge`), so a
- * request is answered once even when it ran twice; failures are handled as
- * described at `onSettleFailure`. A message without `replyTo` is only
- * acknowledged.
- */
-export const replyThenAck = <A, R>(
-  message: Message<A, R>,
-  reply: R,
-  retryAfter: Duration.Duration
-): Effect.Effect<void, never, MailboxResolver> => {
-  if (Option.isNone(message.replyTo)) return logSettleFailure(`acknowledge of ${message.id}`)(message.acknowledge)
-  return Effect.catchAll(
-    message.replyAndAcknowledge(reply),
-    (error) => onSettleFailure(message, true, error, retryAfter)
+/** Checks `run`'s options and fills in the defaults. */
+const validateRunOptions = (runOptions: RunOptions | undefined) =>
+  Effect.flatMap(
+    validateReceiveOptions({
+      maxMessages: runOptions?.maxMessages ?? 1,
+      visibilityTimeout: runOptions?.visibilityTimeout ?? Duration.seconds(300),
+      waitTime: runOptions?.waitTime ?? Duration.seconds(20)
+    }),
+    (receiveOptions) => {
+      const maxIterations = runOptions?.maxIterations ?? Number.POSITIVE_INFINITY
+      return maxIterations >= 0
+        ? Effect.succeed({ receiveOptions, maxIterations })
+        : Effect.fail(
+          new InvalidParameterError({
+            parameter: "maxIterations",
+            value: maxIterations,
+            reason: "must be a non-negative number"
+          })
+        )
+    }
   )
-}
 
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 
@@ -275,6 +197,7 @@ export const make = <A, R, Out, E, Req>(
     const extender = yield* LeaseExtender.make(options.leaseExtender)
     const heartbeat = yield* Heartbeat.make
     const context = yield* Effect.context<Req>()
+    const retryAfter = options.retryAfter ?? (() => Duration.zero)
     let state: RunState<A, R> | undefined
 
     const nackAll = (messages: ReadonlyArray<Message<A, R>>) =>
@@ -286,7 +209,7 @@ export const make = <A, R, Out, E, Req>(
      * Handles one message; interruption of the handler gives the message back at once. The settle
      * that follows a handler's success or failure commits in the background while the next message
      * of the batch runs (a durable store batches those commits), while the loop receives its next
-     * batch and while that batch runs (see `nextBatch`); the loop awaits them all before it stops.
+     * batch and while that batch runs; the loop awaits them all before it stops.
      */
     const process = (
       run: RunState<A, R>,
@@ -329,19 +252,17 @@ export const make = <A, R, Out, E, Req>(
       if (Exit.isSuccess(exit)) {
         return Effect.flatMap(options.onSuccess(message, exit.value), (reply) => {
           messagesProcessed.unsafeUpdate(1, run.metricLabels)
-          const { settles } = run
           // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
           // overlap and handing it to the settler would cost a wake-up for nothing.
-          if (run.pending.length === 0 && settles.completed === settles.submitted) {
-            return settleGroup([{ message, reply }])
-          }
-          queueSettle(settles, { message, reply })
+          if (run.pending.length === 0 && run.settler.idle()) return run.settler.settleGroup([{ message, reply }])
+          run.settler.queue({ message, reply })
           return Effect.void
         })
       }
       // Only the paths that log pay for these annotations.
       const annotate = Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
       if (Exit.isInterrupted(exit)) {
+        run.interruptedWork = true
         return Effect.zipRight(
           increment(run, messagesInterrupted),
           annotate(Effect.zipRight(
@@ -356,87 +277,6 @@ export const make = <A, R, Out, E, Req>(
     const increment = (run: RunState<A, R>, counter: Metric.Metric.Counter<number>) =>
       Effect.sync(() => counter.unsafeUpdate(1, run.metricLabels))
 
-    const queueSettle = (settles: SettleQueue<A, R>, settlement: Settlement<A, R>) => {
-      settles.queued.push(settlement)
-      settles.submitted++
-      settles.wake?.()
-    }
-
-    /** Waits until the settles queued so far, up to `count`, are done. */
-    const settledUpTo = (settles: SettleQueue<A, R>, count: number): Effect.Effect<void> =>
-      Effect.async<void>((resume) => {
-        if (settles.completed >= count) return resume(Effect.void)
-        settles.waiters.push({ count, resume: () => resume(Effect.void) })
-      })
-
-    /**
-     * The settler: one fiber per run that takes every queued success at once and settles them with
-     * `Mailbox.settleAll` — a durable mailbox commits them together and the settler waits once, where
-     * a fiber per message would cost a fiber and a wake-up each. Never fails; interrupted only when idle.
-     */
-    const settler = (run: RunState<A, R>): Effect.Effect<never, never, MailboxResolver> => {
-      const { settles } = run
-      const take = Effect.async<ReadonlyArray<Settlement<A, R>>>((resume) => {
-        const takeAll = () => {
-          settles.wake = undefined
-          const batch = settles.queued
-          settles.queued = []
-          resume(Effect.succeed(batch))
-        }
-        if (settles.queued.length > 0) return takeAll()
-        settles.wake = takeAll
-      })
-      const settleQueued = (batch: ReadonlyArray<Settlement<A, R>>) =>
-        settleGroup(batch).pipe(
-          Effect.ensuring(Effect.sync(() => {
-            settles.completed += batch.length
-            const ready = settles.waiters.filter((waiter) => waiter.count <= settles.completed)
-            settles.waiters = settles.waiters.filter((waiter) => waiter.count > settles.completed)
-            for (const waiter of ready) waiter.resume()
-          })),
-          Effect.uninterruptible
-        )
-      return Effect.forever(Effect.flatMap(take, settleQueued))
-    }
-
-    /**
-     * Settles a group with `Mailbox.settleAll` and deals with each failed outcome; never fails. The loop and
-     * the settler run with the run's resolver provided once (a provide per group costs two FiberRef writes).
-     */
-    const settleGroup = (batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void, never, MailboxResolver> =>
-      settleAll(batch).pipe(
-        Effect.flatMap((outcomes) =>
-          outcomes.every(Either.isRight) ? Effect.void : Effect.forEach(outcomes, (outcome, index) => {
-            if (Either.isRight(outcome)) return Effect.void
-            const { message, reply } = batch[index]!
-            const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
-            return onSettleFailure(message, replied, outcome.left, options.retryAfter?.(message) ?? Duration.zero)
-          }, { discard: true })
-        ),
-        Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause))
-      )
-
-    /**
-     * Starts a new batch: waits for the settles of the batch before last, so a batch's commits overlap
-     * the next batch's receive and work, while at most two batches' settles are ever outstanding.
-     */
-    const nextBatch = (run: RunState<A, R>) =>
-      Effect.suspend(() => {
-        const older = run.previousBatchStart
-        run.previousBatchStart = run.settles.submitted
-        return settledUpTo(run.settles, older)
-      })
-
-    /** Runs the loop with the loggers it finds wrapped to add the message's annotations (none to add: as it is). */
-    const annotated = <X, Y>(cell: AnnotationCell, loop: Effect.Effect<X, Y>): Effect.Effect<X, Y> =>
-      options.annotations === undefined ? loop : loop.pipe(
-        Effect.locallyWith(FiberRef.currentLoggers, HashSet.map(annotating)),
-        Effect.locally(annotationCell, cell)
-      )
-
-    /** Waits for every settle queued. */
-    const settled = (run: RunState<A, R>) => Effect.suspend(() => settledUpTo(run.settles, run.settles.submitted))
-
     const loop = (
       run: RunState<A, R>,
       receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
@@ -446,13 +286,13 @@ export const make = <A, R, Out, E, Req>(
         const receive = mailbox.receive(receiveOptions).pipe(
           Effect.tapError((error) => Effect.logWarning("Receive failed; retrying with backoff", error)),
           Effect.retry({ schedule: receiveBackoff, while: (error) => error._tag === "MailboxConnectionError" }),
-          Effect.orDie // options were validated by `run`: any other failure is a bug
+          Effect.orDie // options were validated by `run`: any other failure is a bug, and kills the loop
         )
         for (let iteration = 0; iteration < maxIterations; iteration++) {
           if (run.stopping || (yield* mailbox.isClosed)) return
           yield* heartbeat.beat
           // Interruptible only while waiting: once messages are in hand they are recorded as pending
-          // before an interruption can land, so the ensuring of `run` gives them back.
+          // before an interruption can land, so the cleanup of `run` gives them back.
           yield* Effect.uninterruptibleMask((restore) =>
             Effect.flatMap(
               // Checked in the same step that marks the phase: a shutdown either sees "receiving" (and
@@ -469,7 +309,7 @@ export const make = <A, R, Out, E, Req>(
                 })
             )
           )
-          yield* nextBatch(run)
+          yield* run.settler.nextBatch
           for (let message = run.pending.shift(); message !== undefined; message = run.pending.shift()) {
             if (run.stopping) {
               yield* nackAll([message, ...run.pending])
@@ -484,19 +324,7 @@ export const make = <A, R, Out, E, Req>(
 
     const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError> =>
       Effect.gen(function*() {
-        const receiveOptions = yield* validateReceiveOptions({
-          maxMessages: runOptions?.maxMessages ?? 1,
-          visibilityTimeout: runOptions?.visibilityTimeout ?? Duration.seconds(300),
-          waitTime: runOptions?.waitTime ?? Duration.seconds(20)
-        })
-        const maxIterations = runOptions?.maxIterations ?? Number.POSITIVE_INFINITY
-        if (!(maxIterations >= 0)) {
-          return yield* new InvalidParameterError({
-            parameter: "maxIterations",
-            value: maxIterations,
-            reason: "must be a non-negative number"
-          })
-        }
+        const { maxIterations, receiveOptions } = yield* validateRunOptions(runOptions)
         if (state !== undefined) {
           return yield* new InvalidParameterError({
             parameter: "run",
@@ -504,15 +332,15 @@ export const make = <A, R, Out, E, Req>(
             reason: "the loop is already running"
           })
         }
-        const cell: AnnotationCell = { current: undefined, outer: yield* FiberRef.get(annotationCell) }
+        const cell = yield* makeCell
         const current: RunState<A, R> = {
           done: yield* Deferred.make<void>(),
           stopping: false,
+          interruptedWork: false,
           phase: "processing",
           pending: [],
           fiber: undefined,
-          settles: { queued: [], submitted: 0, completed: 0, wake: undefined, waiters: [] },
-          previousBatchStart: 0,
+          settler: Settler.make(retryAfter),
           annotations: cell,
           unannotate: Effect.sync(() => {
             cell.current = undefined
@@ -527,33 +355,38 @@ export const make = <A, R, Out, E, Req>(
           () => MailboxResolver.fromMailboxes()
         )
         const loopContext = Context.add(context, MailboxResolver, resolver)
-        // The settler starts with the loop and stops after it, once every settle is done.
-        const fiber = yield* Effect.uninterruptibleMask((restore) =>
-          // (Interruptible: a fiber forked here would otherwise inherit the mask and never stop.)
-          Effect.flatMap(
-            Effect.forkDaemon(Effect.interruptible(Effect.provideService(settler(current), MailboxResolver, resolver))),
-            (settlerFiber) =>
-              restore(annotated(cell, Effect.provide(loop(current, receiveOptions, maxIterations), loopContext))).pipe(
-                Effect.ensuring(Effect.suspend(() => {
-                  const leftover = current.pending
-                  current.pending = []
-                  return nackAll(leftover).pipe(
-                    Effect.zipRight(settled(current)),
-                    Effect.zipRight(Fiber.interrupt(settlerFiber))
-                  )
-                }))
-              )
-          )
-        ).pipe(Effect.fork)
+        const body = loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
+        // The loop and its settler are interruptible however `run` was called (a layer, a finalizer), so a
+        // shutdown can always stop them. The settler is the loop fiber's child: it stops after the loop,
+        // once every settle is done, and cannot outlive it.
+        const fiber = yield* Effect.uninterruptible(Effect.flatMap(
+          Effect.fork(Effect.interruptible(Effect.provideService(current.settler.run, MailboxResolver, resolver))),
+          (settlerFiber) =>
+            Effect.interruptible(options.annotations === undefined ? body : annotated(cell, body)).pipe(
+              Effect.ensuring(Effect.suspend(() => {
+                const leftover = current.pending
+                current.pending = []
+                return nackAll(leftover).pipe(
+                  Effect.zipRight(current.settler.drained),
+                  Effect.zipRight(Fiber.interrupt(settlerFiber))
+                )
+              }))
+            )
+        )).pipe(Effect.fork)
         current.fiber = fiber
         // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message back).
-        yield* Fiber.await(fiber).pipe(
+        const exit = yield* Fiber.await(fiber).pipe(
           Effect.onInterrupt(() => Fiber.interrupt(fiber)),
           Effect.ensuring(Effect.suspend(() => {
             state = undefined
             return Deferred.succeed(current.done, undefined)
           }))
         )
+        // Stopped (maxIterations, the mailbox closed) or stopped by a shutdown: nothing to report.
+        if (Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)) return
+        loopFailures.unsafeUpdate(1, [...current.metricLabels, MetricLabel.make("loop", name)])
+        yield* Effect.logError(`Loop "${name}" died`, exit.cause)
+        return yield* Effect.failCause(exit.cause)
       }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
 
     const shutdown = (shutdownOptions?: { readonly timeout?: Duration.DurationInput | undefined }) =>
@@ -574,12 +407,16 @@ export const make = <A, R, Out, E, Req>(
         yield* nackAll(unstarted)
         // An idle long poll must not delay the stop.
         if (current.phase === "receiving" && current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
-        const stopped = yield* Effect.timeoutOption(Deferred.await(current.done), timeout)
-        if (Option.isSome(stopped)) return true
-        yield* Effect.logWarning(`Shutdown timed out after ${Duration.format(timeout)}; interrupting in-flight work`)
-        if (current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
-        yield* Deferred.await(current.done)
-        return false
+        // Interruptible even when the caller is not (a finalizer, an `onInterrupt`): otherwise the timeout
+        // could never interrupt the wait, and a stuck handler would hold the stop for ever.
+        const stopped = yield* Effect.timeoutOption(Effect.interruptible(Deferred.await(current.done)), timeout)
+        if (Option.isNone(stopped)) {
+          yield* Effect.logWarning(`Shutdown timed out after ${Duration.format(timeout)}; interrupting in-flight work`)
+          if (current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
+          yield* Deferred.await(current.done)
+        }
+        // Whoever stopped it: a second caller of `shutdown` hears about the first one's interruption too.
+        return !current.interruptedWork
       }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
 
     return {
@@ -589,4 +426,57 @@ export const make = <A, R, Out, E, Req>(
       shutdown,
       running: Effect.sync(() => state !== undefined)
     }
+  })
+
+/**
+ * A loop over a dead-letter mailbox: acknowledges a letter when `handle` succeeds, hides it for an hour when
+ * it fails (it will come back).
+ */
+export const deadLetterConsumer = <A, E, Req>(options: {
+  readonly name?: string
+  readonly mailbox: Mailbox<DeadLetter.DeadLetter<A>, unknown>
+  readonly handle: (letter: DeadLetter.DeadLetter<A>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void, E, Req>
+}): Effect.Effect<Runnable, ParseResult.ParseError, Req> =>
+  make({
+    name: options.name ?? `${options.mailbox.name}-consumer`,
+    mailbox: options.mailbox,
+    handle: (message: Message<DeadLetter.DeadLetter<A>, unknown>, heartbeat) => options.handle(message.body, heartbeat),
+    onSuccess: () => Effect.succeedNone,
+    onFailure: (message, cause) =>
+      Effect.zipRight(
+        Effect.logWarning("Dead-letter handler failed; retrying in 1 hour", cause),
+        logSettleFailure("nack of a dead letter")(message.nack(Duration.hours(1)))
+      )
+  })
+
+/**
+ * Runs `loop` in the current scope, in the background; closing the scope shuts it down gracefully within
+ * `shutdownTimeout` (default 30 s). Bad run options fail here, before anything runs. The loop's death is
+ * logged by the loop itself (see `Runnable.run`); nothing else depends on it.
+ */
+export const runScoped = (
+  loop: Runnable,
+  options?: {
+    readonly run?: RunOptions | undefined
+    readonly shutdownTimeout?: Duration.DurationInput | undefined
+  }
+): Effect.Effect<void, InvalidParameterError, Scope.Scope> =>
+  Effect.gen(function*() {
+    yield* validateRunOptions(options?.run)
+    yield* loop.run(options?.run).pipe(
+      Effect.catchAll((error) => Effect.logError(`Loop "${loop.name}" could not run`, error)),
+      Effect.catchAllCause(() => Effect.void), // a death: the loop logged it
+      Effect.interruptible,
+      Effect.forkScoped
+    )
+    // Added after the fork, so it runs before the fork is interrupted: a graceful stop, not an interruption.
+    yield* Effect.addFinalizer(() =>
+      Effect.flatMap(
+        loop.shutdown({ timeout: options?.shutdownTimeout ?? Duration.seconds(30) }),
+        (clean) =>
+          clean
+            ? Effect.logInfo(`Loop "${loop.name}" stopped cleanly`)
+            : Effect.logWarning(`Loop "${loop.name}" had to be interrupted; its message was given back`)
+      )
+    )
   })

@@ -15,8 +15,8 @@ import * as Schema from "effect/Schema"
 import type * as Budget from "./Budget.js"
 import type * as Deadline from "./Deadline.js"
 import type * as Heartbeat from "./Heartbeat.js"
-import type * as MainLoop from "./MainLoop.js"
 import type * as Prompt from "./Prompt.js"
+import type { RunContext } from "./RunContext.js"
 import type * as Session from "./Session.js"
 
 /** Where an evaluation stopped. */
@@ -54,7 +54,7 @@ export interface EvaluateOptions {
   readonly deadline?: Deadline.Deadline | undefined
   readonly budgetTracker?: Budget.BudgetTracker | undefined
   readonly heartbeat?: Heartbeat.Heartbeat | undefined
-  readonly runContext?: MainLoop.RunContext | undefined
+  readonly runContext?: RunContext | undefined
 }
 
 /** Evaluates prompts with a model. */

@@ -14,9 +14,9 @@ import type * as Schema from "effect/Schema"
 import type * as Budget from "./Budget.js"
 import type * as Deadline from "./Deadline.js"
 import type * as Heartbeat from "./Heartbeat.js"
-import type * as MainLoop from "./MainLoop.js"
 import type * as Prompt from "./Prompt.js"
 import type * as ProviderAdapter from "./ProviderAdapter.js"
+import type { RunContext } from "./RunContext.js"
 import type * as Session from "./Session.js"
 
 /** What a tool handler receives besides its parameters. */
@@ -25,7 +25,7 @@ export interface ToolContext {
   readonly heartbeat: Heartbeat.Heartbeat | undefined
   /** Proves progress; a no-op without a heartbeat. */
   readonly beat: Effect.Effect<void>
-  readonly runContext: MainLoop.RunContext | undefined
+  readonly runContext: RunContext | undefined
   readonly prompt: Prompt.Prompt<unknown>
   readonly session: Session.Session
   readonly budgetTracker: Budget.BudgetTracker | undefined

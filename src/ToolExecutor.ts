@@ -16,8 +16,8 @@ import * as Exit from "effect/Exit"
 import * as Option from "effect/Option"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
-import * as DeadLetter from "./DeadLetter.js"
 import * as Deadline from "./Deadline.js"
+import * as Errors from "./Errors.js"
 import type * as Prompt from "./Prompt.js"
 import { deadlinePayload, PromptEvaluationError } from "./ProviderAdapter.js"
 import * as Session from "./Session.js"
@@ -80,13 +80,13 @@ export const execute = (
           const failure = Cause.failureOption(exit.cause)
           if (Option.isSome(failure) && isDeadlineFailure(failure.value)) {
             return yield* deadlineError(
-              `tool "${call.name}" ran out of time: ${DeadLetter.describe(failure.value).message}`
+              `tool "${call.name}" ran out of time: ${Errors.describe(failure.value).message}`
             )
           }
           if (Cause.isInterruptedOnly(exit.cause)) return yield* Effect.interrupt
           const described = Option.match(failure, {
             onNone: () => ({ tag: "Defect", message: Cause.pretty(exit.cause) }),
-            onSome: DeadLetter.describe
+            onSome: Errors.describe
           })
           if (Option.isNone(failure)) yield* Effect.logError(`Tool "${call.name}" died`, exit.cause)
           result = ToolResult.Error({ message: `${described.tag}: ${described.message}` })

@@ -8,6 +8,10 @@
  * process: a fiber that is stuck cannot be trusted to honour a graceful stop,
  * and its messages come back by themselves once their leases run out. A beat
  * clears the stall, so a later stall acts again.
+ *
+ * Ages are measured on the monotonic clock (see `Heartbeat`): a wall-clock
+ * step forward is not a stall. Each check also sets the loops'
+ * `leasehold_heartbeat_age_seconds` gauge.
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -16,7 +20,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
-import type * as Heartbeat from "./Heartbeat.js"
+import * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
 
@@ -95,6 +99,7 @@ export const make = (options?: {
         const fresh: Array<Stall> = []
         for (const [name, heartbeat] of watched) {
           const elapsed = yield* heartbeat.elapsed
+          yield* Heartbeat.recordAge(name, heartbeat)
           if (Duration.toMillis(elapsed) > thresholdMillis) {
             const stall = { name, elapsed }
             stalls.push(stall)

@@ -203,7 +203,7 @@ describe("EvalLoop end to end", () => {
             return n
           }),
         evaluator: Evaluator.exactMatch,
-        leaseExtender: { interval: 0, extension: "1 second" }
+        config: { leaseExtender: { interval: 0, extension: "1 second" } }
       }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests)))
       yield* requests.send({ requestId: "r", experiment: "e", sample: { id: "s", input: 1, expected: 1 } })
       yield* loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "1 second" })

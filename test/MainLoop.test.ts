@@ -4,6 +4,7 @@ import * as DeadLetter from "../src/DeadLetter.js"
 import * as Deadline from "../src/Deadline.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 
 class ToolBroke extends Error {
@@ -294,7 +295,7 @@ describe("MainLoop with a dead-letter queue", () => {
       expect(yield* env.replies).toEqual([]) // no error reply for a request that is still queued
     }))
 
-  it.scoped("DeadLetter.consumer acknowledges what its handler resolves and hides a failure for an hour", () =>
+  it.scoped("MailboxWorker.deadLetterConsumer acknowledges what its handler resolves and hides a failure for an hour", () =>
     Effect.gen(function*() {
       const env = yield* setup
       yield* env.send("a", { requestId: "ok" })
@@ -302,7 +303,7 @@ describe("MainLoop with a dead-letter queue", () => {
       const loop = yield* failingLoop(env, () => new ToolBroke("boom"), { maxDeliveryCount: 1 })
       yield* withResolver(env.resolver, loop.run({ maxIterations: 2, waitTime: 0 }))
       const handled: Array<string> = []
-      const consumer = yield* DeadLetter.consumer({
+      const consumer = yield* MailboxWorker.deadLetterConsumer({
         mailbox: env.deadLetters,
         handle: (letter) =>
           letter.requestId === "fails"

@@ -3,7 +3,7 @@
  * demo's SQLite mailbox. The "model" is a `ScriptedAdapter` that asks for the
  * `compile` tool, then answers; the tool beats while it works, so requests
  * stay leased for exactly as long as work happens. SIGTERM / SIGINT drain it
- * (`Lifecycle.layer`); SIGKILL is the crash the demo shows.
+ * (`ShutdownCoordinator.layer`); SIGKILL is the crash the demo shows.
  *
  * Usage: worker.ts <sqlite-file> <worker-name> <work-ms>. Prints `ready`,
  * then `start <requestId> <attempt>` per execution.
@@ -12,10 +12,11 @@ import { NodeRuntime } from "@effect/platform-node"
 import * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
 import * as ScriptedAdapter from "../adapters/ScriptedAdapter.js"
-import * as Lifecycle from "../Lifecycle.js"
+import * as LoopGroup from "../LoopGroup.js"
 import * as MailboxSql from "../MailboxSql.js"
 import * as MainLoop from "../MainLoop.js"
 import * as Prompt from "../Prompt.js"
+import * as ShutdownCoordinator from "../ShutdownCoordinator.js"
 import * as Tool from "../Tool.js"
 import { DemoRequest, DemoResponse } from "./schema.js"
 
@@ -65,13 +66,13 @@ const program = Effect.gen(function*() {
         config: { workerId: name, leaseExtender: { interval: "250 millis", extension: "2 seconds" } }
       })
     }))
-  const group = Lifecycle.makeGroup(loops, { shutdownTimeout: "10 seconds" })
+  const group = LoopGroup.make(loops, { shutdownTimeout: "10 seconds" })
   process.stdout.write("ready\n")
   yield* group.run({ waitTime: "1 second", visibilityTimeout: "2 seconds" })
 })
 
 program.pipe(
   Effect.scoped,
-  Effect.provide([MailboxSql.layerSqlite({ filename }), Lifecycle.layer]),
+  Effect.provide([MailboxSql.layerSqlite({ filename }), ShutdownCoordinator.layer()]),
   NodeRuntime.runMain
 )

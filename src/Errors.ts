@@ -1,0 +1,61 @@
+/**
+ * Errors: what the loops say about a failure when they reply an error result
+ * or store a dead letter.
+ *
+ * A failure reaches a requester (or an operator reading dead letters) as an
+ * `ErrorInfo`: its tag, its message and, for tagged errors, its fields as
+ * plain JSON (`details`), so a `PromptEvaluationError` keeps its `phase` and
+ * `providerPayload` and an `InvalidParameterError` its `parameter` on the way.
+ * A leaf module: the loops, the tool executor and the dead-letter store all
+ * describe failures the same way without importing each other.
+ */
+import * as DateTime from "effect/DateTime"
+import * as Predicate from "effect/Predicate"
+
+/** A failure reduced to what a reply or a dead letter can carry. */
+export interface ErrorInfo {
+  readonly tag: string
+  readonly message: string
+  /** The error's own fields as JSON (tagged errors only; absent when there are none). */
+  readonly details?: Readonly<Record<string, unknown>> | undefined
+}
+
+/** Fields that are the error's machinery, not its data. */
+const skipped = new Set(["_tag", "message", "stack", "cause", "name"])
+
+/** A field's JSON form, or undefined when it has none (a function, a cycle, a class JSON cannot hold). */
+const toJson = (value: unknown): unknown => {
+  if (DateTime.isDateTime(value)) return DateTime.formatIso(DateTime.toUtc(value))
+  if (value === null || Predicate.isString(value) || Predicate.isBoolean(value)) return value
+  if (Predicate.isNumber(value)) return Number.isFinite(value) ? value : String(value)
+  if (typeof value !== "object") return undefined
+  try {
+    return JSON.parse(JSON.stringify(value))
+  } catch {
+    return undefined
+  }
+}
+
+const detailsOf = (error: object): Record<string, unknown> | undefined => {
+  let details: Record<string, unknown> | undefined
+  for (const key of Object.keys(error)) {
+    if (skipped.has(key)) continue
+    const value = toJson((error as Record<string, unknown>)[key])
+    if (value !== undefined) (details ??= {})[key] = value
+  }
+  return details
+}
+
+/** Describes a failure: its tag (`Error` for untagged values), message and, for a tagged error, its fields. */
+export const describe = (error: unknown): ErrorInfo => {
+  if (typeof error === "object" && error !== null) {
+    const tagged = "_tag" in error && typeof error._tag === "string"
+    const tag = tagged ? error._tag as string : error.constructor?.name ?? "Error"
+    const message = "message" in error && typeof error.message === "string" && error.message.length > 0
+      ? error.message
+      : tag
+    const details = tagged ? detailsOf(error) : undefined
+    return details === undefined ? { tag, message } : { tag, message, details }
+  }
+  return { tag: "Error", message: String(error) }
+}

@@ -1,0 +1,201 @@
+/**
+ * LoopGroup: several loops run, supervised and stopped as one unit — what a
+ * worker process's main fiber runs.
+ *
+ * `run` starts every loop and returns when all have stopped. Interrupting it
+ * — which is what SIGTERM does under `NodeRuntime.runMain` — is a graceful
+ * shutdown, not an interruption of the work: every loop stops intake, nacks
+ * what it has not started and gets `shutdownTimeout` to finish what it has.
+ * `shutdown` asks every loop (even when one fails or times out) and tells
+ * whether all stopped cleanly.
+ *
+ * Supervision: a loop that dies is never silent (the loop logs and counts
+ * its death), and the group decides what happens next by its `supervision`
+ * policy. `stopGroup` (the default) stops the other loops gracefully and fails
+ * `run` with the first cause, so a process under `runMain` exits non-zero and
+ * its orchestrator restarts it. `restart(schedule)` runs the dead loop again
+ * on the schedule (each restart logged and counted), and stops the group once
+ * the schedule gives up. Loops run on fibers of `run`'s own scope: none
+ * outlives the group.
+ *
+ * With a `ShutdownCoordinator` provided, the group registers its shutdown
+ * with it; with `Health`, its loops count in readiness; with `watchdog`, their
+ * heartbeats are watched for stalls.
+ */
+import * as Cause from "effect/Cause"
+import * as Clock from "effect/Clock"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schedule from "effect/Schedule"
+import * as ScheduleIntervals from "effect/ScheduleIntervals"
+import * as Health from "./Health.js"
+import { counter } from "./internal/metrics.js"
+import type { InvalidParameterError } from "./Mailbox.js"
+import type * as MailboxWorker from "./MailboxWorker.js"
+import { ShutdownCoordinator } from "./ShutdownCoordinator.js"
+import * as Watchdog from "./Watchdog.js"
+
+/** What a group does when one of its loops dies. */
+export type Supervision =
+  | { readonly _tag: "StopGroup" }
+  | { readonly _tag: "Restart"; readonly schedule: Schedule.Schedule<unknown, Cause.Cause<unknown>> }
+
+/** Stop every other loop gracefully and fail `run` with the dead loop's cause (the default). */
+export const stopGroup: Supervision = { _tag: "StopGroup" }
+
+/**
+ * Run a dead loop again when `schedule` says (e.g. `Schedule.exponential("1 second")` capped with
+ * `Schedule.union(Schedule.spaced("1 minute"))` and bounded with `Schedule.recurs(10)`); once the
+ * schedule is done, stop the group as `stopGroup` does. A loop that fails to start (bad run options) is
+ * not restarted.
+ */
+export const restart = (schedule: Schedule.Schedule<unknown, Cause.Cause<unknown>>): Supervision => ({
+  _tag: "Restart",
+  schedule
+})
+
+/** Restarts of dead loops, by loop name. */
+export const loopRestarts = counter("leasehold_loop_restarts_total", "Dead worker loops restarted by their group")
+
+/** Several loops run and stopped as one. */
+export interface LoopGroup {
+  readonly loops: ReadonlyArray<MailboxWorker.Runnable>
+  /**
+   * Runs every loop until all have stopped. Interrupting it shuts the loops down gracefully first; a loop's
+   * death stops the group (or restarts the loop) as `supervision` says, and fails `run` with its cause.
+   */
+  readonly run: (
+    options?: MailboxWorker.RunOptions
+  ) => Effect.Effect<void, InvalidParameterError | ParseResult.ParseError>
+  /** Asks every loop to stop within `timeout` (default: the group's); true when all stopped cleanly. */
+  readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput }) => Effect.Effect<boolean>
+}
+
+/** Options of a group. */
+export interface Options {
+  /** How long each loop may take to finish its in-flight message when the group stops (default 30 s). */
+  readonly shutdownTimeout?: Duration.DurationInput | undefined
+  /** Watch the loops' heartbeats (see `Watchdog.make`). */
+  readonly watchdog?: Parameters<typeof Watchdog.make>[0] | undefined
+  /** What to do when a loop dies (default `stopGroup`). */
+  readonly supervision?: Supervision | undefined
+}
+
+/** Makes a group. */
+export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Options): LoopGroup => {
+  const defaultTimeout = options?.shutdownTimeout ?? Duration.seconds(30)
+  const supervision = options?.supervision ?? stopGroup
+  /** Set by `shutdown`: no loop starts or restarts after it. */
+  let stopping = false
+  /** The fibers of the current `run`, one per loop. */
+  let fibers: ReadonlyArray<Fiber.RuntimeFiber<void, InvalidParameterError>> = []
+
+  const shutdown: LoopGroup["shutdown"] = (shutdownOptions) =>
+    Effect.gen(function*() {
+      stopping = true
+      const health = yield* Effect.serviceOption(Health.Health)
+      if (Option.isSome(health)) yield* health.value.setShuttingDown
+      const results = yield* Effect.forEach(
+        loops,
+        (loop) =>
+          loop.shutdown({ timeout: shutdownOptions?.timeout ?? defaultTimeout }).pipe(
+            Effect.catchAllCause((cause) =>
+              Effect.as(Effect.logError(`Loop "${loop.name}" failed to stop`, cause), false)
+            )
+          ),
+        { concurrency: "unbounded" }
+      )
+      // Every loop has stopped; a loop waiting for its restart is not to be waited for.
+      yield* Fiber.interruptAll(fibers)
+      return results.every((clean) => clean)
+    }).pipe(Effect.annotateLogs({ module: "LoopGroup" }))
+
+  /** Stops the group and says truthfully how it went. */
+  const stopAll = (why: string) =>
+    Effect.flatMap(shutdown(), (clean) =>
+      clean
+        ? Effect.logInfo(`${why}: all loops stopped cleanly`)
+        : Effect.logWarning(`${why}: some loops had to be interrupted; their messages were given back`))
+
+  /** Runs one loop under the group's supervision policy. */
+  const supervised = (loop: MailboxWorker.Runnable, runOptions: MailboxWorker.RunOptions | undefined) => {
+    const once = Effect.suspend(() => stopping ? Effect.void : loop.run(runOptions))
+    if (supervision._tag === "StopGroup") return once
+    let restarts = 0
+    const schedule = supervision.schedule.pipe(
+      Schedule.onDecision((_, decision) =>
+        decision._tag === "Done"
+          ? Effect.logError(`Loop "${loop.name}" died and its restart schedule is exhausted`)
+          : Effect.flatMap(Clock.currentTimeMillis, (now) => {
+            restarts++
+            const delay = Duration.millis(Math.max(0, ScheduleIntervals.start(decision.intervals) - now))
+            return Effect.zipRight(
+              Metric.increment(Metric.tagged(loopRestarts, "loop", loop.name)),
+              Effect.logWarning(`Loop "${loop.name}" died; restart ${restarts} in ${Duration.format(delay)}`)
+            )
+          })
+      )
+    )
+    return once.pipe(
+      Effect.sandbox,
+      Effect.retry({
+        schedule,
+        // A death (a defect) is worth a restart; bad options or an interruption are not.
+        while: (cause) => !stopping && !Cause.isInterruptedOnly(cause) && Option.isNone(Cause.failureOption(cause))
+      }),
+      Effect.unsandbox
+    )
+  }
+
+  const run: LoopGroup["run"] = (runOptions) =>
+    Effect.gen(function*() {
+      stopping = false
+      const coordinator = yield* Effect.serviceOption(ShutdownCoordinator)
+      const health = yield* Effect.serviceOption(Health.Health)
+      const stop = Effect.asVoid(shutdown())
+      if (Option.isSome(coordinator)) {
+        // A shutdown triggered already runs `stop` at once: then no loop starts (see `supervised`).
+        yield* Effect.acquireRelease(coordinator.value.register(stop), () => coordinator.value.unregister(stop))
+      }
+      if (Option.isSome(health)) yield* Effect.forEach(loops, health.value.register, { discard: true })
+      if (options?.watchdog !== undefined) {
+        const watchdog = yield* Watchdog.make(options.watchdog)
+        yield* Effect.forEach(loops, (loop) => watchdog.register(loop.name, loop.heartbeat), { discard: true })
+        yield* watchdog.start
+      }
+      // The first loop to die, and a signal that one did.
+      let died: { readonly loop: string; readonly cause: Cause.Cause<InvalidParameterError> } | undefined
+      const someoneDied = yield* Deferred.make<void>()
+      const scope = yield* Effect.scope
+      fibers = yield* Effect.forEach(loops, (loop) =>
+        supervised(loop, runOptions).pipe(
+          Effect.onError((cause) =>
+            Effect.suspend(() => {
+              if (Cause.isInterruptedOnly(cause) || died !== undefined) return Effect.void
+              died = { loop: loop.name, cause }
+              return Deferred.succeed(someoneDied, undefined)
+            })
+          ),
+          Effect.interruptible,
+          Effect.forkIn(scope)
+        ))
+      const allStopped = Fiber.awaitAll(fibers)
+      // Interrupting `run` (SIGTERM under runMain) is a graceful stop: the loops finish or give back their work.
+      yield* Effect.raceFirst(allStopped, Deferred.await(someoneDied)).pipe(
+        Effect.onInterrupt(() => Effect.zipRight(stopAll("Group interrupted"), allStopped))
+      )
+      if (died !== undefined) {
+        const { cause, loop } = died
+        // Uninterruptible: a signal now must not cut the other loops' graceful stop short (it is bounded).
+        yield* Effect.uninterruptible(Effect.zipRight(stopAll(`Loop "${loop}" died`), allStopped))
+        return yield* Effect.failCause(cause)
+      }
+    }).pipe(Effect.scoped, Effect.annotateLogs({ module: "LoopGroup" }))
+
+  return { loops, run, shutdown }
+}

@@ -1,0 +1,102 @@
+/**
+ * ShutdownCoordinator: turns the signals an orchestrator sends (SIGTERM from
+ * Kubernetes, ECS, systemd; SIGINT from Ctrl-C) into a graceful shutdown.
+ *
+ * Callbacks registered with it run, in registration order, on the first
+ * signal (one registered after that runs at once); a second signal ends the
+ * process at once, for the operator who really means it. `LoopGroup.run`
+ * registers its shutdown when a coordinator is provided.
+ *
+ * Under `NodeRuntime.runMain` the coordinator is optional: SIGTERM interrupts
+ * the main fiber, and interrupting `LoopGroup.run` or closing a loop layer's
+ * scope is the same graceful shutdown. The coordinator adds the second-signal
+ * exit and lets code that is not a loop (a server, a consumer of your own)
+ * hear the signal.
+ */
+import * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Runtime from "effect/Runtime"
+
+/** Runs shutdown callbacks when the process is asked to stop. */
+export class ShutdownCoordinator extends Context.Tag("leasehold/ShutdownCoordinator")<ShutdownCoordinator, {
+  /** Runs `callback` on shutdown; at once if shutdown was already triggered. */
+  readonly register: (callback: Effect.Effect<void>) => Effect.Effect<void>
+  /** Forgets `callback` (the same effect value that was registered). */
+  readonly unregister: (callback: Effect.Effect<void>) => Effect.Effect<void>
+  /** Triggers shutdown: runs every registered callback in registration order; later calls do nothing. */
+  readonly trigger: Effect.Effect<void>
+  readonly triggered: Effect.Effect<boolean>
+}>() {}
+
+const guard = (callback: Effect.Effect<void>) =>
+  Effect.catchAllCause(callback, (cause) => Effect.logError("Shutdown callback failed", cause))
+
+/** A coordinator without signal handlers (trigger it yourself). */
+export const make: Effect.Effect<ShutdownCoordinator["Type"]> = Effect.sync(() => {
+  let callbacks: ReadonlyArray<Effect.Effect<void>> = []
+  let triggered = false
+  return {
+    register: (callback) =>
+      Effect.suspend(() => {
+        callbacks = [...callbacks, callback]
+        return triggered ? guard(callback) : Effect.void
+      }),
+    unregister: (callback) =>
+      Effect.sync(() => {
+        callbacks = callbacks.filter((c) => c !== callback)
+      }),
+    trigger: Effect.suspend(() => {
+      if (triggered) return Effect.void
+      triggered = true
+      return Effect.forEach(callbacks, guard, { discard: true })
+    }),
+    triggered: Effect.sync(() => triggered)
+  }
+})
+
+/** Exit code for a process stopped by a second signal (128 + SIGINT). */
+export const forcedExitCode = 130
+
+/** The signals `layer` handles unless told otherwise. */
+export const defaultSignals: ReadonlyArray<NodeJS.Signals> = ["SIGTERM", "SIGINT"]
+
+/**
+ * The coordinator with handlers for `signals` (default SIGTERM and SIGINT), removed when the layer closes.
+ * The first signal triggers shutdown; the second exits at once with `forcedExitCode`.
+ */
+export const layer = (
+  options?: { readonly signals?: ReadonlyArray<NodeJS.Signals> | undefined }
+): Layer.Layer<ShutdownCoordinator> =>
+  Layer.scoped(
+    ShutdownCoordinator,
+    Effect.gen(function*() {
+      const coordinator = yield* make
+      const runtime = yield* Effect.runtime<never>()
+      const signals = [...new Set(options?.signals ?? defaultSignals)]
+      let received = 0
+      const onSignal = (signal: NodeJS.Signals) => {
+        received++
+        if (received > 1) {
+          process.stderr.write(`leasehold: second ${signal}, exiting now\n`)
+          process.exit(forcedExitCode)
+        }
+        Runtime.runFork(runtime)(
+          Effect.zipRight(Effect.logInfo(`${signal} received: shutting down gracefully`), coordinator.trigger)
+        )
+      }
+      yield* Effect.acquireRelease(
+        Effect.sync(() => {
+          for (const signal of signals) process.on(signal, onSignal)
+        }),
+        () =>
+          Effect.sync(() => {
+            for (const signal of signals) process.removeListener(signal, onSignal)
+          })
+      )
+      return coordinator
+    }).pipe(Effect.annotateLogs({ module: "ShutdownCoordinator" }))
+  )
+
+/** A coordinator without signals, for tests and embedding. */
+export const layerManual: Layer.Layer<ShutdownCoordinator> = Layer.effect(ShutdownCoordinator, make)

@@ -1,0 +1,79 @@
+/**
+ * A worker's per-message log annotations (MainLoop's `requestId`), without a
+ * FiberRef write per message.
+ *
+ * Two FiberRef writes and a HashMap per message cost more than a short
+ * handler's whole turn, so a run keeps the annotations of the message in hand
+ * in a cell that its loggers read: `annotated` wraps the loggers it finds once
+ * per run, the loop fills the cell while a message is in hand, and a fiber
+ * forked meanwhile keeps a copy of the cell as it was when forked (it keeps
+ * the message it was forked for after the loop moves on). A worker running
+ * inside another's handler chains its cell to the outer one, the inner
+ * annotations winning.
+ */
+import * as Effect from "effect/Effect"
+import * as FiberRef from "effect/FiberRef"
+import * as FiberRefs from "effect/FiberRefs"
+import * as HashMap from "effect/HashMap"
+import * as HashSet from "effect/HashSet"
+import * as Logger from "effect/Logger"
+
+/** Annotations of the message in hand (`current`), and of the runs around this one (`outer`). */
+export interface AnnotationCell {
+  current: Readonly<Record<string, unknown>> | undefined
+  readonly outer: AnnotationCell | undefined
+}
+
+/**
+ * The annotation cell of the fiber's run. A fiber forked while a message is in hand gets a copy; joining a
+ * child leaves the parent's cell.
+ */
+const annotationCell = FiberRef.unsafeMake<AnnotationCell | undefined>(undefined, {
+  fork: (cell) => cell === undefined ? undefined : { current: cell.current, outer: cell.outer },
+  join: (parent) => parent
+})
+
+/** A new, empty cell for a run, chained to the cell of the run around it (if any). */
+export const makeCell: Effect.Effect<AnnotationCell> = Effect.map(
+  FiberRef.get(annotationCell),
+  (outer) => ({ current: undefined, outer })
+)
+
+const addAnnotations = (
+  annotations: HashMap.HashMap<string, unknown>,
+  extra: Readonly<Record<string, unknown>>
+): HashMap.HashMap<string, unknown> => {
+  let result = annotations
+  for (const key in extra) result = HashMap.set(result, key, extra[key])
+  return result
+}
+
+/** Adds a cell's annotations to a log line's, the outer runs' first, so the innermost win. */
+const addCell = (
+  annotations: HashMap.HashMap<string, unknown>,
+  cell: AnnotationCell
+): HashMap.HashMap<string, unknown> => {
+  const outer = cell.outer === undefined ? annotations : addCell(annotations, cell.outer)
+  return cell.current === undefined ? outer : addAnnotations(outer, cell.current)
+}
+
+/** Loggers that already add the cell's annotations: a nested run does not wrap them again. */
+const annotatingLoggers = new WeakSet<Logger.Logger<unknown, unknown>>()
+
+/** Wraps a logger so it adds the annotations of the logging fiber's cell, if any. */
+const annotating = (logger: Logger.Logger<unknown, unknown>): Logger.Logger<unknown, unknown> => {
+  if (annotatingLoggers.has(logger)) return logger
+  const wrapped = Logger.mapInputOptions(logger, (options) => {
+    const cell = FiberRefs.getOrDefault(options.context, annotationCell)
+    return cell === undefined ? options : { ...options, annotations: addCell(options.annotations, cell) }
+  })
+  annotatingLoggers.add(wrapped)
+  return wrapped
+}
+
+/** Runs `loop` with `cell` as its fiber's cell and the loggers it finds wrapped to add the cell's annotations. */
+export const annotated = <A, E, R>(cell: AnnotationCell, loop: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  loop.pipe(
+    Effect.locallyWith(FiberRef.currentLoggers, HashSet.map(annotating)),
+    Effect.locally(annotationCell, cell)
+  )

@@ -1,0 +1,237 @@
+/**
+ * The request/reply loop that MainLoop and EvalLoop share: one attempt per
+ * delivery, with a deadline, a budget and a run context, a reply for every
+ * outcome, and the dead-letter policy for failures.
+ *
+ * Per message: a fresh `RunContext` (attempt = delivery count); a budget
+ * tracker when the request or the config carries a budget; the work runs
+ * under the earliest of the request's deadline (or, without one, the config's
+ * `timeout` from the start of the attempt) and the budget's deadline, and is
+ * interrupted when it passes. A success replies what `success` builds. A
+ * failure without a dead-letter queue replies what `failure` builds and
+ * acknowledges; with one, the policy decides: dead-letter (stored first, then
+ * the error reply, then the acknowledgement) or nack with backoff. Nothing is
+ * lost on the way: a reply that cannot be sent nacks the request, a dead
+ * letter that cannot be stored nacks it too.
+ */
+import * as Cause from "effect/Cause"
+import type * as Clock from "effect/Clock"
+import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import { randomUUID } from "node:crypto"
+import { hostname } from "node:os"
+import * as Budget from "../../Budget.js"
+import * as DeadLetter from "../../DeadLetter.js"
+import * as Deadline from "../../Deadline.js"
+import * as Errors from "../../Errors.js"
+import * as Heartbeat from "../../Heartbeat.js"
+import type { Mailbox, MailboxResolver, Message } from "../../Mailbox.js"
+import * as MailboxWorker from "../../MailboxWorker.js"
+import type { RunContext } from "../../RunContext.js"
+import { DurationFromInput } from "../duration.js"
+import { counter } from "../metrics.js"
+
+/** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
+export interface Envelope {
+  readonly requestId: string
+  readonly deadline?: Deadline.Deadline | undefined
+  readonly budget?: Budget.Budget | undefined
+  readonly traceId?: string | undefined
+  readonly spanId?: string | undefined
+}
+
+/** Options of a request loop (MainLoop's and EvalLoop's config). */
+export interface Config<Body> {
+  /** Stable id of this worker (default `host-pid`). */
+  readonly workerId?: string | undefined
+  readonly leaseExtender?: MailboxWorker.Options<never, never, never, never, never>["leaseExtender"]
+  /** Dead-letter failed requests by this policy instead of replying an error at once. */
+  readonly deadLetters?: DeadLetter.DeadLetterQueue<Body> | undefined
+  /** Time limit for a request that carries no deadline, counted from when its execution starts (≥ 1 s). */
+  readonly timeout?: Duration.DurationInput | undefined
+  /** Budget for a request that carries none (the request's own budget wins). */
+  readonly budget?: Budget.Budget | undefined
+}
+
+/** What the work of one attempt receives besides the request. */
+export interface Attempt {
+  readonly heartbeat: Heartbeat.Heartbeat
+  readonly deadline: Deadline.Deadline | undefined
+  readonly budgetTracker: Budget.BudgetTracker | undefined
+  readonly runContext: RunContext
+}
+
+/** The attempt a reply is made for: who ran it and when it started (monotonic milliseconds). */
+export interface Outcome {
+  readonly runContext: RunContext
+  readonly startedAt: number
+}
+
+/** Requests dead-lettered by a loop. */
+export const deadLettered = counter("leasehold_messages_dead_lettered_total", "Messages moved to a dead-letter queue")
+
+/** The default worker id: `host-pid`. */
+export const defaultWorkerId = (): string => `${hostname()}-${process.pid}`
+
+const RequestTimeout = DurationFromInput.pipe(
+  Schema.filter((d) => Duration.greaterThanOrEqualTo(d, Duration.seconds(1)) || "timeout must be at least 1 second")
+).annotations({ identifier: "timeout" })
+
+/** Makes a request loop over `requests`; a bad `timeout` or lease-extender config fails with a `ParseError`. */
+export const make = <Body extends Envelope, Res, Out, E, R>(options: {
+  readonly name: string
+  readonly requests: Mailbox<Body, Res>
+  readonly config: Config<Body> | undefined
+  /** The work of one attempt; interrupted when its deadline passes. */
+  readonly execute: (body: Body, attempt: Attempt) => Effect.Effect<Out, E, R>
+  /** The reply to a success. */
+  readonly success: (message: Message<Body, Res>, output: Out, outcome: Outcome) => Res
+  /** The reply to a failure (without a dead-letter queue, or once dead-lettered). */
+  readonly failure: (message: Message<Body, Res>, error: Errors.ErrorInfo, outcome: Outcome) => Res
+  /**
+   * What the loop's own deadline fails with, when the work can say more than `DeadlineExceededError`
+   * (the agent: where the evaluation stood). The loop's timer and the work's own can fire at the same
+   * instant; whichever wins, the reply is then the same.
+   */
+  readonly onDeadline?:
+    | ((error: Deadline.DeadlineExceededError, attempt: Attempt) => Effect.Effect<E>)
+    | undefined
+}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
+  Effect.gen(function*() {
+    const { config, requests } = options
+    const workerId = config?.workerId ?? defaultWorkerId()
+    const deadLetters = config?.deadLetters
+    const timeout = config?.timeout === undefined
+      ? undefined
+      : yield* Schema.decodeUnknown(RequestTimeout)(config.timeout)
+    const clock: Clock.Clock = yield* Effect.clock
+    type Msg = Message<Body, Res>
+
+    const runContextOf = (message: Msg): RunContext => ({
+      workerId,
+      runId: randomUUID(),
+      requestId: message.body.requestId,
+      attempt: message.deliveryCount,
+      traceId: message.body.traceId,
+      spanId: message.body.spanId
+    })
+    // The attempt in flight, for its reply: a loop handles one message at a time and settles it
+    // (onSuccess / onFailure) before it starts the next.
+    let current: { readonly message: Msg; readonly outcome: Outcome } | undefined
+    const outcomeOf = (message: Msg): Outcome =>
+      current?.message === message
+        ? current.outcome
+        : { runContext: runContextOf(message), startedAt: Heartbeat.monotonicMillis(clock) }
+
+    const replyAndAck = (message: Msg, reply: Res) =>
+      MailboxWorker.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
+
+    const deadLetter = (queue: DeadLetter.DeadLetterQueue<Body>, message: Msg, error: Errors.ErrorInfo) =>
+      Effect.gen(function*() {
+        const letter: DeadLetter.DeadLetter<Body> = {
+          messageId: message.id,
+          body: message.body,
+          sourceMailbox: requests.name,
+          deliveryCount: message.deliveryCount,
+          lastError: error.message,
+          lastErrorTag: error.tag,
+          enqueuedAt: message.enqueuedAt,
+          deadLetteredAt: yield* DateTime.now,
+          requestId: message.body.requestId,
+          replyTo: Option.getOrUndefined(message.replyTo),
+          traceId: message.body.traceId
+        }
+        const stored = yield* Effect.either(queue.mailbox.send(letter))
+        if (stored._tag === "Left") {
+          yield* Effect.logError("Dead letter could not be stored; the request goes back to the queue", stored.left)
+          return yield* MailboxWorker.logSettleFailure("nack after a failed dead letter")(
+            message.nack(DeadLetter.backoff(message.deliveryCount))
+          )
+        }
+        yield* Metric.increment(deadLettered)
+        yield* Effect.logWarning(
+          `Request dead-lettered to "${queue.mailbox.name}" after ${message.deliveryCount} deliveries`
+        )
+        // The requester hears about it, but a failed error reply must not undo the dead letter.
+        if (Option.isSome(message.replyTo)) {
+          const sent = yield* Effect.either(message.reply(options.failure(message, error, outcomeOf(message))))
+          if (sent._tag === "Left") yield* Effect.logWarning("Error reply for a dead letter failed", sent.left)
+        }
+        yield* MailboxWorker.logSettleFailure("acknowledge of a dead-lettered request")(message.acknowledge)
+      })
+
+    const onFailure = (message: Msg, cause: Cause.Cause<E | Deadline.DeadlineExceededError>) =>
+      Effect.gen(function*() {
+        const error = Option.match(Cause.failureOption(cause), {
+          onNone: () => ({ tag: "Defect", message: Cause.pretty(cause) }),
+          onSome: Errors.describe
+        })
+        yield* Effect.logWarning(`Request ${message.body.requestId} failed: ${error.tag}: ${error.message}`)
+        if (deadLetters === undefined) {
+          return yield* replyAndAck(message, options.failure(message, error, outcomeOf(message)))
+        }
+        if (DeadLetter.decide(deadLetters.policy, message.deliveryCount, error.tag) === "dead-letter") {
+          return yield* deadLetter(deadLetters, message, error)
+        }
+        yield* MailboxWorker.logSettleFailure("nack with backoff")(
+          message.nack(DeadLetter.backoff(message.deliveryCount))
+        )
+      })
+
+    const { onDeadline } = options
+    // Once per message, so chains rather than generators, and no closures made per message (`tsx` names
+    // every one); the optional steps cost only when used.
+    const start = (
+      message: Msg,
+      heartbeat: Heartbeat.Heartbeat,
+      budgetTracker: Budget.BudgetTracker | undefined,
+      fallback: Deadline.Deadline | undefined
+    ): Effect.Effect<Out, E | Deadline.DeadlineExceededError, R> => {
+      // Not suspended: the worker calls `handle` when the message starts, and a throwing `execute` is a defect there.
+      const body = message.body
+      const runContext = runContextOf(message)
+      current = { message, outcome: { runContext, startedAt: Heartbeat.monotonicMillis(clock) } }
+      // The request's own budget and deadline override the loop's config.
+      const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
+      const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext }
+      const work = options.execute(body, attempt)
+      if (deadline === undefined) return work
+      const bounded = Deadline.within(work, deadline)
+      return onDeadline === undefined
+        ? bounded
+        : Effect.catchAll(bounded, (error) =>
+          error instanceof Deadline.DeadlineExceededError
+            ? Effect.flatMap(onDeadline(error, attempt), Effect.fail)
+            : Effect.fail(error))
+    }
+    const withFallback = (message: Msg, heartbeat: Heartbeat.Heartbeat, budgetTracker?: Budget.BudgetTracker) =>
+      message.body.deadline === undefined && timeout !== undefined
+        ? Effect.flatMap(
+          Effect.orDie(Deadline.after(timeout)), // ≥ 1 s, checked at construction: cannot be refused
+          (fallback) => start(message, heartbeat, budgetTracker, fallback)
+        )
+        : start(message, heartbeat, budgetTracker, undefined)
+    const handle = (message: Msg, heartbeat: Heartbeat.Heartbeat) => {
+      const budget = message.body.budget ?? config?.budget
+      return budget === undefined
+        ? withFallback(message, heartbeat)
+        : Effect.flatMap(Budget.makeTracker(budget), (tracker) => withFallback(message, heartbeat, tracker))
+    }
+
+    return yield* MailboxWorker.make<Body, Res, Out, E | Deadline.DeadlineExceededError, R | MailboxResolver>({
+      name: options.name,
+      mailbox: requests,
+      handle,
+      annotations: (message) => ({ requestId: message.body.requestId }),
+      onSuccess: (message, output) =>
+        Effect.sync(() => Option.some(options.success(message, output, outcomeOf(message)))),
+      retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
+      onFailure,
+      ...(config?.leaseExtender !== undefined ? { leaseExtender: config.leaseExtender } : {})
+    })
+  })

@@ -1,0 +1,107 @@
+/**
+ * A run's settler: the fiber that replies to and acknowledges the messages a
+ * worker handled successfully, in groups, in the background.
+ *
+ * The loop queues each success; the settler takes everything queued at once
+ * and settles it with one `Mailbox.settleAll` — a durable mailbox commits the
+ * group together and the settler waits once, where a fiber per message would
+ * cost a fiber and a wake-up each. So commits overlap the next message, the
+ * next receive and the next batch. The loop bounds the overlap: a new batch
+ * waits for the settles of the batch before last (`nextBatch`), so at most two
+ * batches' settles are ever outstanding, and the loop waits for all of them
+ * (`drained`) before it stops.
+ */
+import type * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Option from "effect/Option"
+import { type MailboxResolver, settleAll, type Settlement } from "../../Mailbox.js"
+import { onSettleFailure } from "./settleFailure.js"
+
+/** The settles of one run and how far they got. */
+export interface Settler<A, R> {
+  /** Queues a success's settle for the settler fiber. */
+  readonly queue: (settlement: Settlement<A, R>) => void
+  /** Nothing queued or in progress: a settle made now would have nothing to overlap. */
+  readonly idle: () => boolean
+  /** Settles a group now, on the calling fiber; never fails. */
+  readonly settleGroup: (batch: ReadonlyArray<Settlement<A, R>>) => Effect.Effect<void, never, MailboxResolver>
+  /** Marks the start of a batch and waits for the settles of the batch before last. */
+  readonly nextBatch: Effect.Effect<void>
+  /** Waits for every settle queued so far. */
+  readonly drained: Effect.Effect<void>
+  /** The settler fiber's body: takes and settles what is queued, for ever. Never fails; interrupted when idle. */
+  readonly run: Effect.Effect<never, never, MailboxResolver>
+}
+
+/** A settler whose failed replies give the message back after `retryAfter(message)`. */
+export const make = <A, R>(retryAfter: (message: Settlement<A, R>["message"]) => Duration.Duration): Settler<A, R> => {
+  let queued: Array<Settlement<A, R>> = []
+  /** Settles ever queued, and ever finished (committed, or failed and handled). */
+  let submitted = 0
+  let completed = 0
+  /** Settles queued before the current batch started: done before the batch after it starts. */
+  let previousBatchStart = 0
+  /** Wakes the settler when it waits for work. */
+  let wake: (() => void) | undefined
+  /** Fibers waiting until `completed` reaches their count. */
+  let waiters: Array<{ readonly count: number; readonly resume: () => void }> = []
+
+  const settledUpTo = (count: number): Effect.Effect<void> =>
+    Effect.async<void>((resume) => {
+      if (completed >= count) return resume(Effect.void)
+      waiters.push({ count, resume: () => resume(Effect.void) })
+    })
+
+  const settleGroup = (batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void, never, MailboxResolver> =>
+    settleAll(batch).pipe(
+      Effect.flatMap((outcomes) =>
+        outcomes.every(Either.isRight) ? Effect.void : Effect.forEach(outcomes, (outcome, index) => {
+          if (Either.isRight(outcome)) return Effect.void
+          const { message, reply } = batch[index]!
+          const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
+          return onSettleFailure(message, replied, outcome.left, retryAfter(message))
+        }, { discard: true })
+      ),
+      Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause))
+    )
+
+  const take = Effect.async<ReadonlyArray<Settlement<A, R>>>((resume) => {
+    const takeAll = () => {
+      wake = undefined
+      const batch = queued
+      queued = []
+      resume(Effect.succeed(batch))
+    }
+    if (queued.length > 0) return takeAll()
+    wake = takeAll
+  })
+
+  const settleQueued = (batch: ReadonlyArray<Settlement<A, R>>) =>
+    settleGroup(batch).pipe(
+      Effect.ensuring(Effect.sync(() => {
+        completed += batch.length
+        const ready = waiters.filter((waiter) => waiter.count <= completed)
+        waiters = waiters.filter((waiter) => waiter.count > completed)
+        for (const waiter of ready) waiter.resume()
+      })),
+      Effect.uninterruptible
+    )
+
+  return {
+    queue: (settlement) => {
+      queued.push(settlement)
+      submitted++
+      wake?.()
+    },
+    idle: () => completed === submitted,
+    settleGroup,
+    nextBatch: Effect.suspend(() => {
+      const older = previousBatchStart
+      previousBatchStart = submitted
+      return settledUpTo(older)
+    }),
+    drained: Effect.suspend(() => settledUpTo(submitted)),
+    run: Effect.forever(Effect.flatMap(take, settleQueued))
+  }
+}
