@@ -284,7 +284,11 @@ export const make = <A, R, Out, E, Req>(
     ) =>
       Effect.gen(function*() {
         const receive = mailbox.receive(receiveOptions).pipe(
-          Effect.tapError((error) => Effect.logWarning("Receive failed; retrying with backoff", error)),
+          Effect.tapError((error) =>
+            error._tag === "MailboxConnectionError"
+              ? Effect.logWarning("Receive failed; retrying with backoff", error)
+              : Effect.void
+          ),
           Effect.retry({ schedule: receiveBackoff, while: (error) => error._tag === "MailboxConnectionError" }),
           Effect.orDie // options were validated by `run`: any other failure is a bug, and kills the loop
         )

@@ -1,9 +1,14 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
+import { mkdtempSync } from "node:fs"
+import { connect } from "node:net"
+import { networkInterfaces, tmpdir } from "node:os"
+import { join } from "node:path"
 import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type * as MailboxWorker from "../src/MailboxWorker.js"
 import { messagesProcessed } from "../src/MailboxWorker.js"
+import { spawnBundled } from "./helpers.js"
 
 /** A loop stand-in whose running flag the test sets. */
 const fakeLoop = (name: string) =>
@@ -83,4 +88,75 @@ describe("Health config", () => {
       expect(error.message).toContain("staleAfter")
       expect(error.message).toContain("must not be negative")
     }))
+})
+
+/** Whether a TCP connection to host:port is accepted. */
+const accepts = (host: string, port: number) =>
+  Effect.async<boolean>((resume) => {
+    const socket = connect({ host, port, timeout: 2_000 })
+    const done = (accepted: boolean) => {
+      socket.destroy()
+      resume(Effect.succeed(accepted))
+    }
+    socket.once("connect", () => done(true))
+    socket.once("error", () => done(false))
+    socket.once("timeout", () => done(false))
+  })
+
+/** This machine's addresses other than loopback (IPv4). */
+const externalAddresses = Object.values(networkInterfaces()).flatMap((entries) =>
+  (entries ?? []).filter((entry) => entry.family === "IPv4" && !entry.internal).map((entry) => entry.address)
+)
+
+const portOf = (url: string | undefined) => Number(new URL(url!).port)
+
+describe("Health server binding", () => {
+  it.live("binds loopback by default: reachable on 127.0.0.1, refused on the machine's other addresses", () =>
+    Effect.gen(function*() {
+      const port = portOf((yield* Health.Health).url)
+      expect(yield* accepts("127.0.0.1", port)).toBe(true)
+      for (const address of externalAddresses) expect(yield* accepts(address, port)).toBe(false)
+    }).pipe(Effect.provide(Layer.fresh(Health.layer({ port: 0 }))), Effect.scoped))
+
+  it.live("host 0.0.0.0 serves every address (how a container probe reaches it)", () =>
+    Effect.gen(function*() {
+      const port = portOf((yield* Health.Health).url)
+      for (const address of ["127.0.0.1", ...externalAddresses]) expect(yield* accepts(address, port)).toBe(true)
+    }).pipe(Effect.provide(Layer.fresh(Health.layer({ port: 0, host: "0.0.0.0" }))), Effect.scoped))
+})
+
+describe("Health server and a stopping process", () => {
+  it.live(
+    "a client that sent half a request cannot keep the process alive after SIGTERM",
+    () =>
+      Effect.gen(function*() {
+        const filename = join(mkdtempSync(join(tmpdir(), "leasehold-health-")), "mailbox.db")
+        const child = yield* spawnBundled("test/fixtures/loop-process.ts", [
+          filename,
+          "--health",
+          "--shutdown-ms",
+          "1500"
+        ])
+        yield* child.waitFor(/health http:\/\/127\.0\.0\.1:\d+/)
+        yield* child.waitFor(/ready/)
+        const port = Number(/health http:\/\/127\.0\.0\.1:(\d+)/.exec(child.output())![1])
+        // Half a request: the headers never end, and the socket stays open.
+        const socket = yield* Effect.acquireRelease(
+          Effect.async<ReturnType<typeof connect>>((resume) => {
+            const socket = connect({ host: "127.0.0.1", port }, () => resume(Effect.succeed(socket)))
+            socket.on("error", () => undefined)
+          }),
+          (socket) => Effect.sync(() => socket.destroy())
+        )
+        socket.write("GET /health/ready HTTP/1.1\r\nHost: probe\r\n")
+        yield* Effect.sleep("100 millis")
+        const signalled = performance.now()
+        yield* child.signal("SIGTERM")
+        const { code } = yield* child.exited
+        expect(code).toBe(0)
+        // The shutdown timeout (1.5 s; the idle loop needs none of it) plus a second.
+        expect((performance.now() - signalled) / 1000).toBeLessThan(2.5)
+      }).pipe(Effect.scoped),
+    60_000
+  )
 })
