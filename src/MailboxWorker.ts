@@ -150,14 +150,16 @@ interface RunState<A, R> {
   phase: "receiving" | "processing"
   /** Received, not started. */
   pending: Array<Message<A, R>>
+  /** The message being handled or settled: given back if the loop dies before settling it. */
+  inHand: Message<A, R> | undefined
   /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
   fiber: Fiber.RuntimeFiber<void> | undefined
   /** Successful messages' replies and acknowledgements, committed in the background. */
   readonly settler: Settler.Settler<A, R>
   /** The annotations of the message in hand, which the run's loggers add. */
   readonly annotations: AnnotationCell
-  /** Empties `annotations`, once the message is settled. */
-  readonly unannotate: Effect.Effect<void>
+  /** Empties `annotations` and `inHand`, once the message is settled. */
+  readonly release: Effect.Effect<void>
   /** Whether handled messages are spans: an exporting tracer was installed when the run started. */
   readonly traced: boolean
   /** The metric labels of the run (`Effect.tagMetrics`), read once: counters are updated directly. */
@@ -221,13 +223,14 @@ export const make = <A, R, Out, E, Req>(
         // masks and finalizers cost more than a short handler's whole turn. The region is uninterruptible
         // except the handler, so the detach and the reset below run however the handler ends.
         const handled = Effect.suspend(() => {
+          run.inHand = message
           if (options.annotations !== undefined) run.annotations.current = options.annotations(message)
           const attached = extender.unsafeAttach(message, heartbeat)
           // A worker handles one message at a time, so it is never attached already.
           if (Either.isLeft(attached)) return Effect.die(attached.left)
           return Effect.flatMap(
             Effect.exit(restore(Effect.suspend(() => options.handle(message, heartbeat)))),
-            (exit) => Effect.zipRight(attached.right, Effect.zipRight(settle(run, message, exit), run.unannotate))
+            (exit) => Effect.zipRight(attached.right, Effect.zipRight(settle(run, message, exit), run.release))
           )
         })
         return message.deliveryCount > 1 ? Effect.zipRight(increment(run, messagesRedelivered), handled) : handled
@@ -343,11 +346,13 @@ export const make = <A, R, Out, E, Req>(
           interruptedWork: false,
           phase: "processing",
           pending: [],
+          inHand: undefined,
           fiber: undefined,
           settler: Settler.make(retryAfter),
           annotations: cell,
-          unannotate: Effect.sync(() => {
+          release: Effect.sync(() => {
             cell.current = undefined
+            current.inHand = undefined
           }),
           traced: yield* exporting,
           metricLabels: yield* FiberRef.get(FiberRef.currentMetricLabels)
@@ -368,8 +373,10 @@ export const make = <A, R, Out, E, Req>(
           (settlerFiber) =>
             Effect.interruptible(options.annotations === undefined ? body : annotated(cell, body)).pipe(
               Effect.ensuring(Effect.suspend(() => {
-                const leftover = current.pending
+                // A message still in hand means the loop died settling it: give it back too.
+                const leftover = current.inHand === undefined ? current.pending : [current.inHand, ...current.pending]
                 current.pending = []
+                current.inHand = undefined
                 return nackAll(leftover).pipe(
                   Effect.zipRight(current.settler.drained),
                   Effect.zipRight(Fiber.interrupt(settlerFiber))

@@ -1,9 +1,11 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, Fiber, HashMap, Logger, Metric, Option, Ref, TestClock, Tracer } from "effect"
+import { Cause, Deferred, Effect, Exit, Fiber, HashMap, Logger, Metric, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
-import type { Mailbox, Message } from "../src/Mailbox.js"
+import { InvalidParameterError, type Mailbox, type Message } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
+
+import { captureLogs } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
 
@@ -120,6 +122,99 @@ describe("MailboxWorker shutdown", () => {
       yield* Effect.fork(loop.run())
       yield* settle
       expect((yield* Effect.flip(loop.run())).parameter).toBe("run")
+    }))
+})
+
+describe("MailboxWorker shutdown where nothing can be interrupted", () => {
+  it.scoped("called from an uninterruptible region (a finalizer, an onInterrupt), it still keeps its timeout", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("stuck")
+      const loop = yield* worker(mailbox, () => Effect.never)
+      const running = yield* Effect.fork(loop.run({ visibilityTimeout: "1 hour" }))
+      yield* settle
+      const stopping = yield* Effect.fork(Effect.uninterruptible(loop.shutdown({ timeout: "2 seconds" })))
+      yield* settle
+      yield* TestClock.adjust("2 seconds")
+      expect(yield* Fiber.join(stopping)).toBe(false)
+      yield* Fiber.join(running)
+      expect((yield* mailbox.receive()).map((m) => m.deliveryCount)).toEqual([2]) // nacked, visible at once
+    }))
+
+  it.scoped("two shutdowns at once, the first timing out: neither says the stop was clean", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("stuck")
+      const loop = yield* worker(mailbox, () => Effect.never)
+      yield* Effect.fork(loop.run())
+      yield* settle
+      const first = yield* Effect.fork(loop.shutdown({ timeout: "1 second" }))
+      const second = yield* Effect.fork(loop.shutdown({ timeout: "1 minute" }))
+      yield* settle
+      yield* TestClock.adjust("1 second")
+      expect([yield* Fiber.join(first), yield* Fiber.join(second)]).toEqual([false, false])
+    }))
+
+  it.scoped("run called from an uninterruptible region still runs an interruptible loop", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("stuck")
+      const loop = yield* worker(mailbox, () => Effect.never)
+      const running = yield* Effect.fork(Effect.uninterruptible(loop.run()))
+      yield* settle
+      const stopping = yield* Effect.fork(loop.shutdown({ timeout: "1 second" }))
+      yield* settle
+      yield* TestClock.adjust("1 second")
+      expect(yield* Fiber.join(stopping)).toBe(false)
+      yield* Fiber.join(running)
+    }))
+})
+
+describe("MailboxWorker death", () => {
+  it.scoped("a receive that fails unexpectedly: run fails with the cause, logged at error level and counted", () => {
+    const logs = captureLogs()
+    return Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      const broken: Mailbox<string> = {
+        ...mailbox,
+        receive: () => Effect.fail(new InvalidParameterError({ parameter: "receive", value: 1, reason: "bug" }))
+      }
+      const loop = yield* MailboxWorker.make({
+        name: "dying",
+        mailbox: broken,
+        handle: () => Effect.void,
+        onSuccess: () => Effect.succeedNone,
+        onFailure: () => Effect.void
+      })
+      const failures = Metric.tagged(MailboxWorker.loopFailures, "loop", "dying")
+      const before = (yield* Metric.value(failures)).count
+      const exit = yield* Effect.exit(loop.run())
+      expect(Exit.isFailure(exit) && Cause.pretty(exit.cause)).toMatch(/Invalid receive 1: bug/)
+      expect(yield* loop.running).toBe(false)
+      expect((yield* Metric.value(failures)).count).toBe(before + 1)
+      expect(logs.lines.filter((line) => line.level === "ERROR").map((line) => line.message)).toEqual([
+        `Loop "dying" died`
+      ])
+      // Not the retry warning: only connection errors are retried.
+      expect(logs.lines.some((line) => line.message.includes("retrying"))).toBe(false)
+    }).pipe(Effect.provide(logs.layer))
+  })
+
+  it.scoped("a defect while settling (a reply that throws) kills the loop; the message goes back", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("m")
+      const loop = yield* MailboxWorker.make({
+        name: "throwing-reply",
+        mailbox,
+        handle: () => Effect.void,
+        onSuccess: () => Effect.die(new Error("reply builder bug")),
+        onFailure: () => Effect.void
+      })
+      const exit = yield* Effect.exit(loop.run({ visibilityTimeout: "1 hour" }))
+      expect(Exit.isFailure(exit) && Cause.pretty(exit.cause)).toMatch(/reply builder bug/)
+      expect(yield* loop.running).toBe(false)
+      expect((yield* mailbox.receive()).map((m) => m.deliveryCount)).toEqual([2]) // at once, not in an hour
     }))
 })
 

@@ -443,4 +443,43 @@ describe("MainLoop.layer", () => {
       expect((yield* replies).map((r) => r.output)).toEqual(["SLOW"])
       expect(yield* requests.approximateCount).toBe(0)
     }))
+
+  it.scoped("closing the layer's scope with a stuck request: at the timeout it is interrupted and given back", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      yield* send("stuck")
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        MainLoop.layer({
+          requests,
+          execute: () => Effect.never,
+          run: { visibilityTimeout: "1 hour" },
+          shutdownTimeout: "3 seconds"
+        }).pipe(Layer.provide(Layer.succeed(MailboxResolver, resolver))),
+        scope
+      )
+      yield* settle
+      // Scope.close runs the finalizers uninterruptibly, as a layer's teardown under runMain does.
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      yield* settle
+      yield* TestClock.adjust("2999 millis")
+      yield* settle
+      expect(closing.unsafePoll()).toBeNull()
+      yield* TestClock.adjust("1 millis")
+      yield* Fiber.join(closing)
+      expect(yield* replies).toEqual([])
+      expect((yield* requests.receive()).map((m) => m.deliveryCount)).toEqual([2]) // nacked, not left for an hour
+    }))
+
+  it.scoped("bad run options fail the layer when it is built", () =>
+    Effect.gen(function*() {
+      const { requests, resolver } = yield* setup
+      const error = yield* Effect.flip(Layer.build(
+        MainLoop.layer({ requests, execute: Effect.succeed, run: { waitTime: "1 hour" } }).pipe(
+          Layer.provide(Layer.succeed(MailboxResolver, resolver))
+        )
+      ))
+      expect(error._tag).toBe("InvalidParameterError")
+      expect(error.message).toContain("waitTime")
+    }))
 })

@@ -1,8 +1,9 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Ref, Schedule, TestClock } from "effect"
+import { Clock, Effect, Ref, Schedule, TestClock } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
+import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as Watchdog from "../src/Watchdog.js"
-import { captureLogs, runTsx } from "./helpers.js"
+import { captureLogs, jumpingClock, runTsx } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 10)
 
@@ -87,4 +88,41 @@ describe("Watchdog", () => {
       expect(output).toContain("stuck-loop")
       expect(output).not.toContain("still alive")
     }), 30_000)
+})
+
+describe("liveness on the monotonic clock", () => {
+  it.scoped("the wall clock jumps +1 h then -2 h while monotonic time runs on: no false stall, no missed extension", () =>
+    Effect.gen(function*() {
+      const { clock, jump } = yield* jumpingClock
+      yield* Effect.gen(function*() {
+        const stalls = yield* Ref.make<ReadonlyArray<string>>([])
+        const watchdog = yield* Watchdog.make({
+          threshold: "10 seconds",
+          interval: "1 second",
+          onStall: (found) => Ref.update(stalls, (all) => [...all, ...found.map((stall) => stall.name)])
+        })
+        const heartbeat = yield* Heartbeat.make
+        yield* watchdog.register("worker", heartbeat)
+        yield* watchdog.start
+        const extensions: Array<number> = []
+        const message: LeaseExtender.Extendable = {
+          id: "m",
+          extendVisibility: () =>
+            Effect.map(Clock.currentTimeNanos, (nanos) => void extensions.push(Number(nanos / BigInt(1_000_000_000))))
+        }
+        const extender = yield* LeaseExtender.make({ interval: "20 seconds", extension: "60 seconds" })
+        yield* extender.attach(message, heartbeat)
+        for (let second = 0; second < 60; second++) {
+          yield* heartbeat.beat // the worker works, and proves it every second
+          if (second === 10) yield* jump(60 * 60 * 1000) // NTP steps the wall clock an hour forward...
+          if (second === 30) yield* jump(-2 * 60 * 60 * 1000) // ...then two hours back
+          yield* settle
+          yield* TestClock.adjust("1 second")
+        }
+        yield* settle
+        expect(yield* Ref.get(stalls)).toEqual([])
+        expect(extensions).toEqual([0, 20, 40]) // once per 20 s of real work, through both jumps
+        expect(yield* watchdog.check).toEqual([])
+      }).pipe(Effect.withClock(clock))
+    }))
 })

@@ -1,5 +1,5 @@
 /** Test helpers shared by several test files. */
-import { Effect, Logger, type LogLevel } from "effect"
+import { Effect, Logger, type LogLevel, TestClock } from "effect"
 import { buildSync } from "esbuild"
 import { execFile, spawn } from "node:child_process"
 import { basename, join } from "node:path"
@@ -110,3 +110,24 @@ const spawnNode = (argv: ReadonlyArray<string>) =>
     // Already gone is the usual case: then kill fails and that is fine.
     (child) => Effect.ignore(Effect.try(() => process.kill(child.pid, "SIGKILL")))
   )
+
+/**
+ * The test's `TestClock` with a wall clock that can jump (NTP stepping it, a VM resumed) while the monotonic
+ * clock (`currentTimeNanos`) and sleeps run as they did. Provide it with `Effect.withClock(clock)`;
+ * `TestClock.adjust` still drives both.
+ */
+export const jumpingClock = Effect.map(TestClock.testClock(), (test) => {
+  let offset = 0
+  const clock: TestClock.TestClock = Object.create(test)
+  Object.assign(clock, {
+    unsafeCurrentTimeMillis: () => test.unsafeCurrentTimeMillis() + offset,
+    currentTimeMillis: Effect.sync(() => test.unsafeCurrentTimeMillis() + offset),
+    unsafeCurrentTimeNanos: () => test.unsafeCurrentTimeNanos(),
+    currentTimeNanos: test.currentTimeNanos
+  })
+  return {
+    clock,
+    /** Steps the wall clock by `duration` (negative: back). */
+    jump: (millis: number) => Effect.sync(() => void (offset += millis))
+  }
+})
