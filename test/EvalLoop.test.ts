@@ -1,10 +1,13 @@
 import { NodeFileSystem } from "@effect/platform-node"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber, Schema, TestClock } from "effect"
+import { Effect, Exit, Fiber, Layer, Schema, Scope, TestClock } from "effect"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Budget from "../src/Budget.js"
 import * as Dataset from "../src/Dataset.js"
+import * as DeadLetter from "../src/DeadLetter.js"
+import * as Deadline from "../src/Deadline.js"
 import * as EvalLoop from "../src/EvalLoop.js"
 import * as Evaluator from "../src/Evaluator.js"
 import { MailboxResolver } from "../src/Mailbox.js"
@@ -208,5 +211,152 @@ describe("EvalLoop end to end", () => {
       yield* requests.send({ requestId: "r", experiment: "e", sample: { id: "s", input: 1, expected: 1 } })
       yield* loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "1 second" })
       expect(yield* requests.approximateCount).toBe(0) // the ack found its lease still valid
+    }))
+})
+
+/** An eval requests mailbox, a results mailbox, dead letters, and a way to send samples of numbers. */
+const evalSetup = Effect.gen(function*() {
+  const requests = yield* MailboxMemory.make<EvalLoop.EvalRequest<number, number>, EvalLoop.EvalResult>({
+    name: "evals"
+  })
+  const results = yield* MailboxMemory.make<EvalLoop.EvalResult>({ name: "results" })
+  const deadLetters = yield* MailboxMemory.make<DeadLetter.DeadLetter<EvalLoop.EvalRequest<number, number>>, unknown>({
+    name: "eval-dead-letters"
+  })
+  const send = (id: string, input: number, extra?: Partial<EvalLoop.EvalRequest<number, number>>) =>
+    requests.send({ requestId: id, experiment: "e", sample: { id, input, expected: input }, ...extra }, {
+      replyTo: "results"
+    })
+  const received = Effect.map(results.receive({ maxMessages: 10 }), (messages) => messages.map((m) => m.body))
+  return { requests, results, deadLetters, send, received, resolver: MailboxResolver.fromMailboxes(requests, results) }
+})
+
+describe("EvalLoop on MainLoop's footing", () => {
+  it.scoped("a hung sample is interrupted at the config's timeout: an error result, and the loop goes on", () =>
+    Effect.gen(function*() {
+      const env = yield* evalSetup
+      yield* env.send("hangs", 1)
+      yield* env.send("quick", 2)
+      const loop = yield* EvalLoop.make({
+        requests: env.requests,
+        execute: (n: number) => n === 1 ? Effect.never : Effect.succeed(n),
+        evaluator: Evaluator.exactMatch,
+        config: { timeout: "30 seconds" }
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      const running = yield* Effect.fork(loop.run({ maxIterations: 2, waitTime: 0 }))
+      yield* settle
+      yield* TestClock.adjust("30 seconds")
+      yield* Fiber.join(running)
+      const [hung, quick] = yield* env.received
+      expect(hung).toMatchObject({ sampleId: "hangs", latencyMs: 30_000 })
+      expect(hung!.error).toMatch(/^DeadlineExceededError: Deadline exceeded at/)
+      expect(hung!.score.value).toBe(0)
+      expect(quick).toMatchObject({ sampleId: "quick", error: undefined })
+      expect(quick!.score.passed).toBe(true)
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("a sample's own deadline wins over the config's timeout, and reaches execute", () =>
+    Effect.gen(function*() {
+      const env = yield* evalSetup
+      const deadline = yield* Deadline.after("5 seconds")
+      yield* env.send("s", 1, { deadline })
+      const seen: Array<string | undefined> = []
+      const loop = yield* EvalLoop.make({
+        requests: env.requests,
+        execute: (_: number, context) =>
+          Effect.zipRight(Effect.sync(() => seen.push(context.deadline?.iso)), Effect.never),
+        evaluator: Evaluator.exactMatch,
+        config: { timeout: "1 hour" }
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      const running = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
+      yield* settle
+      yield* TestClock.adjust("5 seconds")
+      yield* Fiber.join(running)
+      expect(seen).toEqual([deadline.iso])
+      expect((yield* env.received).map((r) => r.latencyMs)).toEqual([5_000])
+    }))
+
+  it.scoped("a budget reaches execute as a tracker; exceeding it is an error result", () =>
+    Effect.gen(function*() {
+      const env = yield* evalSetup
+      yield* env.send("greedy", 1)
+      const loop = yield* EvalLoop.make({
+        requests: env.requests,
+        execute: (n: number, { budgetTracker }) =>
+          Effect.gen(function*() {
+            yield* budgetTracker!.record("call-1", { inputTokens: 900, outputTokens: 200 })
+            yield* budgetTracker!.check
+            return n
+          }),
+        evaluator: Evaluator.exactMatch,
+        config: { budget: yield* Budget.make({ maxTotalTokens: 1000 }) }
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      yield* loop.run({ maxIterations: 1, waitTime: 0 })
+      const [result] = yield* env.received
+      expect(result!.error).toBe("BudgetExceededError: Budget exceeded: totalTokens used 1100 of 1000")
+    }))
+
+  it.scoped("an evaluator that crashes, without dead letters: an error result and an ack, not a nack for ever", () =>
+    Effect.gen(function*() {
+      const env = yield* evalSetup
+      yield* env.send("s", 1)
+      const loop = yield* EvalLoop.make({
+        requests: env.requests,
+        execute: (n: number) => Effect.succeed(n),
+        evaluator: () => Effect.die(new Error("judge crashed"))
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      yield* loop.run({ maxIterations: 1, waitTime: 0 })
+      const [result] = yield* env.received
+      expect(result!.error).toMatch(/^Defect: .*judge crashed/s)
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("with dead letters: a crashing sample is retried with backoff, then dead-lettered and answered", () =>
+    Effect.gen(function*() {
+      const env = yield* evalSetup
+      yield* env.send("poison", 1)
+      const loop = yield* EvalLoop.make({
+        requests: env.requests,
+        execute: (n: number) => Effect.succeed(n),
+        evaluator: () => Effect.die(new Error("judge crashed")),
+        config: {
+          deadLetters: { mailbox: env.deadLetters, policy: yield* DeadLetter.policy({ maxDeliveryCount: 2 }) }
+        }
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      yield* loop.run({ maxIterations: 1, waitTime: 0 })
+      expect(yield* env.received).toEqual([]) // nacked with backoff: no result yet
+      expect(yield* env.requests.receive({ visibilityTimeout: 0 })).toEqual([]) // hidden for 60 s
+      yield* TestClock.adjust("60 seconds")
+      yield* loop.run({ maxIterations: 1, waitTime: 0 })
+      const [result] = yield* env.received
+      expect(result).toMatchObject({ sampleId: "poison", experiment: "e" })
+      expect(result!.error).toMatch(/judge crashed/)
+      const [letter] = yield* env.deadLetters.receive()
+      expect(letter!.body).toMatchObject({ requestId: "poison", deliveryCount: 2, lastErrorTag: "Defect" })
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("EvalLoop.layer: closing the scope lets the sample in flight finish and reply", () =>
+    Effect.gen(function*() {
+      const env = yield* evalSetup
+      yield* env.send("slow", 7)
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        EvalLoop.layer({
+          requests: env.requests,
+          execute: (n: number) => Effect.as(Effect.sleep("2 seconds"), n),
+          evaluator: Evaluator.exactMatch,
+          shutdownTimeout: "10 seconds"
+        }).pipe(Layer.provide(Layer.succeed(MailboxResolver, env.resolver))),
+        scope
+      )
+      yield* settle
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      yield* settle
+      yield* TestClock.adjust("2 seconds")
+      yield* Fiber.join(closing)
+      expect((yield* env.received).map((r) => [r.sampleId, r.score.passed])).toEqual([["slow", true]])
+      expect(yield* env.requests.approximateCount).toBe(0)
     }))
 })
