@@ -8,7 +8,7 @@ import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as Prompt from "../src/Prompt.js"
-import type { PromptEvaluationError } from "../src/ProviderAdapter.js"
+import type { PromptEvaluationError, ProviderAdapter } from "../src/ProviderAdapter.js"
 import * as Session from "../src/Session.js"
 import * as Subagent from "../src/Subagent.js"
 import * as Tool from "../src/Tool.js"
@@ -140,6 +140,24 @@ describe("InnerLoop with the scripted adapter", () => {
       const error = yield* Fiber.join(fiber)
       expect([error.phase, error.reason]).toEqual(["request", "deadline"])
       expect((yield* slow.requests).length).toBeLessThanOrEqual(2) // no attempt after the deadline
+    }))
+
+  it.effect("a wait between retries ends at the deadline, not when the wait would", () =>
+    Effect.gen(function*() {
+      const adapter = yield* ScriptedAdapter.make([{ fail: "503" }, { text: "too late" }], {
+        retry: Schedule.spaced("60 seconds")
+      })
+      const deadline = yield* Deadline.after("5 seconds")
+      const fiber = yield* Effect.fork(
+        Effect.flip(evaluate(adapter, Prompt.make({ name: "p", instructions: "" }), { deadline }))
+      )
+      yield* settle
+      yield* TestClock.adjust("5 seconds")
+      yield* settle
+      const error = yield* Fiber.join(fiber) // done at 5 s: no adjustment to 60 s was needed
+      expect([error.phase, error.reason]).toEqual(["request", "deadline"])
+      expect(error.providerPayload).toEqual({ deadline_expires_at: deadline.iso })
+      expect((yield* adapter.requests).length).toBe(1)
     }))
 })
 
@@ -443,5 +461,117 @@ describe("MainLoop.agent", () => {
         MainLoop.make({ requests: env.requests, execute: () => Effect.succeed("x"), config: { timeout: "10 millis" } })
       ).pipe(Effect.provideService(MailboxResolver, env.resolver))
       expect(error.message).toContain("at least 1 second")
+    }))
+
+  /** An agent loop whose request has a 10 s deadline; `stage` decides where the work is when it passes. */
+  const deadlineReply = (stage: "prepare" | "model" | "tool" | "finalize") =>
+    Effect.gen(function*() {
+      const env = yield* mailboxes
+      const deadline = yield* Deadline.after("10 seconds")
+      yield* env.requests.send(MainLoop.request("work", { deadline }), { replyTo: "responses" })
+      const slowTool = Tool.make({
+        name: "slow",
+        description: "Never finishes in time",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: () => Effect.as(Effect.sleep("1 hour"), "late")
+      })
+      const adapter = yield* ScriptedAdapter.make(
+        stage === "model"
+          ? [{ text: "late", latency: "1 hour" }]
+          : stage === "tool"
+          ? [{ toolCalls: [{ name: "slow", params: {} }] }, { text: "done" }]
+          : [{ text: "done" }]
+      )
+      const loop = yield* MainLoop.agent({
+        requests: env.requests,
+        adapter,
+        prepare: (request: string) =>
+          Effect.as(
+            stage === "prepare" ? Effect.sleep("1 hour") : Effect.void,
+            Prompt.make({
+              name: "deadline-test",
+              instructions: "",
+              input: request,
+              tools: stage === "tool" ? [slowTool] : [echo]
+            })
+          ),
+        finalize: (response) => Effect.as(stage === "finalize" ? Effect.sleep("1 hour") : Effect.void, response.text)
+      }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+      const running = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
+      yield* settle
+      yield* TestClock.adjust("10 seconds")
+      yield* Fiber.join(running)
+      const [reply] = yield* env.responses.receive()
+      return { error: reply!.body.error, deadline }
+    })
+
+  for (
+    const [stage, phase] of [
+      ["prepare", "preflight"],
+      ["model", "request"],
+      ["tool", "tool"],
+      ["finalize", "response"]
+    ] as const
+  ) {
+    it.scoped(`a deadline that passes in ${stage}: the reply is a PromptEvaluationError, phase ${phase}, with the payload`, () =>
+      Effect.gen(function*() {
+        // Several times: which of the loop's timer and the agent's own notices first must not change the reply.
+        for (let run = 0; run < 5; run++) {
+          const { deadline, error } = yield* deadlineReply(stage)
+          expect(error?.tag).toBe("PromptEvaluationError")
+          expect(error?.details).toMatchObject({
+            phase,
+            reason: "deadline",
+            providerPayload: { deadline_expires_at: deadline.iso }
+          })
+        }
+      }))
+  }
+
+  it.scoped("an adapter that ignores the deadline is stopped by the loop's timer, and the reply still says where", () =>
+    Effect.gen(function*() {
+      for (const [toolRunning, phase] of [[true, "tool"], [false, "request"]] as const) {
+        const env = yield* mailboxes
+        const deadline = yield* Deadline.after("10 seconds")
+        yield* env.requests.send(MainLoop.request("work", { deadline }), { replyTo: "responses" })
+        // Records a tool call in the session (or nothing: still waiting for the model), then hangs.
+        const lazy: ProviderAdapter["Type"] = {
+          name: "lazy",
+          evaluate: (prompt, { session }) =>
+            Effect.zipRight(
+              toolRunning
+                ? session.record({
+                  _tag: "ToolCall",
+                  promptName: prompt.name,
+                  toolName: "compile",
+                  callId: "c1",
+                  params: {},
+                  at: 0
+                })
+                : Effect.void,
+              Effect.never
+            )
+        }
+        const loop = yield* MainLoop.agent({
+          requests: env.requests,
+          adapter: lazy,
+          prepare: (request: string) =>
+            Effect.succeed(Prompt.make({ name: "lazy-test", instructions: "", input: request }))
+        }).pipe(Effect.provideService(MailboxResolver, env.resolver))
+        const running = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
+        yield* settle
+        yield* TestClock.adjust("10 seconds")
+        yield* Fiber.join(running)
+        const [reply] = yield* env.responses.receive()
+        expect(reply!.body.error?.tag).toBe("PromptEvaluationError")
+        expect(reply!.body.error?.details).toMatchObject({
+          phase,
+          reason: "deadline",
+          promptName: "lazy-test",
+          providerPayload: { deadline_expires_at: deadline.iso }
+        })
+        expect(reply!.body.error?.message).toContain(toolRunning ? `during tool "compile"` : "waiting for the model")
+      }
     }))
 })
