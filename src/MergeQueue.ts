@@ -557,7 +557,10 @@ export const make = (
     const entryById = (id: number) =>
       Effect.map(sql<EntryRow>`SELECT * FROM ${entries} WHERE id = ${id}`, (rows) => rows[0])
 
-    /** Clears an expired lock and returns uncarried in-progress entries older than `cutoff` to pending. */
+    /**
+     * Clears an expired lock and returns uncarried in-progress entries older than `cutoff` to pending. Says what
+     * it healed, for the log once the transaction has committed (a rolled-back recovery healed nothing).
+     */
     const recover = (lock: LockRow, now: number, cutoff: number, dryRun: boolean) =>
       Effect.gen(function*() {
         const expired = lock.agent_id !== null && !isLive(lock, now)
@@ -571,7 +574,8 @@ export const make = (
           entriesReclaimed: stale.length,
           recoveryTimestamp: DateTime.unsafeMake(now)
         }
-        if (dryRun) return stats
+        const healed = { stats, now, lock: expired ? lock : undefined, entries: stale }
+        if (dryRun) return healed
         if (expired) {
           yield* sql`UPDATE ${lockTable} SET agent_id = NULL, acquired_at = NULL, expires_at = NULL WHERE id = 1`
           yield* record(now, "lock_expired", {
@@ -591,17 +595,35 @@ export const make = (
             to: "pending"
           })
         }
-        return stats
+        return healed
       })
 
-    const countRecovery = (stats: RecoveryStats) =>
-      Effect.zipRight(
-        Metric.incrementBy(locksCleaned, stats.locksCleaned),
-        Metric.incrementBy(entriesReclaimed, stats.entriesReclaimed)
-      )
+    /** Counts and logs (at warning level: work was lost or delayed) what a committed recovery healed. */
+    const reportRecovery = (healed: Effect.Effect.Success<ReturnType<typeof recover>>) =>
+      Effect.gen(function*() {
+        const { entries: reclaimed, lock, now, stats } = healed
+        yield* Metric.incrementBy(locksCleaned, stats.locksCleaned)
+        yield* Metric.incrementBy(entriesReclaimed, stats.entriesReclaimed)
+        const ago = (at: number | string | null) =>
+          at === null ? "an unknown time" : Duration.format(Duration.millis(Math.max(0, now - Number(at))))
+        if (lock !== undefined) {
+          yield* Effect.logWarning(
+            `Stale processing lock cleared: held by "${lock.agent_id}" (fencing token ${lock.fencing_token}) for ` +
+              `${ago(lock.acquired_at)}, expired ${ago(lock.expires_at)} ago`
+          )
+        }
+        for (const row of reclaimed) {
+          yield* Effect.logWarning(
+            `Entry ${row.id} (${row.workspace}) returned to pending: ${row.status} by ` +
+              `${row.agent_id === null ? "no agent" : `"${row.agent_id}"`} for ` +
+              `${ago(row.started_at ?? row.state_changed_at)}, no live lock carries it`
+          )
+        }
+      }).pipe(Effect.annotateLogs({ module: "MergeQueue" }))
 
     const detectAndRecoverStale: Store<RecoveryStats> = locked((lock, now) => recover(lock, now, now + 1, false)).pipe(
-      Effect.tap(countRecovery),
+      Effect.tap(reportRecovery),
+      Effect.map((healed) => healed.stats),
       store("detectAndRecoverStale"),
       Effect.withSpan("MergeQueue.detectAndRecoverStale")
     )
@@ -609,7 +631,7 @@ export const make = (
     const getRecoveryStats: Store<RecoveryStats> = Effect.gen(function*() {
       const lock = yield* readLock
       const now = yield* Clock.currentTimeMillis
-      return yield* recover(lock, now, now + 1, true)
+      return (yield* recover(lock, now, now + 1, true)).stats
     }).pipe(store("getRecoveryStats"))
 
     const reclaimStale: MergeQueueService["reclaimStale"] = (threshold) =>
@@ -617,8 +639,8 @@ export const make = (
         onLeft: Effect.fail,
         onRight: (duration) =>
           locked((lock, now) => recover(lock, now, now - Duration.toMillis(duration), false)).pipe(
-            Effect.tap(countRecovery),
-            Effect.map((stats) => stats.entriesReclaimed),
+            Effect.tap(reportRecovery),
+            Effect.map((healed) => healed.stats.entriesReclaimed),
             store("reclaimStale")
           )
       })

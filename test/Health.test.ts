@@ -61,6 +61,9 @@ describe("Health server (real HTTP on a free port)", () => {
       expect(metrics.status).toBe(200)
       expect(metrics.body).toMatch(/# TYPE leasehold_messages_processed_total counter/)
       expect(metrics.body).toMatch(/leasehold_messages_processed_total(\{[^}]*\})? \d+/)
+      // Each registered loop's heartbeat age, as of the scrape.
+      expect(metrics.body).toMatch(/# TYPE leasehold_heartbeat_age_seconds gauge/)
+      expect(metrics.body).toMatch(/leasehold_heartbeat_age_seconds\{[^}]*loop="main"[^}]*\} \d/)
     }).pipe(Effect.provide(Layer.fresh(Health.layer({ port: 0, host: "127.0.0.1" }))), Effect.scoped))
 
   it.live("ready is 503 when a heartbeat is older than staleAfter", () =>

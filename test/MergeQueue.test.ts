@@ -28,6 +28,7 @@ import { join } from "node:path"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as MergeQueue from "../src/MergeQueue.js"
+import { captureLogs } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-merge-queue-"))
@@ -163,8 +164,9 @@ for (const backend of backends) {
         yield* checkInvariants(queue)
       }))
 
-    it.effect("automatic recovery on claim: a crashed agent's entry comes back to the next claimer", () =>
-      Effect.gen(function*() {
+    it.effect("automatic recovery on claim: a crashed agent's entry comes back to the next claimer", () => {
+      const logs = captureLogs()
+      return Effect.gen(function*() {
         const queue = yield* queueOn(backend.client())
         const entry = yield* queue.enqueue("ws", { beadId: "bd-7", priority: 1 })
         const first = Option.getOrThrow(yield* queue.nextWithLock("crashed"))
@@ -181,7 +183,20 @@ for (const backend of backends) {
         expect(actions).toContain("lock_expired")
         expect(actions).toContain("entry_reclaimed")
         yield* checkInvariants(queue)
-      }))
+        // The healing is logged at warning level, saying who held what and for how long.
+        const warnings = logs.lines.filter((line) => line.level === "WARN").map((line) => line.message)
+        expect(warnings).toContainEqual(
+          expect.stringMatching(
+            /^Stale processing lock cleared: held by "crashed" \(fencing token \d+\) for 5m 1ms, expired 1ms ago$/
+          )
+        )
+        expect(warnings).toContainEqual(
+          expect.stringMatching(
+            new RegExp(`^Entry ${entry.id} \\(ws\\) returned to pending: rebasing by "crashed" for 5m 1ms, no live lock carries it`)
+          )
+        )
+      }).pipe(Effect.provide(logs.layer))
+    })
 
     it.effect("recovery stats are exact: what getRecoveryStats counts is what recovery then does", () =>
       Effect.gen(function*() {
