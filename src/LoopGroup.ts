@@ -35,8 +35,8 @@ import * as Schedule from "effect/Schedule"
 import * as ScheduleIntervals from "effect/ScheduleIntervals"
 import * as Health from "./Health.js"
 import { counter } from "./internal/metrics.js"
-import type { InvalidParameterError } from "./Mailbox.js"
-import type * as MailboxWorker from "./MailboxWorker.js"
+import { InvalidParameterError } from "./Mailbox.js"
+import * as MailboxWorker from "./MailboxWorker.js"
 import { ShutdownCoordinator } from "./ShutdownCoordinator.js"
 import * as Watchdog from "./Watchdog.js"
 
@@ -51,8 +51,9 @@ export const stopGroup: Supervision = { _tag: "StopGroup" }
 /**
  * Run a dead loop again when `schedule` says (e.g. `Schedule.exponential("1 second")` capped with
  * `Schedule.union(Schedule.spaced("1 minute"))` and bounded with `Schedule.recurs(10)`); once the
- * schedule is done, stop the group as `stopGroup` does. A loop that fails to start (bad run options) is
- * not restarted.
+ * schedule is done, stop the group as `stopGroup` does. The schedule counts a loop's deaths over the
+ * group's whole run: to forgive deaths after a healthy hour, add `Schedule.resetAfter("1 hour")`. A loop
+ * that fails to start (bad run options) is not restarted.
  */
 export const restart = (schedule: Schedule.Schedule<unknown, Cause.Cause<unknown>>): Supervision => ({
   _tag: "Restart",
@@ -86,18 +87,36 @@ export interface Options {
   readonly supervision?: Supervision | undefined
 }
 
+/** One `run` of a group: whether it is stopping, and its loops' fibers as they are forked. */
+interface GroupRun {
+  stopping: boolean
+  readonly fibers: Array<Fiber.RuntimeFiber<void, InvalidParameterError>>
+}
+
 /** Makes a group. */
 export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Options): LoopGroup => {
   const defaultTimeout = options?.shutdownTimeout ?? Duration.seconds(30)
   const supervision = options?.supervision ?? stopGroup
-  /** Set by `shutdown`: no loop starts or restarts after it. */
-  let stopping = false
-  /** The fibers of the current `run`, one per loop. */
-  let fibers: ReadonlyArray<Fiber.RuntimeFiber<void, InvalidParameterError>> = []
+  let active: GroupRun | undefined
+
+  /** Interrupts fibers and waits for them, at most `interruptGrace` (a stuck settle must not hold the stop). */
+  const interruptWithin = (fibers: ReadonlyArray<Fiber.RuntimeFiber<unknown, unknown>>) =>
+    Effect.flatMap(
+      Effect.timeoutOption(Effect.interruptible(Fiber.interruptAll(fibers)), MailboxWorker.interruptGrace),
+      (ended) =>
+        Option.isSome(ended)
+          ? Effect.void
+          : Effect.logError(
+            `Some loops did not end within ${Duration.format(MailboxWorker.interruptGrace)} of their interruption; ` +
+              "giving up on them"
+          )
+    )
 
   const shutdown: LoopGroup["shutdown"] = (shutdownOptions) =>
     Effect.gen(function*() {
-      stopping = true
+      // The run being stopped, taken now: a later run is not this shutdown's to stop.
+      const current = active
+      if (current !== undefined) current.stopping = true
       const health = yield* Effect.serviceOption(Health.Health)
       if (Option.isSome(health)) yield* health.value.setShuttingDown
       const results = yield* Effect.forEach(
@@ -110,8 +129,9 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
           ),
         { concurrency: "unbounded" }
       )
-      // Every loop has stopped; a loop waiting for its restart is not to be waited for.
-      yield* Fiber.interruptAll(fibers)
+      // Every loop has stopped. What is left of the run's fibers: a loop waiting for its restart, or one that
+      // was starting while the loops were asked (it had nothing to stop yet): they end now.
+      if (current !== undefined) yield* interruptWithin(current.fibers)
       return results.every((clean) => clean)
     }).pipe(Effect.annotateLogs({ module: "LoopGroup" }))
 
@@ -123,8 +143,12 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
         : Effect.logWarning(`${why}: some loops had to be interrupted; their messages were given back`))
 
   /** Runs one loop under the group's supervision policy. */
-  const supervised = (loop: MailboxWorker.Runnable, runOptions: MailboxWorker.RunOptions | undefined) => {
-    const once = Effect.suspend(() => stopping ? Effect.void : loop.run(runOptions))
+  const supervised = (
+    loop: MailboxWorker.Runnable,
+    runOptions: MailboxWorker.RunOptions | undefined,
+    current: GroupRun
+  ) => {
+    const once = Effect.suspend(() => current.stopping ? Effect.void : loop.run(runOptions))
     if (supervision._tag === "StopGroup") return once
     let restarts = 0
     const schedule = supervision.schedule.pipe(
@@ -146,56 +170,73 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
       Effect.retry({
         schedule,
         // A death (a defect) is worth a restart; bad options or an interruption are not.
-        while: (cause) => !stopping && !Cause.isInterruptedOnly(cause) && Option.isNone(Cause.failureOption(cause))
+        while: (cause) =>
+          !current.stopping && !Cause.isInterruptedOnly(cause) && Option.isNone(Cause.failureOption(cause))
       }),
       Effect.unsandbox
     )
   }
 
   const run: LoopGroup["run"] = (runOptions) =>
-    Effect.gen(function*() {
-      stopping = false
-      const coordinator = yield* Effect.serviceOption(ShutdownCoordinator)
-      const health = yield* Effect.serviceOption(Health.Health)
-      const stop = Effect.asVoid(shutdown())
-      if (Option.isSome(coordinator)) {
-        // A shutdown triggered already runs `stop` at once: then no loop starts (see `supervised`).
-        yield* Effect.acquireRelease(coordinator.value.register(stop), () => coordinator.value.unregister(stop))
-      }
-      if (Option.isSome(health)) yield* Effect.forEach(loops, health.value.register, { discard: true })
-      if (options?.watchdog !== undefined) {
-        const watchdog = yield* Watchdog.make(options.watchdog)
-        yield* Effect.forEach(loops, (loop) => watchdog.register(loop.name, loop.heartbeat), { discard: true })
-        yield* watchdog.start
-      }
-      // The first loop to die, and a signal that one did.
-      let died: { readonly loop: string; readonly cause: Cause.Cause<InvalidParameterError> } | undefined
-      const someoneDied = yield* Deferred.make<void>()
-      const scope = yield* Effect.scope
-      fibers = yield* Effect.forEach(loops, (loop) =>
-        supervised(loop, runOptions).pipe(
-          Effect.onError((cause) =>
-            Effect.suspend(() => {
-              if (Cause.isInterruptedOnly(cause) || died !== undefined) return Effect.void
-              died = { loop: loop.name, cause }
-              return Deferred.succeed(someoneDied, undefined)
-            })
-          ),
-          Effect.interruptible,
-          Effect.forkIn(scope)
-        ))
-      const allStopped = Fiber.awaitAll(fibers)
-      // Interrupting `run` (SIGTERM under runMain) is a graceful stop: the loops finish or give back their work.
-      yield* Effect.raceFirst(allStopped, Deferred.await(someoneDied)).pipe(
-        Effect.onInterrupt(() => Effect.zipRight(stopAll("Group interrupted"), allStopped))
-      )
-      if (died !== undefined) {
-        const { cause, loop } = died
-        // Uninterruptible: a signal now must not cut the other loops' graceful stop short (it is bounded).
-        yield* Effect.uninterruptible(Effect.zipRight(stopAll(`Loop "${loop}" died`), allStopped))
-        return yield* Effect.failCause(cause)
-      }
-    }).pipe(Effect.scoped, Effect.annotateLogs({ module: "LoopGroup" }))
+    Effect.uninterruptibleMask((restore) =>
+      Effect.gen(function*() {
+        if (active !== undefined) {
+          return yield* new InvalidParameterError({
+            parameter: "run",
+            value: loops.map((loop) => loop.name),
+            reason: "the group is already running"
+          })
+        }
+        const current: GroupRun = { stopping: false, fibers: [] }
+        active = current
+        yield* Effect.addFinalizer(() =>
+          Effect.sync(() => {
+            if (active === current) active = undefined
+          })
+        )
+        // Loops run on daemon fibers that this scope ends (bounded, unlike a scope's own wait for its forks).
+        yield* Effect.addFinalizer(() => interruptWithin(current.fibers))
+        const coordinator = yield* Effect.serviceOption(ShutdownCoordinator)
+        const health = yield* Effect.serviceOption(Health.Health)
+        const stop = Effect.asVoid(shutdown())
+        if (Option.isSome(coordinator)) {
+          // A shutdown triggered already runs `stop` at once: then no loop starts (see `supervised`).
+          yield* Effect.acquireRelease(coordinator.value.register(stop), () => coordinator.value.unregister(stop))
+        }
+        if (Option.isSome(health)) yield* Effect.forEach(loops, health.value.register, { discard: true })
+        if (options?.watchdog !== undefined) {
+          const watchdog = yield* Watchdog.make(options.watchdog)
+          yield* Effect.forEach(loops, (loop) => watchdog.register(loop.name, loop.heartbeat), { discard: true })
+          yield* watchdog.start
+        }
+        // The first loop to die, and a signal that one did.
+        let died: { readonly loop: string; readonly cause: Cause.Cause<InvalidParameterError> } | undefined
+        const someoneDied = yield* Deferred.make<void>()
+        for (const loop of loops) {
+          const fiber = yield* supervised(loop, runOptions, current).pipe(
+            Effect.onError((cause) =>
+              Effect.suspend(() => {
+                if (Cause.isInterruptedOnly(cause) || died !== undefined) return Effect.void
+                died = { loop: loop.name, cause }
+                return Deferred.succeed(someoneDied, undefined)
+              })
+            ),
+            Effect.interruptible,
+            Effect.forkDaemon
+          )
+          current.fibers.push(fiber)
+        }
+        // Interrupting `run` (SIGTERM under runMain) is a graceful stop: the loops finish or give back their work.
+        yield* restore(Effect.raceFirst(Fiber.awaitAll(current.fibers), Deferred.await(someoneDied))).pipe(
+          Effect.onInterrupt(() => stopAll("Group interrupted"))
+        )
+        if (died !== undefined) {
+          const { cause, loop } = died
+          yield* stopAll(`Loop "${loop}" died`)
+          return yield* Effect.failCause(cause)
+        }
+      }).pipe(Effect.scoped)
+    ).pipe(Effect.annotateLogs({ module: "LoopGroup" }))
 
   return { loops, run, shutdown }
 }

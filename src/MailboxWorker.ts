@@ -188,6 +188,12 @@ const validateRunOptions = (runOptions: RunOptions | undefined) =>
     }
   )
 
+/**
+ * How long a stop waits for a loop it interrupted (after a shutdown's timeout, or an interrupted `run`) before
+ * giving up on it. The handler is interruptible and ends at once; only a settle in progress can take this long.
+ */
+export const interruptGrace: Duration.Duration = Duration.seconds(5)
+
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 
 /** Makes a worker; bad lease-extender config fails with a readable `ParseError`. */
@@ -204,14 +210,15 @@ export const make = <A, R, Out, E, Req>(
 
     const nackAll = (messages: ReadonlyArray<Message<A, R>>) =>
       Effect.forEach(messages, (message) => logSettleFailure("nack of an unstarted message")(message.nack(0)), {
-        discard: true
+        discard: true,
+        concurrency: "unbounded"
       })
 
     /**
-     * Handles one message; interruption of the handler gives the message back at once. The settle
-     * that follows a handler's success or failure commits in the background while the next message
-     * of the batch runs (a durable store batches those commits), while the loop receives its next
-     * batch and while that batch runs; the loop awaits them all before it stops.
+     * Handles one message; interruption of the handler gives the message back at once. A success's
+     * settle commits in the background while the next message of the batch runs (a durable store batches
+     * those commits), while the loop receives its next batch and while that batch runs; the loop awaits
+     * them all before it stops. A failure is settled here, before the next message starts.
      */
     const process = (
       run: RunState<A, R>,
@@ -223,7 +230,6 @@ export const make = <A, R, Out, E, Req>(
         // masks and finalizers cost more than a short handler's whole turn. The region is uninterruptible
         // except the handler, so the detach and the reset below run however the handler ends.
         const handled = Effect.suspend(() => {
-          run.inHand = message
           if (options.annotations !== undefined) run.annotations.current = options.annotations(message)
           const attached = extender.unsafeAttach(message, heartbeat)
           // A worker handles one message at a time, so it is never attached already.
@@ -318,9 +324,13 @@ export const make = <A, R, Out, E, Req>(
           )
           yield* run.settler.nextBatch
           for (let message = run.pending.shift(); message !== undefined; message = run.pending.shift()) {
+            // In hand from the moment it leaves `pending`: however the loop ends from here, it is given back.
+            run.inHand = message
             if (run.stopping) {
-              yield* nackAll([message, ...run.pending])
+              const rest = [message, ...run.pending]
               run.pending = []
+              run.inHand = undefined
+              yield* Effect.uninterruptible(nackAll(rest))
               return
             }
             yield* heartbeat.beat
@@ -329,76 +339,134 @@ export const make = <A, R, Out, E, Req>(
         }
       })
 
+    /**
+     * Starts the loop fiber of `current`. It is interruptible however `run` was called (a layer, a
+     * finalizer), so a shutdown can always stop it. The settler is its child: it stops after the loop, once
+     * every settle is done, and cannot outlive it. However the loop ends, what it had received and not
+     * settled goes back: unstarted messages at once, a message in hand when the loop died after `retryAfter`
+     * (it may be what killed the loop; it must not come straight back and kill the next one).
+     */
+    const startLoop = (
+      current: RunState<A, R>,
+      loopContext: Context.Context<Req | MailboxResolver>,
+      receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
+      maxIterations: number
+    ) => {
+      const body = loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
+      const giveBack = (exit: Exit.Exit<void>) =>
+        Effect.suspend(() => {
+          const { inHand, pending } = current
+          current.pending = []
+          current.inHand = undefined
+          const died = Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
+          return Effect.zipRight(
+            nackAll(pending),
+            inHand === undefined
+              ? Effect.void
+              : logSettleFailure("nack of the message in hand")(inHand.nack(died ? retryAfter(inHand) : Duration.zero))
+          )
+        })
+      return Effect.uninterruptible(Effect.flatMap(
+        Effect.fork(
+          Effect.interruptible(
+            Effect.provideService(current.settler.run, MailboxResolver, Context.get(loopContext, MailboxResolver))
+          )
+        ),
+        (settlerFiber) =>
+          Effect.interruptible(options.annotations === undefined ? body : annotated(current.annotations, body)).pipe(
+            Effect.onExit((exit) =>
+              giveBack(exit).pipe(
+                Effect.zipRight(current.settler.drained),
+                Effect.zipRight(Fiber.interrupt(settlerFiber))
+              )
+            )
+          )
+      )).pipe(Effect.fork)
+    }
+
     const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError> =>
       Effect.gen(function*() {
         const { maxIterations, receiveOptions } = yield* validateRunOptions(runOptions)
-        if (state !== undefined) {
-          return yield* new InvalidParameterError({
-            parameter: "run",
-            value: name,
-            reason: "the loop is already running"
-          })
-        }
         const cell = yield* makeCell
-        const current: RunState<A, R> = {
-          done: yield* Deferred.make<void>(),
-          stopping: false,
-          interruptedWork: false,
-          phase: "processing",
-          pending: [],
-          inHand: undefined,
-          fiber: undefined,
-          settler: Settler.make(retryAfter),
-          annotations: cell,
-          release: Effect.sync(() => {
-            cell.current = undefined
-            current.inHand = undefined
-          }),
-          traced: yield* exporting,
-          metricLabels: yield* FiberRef.get(FiberRef.currentMetricLabels)
-        }
-        state = current
+        const traced = yield* exporting
+        const metricLabels = yield* FiberRef.get(FiberRef.currentMetricLabels)
+        const done = yield* Deferred.make<void>()
         // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
         const resolver = Option.getOrElse(
           Context.getOption(context as Context.Context<never>, MailboxResolver),
           () => MailboxResolver.fromMailboxes()
         )
         const loopContext = Context.add(context, MailboxResolver, resolver)
-        const body = loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
-        // The loop and its settler are interruptible however `run` was called (a layer, a finalizer), so a
-        // shutdown can always stop them. The settler is the loop fiber's child: it stops after the loop,
-        // once every settle is done, and cannot outlive it.
-        const fiber = yield* Effect.uninterruptible(Effect.flatMap(
-          Effect.fork(Effect.interruptible(Effect.provideService(current.settler.run, MailboxResolver, resolver))),
-          (settlerFiber) =>
-            Effect.interruptible(options.annotations === undefined ? body : annotated(cell, body)).pipe(
-              Effect.ensuring(Effect.suspend(() => {
-                // A message still in hand means the loop died settling it: give it back too.
-                const leftover = current.inHand === undefined ? current.pending : [current.inHand, ...current.pending]
-                current.pending = []
+        let mine: RunState<A, R> | undefined
+        // From claiming the loop to awaiting its fiber nothing can be interrupted: an interruption in between
+        // would leave the loop marked running with nobody to finish it.
+        const exit = yield* Effect.uninterruptibleMask((restore) =>
+          Effect.gen(function*() {
+            // Checked and claimed in one step: two runs cannot both start.
+            if (state !== undefined) {
+              return yield* new InvalidParameterError({
+                parameter: "run",
+                value: name,
+                reason: "the loop is already running"
+              })
+            }
+            const current: RunState<A, R> = {
+              done,
+              stopping: false,
+              interruptedWork: false,
+              phase: "processing",
+              pending: [],
+              inHand: undefined,
+              fiber: undefined,
+              settler: Settler.make(retryAfter),
+              annotations: cell,
+              release: Effect.sync(() => {
+                cell.current = undefined
                 current.inHand = undefined
-                return nackAll(leftover).pipe(
-                  Effect.zipRight(current.settler.drained),
-                  Effect.zipRight(Fiber.interrupt(settlerFiber))
-                )
-              }))
+              }),
+              traced,
+              metricLabels
+            }
+            mine = current
+            state = current
+            const fiber = yield* startLoop(current, loopContext, receiveOptions, maxIterations)
+            current.fiber = fiber
+            // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message
+            // back), waiting at most `interruptGrace` for it.
+            return yield* restore(Fiber.await(fiber)).pipe(
+              Effect.onInterrupt(() => stopWithin(current, fiber, "run was interrupted"))
             )
-        )).pipe(Effect.fork)
-        current.fiber = fiber
-        // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message back).
-        const exit = yield* Fiber.await(fiber).pipe(
-          Effect.onInterrupt(() => Fiber.interrupt(fiber)),
-          Effect.ensuring(Effect.suspend(() => {
-            state = undefined
-            return Deferred.succeed(current.done, undefined)
-          }))
+          }).pipe(
+            Effect.ensuring(Effect.suspend(() => {
+              if (mine === undefined || state !== mine) return Effect.void
+              state = undefined
+              return Deferred.succeed(done, undefined)
+            }))
+          )
         )
         // Stopped (maxIterations, the mailbox closed) or stopped by a shutdown: nothing to report.
         if (Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)) return
-        loopFailures.unsafeUpdate(1, [...current.metricLabels, MetricLabel.make("loop", name)])
+        loopFailures.unsafeUpdate(1, [...metricLabels, MetricLabel.make("loop", name)])
         yield* Effect.logError(`Loop "${name}" died`, exit.cause)
         return yield* Effect.failCause(exit.cause)
       }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
+
+    /**
+     * Interrupts the loop fiber and waits for it to end, at most `interruptGrace`: its handler is interruptible,
+     * but a settle in progress (store I/O, the caller's `onFailure`) is not, and a stop must not hang on it.
+     */
+    const stopWithin = (current: RunState<A, R>, fiber: Fiber.RuntimeFiber<void>, why: string) =>
+      Effect.flatMap(
+        Effect.timeoutOption(Effect.interruptible(Fiber.interrupt(fiber)), interruptGrace),
+        (ended) => {
+          if (Option.isSome(ended)) return Effect.void
+          current.interruptedWork = true
+          return Effect.logError(
+            `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
+              "a settle is stuck (is the store reachable?); giving up on it"
+          )
+        }
+      )
 
     const shutdown = (shutdownOptions?: { readonly timeout?: Duration.DurationInput | undefined }) =>
       Effect.gen(function*() {
@@ -416,15 +484,15 @@ export const make = <A, R, Out, E, Req>(
         const unstarted = current.pending
         current.pending = []
         yield* nackAll(unstarted)
-        // An idle long poll must not delay the stop.
-        if (current.phase === "receiving" && current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
+        // An idle long poll must not delay the stop (the loop's cleanup is waited for under the timeout below).
+        if (current.phase === "receiving" && current.fiber !== undefined) yield* Fiber.interruptFork(current.fiber)
         // Interruptible even when the caller is not (a finalizer, an `onInterrupt`): otherwise the timeout
         // could never interrupt the wait, and a stuck handler would hold the stop for ever.
         const stopped = yield* Effect.timeoutOption(Effect.interruptible(Deferred.await(current.done)), timeout)
         if (Option.isNone(stopped)) {
+          current.interruptedWork = true
           yield* Effect.logWarning(`Shutdown timed out after ${Duration.format(timeout)}; interrupting in-flight work`)
-          if (current.fiber !== undefined) yield* Fiber.interrupt(current.fiber)
-          yield* Deferred.await(current.done)
+          if (current.fiber !== undefined) yield* stopWithin(current, current.fiber, "shutdown timed out")
         }
         // Whoever stopped it: a second caller of `shutdown` hears about the first one's interruption too.
         return !current.interruptedWork

@@ -6,6 +6,7 @@ import * as Deadline from "../src/Deadline.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import type * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as Prompt from "../src/Prompt.js"
 import type { PromptEvaluationError, ProviderAdapter } from "../src/ProviderAdapter.js"
@@ -463,6 +464,17 @@ describe("MainLoop.agent", () => {
       expect(error.message).toContain("at least 1 second")
     }))
 
+  /** Runs `loop` for one request while 10 s pass, and returns the error of the reply it sent. */
+  const errorAfter10Seconds = (env: Effect.Effect.Success<typeof mailboxes>, loop: MailboxWorker.Runnable) =>
+    Effect.gen(function*() {
+      const running = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
+      yield* settle
+      yield* TestClock.adjust("10 seconds")
+      yield* Fiber.join(running)
+      const [reply] = yield* env.responses.receive()
+      return reply!.body.error
+    })
+
   /** An agent loop whose request has a 10 s deadline; `stage` decides where the work is when it passes. */
   const deadlineReply = (stage: "prepare" | "model" | "tool" | "finalize") =>
     Effect.gen(function*() {
@@ -498,12 +510,7 @@ describe("MainLoop.agent", () => {
           ),
         finalize: (response) => Effect.as(stage === "finalize" ? Effect.sleep("1 hour") : Effect.void, response.text)
       }).pipe(Effect.provideService(MailboxResolver, env.resolver))
-      const running = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
-      yield* settle
-      yield* TestClock.adjust("10 seconds")
-      yield* Fiber.join(running)
-      const [reply] = yield* env.responses.receive()
-      return { error: reply!.body.error, deadline }
+      return { error: yield* errorAfter10Seconds(env, loop), deadline }
     })
 
   for (
@@ -559,19 +566,15 @@ describe("MainLoop.agent", () => {
           prepare: (request: string) =>
             Effect.succeed(Prompt.make({ name: "lazy-test", instructions: "", input: request }))
         }).pipe(Effect.provideService(MailboxResolver, env.resolver))
-        const running = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }))
-        yield* settle
-        yield* TestClock.adjust("10 seconds")
-        yield* Fiber.join(running)
-        const [reply] = yield* env.responses.receive()
-        expect(reply!.body.error?.tag).toBe("PromptEvaluationError")
-        expect(reply!.body.error?.details).toMatchObject({
+        const error = yield* errorAfter10Seconds(env, loop)
+        expect(error?.tag).toBe("PromptEvaluationError")
+        expect(error?.details).toMatchObject({
           phase,
           reason: "deadline",
           promptName: "lazy-test",
           providerPayload: { deadline_expires_at: deadline.iso }
         })
-        expect(reply!.body.error?.message).toContain(toolRunning ? `during tool "compile"` : "waiting for the model")
+        expect(error?.message).toContain(toolRunning ? `during tool "compile"` : "waiting for the model")
       }
     }))
 })

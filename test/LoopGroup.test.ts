@@ -125,6 +125,21 @@ describe("LoopGroup", () => {
       expect(yield* box.approximateCount).toBe(1)
     }))
 
+  it.scoped("a second run of a running group fails, and the first goes on", () =>
+    Effect.gen(function*() {
+      const box = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker("w", box, Effect.void)
+      const group = LoopGroup.make([loop])
+      const first = yield* Effect.fork(group.run())
+      yield* settle
+      const error = yield* Effect.flip(group.run())
+      expect(error.message).toContain("the group is already running")
+      expect(yield* loop.running).toBe(true)
+      expect(first.unsafePoll()).toBeNull()
+      expect(yield* group.shutdown()).toBe(true)
+      yield* Fiber.join(first)
+    }))
+
   it.scoped("watches its loops' heartbeats: a handler that hangs without beating is a stall", () =>
     Effect.gen(function*() {
       const box = yield* MailboxMemory.make<string>({ name: "q" })
@@ -214,9 +229,11 @@ describe("LoopGroup supervision", () => {
       })
       const restarts = Metric.tagged(LoopGroup.loopRestarts, "loop", "flaky")
       const before = (yield* Metric.value(restarts)).count
+      const health = yield* Health.Health
       const running = yield* Effect.fork(group.run())
       yield* settle
       expect(yield* loop.running).toBe(false) // died once, waiting for its restart
+      expect((yield* health.readiness).reasons).toEqual([`loop "flaky" is not running`])
       yield* TestClock.adjust("4 seconds")
       yield* settle
       expect(yield* loop.running).toBe(false)
@@ -226,6 +243,7 @@ describe("LoopGroup supervision", () => {
       yield* TestClock.adjust("5 seconds") // restart 2: the store works now
       yield* settle
       expect(yield* loop.running).toBe(true)
+      expect(yield* health.readiness).toEqual({ ready: true, reasons: [] })
       yield* box.send("after the restarts") // wakes its long poll
       yield* settle
       expect(yield* Ref.get(handled)).toBe(1)
@@ -234,7 +252,7 @@ describe("LoopGroup supervision", () => {
       expect(warnings.filter((message) => /Loop "flaky" died; restart \d in 5s/.test(message)).length).toBe(2)
       expect(yield* group.shutdown()).toBe(true)
       yield* Fiber.join(running)
-    }).pipe(Effect.provide(logs.layer))
+    }).pipe(Effect.provide([logs.layer, Health.layerRegistry()]))
   })
 
   it.scoped("once the restart schedule gives up, the group stops and run fails with the cause", () =>

@@ -170,6 +170,53 @@ describe("MailboxWorker shutdown where nothing can be interrupted", () => {
     }))
 })
 
+describe("MailboxWorker run and shutdown racing", () => {
+  it.scoped("run interrupted at any point of its start never leaves the loop marked running", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      const stuck: Array<string> = []
+      // Small operation budgets make the fiber yield at many different points of `run`'s start; the
+      // interruption lands at each of them in turn.
+      for (let ops = 16; ops <= 40; ops++) {
+        for (let yields = 0; yields < 10; yields++) {
+          const loop = yield* worker(mailbox, () => Effect.void)
+          const running = yield* Effect.fork(loop.run().pipe(Effect.withMaxOpsBeforeYield(ops)))
+          yield* Effect.repeatN(Effect.yieldNow(), yields)
+          const interrupting = yield* Effect.fork(Fiber.interrupt(running))
+          yield* Effect.repeatN(Effect.yieldNow(), 300)
+          if (interrupting.unsafePoll() === null || (yield* loop.running)) stuck.push(`${ops}/${yields}`)
+        }
+      }
+      expect(stuck).toEqual([])
+    }))
+
+  it.scoped("a settle slower than the shutdown timeout: shutdown does not wait for it past the grace, and says false", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* mailbox.send("fails")
+      const loop = yield* MailboxWorker.make({
+        name: "slow-settle",
+        mailbox,
+        handle: () => Effect.fail("boom"),
+        onSuccess: () => Effect.succeedNone,
+        onFailure: () => Effect.sleep("1 hour") // runs uninterruptibly: the stop cannot cut it short
+      })
+      const running = yield* Effect.fork(loop.run())
+      yield* settle
+      const stopping = yield* Effect.fork(loop.shutdown({ timeout: "1 second" }))
+      yield* settle
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      expect(stopping.unsafePoll()).toBeNull() // interrupted, waiting for the settle...
+      yield* TestClock.adjust(MailboxWorker.interruptGrace)
+      expect(yield* Fiber.join(stopping)).toBe(false) // ...at most the grace
+      expect(yield* loop.running).toBe(true) // still settling: given up on, not pretended stopped
+      yield* TestClock.adjust("1 hour")
+      yield* Fiber.join(running)
+      expect(yield* loop.running).toBe(false)
+    }))
+})
+
 describe("MailboxWorker death", () => {
   it.scoped("a receive that fails unexpectedly: run fails with the cause, logged at error level and counted", () => {
     const logs = captureLogs()

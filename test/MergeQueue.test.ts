@@ -192,7 +192,9 @@ for (const backend of backends) {
         )
         expect(warnings).toContainEqual(
           expect.stringMatching(
-            new RegExp(`^Entry ${entry.id} \\(ws\\) returned to pending: rebasing by "crashed" for 5m 1ms, no live lock carries it`)
+            new RegExp(
+              `^Entry ${entry.id} \\(ws\\) returned to pending: rebasing by "crashed" for 5m 1ms, no live lock carries it`
+            )
           )
         )
       }).pipe(Effect.provide(logs.layer))

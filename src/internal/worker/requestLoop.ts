@@ -96,7 +96,8 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
   /**
    * What the loop's own deadline fails with, when the work can say more than `DeadlineExceededError`
    * (the agent: where the evaluation stood). The loop's timer and the work's own can fire at the same
-   * instant; whichever wins, the reply is then the same.
+   * instant; whichever wins, the reply is then the same kind of error, with the same phase and payload
+   * (only its wording may differ).
    */
   readonly onDeadline?:
     | ((error: Deadline.DeadlineExceededError, attempt: Attempt) => Effect.Effect<E>)
@@ -122,10 +123,10 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     })
     // The attempt in flight, for its reply: a loop handles one message at a time and settles it
     // (onSuccess / onFailure) before it starts the next.
-    let current: { readonly message: Msg; readonly outcome: Outcome } | undefined
+    let current: (Outcome & { readonly message: Msg }) | undefined
     const outcomeOf = (message: Msg): Outcome =>
       current?.message === message
-        ? current.outcome
+        ? current
         : { runContext: runContextOf(message), startedAt: Heartbeat.monotonicMillis(clock) }
 
     const replyAndAck = (message: Msg, reply: Res) =>
@@ -195,7 +196,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       // Not suspended: the worker calls `handle` when the message starts, and a throwing `execute` is a defect there.
       const body = message.body
       const runContext = runContextOf(message)
-      current = { message, outcome: { runContext, startedAt: Heartbeat.monotonicMillis(clock) } }
+      current = { message, runContext, startedAt: Heartbeat.monotonicMillis(clock) }
       // The request's own budget and deadline override the loop's config.
       const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
       const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext }
