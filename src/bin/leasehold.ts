@@ -28,8 +28,12 @@ const root = Command.make("leasehold").pipe(
 
 const cli = Command.run(root, { name: "leasehold", version: "0.1.0" })
 
+// Logs go to stderr: stdout is the command's output (`--json` included), which scripts parse.
 const program = Effect.suspend(() => cli(process.argv)).pipe(
-  Effect.provide(NodeContext.layer),
+  Effect.provide([
+    NodeContext.layer,
+    Logger.replace(Logger.defaultLogger, Logger.withConsoleError(Logger.logfmtLogger))
+  ]),
   Logger.withMinimumLogLevel(LogLevel.Warning)
 )
 
