@@ -1,7 +1,9 @@
 /**
  * A worker process with graceful shutdown: SIGTERM (or Ctrl-C) lets the
  * in-flight request finish and reply, nacks what has not started, and exits
- * 0; a second signal exits at once (code 130).
+ * 0; past the 10 s shutdown timeout the request is interrupted and given
+ * back; a second signal exits at once (code 130, the coordinator's doing).
+ * If a loop dies, the group stops and the process exits 1 with the cause.
  *
  *   npx tsx examples/loop-group-signals.ts            # one 1.5 s request, then idle: press Ctrl-C
  *   npx tsx examples/loop-group-signals.ts --idle     # no request: Ctrl-C exits at once

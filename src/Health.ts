@@ -110,6 +110,10 @@ const prometheusText: Effect.Effect<Effect.Effect<string>, never, Scope.Scope> =
   )
 })
 
+/** How long a client has to send a request's headers, and the whole request. */
+const headersTimeoutMillis = 5_000
+const requestTimeoutMillis = 10_000
+
 /**
  * Serves health and metrics on `port` (0 picks a free one; see `url`) until
  * the layer closes. `host` defaults to `127.0.0.1`: a probe from outside the
@@ -179,7 +183,3 @@ export const layer = (options: {
       return health
     })
   )
-
-/** How long a client has to send a request's headers, and the whole request. */
-const headersTimeoutMillis = 5_000
-const requestTimeoutMillis = 10_000
