@@ -886,8 +886,34 @@ const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>): Encoder => {
       return Either.left(`Not JSON: ${String(error)}`)
     }
     // `undefined` (a `Schema.Void` body, say) has no JSON text.
-    return text === undefined ? Either.left(`Not JSON: ${String(encoded.right)}`) : Either.right(text)
+    if (text === undefined) return Either.left(`Not JSON: ${String(encoded.right)}`)
+    // JSON writes NaN and ±Infinity as null: the stored body would not be what was sent. A `null` in the
+    // text is rare enough that looking for the number behind it costs nothing on the usual path.
+    const inexact = text.includes("null") ? nonFinite(encoded.right, "") : undefined
+    return inexact === undefined ? Either.right(text) : Either.left(inexact)
   }
+}
+
+/** Where `value` holds a number JSON cannot write exactly (NaN, ±Infinity), described; else undefined. */
+const nonFinite = (value: unknown, path: string): string | undefined => {
+  if (typeof value === "number") {
+    return Number.isFinite(value) ? undefined : `${value} at ${path === "" ? "the body" : path} has no JSON form`
+  }
+  if (typeof value !== "object" || value === null) return undefined
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const found = nonFinite(value[i], `${path}[${i}]`)
+      if (found !== undefined) return found
+    }
+    return undefined
+  }
+  // What JSON.stringify writes: an object with toJSON is written as what it returns (a Date as a string).
+  if (typeof (value as { toJSON?: unknown }).toJSON === "function") return undefined
+  for (const key of Object.keys(value)) {
+    const found = nonFinite((value as Record<string, unknown>)[key], `${path}.${key}`)
+    if (found !== undefined) return found
+  }
+  return undefined
 }
 
 /** Decodes a stored body; the error is the reason a row that fails is dead-lettered with. */

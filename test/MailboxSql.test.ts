@@ -286,6 +286,22 @@ for (const backend of backends) {
         expect(notJson.message).toContain("Not JSON")
         expect(yield* anything.approximateCount).toBe(0)
       }).pipe(onDb))
+
+    it.scoped("a number JSON cannot hold (NaN, ±Infinity) is refused at send, naming where it is; nothing is stored", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "numbers", schema: Job, prefix })
+        const nan = yield* Effect.flip(jobs.send({ n: Number.NaN }))
+        expect(nan._tag).toBe("SerializationError")
+        expect(nan.message).toContain("NaN at .n has no JSON form")
+        const nested = yield* MailboxSql.make({ name: "nested", schema: Schema.Unknown, prefix })
+        const infinity = yield* Effect.flip(nested.send({ scores: [1, null, Number.POSITIVE_INFINITY] }))
+        expect(infinity.message).toContain("Infinity at .scores[2] has no JSON form")
+        expect(yield* jobs.approximateCount).toBe(0)
+        expect(yield* nested.approximateCount).toBe(0)
+        // A real null is fine.
+        yield* nested.send({ scores: [1, null] })
+        expect((yield* nested.receive()).map((m) => m.body)).toEqual([{ scores: [1, null] }])
+      }).pipe(onDb))
   })
 }
 
