@@ -69,6 +69,7 @@ import * as Stream from "effect/Stream"
 import type * as DeadLetter from "./DeadLetter.js"
 import { counter } from "./internal/metrics.js"
 import * as Sql from "./internal/sql.js"
+import { GroupCommit } from "./internal/sql/groupCommit.js"
 import {
   GroupSettle,
   type GroupSettler,
@@ -577,68 +578,6 @@ interface ClaimRequest {
 }
 
 /**
- * Group commit: items submitted while a statement is in flight go together
- * in the next one — acknowledgements (with their replies) and sends, each
- * mailbox with one of each. An idle mailbox pays no delay (the first item
- * flushes after one yield); a busy one sends one statement and one commit
- * for many items. Waiters are plain callbacks (a `Deferred` per item costs
- * more than the rest of the path). A waiter interrupted once it has
- * submitted stops waiting; its item still commits with the batch.
- */
-class GroupCommit<I, O> {
-  private pending: Array<{ readonly item: I; readonly done: (result: Exit.Exit<O, SqlError>) => void }> = []
-  private flushing = false
-
-  /** `commit` writes a batch (at most 200 items) and gives each item's result, in order. */
-  constructor(private readonly commit: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<O>, SqlError>) {}
-
-  /** Resolves with the item's result once its batch has committed. */
-  submit(item: I): Effect.Effect<O, SqlError> {
-    return Effect.suspend(() =>
-      this.enqueue(Effect.async<O, SqlError>((resume) => {
-        this.pending.push({ item, done: resume })
-      }))
-    )
-  }
-
-  /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
-  submitAll(items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, SqlError>>> {
-    return Effect.suspend(() => {
-      if (items.length === 0) return Effect.succeed([])
-      return this.enqueue(Effect.async<ReadonlyArray<Exit.Exit<O, SqlError>>>((resume) => {
-        const results = new Array<Exit.Exit<O, SqlError>>(items.length)
-        let left = items.length
-        const collect = (index: number) => (result: Exit.Exit<O, SqlError>) => {
-          results[index] = result
-          if (--left === 0) resume(Effect.succeed(results))
-        }
-        items.forEach((item, index) => this.pending.push({ item, done: collect(index) }))
-      }))
-    })
-  }
-
-  private enqueue<A, E>(wait: Effect.Effect<A, E>): Effect.Effect<A, E> {
-    if (this.flushing) return wait
-    this.flushing = true
-    // The flush yields once before it takes the batch, so the waiter's items are in it.
-    return Effect.zipRight(Effect.forkDaemon(this.flush()), wait)
-  }
-
-  private flush(): Effect.Effect<void> {
-    return Effect.gen(this, function*() {
-      yield* Effect.yieldNow() // let fibers that are ready in this tick join the batch
-      while (this.pending.length > 0) {
-        const batch = this.pending.slice(0, 200)
-        this.pending = this.pending.slice(batch.length)
-        const committed = yield* Effect.exit(this.commit(batch.map((entry) => entry.item)))
-        batch.forEach((entry, index) => entry.done(Exit.map(committed, (results) => results[index]!)))
-      }
-      this.flushing = false
-    })
-  }
-}
-
-/**
  * Single flight: callers that ask while the query is running share its
  * answer. A queue's idle receivers all ask when its next message becomes
  * visible; one query answers them, where each asking would take as many
@@ -668,10 +607,19 @@ class SingleFlight<A, E> {
 type SettleExit = Exit.Exit<string | undefined | false, SqlError>
 
 /** Acknowledgements with their replies, committed together. */
-type SettleBatcher = GroupCommit<SettleItem, string | undefined | false>
+type SettleBatcher = GroupCommit<SettleItem, string | undefined | false, SqlError>
+
+/**
+ * At most this many items, and about this many bytes of bodies, in one grouped statement: PostgreSQL takes
+ * a batch as one JSON parameter, which must stay far below what one string can hold.
+ */
+const batchLimits = { maxItems: 200, maxBytes: 16 * 1024 * 1024 } as const
 
 const settleBatcher = (statements: Statements, clock: Clock.Clock): SettleBatcher =>
-  new GroupCommit((items) => settleRounds(statements, clock, items))
+  new GroupCommit((items) => settleRounds(statements, clock, items), {
+    ...batchLimits,
+    sizeOf: (item) => 64 + (item.reply?.body.length ?? 0)
+  })
 
 /**
  * Settles a batch, each message at most once per statement: a message twice in a batch (a delivery that
@@ -874,7 +822,7 @@ type Encoder = (body: unknown) => Either.Either<string, string>
 // Bodies are JSON: the schema runs on the parsed value and `JSON` itself runs around it, rather than
 // through `Schema.parseJson`, whose extra transformation costs as much as the schema of a small body.
 
-const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>): Encoder => {
+const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>, maxBytes: number): Encoder => {
   const encode = Schema.encodeEither(schema)
   return (body) => {
     const encoded = encode(body as A)
@@ -890,7 +838,15 @@ const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>): Encoder => {
     // JSON writes NaN and ±Infinity as null: the stored body would not be what was sent. A `null` in the
     // text is rare enough that looking for the number behind it costs nothing on the usual path.
     const inexact = text.includes("null") ? nonFinite(encoded.right, "") : undefined
-    return inexact === undefined ? Either.right(text) : Either.left(inexact)
+    if (inexact !== undefined) return Either.left(inexact)
+    // A UTF-8 byte is at least a third of a UTF-16 unit: only a long text needs counting.
+    if (text.length * 3 > maxBytes) {
+      const bytes = Buffer.byteLength(text, "utf8")
+      if (bytes > maxBytes) {
+        return Either.left(`the encoded body is ${bytes} bytes, more than this queue's maxBodyBytes (${maxBytes})`)
+      }
+    }
+    return Either.right(text)
   }
 }
 
@@ -1211,7 +1167,16 @@ export interface Options<A, I, R, IR> {
   readonly prefix?: string | undefined
   /** Longest sleep between polls of a waiting receiver (default 250 ms on SQLite, 1 s on PostgreSQL, which also listens). */
   readonly pollInterval?: Duration.DurationInput | undefined
+  /**
+   * The largest encoded body (UTF-8 bytes) `send` stores (default 4 MiB, at most 256 MiB); a larger one is
+   * a `SerializationError` at `send`. Replies sent to this queue are held to it too.
+   */
+  readonly maxBodyBytes?: number | undefined
 }
+
+/** `maxBodyBytes` unless given: a request or a reply, not a file (store those elsewhere and send a reference). */
+export const defaultMaxBodyBytes = 4 * 1024 * 1024
+const maxBodyBytesLimit = 256 * 1024 * 1024
 
 const invalid = (parameter: string, value: unknown, reason: string) =>
   Effect.fail(new InvalidParameterError({ parameter, value, reason }))
@@ -1246,19 +1211,25 @@ export const make = <A, I, R = never, IR = never>(
     const pollInterval = options.pollInterval === undefined
       ? undefined
       : yield* validateDuration("pollInterval", options.pollInterval, Duration.zero, Duration.minutes(1))
+    const maxBodyBytes = options.maxBodyBytes ?? defaultMaxBodyBytes
+    if (!(Number.isSafeInteger(maxBodyBytes) && maxBodyBytes > 0 && maxBodyBytes <= maxBodyBytesLimit)) {
+      return yield* invalid("maxBodyBytes", maxBodyBytes, `must be an integer in 1..${maxBodyBytesLimit} (256 MiB)`)
+    }
     const store = yield* prepare(options.prefix)
     const maxPollMillis = Math.max(1, Duration.toMillis(pollInterval ?? (store.dialect === "pg" ? 1000 : 250)))
     const clock = yield* Effect.clock
     const statements_ = statements(store)
-    const encode = encoderOf(options.schema)
+    const encode = encoderOf(options.schema, maxBodyBytes)
     const decode = decoderOf(options.schema)
     const settler = settleBatcher(statements_, clock)
     // Sends group-commit too: concurrent producers share one statement and one commit.
-    const sender = new GroupCommit<SendItem, string | undefined>((items) =>
-      Effect.map(statements_.insert(name, items, clock.unsafeCurrentTimeMillis(), maxSize), (ids) => {
-        if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
-        return ids
-      })
+    const sender = new GroupCommit<SendItem, string | undefined, SqlError>(
+      (items) =>
+        Effect.map(statements_.insert(name, items, clock.unsafeCurrentTimeMillis(), maxSize), (ids) => {
+          if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
+          return ids
+        }),
+      { ...batchLimits, sizeOf: (item) => 64 + item.body.length }
     )
     const context: MailboxContext = {
       name,
@@ -1268,7 +1239,7 @@ export const make = <A, I, R = never, IR = never>(
       settleGroup: groupSettler(settler),
       routes: new WeakMap(),
       clock,
-      replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema)
+      replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema, maxBodyBytesLimit)
     }
     let closed = false
     const closing = Deferred.unsafeMake<void>(FiberId.none)
@@ -1610,7 +1581,7 @@ export const deadLetters = (options?: { readonly prefix?: string | undefined }):
           withStore
         ),
       sink: (schema) => {
-        const encode = encoderOf(schema)
+        const encode = encoderOf(schema, maxBodyBytesLimit)
         return {
           name: store.deadLetters,
           send: (letter) =>

@@ -287,6 +287,32 @@ for (const backend of backends) {
         expect(yield* anything.approximateCount).toBe(0)
       }).pipe(onDb))
 
+    it.scoped(
+      "a body over maxBodyBytes is refused at send; sends worth several batches commit, and the queue goes on",
+      () =>
+        Effect.gen(function*() {
+          const blobs = yield* MailboxSql.make({ name: "blobs", schema: Schema.String, prefix })
+          const tooBig = yield* Effect.flip(blobs.send("x".repeat(MailboxSql.defaultMaxBodyBytes)))
+          expect(tooBig._tag).toBe("SerializationError")
+          expect(tooBig.message).toContain(`more than this queue's maxBodyBytes (${MailboxSql.defaultMaxBodyBytes})`)
+          expect(yield* blobs.approximateCount).toBe(0)
+          // 8 concurrent sends of 10 MB: more than one grouped statement should carry, so they are split.
+          const big = yield* MailboxSql.make({ name: "big", schema: Schema.String, prefix, maxBodyBytes: 12_000_000 })
+          const sent = yield* Effect.forEach(
+            Array.from({ length: 8 }, (_, i) => String(i).repeat(10_000_000)),
+            (body) => big.send(body),
+            { concurrency: "unbounded" }
+          )
+          expect(new Set(sent).size).toBe(8)
+          yield* big.send("small").pipe(Effect.timeoutFail({ duration: "1 second", onTimeout: () => "wedged" }))
+          expect(yield* big.approximateCount).toBe(9)
+          yield* big.purge
+          const bad = yield* Effect.flip(MailboxSql.make({ name: "x", schema: Schema.String, prefix, maxBodyBytes: 0 }))
+          expect(bad._tag === "InvalidParameterError" && bad.parameter).toBe("maxBodyBytes")
+        }).pipe(onDb),
+      120_000
+    )
+
     it.scoped("a number JSON cannot hold (NaN, ±Infinity) is refused at send, naming where it is; nothing is stored", () =>
       Effect.gen(function*() {
         const jobs = yield* MailboxSql.make({ name: "numbers", schema: Job, prefix })

@@ -1,0 +1,119 @@
+/**
+ * Group commit: items submitted while a statement is in flight go together
+ * in the next one — a durable mailbox's acknowledgements (with their replies)
+ * and its sends. An idle mailbox pays no delay (the first item flushes after
+ * one yield); a busy one sends one statement and one commit for many items.
+ * Waiters are plain callbacks (a `Deferred` per item costs more than the rest
+ * of the path). A waiter interrupted once it has submitted stops waiting; its
+ * item still commits with the batch.
+ *
+ * A batch holds at most `maxItems` items and `maxBytes` of them (an item
+ * larger than that goes alone), so the statement that carries a batch is
+ * never too large to build. Whatever goes wrong with one batch — the store
+ * fails it, or building its statement throws — ends that batch's waiters with
+ * it and nothing else: the committer goes on with the next batch, and a later
+ * submit starts a new one if none is running.
+ */
+import * as Cause from "effect/Cause"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+
+interface Pending<I, O, E> {
+  readonly item: I
+  readonly done: (result: Exit.Exit<O, E>) => void
+}
+
+/** Limits of one batch. */
+export interface Limits<I> {
+  readonly maxItems: number
+  readonly maxBytes: number
+  /** An item's share of the statement, in bytes (roughly: its encoded body's length). */
+  readonly sizeOf: (item: I) => number
+}
+
+export class GroupCommit<I, O, E> {
+  private pending: Array<Pending<I, O, E>> = []
+  private flushing = false
+
+  /** `commit` writes a batch and gives each item's result, in order. */
+  constructor(
+    private readonly commit: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<O>, E>,
+    private readonly limits: Limits<I>
+  ) {}
+
+  /** Resolves with the item's result once its batch has committed. */
+  submit(item: I): Effect.Effect<O, E> {
+    return Effect.suspend(() =>
+      this.enqueue(Effect.async<O, E>((resume) => {
+        this.pending.push({ item, done: resume })
+      }))
+    )
+  }
+
+  /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
+  submitAll(items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, E>>> {
+    return Effect.suspend(() => {
+      if (items.length === 0) return Effect.succeed([])
+      return this.enqueue(Effect.async<ReadonlyArray<Exit.Exit<O, E>>>((resume) => {
+        const results = new Array<Exit.Exit<O, E>>(items.length)
+        let left = items.length
+        const collect = (index: number) => (result: Exit.Exit<O, E>) => {
+          results[index] = result
+          if (--left === 0) resume(Effect.succeed(results))
+        }
+        items.forEach((item, index) => this.pending.push({ item, done: collect(index) }))
+      }))
+    })
+  }
+
+  private enqueue<A, X>(wait: Effect.Effect<A, X>): Effect.Effect<A, X> {
+    if (this.flushing) return wait
+    this.flushing = true
+    // The flush yields once before it takes the batch, so the waiter's items are in it.
+    return Effect.zipRight(Effect.forkDaemon(this.flush()), wait)
+  }
+
+  /** The next batch: items in order, up to the count and byte limits (at least one item). */
+  private take(): Array<Pending<I, O, E>> {
+    const { maxBytes, maxItems, sizeOf } = this.limits
+    let count = 0
+    let bytes = 0
+    while (count < this.pending.length && count < maxItems) {
+      const size = sizeOf(this.pending[count]!.item)
+      if (count > 0 && bytes + size > maxBytes) break
+      bytes += size
+      count++
+    }
+    const batch = this.pending.slice(0, count)
+    this.pending = this.pending.slice(count)
+    return batch
+  }
+
+  private flush(): Effect.Effect<void> {
+    const loop: Effect.Effect<void> = Effect.suspend(() => {
+      if (this.pending.length === 0) {
+        this.flushing = false
+        return Effect.void
+      }
+      const batch = this.take()
+      // Suspended, so a statement that throws while it is built fails this batch instead of the committer.
+      return Effect.exit(Effect.suspend(() => this.commit(batch.map((entry) => entry.item)))).pipe(
+        Effect.flatMap((committed) => {
+          batch.forEach((entry, index) => entry.done(Exit.map(committed, (results) => results[index]!)))
+          return loop
+        })
+      )
+    })
+    return Effect.zipRight(Effect.yieldNow(), loop).pipe( // let fibers that are ready in this tick join the batch
+      Effect.onExit((exit) => {
+        if (Exit.isSuccess(exit)) return Effect.void
+        // Never expected (each batch's failure is caught above): end every waiter rather than leave it hanging.
+        this.flushing = false
+        const stranded = this.pending
+        this.pending = []
+        for (const entry of stranded) entry.done(Exit.failCause(exit.cause))
+        return Effect.logError("Group commit stopped", Cause.pretty(exit.cause))
+      })
+    )
+  }
+}
