@@ -743,7 +743,7 @@ const statements = (store: Store): Statements => {
               row.settled_reply_seq === null ? undefined : String(row.settled_reply_seq)
             ]))
         )
-        : sql.withTransaction(Effect.gen(function*() {
+        : Sql.writeTransaction(sql)(Effect.gen(function*() {
           // One transaction and two statements for the batch (a statement costs more than a row): the deletes,
           // whose first write takes the write lock at once, then the replies of the deliveries that were current.
           const acked = yield* sql<{ seq: number; receipt_handle: string }>`DELETE FROM ${messages}
@@ -792,7 +792,7 @@ const statements = (store: Store): Statements => {
         one
       ),
     deadLetter: (seq, handle, now, errorTag, error) =>
-      sql.withTransaction(Effect.zipRight(
+      Sql.writeTransaction(sql)(Effect.zipRight(
         sql`INSERT INTO ${deadLetters}
             (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
           SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${now}, ${errorTag}, ${error}
@@ -1556,7 +1556,7 @@ export const deadLetters = (options?: { readonly prefix?: string | undefined }):
         empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
           const now = clock.unsafeCurrentTimeMillis()
           // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted.
-          return sql.withTransaction(
+          return Sql.writeTransaction(sql)(
             Effect.flatMap(
               sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
               (gone) =>

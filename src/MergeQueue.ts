@@ -472,6 +472,7 @@ export const make = (
     }
     const sql = yield* SqlClient.SqlClient
     const pg = Sql.dialectOf(sql) === "pg"
+    const writeTransaction = Sql.writeTransaction(sql)
     const entries = sql(`${config.prefix}merge_queue`)
     const lockTable = sql(`${config.prefix}merge_queue_lock`)
     const audit = sql(`${config.prefix}merge_queue_audit`)
@@ -530,15 +531,16 @@ export const make = (
       (rows) => rows[0]!
     )
 
-    /** Runs `body` in a transaction that holds the lock row, with the clock read once. */
+    /**
+     * Runs `body` in a write transaction that holds the lock row (SQLite: the file's write lock, taken first),
+     * with the clock read once the lock is held.
+     */
     const locked = <A, E>(body: (lock: LockRow, now: number) => Effect.Effect<A, E | SqlError>) =>
-      sql.withTransaction(Effect.gen(function*() {
+      writeTransaction(Effect.gen(function*() {
         const rows = pg
           ? yield* sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token
               FROM ${lockTable} WHERE id = 1 FOR UPDATE`
-          : [
-            yield* Effect.zipRight(sql`UPDATE ${lockTable} SET fencing_token = fencing_token WHERE id = 1`, readLock)
-          ]
+          : [yield* readLock]
         return yield* body(rows[0]!, yield* Clock.currentTimeMillis)
       }))
 
@@ -849,7 +851,9 @@ export const make = (
             reason: "must be an integer"
           })
         }
-        return yield* sql.withTransaction(Effect.gen(function*() {
+        // A write transaction: on SQLite it waits for the file's write lock rather than read first and fail
+        // "database is locked" when another process writes meanwhile.
+        return yield* writeTransaction(Effect.gen(function*() {
           const existing = yield* sql<{ id: number | string }>`SELECT id FROM ${entries}
             WHERE workspace = ${workspace} AND status NOT IN ${finalStatuses}`
           if (existing[0] !== undefined) {

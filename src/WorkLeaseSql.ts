@@ -3,10 +3,10 @@
  * several processes or on several machines (SQLite in one file, PostgreSQL).
  *
  * Every operation is one transaction that first locks the domain's row —
- * `SELECT … FOR UPDATE` on PostgreSQL; on SQLite a write to the row as the
- * first statement, which takes the database's write lock at once (the
- * `BEGIN IMMEDIATE` effect, so two processes never deadlock upgrading a read
- * lock) — then applies the same rules as the STM version. Fencing tokens
+ * `SELECT … FOR UPDATE` on PostgreSQL; on SQLite the transaction begins with
+ * `BEGIN IMMEDIATE`, which takes the file's write lock at once and waits for
+ * it (so two processes never fail upgrading a read lock) — then applies the
+ * same rules as the STM version. Fencing tokens
  * come from the domain row, so they grow across every process. Terminal
  * offsets use the same low-water-mark retention: processed offsets below the
  * mark are dropped, failed ones are kept. Tables are created on first use,
@@ -93,17 +93,13 @@ export const make = (options?: {
         PRIMARY KEY (domain_id, item))`
     ], { discard: true }).pipe(Sql.retryCreateRace, store("setup"))
 
-    /** Runs `body` in a transaction holding the domain's row lock. */
+    /** Runs `body` in a write transaction holding the domain's row lock (SQLite: the file's write lock). */
     const locked = <A, E>(domainId: string, body: (row: DomainRow) => Effect.Effect<A, E | SqlError>) =>
-      sql.withTransaction(Effect.gen(function*() {
+      Sql.writeTransaction(sql)(Effect.gen(function*() {
         yield* sql`INSERT INTO ${domains} (domain_id) VALUES (${domainId}) ON CONFLICT (domain_id) DO NOTHING`
         const rows = yield* sql.onDialectOrElse({
           pg: () => sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId} FOR UPDATE`,
-          orElse: () =>
-            Effect.zipRight(
-              sql`UPDATE ${domains} SET retry_count = retry_count WHERE domain_id = ${domainId}`,
-              sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId}`
-            )
+          orElse: () => sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId}`
         })
         return yield* body(rows[0]!)
       }))

@@ -18,6 +18,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
+import * as Scope from "effect/Scope"
 
 /** Table prefixes are spliced into identifiers: letters, digits and underscores only. */
 export const validPrefix = /^[a-z_][a-z0-9_]*$/i
@@ -56,6 +57,41 @@ export type Dialect = "pg" | "sqlite"
 
 export const dialectOf = (sql: SqlClient.SqlClient): Dialect =>
   sql.onDialectOrElse({ pg: () => "pg" as const, orElse: () => "sqlite" as const })
+
+const immediateTransactions = new WeakMap<
+  SqlClient.SqlClient,
+  <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | SqlError, R>
+>()
+
+/**
+ * Runs `effect` in a transaction that is going to write. On SQLite it begins with `BEGIN IMMEDIATE`: the
+ * write lock is taken first and waited for (the busy timeout), where a plain `BEGIN` reads first and then
+ * fails at once ("database is locked") when another process holds the lock by the time it writes — SQLite
+ * does not wait to upgrade a read lock. On PostgreSQL a transaction as usual (the statements lock rows).
+ * Nested calls become savepoints, as with `withTransaction`.
+ */
+export const writeTransaction = (sql: SqlClient.SqlClient) =>
+<A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
+  if (dialectOf(sql) === "pg") return sql.withTransaction(effect)
+  let immediate = immediateTransactions.get(sql)
+  if (immediate === undefined) {
+    immediate = SqlClient.makeWithTransaction({
+      transactionTag: SqlClient.TransactionConnection,
+      spanAttributes: [],
+      acquireConnection: Effect.flatMap(
+        Scope.make(),
+        (scope) => Effect.map(Scope.extend(sql.reserve, scope), (conn) => [scope, conn] as const)
+      ),
+      begin: (conn) => conn.executeUnprepared("BEGIN IMMEDIATE", [], undefined),
+      savepoint: (conn, id) => conn.executeUnprepared(`SAVEPOINT effect_sql_${id}`, [], undefined),
+      commit: (conn) => conn.executeUnprepared("COMMIT", [], undefined),
+      rollback: (conn) => conn.executeUnprepared("ROLLBACK", [], undefined),
+      rollbackSavepoint: (conn, id) => conn.executeUnprepared(`ROLLBACK TO SAVEPOINT effect_sql_${id}`, [], undefined)
+    })
+    immediateTransactions.set(sql, immediate)
+  }
+  return immediate(effect)
+}
 
 /** An auto-numbered primary key column in either dialect. */
 export const identityColumn = (sql: SqlClient.SqlClient) =>
