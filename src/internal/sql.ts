@@ -70,28 +70,28 @@ const immediateTransactions = new WeakMap<
  * does not wait to upgrade a read lock. On PostgreSQL a transaction as usual (the statements lock rows).
  * Nested calls become savepoints, as with `withTransaction`.
  */
-export const writeTransaction = (sql: SqlClient.SqlClient) =>
-<A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
-  if (dialectOf(sql) === "pg") return sql.withTransaction(effect)
-  let immediate = immediateTransactions.get(sql)
-  if (immediate === undefined) {
-    immediate = SqlClient.makeWithTransaction({
-      transactionTag: SqlClient.TransactionConnection,
-      spanAttributes: [],
-      acquireConnection: Effect.flatMap(
-        Scope.make(),
-        (scope) => Effect.map(Scope.extend(sql.reserve, scope), (conn) => [scope, conn] as const)
-      ),
-      begin: (conn) => conn.executeUnprepared("BEGIN IMMEDIATE", [], undefined),
-      savepoint: (conn, id) => conn.executeUnprepared(`SAVEPOINT effect_sql_${id}`, [], undefined),
-      commit: (conn) => conn.executeUnprepared("COMMIT", [], undefined),
-      rollback: (conn) => conn.executeUnprepared("ROLLBACK", [], undefined),
-      rollbackSavepoint: (conn, id) => conn.executeUnprepared(`ROLLBACK TO SAVEPOINT effect_sql_${id}`, [], undefined)
-    })
-    immediateTransactions.set(sql, immediate)
+export const writeTransaction =
+  (sql: SqlClient.SqlClient) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
+    if (dialectOf(sql) === "pg") return sql.withTransaction(effect)
+    let immediate = immediateTransactions.get(sql)
+    if (immediate === undefined) {
+      immediate = SqlClient.makeWithTransaction({
+        transactionTag: SqlClient.TransactionConnection,
+        spanAttributes: [],
+        acquireConnection: Effect.flatMap(
+          Scope.make(),
+          (scope) => Effect.map(Scope.extend(sql.reserve, scope), (conn) => [scope, conn] as const)
+        ),
+        begin: (conn) => conn.executeUnprepared("BEGIN IMMEDIATE", [], undefined),
+        savepoint: (conn, id) => conn.executeUnprepared(`SAVEPOINT effect_sql_${id}`, [], undefined),
+        commit: (conn) => conn.executeUnprepared("COMMIT", [], undefined),
+        rollback: (conn) => conn.executeUnprepared("ROLLBACK", [], undefined),
+        rollbackSavepoint: (conn, id) => conn.executeUnprepared(`ROLLBACK TO SAVEPOINT effect_sql_${id}`, [], undefined)
+      })
+      immediateTransactions.set(sql, immediate)
+    }
+    return immediate(effect)
   }
-  return immediate(effect)
-}
 
 /** An auto-numbered primary key column in either dialect. */
 export const identityColumn = (sql: SqlClient.SqlClient) =>
