@@ -1,6 +1,7 @@
 /**
- * Errors: what the loops say about a failure when they reply an error result
- * or store a dead letter.
+ * Errors: the errors every module shares (`InvalidParameterError`), and what
+ * the loops say about a failure when they reply an error result or store a
+ * dead letter.
  *
  * A failure reaches a requester (or an operator reading dead letters) as an
  * `ErrorInfo`: its tag, its message and, for tagged errors, its fields as
@@ -10,7 +11,29 @@
  * describe failures the same way without importing each other.
  */
 import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
 import * as Predicate from "effect/Predicate"
+import * as Schema from "effect/Schema"
+
+/** An option is out of range or malformed; `parameter` names it and `reason` says what is allowed. */
+export class InvalidParameterError extends Schema.TaggedError<InvalidParameterError>()("InvalidParameterError", {
+  parameter: Schema.String,
+  value: Schema.Unknown,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `Invalid ${this.parameter} ${formatValue(this.value)}: ${this.reason}`
+  }
+}
+
+const formatValue = (value: unknown): string => {
+  if (Duration.isDuration(value)) return Duration.format(value)
+  try {
+    return JSON.stringify(value) ?? String(value)
+  } catch {
+    return String(value)
+  }
+}
 
 /** A failure reduced to what a reply or a dead letter can carry. */
 export interface ErrorInfo {

@@ -23,6 +23,7 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
+import { InvalidParameterError } from "./Errors.js"
 import * as Durations from "./internal/duration.js"
 import { perMessage } from "./internal/tracing.js"
 
@@ -51,16 +52,8 @@ export class MailboxFullError extends Schema.TaggedError<MailboxFullError>()("Ma
   }
 }
 
-/** An option is out of range or malformed; `parameter` names it and `reason` says what is allowed. */
-export class InvalidParameterError extends Schema.TaggedError<InvalidParameterError>()("InvalidParameterError", {
-  parameter: Schema.String,
-  value: Schema.Unknown,
-  reason: Schema.String
-}) {
-  override get message(): string {
-    return `Invalid ${this.parameter} ${formatValue(this.value)}: ${this.reason}`
-  }
-}
+/** An option is out of range or malformed (shared by every module; defined in `Errors`). */
+export { InvalidParameterError } from "./Errors.js"
 
 /** `reply` was called on a message without `replyTo`. */
 export class ReplyNotAvailableError extends Schema.TaggedError<ReplyNotAvailableError>()("ReplyNotAvailableError", {
@@ -116,15 +109,6 @@ export class MailboxClosedError extends Schema.TaggedError<MailboxClosedError>()
 }) {
   override get message(): string {
     return `Mailbox "${this.mailbox}" is closed`
-  }
-}
-
-const formatValue = (value: unknown): string => {
-  if (Duration.isDuration(value)) return Duration.format(value)
-  try {
-    return JSON.stringify(value) ?? String(value)
-  } catch {
-    return String(value)
   }
 }
 

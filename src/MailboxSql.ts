@@ -277,8 +277,6 @@ const storeFor = (sql: SqlClient.SqlClient, prefix: string): Store => {
 
 const connectionError = (mailbox: string) => Sql.mapSqlError((cause) => new MailboxConnectionError({ mailbox, cause }))
 
-const { validPrefix } = Sql
-
 /** Creates the tables (idempotent; concurrent processes are fine). */
 const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.MigrationError> => {
   const { deadLetters, messages, sql } = store
@@ -1178,15 +1176,29 @@ export interface Options<A, I, R, IR> {
 export const defaultMaxBodyBytes = 4 * 1024 * 1024
 const maxBodyBytesLimit = 256 * 1024 * 1024
 
+/** The longest queue name: a PostgreSQL notification (its payload is the queue's name) carries it easily. */
+export const maxQueueNameLength = 200
+
+/**
+ * Why `name` cannot name a queue, or `undefined`: it is stored as text and, on PostgreSQL, sent as a
+ * notification's payload, which holds no control character (NUL in particular) and at most 8000 bytes.
+ */
+const queueNameProblem = (name: unknown): string | undefined => {
+  if (typeof name !== "string" || name.length === 0) return "must be a non-empty string"
+  if (name.length > maxQueueNameLength) return `must be at most ${maxQueueNameLength} characters`
+
+  if (/[\u0000-\u001f\u007f]/.test(name)) return "must not contain control characters"
+  return undefined
+}
+
 const invalid = (parameter: string, value: unknown, reason: string) =>
   Effect.fail(new InvalidParameterError({ parameter, value, reason }))
 
 const prepare = (prefix: string | undefined) =>
   Effect.gen(function*() {
     const resolved = prefix ?? "leasehold_"
-    if (!validPrefix.test(resolved)) {
-      return yield* invalid("prefix", resolved, "must be letters, digits and underscores, not starting with a digit")
-    }
+    const problem = Sql.prefixProblem(resolved)
+    if (problem !== undefined) return yield* invalid("prefix", resolved, problem)
     const store = storeFor(yield* SqlClient.SqlClient, resolved)
     yield* migrate(store).pipe(
       Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${resolved}mailbox`, cause }))
@@ -1204,7 +1216,8 @@ export const make = <A, I, R = never, IR = never>(
 ): Effect.Effect<Mailbox<A, R>, InvalidParameterError | MailboxConnectionError, SqlClient.SqlClient | Scope.Scope> =>
   Effect.gen(function*() {
     const { maxSize, name } = options
-    if (typeof name !== "string" || name.length === 0) return yield* invalid("name", name, "must be a non-empty string")
+    const nameProblem = queueNameProblem(name)
+    if (nameProblem !== undefined) return yield* invalid("name", name, nameProblem)
     if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && maxSize > 0)) {
       return yield* invalid("maxSize", maxSize, "must be a positive integer")
     }
@@ -1431,7 +1444,8 @@ export const resolver = (options?: { readonly prefix?: string | undefined }): Ef
 > =>
   Effect.gen(function*() {
     const prefix = options?.prefix ?? "leasehold_"
-    if (!validPrefix.test(prefix)) return yield* invalid("prefix", prefix, "must be letters, digits and underscores")
+    const problem = Sql.prefixProblem(prefix)
+    if (problem !== undefined) return yield* invalid("prefix", prefix, problem)
     const store = storeFor(yield* SqlClient.SqlClient, prefix)
     return {
       resolve: (name: string) => {

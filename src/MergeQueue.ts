@@ -229,7 +229,10 @@ export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/
   /** How long a lock lives without an extension (default 300 s, like the seed). */
   lockTimeout: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(300) }),
   /** Table name prefix (default `leasehold_`). */
-  prefix: Schema.optionalWith(Schema.String.pipe(Schema.pattern(Sql.validPrefix)), { default: () => "leasehold_" }),
+  prefix: Schema.optionalWith(
+    Schema.String.pipe(Schema.filter((prefix) => Sql.prefixProblem(prefix) ?? true)),
+    { default: () => "leasehold_" }
+  ),
   /** Attempts of a claim that meets a busy database or a conflict (default 5). */
   maxAttempts: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 100)), { default: () => 5 }),
   /** First retry delay of a claim, doubled each time (default 50 ms). */

@@ -20,6 +20,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
+import { InvalidParameterError } from "./Errors.js"
 import * as Sql from "./internal/sql.js"
 import {
   AcquireResult,
@@ -62,16 +63,14 @@ export type SqlWorkLease = WorkLease<WorkLeaseStoreError>
 export const make = (options?: {
   readonly maxRetries?: number
   readonly prefix?: string
-}): Effect.Effect<SqlWorkLease, WorkLeaseStoreError, SqlClient.SqlClient> =>
+}): Effect.Effect<SqlWorkLease, WorkLeaseStoreError | InvalidParameterError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const maxRetries = options?.maxRetries ?? 3
     const prefix = options?.prefix ?? "leasehold_"
-    if (!/^[a-z_][a-z0-9_]*$/i.test(prefix)) {
-      return yield* new WorkLeaseStoreError({
-        operation: "setup",
-        cause: `invalid table prefix ${JSON.stringify(prefix)}`
-      })
+    const problem = Sql.prefixProblem(prefix)
+    if (problem !== undefined) {
+      return yield* new InvalidParameterError({ parameter: "prefix", value: prefix, reason: problem })
     }
     const domains = sql(`${prefix}work_lease_domains`)
     const backlog = sql(`${prefix}work_lease_backlog`)

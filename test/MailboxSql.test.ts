@@ -275,6 +275,13 @@ for (const backend of backends) {
         expect(yield* refused({ name: "", schema: Job })).toBe("name")
         expect(yield* refused({ name: "jobs", schema: Job, maxSize: 0 })).toBe("maxSize")
         expect(yield* refused({ name: "jobs", schema: Job, prefix: "1; DROP TABLE x" })).toBe("prefix")
+        // PostgreSQL folds names to lower case, and cuts them at 63 characters: both are refused up front.
+        expect(yield* refused({ name: "jobs", schema: Job, prefix: "Jobs_" })).toBe("prefix")
+        expect(yield* refused({ name: "jobs", schema: Job, prefix: "p".repeat(38) })).toBe("prefix")
+        yield* MailboxSql.make({ name: "jobs", schema: Job, prefix: "p".repeat(37) }) // the longest that fits
+        // A queue name a PostgreSQL notification cannot carry.
+        expect(yield* refused({ name: "a\u0000b", schema: Job })).toBe("name")
+        expect(yield* refused({ name: "q".repeat(201), schema: Job })).toBe("name")
         expect(yield* refused({ name: "jobs", schema: Job, pollInterval: "2 minutes" })).toBe("pollInterval")
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
         const error = yield* Effect.flip(jobs.send({ n: "x" } as unknown as { n: number }))

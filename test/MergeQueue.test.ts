@@ -429,8 +429,10 @@ for (const backend of backends) {
         expect(yield* queue.get(12_345)).toEqual(Option.none())
         const badTimeout = yield* Effect.flip(queueOn(backend.client(), { lockTimeout: "0 seconds" }))
         expect(badTimeout).toMatchObject({ parameter: "lockTimeout" })
-        const badPrefix = yield* Effect.flip(queueOn(backend.client(), { prefix: "x; DROP" }))
-        expect(badPrefix.message).toContain("prefix")
+        for (const prefix of ["x; DROP", "Queue_", "q".repeat(38)]) {
+          const badPrefix = yield* Effect.flip(queueOn(backend.client(), { prefix }))
+          expect(badPrefix.message).toContain("prefix")
+        }
       }))
   })
 }

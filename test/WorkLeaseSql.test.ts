@@ -84,3 +84,14 @@ describe("WorkLeaseSql across processes", () => {
   it.live("SQLite: three processes hammering two domains", () => hammer(() => sqliteFile), 120_000)
   it.live("PostgreSQL: three processes hammering two domains", () => hammer(() => pgUrl), 120_000)
 })
+
+describe("WorkLeaseSql options", () => {
+  it.scoped("a prefix that breaks the rule (capitals, too long, not an identifier) is an InvalidParameterError", () =>
+    Effect.gen(function*() {
+      const context = yield* Layer.build(SqliteClient.layer({ filename: sqliteFile }))
+      for (const bad of ["Lease_", "p".repeat(38), "x; DROP TABLE y"]) {
+        const error = yield* Effect.flip(WorkLeaseSql.make({ prefix: bad }).pipe(Effect.provide(context)))
+        expect(error._tag === "InvalidParameterError" && error.parameter).toBe("prefix")
+      }
+    }))
+})

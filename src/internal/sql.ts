@@ -20,8 +20,28 @@ import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 
-/** Table prefixes are spliced into identifiers: letters, digits and underscores only. */
-export const validPrefix = /^[a-z_][a-z0-9_]*$/i
+/**
+ * The table-prefix rule every SQL service applies. A prefix is spliced into identifiers, so: lower-case
+ * letters, digits and underscores, not starting with a digit (PostgreSQL folds unquoted names to lower
+ * case, and a prefix with capitals would name tables no statement finds). And short enough that the
+ * longest name leasehold derives from it — the dead-letter queue index, `<prefix>mailbox_dead_letters_queue`
+ * — fits PostgreSQL's 63 characters: past that PostgreSQL cuts names short, and two can come out the same.
+ */
+export const prefixRule = {
+  pattern: /^[a-z_][a-z0-9_]*$/,
+  maxLength: 63 - "mailbox_dead_letters_queue".length
+} as const
+
+/** Why `prefix` breaks the prefix rule, or `undefined` when it keeps it. */
+export const prefixProblem = (prefix: unknown): string | undefined => {
+  if (typeof prefix !== "string" || !prefixRule.pattern.test(prefix)) {
+    return "must be lower-case letters, digits and underscores, not starting with a digit"
+  }
+  if (prefix.length > prefixRule.maxLength) {
+    return `must be at most ${prefixRule.maxLength} characters (PostgreSQL cuts names past 63 characters)`
+  }
+  return undefined
+}
 
 /** Turns a driver's `SqlError` into the service's own error, leaving other failures as they are. */
 export const mapSqlError =
