@@ -26,6 +26,21 @@ export class InvalidParameterError extends Schema.TaggedError<InvalidParameterEr
   }
 }
 
+/**
+ * A service was asked to open what already exists (an operator's look, which must change nothing), and the
+ * database has no such tables: a wrong database, or a wrong `prefix`.
+ */
+export class TablesNotFoundError extends Schema.TaggedError<TablesNotFoundError>()("TablesNotFoundError", {
+  what: Schema.String,
+  prefix: Schema.String,
+  missing: Schema.Array(Schema.String)
+}) {
+  override get message(): string {
+    return `no ${this.what} with prefix "${this.prefix}" in this database (missing: ${this.missing.join(", ")}). ` +
+      "Is it the database your workers use, and is --prefix the one they were started with?"
+  }
+}
+
 const formatValue = (value: unknown): string => {
   if (Duration.isDuration(value)) return Duration.format(value)
   try {

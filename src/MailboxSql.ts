@@ -67,6 +67,7 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import type * as DeadLetter from "./DeadLetter.js"
+import { TablesNotFoundError } from "./Errors.js"
 import { counter } from "./internal/metrics.js"
 import * as Sql from "./internal/sql.js"
 import { GroupCommit } from "./internal/sql/groupCommit.js"
@@ -1186,7 +1187,6 @@ export const maxQueueNameLength = 200
 const queueNameProblem = (name: unknown): string | undefined => {
   if (typeof name !== "string" || name.length === 0) return "must be a non-empty string"
   if (name.length > maxQueueNameLength) return `must be at most ${maxQueueNameLength} characters`
-
   if (/[\u0000-\u001f\u007f]/.test(name)) return "must not contain control characters"
   return undefined
 }
@@ -1194,6 +1194,7 @@ const queueNameProblem = (name: unknown): string | undefined => {
 const invalid = (parameter: string, value: unknown, reason: string) =>
   Effect.fail(new InvalidParameterError({ parameter, value, reason }))
 
+/** The store of `prefix` (checked against the prefix rule), its tables created or brought up to date. */
 const prepare = (prefix: string | undefined) =>
   Effect.gen(function*() {
     const resolved = prefix ?? "leasehold_"
@@ -1204,6 +1205,19 @@ const prepare = (prefix: string | undefined) =>
       Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${resolved}mailbox`, cause }))
     )
     return store
+  })
+
+/** The store of `prefix` for an operator's look: its tables must exist, and nothing is written. */
+const openExisting = (prefix: string | undefined) =>
+  Effect.gen(function*() {
+    const resolved = prefix ?? "leasehold_"
+    const problem = Sql.prefixProblem(resolved)
+    if (problem !== undefined) return yield* invalid("prefix", resolved, problem)
+    const sql = yield* SqlClient.SqlClient
+    const missing = yield* Sql.missingTables(sql, [`${resolved}mailbox_messages`, `${resolved}mailbox_dead_letters`])
+      .pipe(Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${resolved}mailbox`, cause })))
+    if (missing.length > 0) return yield* new TablesNotFoundError({ what: "mailbox tables", prefix: resolved, missing })
+    return storeFor(sql, resolved)
   })
 
 /**
@@ -1519,13 +1533,17 @@ interface DeadLetterRow {
 }
 
 /** The dead-letter table of a database and prefix, creating the tables if needed. */
-export const deadLetters = (options?: { readonly prefix?: string | undefined }): Effect.Effect<
+export const deadLetters = (options?: {
+  readonly prefix?: string | undefined
+  /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
+  readonly create?: boolean | undefined
+}): Effect.Effect<
   DeadLetters,
-  InvalidParameterError | MailboxConnectionError,
+  InvalidParameterError | MailboxConnectionError | TablesNotFoundError,
   SqlClient.SqlClient
 > =>
   Effect.gen(function*() {
-    const store = yield* prepare(options?.prefix)
+    const store = yield* (options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix))
     const { sql } = store
     const table = sql(store.deadLetters)
     const messages = sql(store.messages)
@@ -1658,13 +1676,17 @@ export interface Queues {
 }
 
 /** The queues of a database and prefix, creating the tables if needed. */
-export const queues = (options?: { readonly prefix?: string | undefined }): Effect.Effect<
+export const queues = (options?: {
+  readonly prefix?: string | undefined
+  /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
+  readonly create?: boolean | undefined
+}): Effect.Effect<
   Queues,
-  InvalidParameterError | MailboxConnectionError,
+  InvalidParameterError | MailboxConnectionError | TablesNotFoundError,
   SqlClient.SqlClient
 > =>
   Effect.gen(function*() {
-    const store = yield* prepare(options?.prefix)
+    const store = yield* (options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix))
     const { sql } = store
     const messages = sql(store.messages)
     const letters = sql(store.deadLetters)

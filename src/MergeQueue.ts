@@ -40,11 +40,11 @@ import * as ParseResult from "effect/ParseResult"
 import type * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
+import { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
 import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
 import * as Sql from "./internal/sql.js"
 import type { Extendable } from "./LeaseExtender.js"
-import { InvalidParameterError } from "./Mailbox.js"
 
 // ---------------------------------------------------------------------------
 // Statuses
@@ -238,7 +238,12 @@ export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/
   /** First retry delay of a claim, doubled each time (default 50 ms). */
   initialBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.millis(50) }),
   /** Longest retry delay of a claim (default 2 s). */
-  maxBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(2) })
+  maxBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(2) }),
+  /**
+   * Create the tables when they are missing (default true). False opens existing tables only and writes
+   * nothing while opening (`TablesNotFoundError` without them): what an operator's inspection wants.
+   */
+  create: Schema.optionalWith(Schema.Boolean, { default: () => true })
 }) {}
 
 /** Options as callers write them. */
@@ -455,7 +460,11 @@ const positiveDuration = (parameter: string, input: Duration.DurationInput, allo
 /** Makes a merge queue on the `SqlClient` in the context, creating its tables if needed. */
 export const make = (
   options?: MergeQueueOptions
-): Effect.Effect<MergeQueueService, MergeQueueStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+): Effect.Effect<
+  MergeQueueService,
+  MergeQueueStoreError | InvalidParameterError | TablesNotFoundError,
+  SqlClient.SqlClient
+> =>
   Effect.gen(function*() {
     const config = yield* Schema.decodeUnknown(MergeQueueConfig)(options ?? {}).pipe(
       Effect.mapError((error) =>
@@ -485,7 +494,7 @@ export const make = (
 
     const store = (operation: string) => Sql.mapSqlError((cause) => new MergeQueueStoreError({ operation, cause }))
 
-    yield* Sql.migrate(sql, `${config.prefix}merge_queue_migrations`, {
+    const migrate = Sql.migrate(sql, `${config.prefix}merge_queue_migrations`, {
       "1_create_merge_queue": Effect.all([
         sql`CREATE TABLE IF NOT EXISTS ${entries} (
           id ${Sql.identityColumn(sql)},
@@ -526,6 +535,21 @@ export const make = (
     }).pipe(
       Effect.mapError((cause) => new MergeQueueStoreError({ operation: "setup", cause })),
       Effect.withSpan("MergeQueue.migrate")
+    )
+    // An operator's look (`create: false`) writes nothing: the tables must be there already.
+    const tables = [
+      `${config.prefix}merge_queue`,
+      `${config.prefix}merge_queue_lock`,
+      `${config.prefix}merge_queue_audit`
+    ]
+    yield* config.create ? migrate : Effect.flatMap(
+      Sql.missingTables(sql, tables).pipe(
+        Effect.mapError((cause) => new MergeQueueStoreError({ operation: "setup", cause }))
+      ),
+      (missing) =>
+        missing.length === 0
+          ? Effect.void
+          : Effect.fail(new TablesNotFoundError({ what: "merge queue tables", prefix: config.prefix, missing }))
     )
 
     /** The lock row as it is (no row lock taken). */
@@ -965,13 +989,16 @@ export const make = (
 /** The merge queue on the `SqlClient` in the context. */
 export const layer = (
   options?: MergeQueueOptions
-): Layer.Layer<MergeQueue, MergeQueueStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+): Layer.Layer<MergeQueue, MergeQueueStoreError | InvalidParameterError | TablesNotFoundError, SqlClient.SqlClient> =>
   Layer.effect(MergeQueue, make(options))
 
 /** The merge queue in the SQLite file `filename` (WAL, busy timeout); also provides the client. */
 export const layerSqlite = (
   options: MergeQueueOptions & { readonly filename: string; readonly busyTimeout?: Duration.DurationInput | undefined }
-): Layer.Layer<MergeQueue | SqlClient.SqlClient, MergeQueueStoreError | InvalidParameterError> => {
+): Layer.Layer<
+  MergeQueue | SqlClient.SqlClient,
+  MergeQueueStoreError | InvalidParameterError | TablesNotFoundError
+> => {
   const { busyTimeout, filename, ...rest } = options
   return Either.match(positiveDuration("busyTimeout", busyTimeout ?? "5 seconds", true), {
     onLeft: (error) => Layer.fail(error),
@@ -992,7 +1019,7 @@ export const layerPg = (
   options?: MergeQueueOptions & { readonly url?: Redacted.Redacted | string | undefined }
 ): Layer.Layer<
   MergeQueue | SqlClient.SqlClient,
-  MergeQueueStoreError | InvalidParameterError | ConfigError.ConfigError
+  MergeQueueStoreError | InvalidParameterError | TablesNotFoundError | ConfigError.ConfigError
 > => {
   const { url, ...rest } = options ?? {}
   return Layer.provideMerge(

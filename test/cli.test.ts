@@ -5,13 +5,15 @@
  * missing or unreachable database (exit 1, naming the fix).
  */
 import { SqlClient } from "@effect/sql"
+import { SqliteClient } from "@effect/sql-sqlite-node"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
 import { Schema } from "effect"
 import { execFile } from "node:child_process"
-import { mkdtempSync } from "node:fs"
+import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { redact } from "../src/cli/database.js"
 import * as Health from "../src/Health.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
@@ -211,4 +213,84 @@ describe("leasehold health", () => {
       expect(missing.code).toBe(1)
       expect(missing.stderr).toContain("Is the worker running with Health.layer")
     }).pipe(Effect.provide(Health.layer({ port: 0, host: "127.0.0.1" }))), 60_000)
+})
+
+describe("operator commands change nothing", () => {
+  it.live(
+    "queue and mailbox commands on a SQLite file that is not leasehold's: exit 1, and the file is unchanged",
+    () =>
+      Effect.gen(function*() {
+        // Someone else's database, in rollback-journal mode.
+        const foreign = join(directory, "foreign.db")
+        yield* Effect.provide(
+          Effect.flatMap(SqlClient.SqlClient, (sql) =>
+            Effect.zipRight(
+              sql`CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)`,
+              sql`INSERT INTO notes (text) VALUES ('x')`
+            )),
+          SqliteClient.layer({ filename: foreign, disableWAL: true })
+        ).pipe(Effect.scoped)
+        const before = readFileSync(foreign)
+        for (
+          const args of [["queue", "status"], ["queue", "recover"], ["mailbox", "stats"], ["mailbox", "dlq", "list"]]
+        ) {
+          const run = yield* leasehold(...args, "--db", foreign)
+          expect(run.code, args.join(" ")).toBe(1)
+          expect(run.stderr).toMatch(/no (merge queue|mailbox) tables with prefix "leasehold_" in this database/)
+        }
+        expect(readFileSync(foreign).equals(before)).toBe(true)
+      }),
+    60_000
+  )
+
+  it.live(
+    "a mistyped --prefix on PostgreSQL says there is no such queue, and creates no table",
+    () =>
+      Effect.gen(function*() {
+        const tables = Effect.map(
+          Effect.flatMap(
+            SqlClient.SqlClient,
+            (sql) => sql<{ n: number | string }>`SELECT count(*) AS n FROM pg_tables`
+          ),
+          (rows) => Number(rows[0]!.n)
+        ).pipe(Effect.provide(MailboxSql.layerPg({ url: pgUrl })), Effect.scoped)
+        const before = yield* tables
+        for (const args of [["queue", "status"], ["mailbox", "stats"]]) {
+          const run = yield* leasehold(...args, "--db", pgUrl, "--prefix", "leasehodl_")
+          expect(run.code).toBe(1)
+          expect(run.stderr).toContain(`with prefix "leasehodl_"`)
+        }
+        expect(yield* tables).toBe(before)
+      }),
+    60_000
+  )
+
+  it.live("peek shows a stored body that is not JSON as it is", () =>
+    Effect.gen(function*() {
+      const file = join(directory, "raw.db")
+      yield* Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const raw = yield* MailboxSql.make({ name: "raw", schema: Schema.String })
+        const id = yield* raw.send("fine")
+        yield* sql`UPDATE leasehold_mailbox_messages SET body = ${"not json {"} WHERE seq = ${Number(id)}`
+      }).pipe(Effect.scoped, Effect.provide(MailboxSql.layerSqlite({ filename: file })))
+      const table = yield* leasehold("mailbox", "peek", "raw", "--db", file)
+      expect(table.code).toBe(0)
+      expect(table.stdout).toContain("not json {")
+      const json = yield* leasehold("mailbox", "peek", "raw", "--db", file, "--json")
+      expect(JSON.parse(json.stdout)).toMatchObject([{ body: "not json {", bodyIsJson: false }])
+    }), 60_000)
+
+  it("redacts the password of every URL form", () => {
+    expect(redact("postgres://me:secret@db:5432/x")).toBe("postgres://me:***@db:5432/x")
+    expect(redact("postgres://:secret@db/x")).toBe("postgres://:***@db/x")
+    expect(redact("POSTGRESQL://me:secret@db/x")).toBe("POSTGRESQL://me:***@db/x")
+    expect(redact("pg://me:secret@db/x")).toBe("pg://me:***@db/x")
+    expect(redact("postgres://db/x?user=me&password=secret&sslmode=require")).toBe(
+      "postgres://db/x?user=me&password=***&sslmode=require"
+    )
+    expect(redact("postgres://db/x?PASSWORD=secret")).toBe("postgres://db/x?PASSWORD=***")
+    expect(redact("postgres://me@db/x")).toBe("postgres://me@db/x")
+    expect(redact("./queue.db")).toBe("./queue.db")
+  })
 })

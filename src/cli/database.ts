@@ -2,7 +2,9 @@
  * The `--db` option every data command takes: a SQLite file or a
  * `postgres://` URL, opened with the same settings the library's layers use.
  * A missing file or an unreachable server is a `DatabaseUnavailableError`
- * whose message says what to fix; the URL's password never reaches it.
+ * whose message says what to fix; the URL's password never reaches it. A
+ * SQLite file is opened as it is (its journal mode untouched), and the
+ * commands open existing tables only, so looking never changes a database.
  */
 import { Options } from "@effect/cli"
 import type * as SqlClient from "@effect/sql/SqlClient"
@@ -43,11 +45,19 @@ export const prefix = Options.text("prefix").pipe(
   Options.withDefault("leasehold_")
 )
 
-const isPostgres = (target: string) => /^postgres(ql)?:\/\//.test(target)
+/** A PostgreSQL URL (the scheme in any case; `pg://` too, as libpq-style tools accept it). */
+const isPostgres = (target: string) => /^(postgres(ql)?|pg):\/\//i.test(target)
 
-/** Shows a URL without its password. */
+/**
+ * Shows a database target without its secrets: the password of a URL's user part (`//user:pw@`, `//:pw@`)
+ * and of any `password=` query parameter, whatever the scheme.
+ */
 export const redact = (target: string) =>
-  isPostgres(target) ? target.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@") : target
+  /^[a-z][a-z0-9+.-]*:\/\//i.test(target)
+    ? target
+      .replace(/^([a-z][a-z0-9+.-]*:\/\/[^:@/?#]*):[^@/?#]*@/i, "$1:***@")
+      .replace(/([?&][a-z_]*password=)[^&#]*/gi, "$1***")
+    : target
 
 /** The client for `--db` (falling back to `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`). */
 export const client = (
@@ -84,7 +94,8 @@ export const client = (
     resolved,
     5000,
     (cause) =>
-      new DatabaseUnavailableError({ database: resolved, reason: `SQLite could not open it (${String(cause)})` })
+      new DatabaseUnavailableError({ database: resolved, reason: `SQLite could not open it (${String(cause)})` }),
+    true // an operator's look leaves the file's journal mode alone
   )
 }
 

@@ -28,12 +28,12 @@ const print = (asJson: boolean, value: unknown, text: () => string) =>
 type Common = { readonly db: Option.Option<string>; readonly prefix: string }
 
 const onQueues = <A, E>(options: Common, body: (queues: MailboxSql.Queues) => Effect.Effect<A, E>) =>
-  Effect.flatMap(MailboxSql.queues({ prefix: options.prefix }), body).pipe(
+  Effect.flatMap(MailboxSql.queues({ prefix: options.prefix, create: false }), body).pipe(
     withDatabase(Option.getOrUndefined(options.db))
   )
 
 const onDeadLetters = <A, E>(options: Common, body: (letters: MailboxSql.DeadLetters) => Effect.Effect<A, E>) =>
-  Effect.flatMap(MailboxSql.deadLetters({ prefix: options.prefix }), body).pipe(
+  Effect.flatMap(MailboxSql.deadLetters({ prefix: options.prefix, create: false }), body).pipe(
     withDatabase(Option.getOrUndefined(options.db))
   )
 
@@ -68,6 +68,15 @@ const stats = Command.make("stats", common, (options) =>
 
 const limit = Options.integer("limit").pipe(Options.withDescription("At most this many."), Options.withDefault(10))
 
+/** A stored body for `--json`: its JSON, or — stored by something else, or damaged — the raw text as it is. */
+const storedBody = (text: string): { readonly body: unknown; readonly bodyIsJson: boolean } => {
+  try {
+    return { body: JSON.parse(text) as unknown, bodyIsJson: true }
+  } catch {
+    return { body: text, bodyIsJson: false }
+  }
+}
+
 const peek = Command.make(
   "peek",
   { ...common, queue: Args.text({ name: "queue" }), limit },
@@ -80,7 +89,7 @@ const peek = Command.make(
           options.json,
           messages.map((message) => ({
             ...message,
-            body: JSON.parse(message.body) as unknown,
+            ...storedBody(message.body),
             visibleAt: iso(message.visibleAt),
             enqueuedAt: iso(message.enqueuedAt),
             replyTo: Option.getOrNull(message.replyTo)

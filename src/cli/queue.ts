@@ -67,7 +67,9 @@ const withQueue = <A, E>(
   options: { readonly db: Option.Option<string>; readonly prefix: string },
   body: (queue: MergeQueue.MergeQueueService) => Effect.Effect<A, E>
 ) =>
-  Effect.flatMap(MergeQueue.make({ prefix: options.prefix }), body).pipe(
+  // `create: false`: a command looks at the queue that is there, and never makes one (a wrong --db or --prefix
+  // says so instead).
+  Effect.flatMap(MergeQueue.make({ prefix: options.prefix, create: false }), body).pipe(
     withDatabase(Option.getOrUndefined(options.db))
   )
 

@@ -113,6 +113,25 @@ export const writeTransaction =
     return immediate(effect)
   }
 
+/** Which of `tables` the database does not have (in the current schema on PostgreSQL). */
+export const missingTables = (
+  sql: SqlClient.SqlClient,
+  tables: ReadonlyArray<string>
+): Effect.Effect<ReadonlyArray<string>, SqlError> =>
+  Effect.map(
+    sql.onDialectOrElse({
+      pg: () =>
+        sql<{ name: string }>`SELECT tablename AS name FROM pg_tables
+          WHERE schemaname = current_schema() AND ${sql.in("tablename", tables)}`,
+      orElse: () =>
+        sql<{ name: string }>`SELECT name FROM sqlite_master WHERE type = 'table' AND ${sql.in("name", tables)}`
+    }),
+    (rows) => {
+      const present = new Set(rows.map((row) => row.name))
+      return tables.filter((table) => !present.has(table))
+    }
+  )
+
 /** An auto-numbered primary key column in either dialect. */
 export const identityColumn = (sql: SqlClient.SqlClient) =>
   sql.literal(
@@ -156,9 +175,11 @@ export const migrate = (
 export const sqliteClient = <E>(
   filename: string,
   busyMillis: number,
-  onError: (cause: unknown) => E
+  onError: (cause: unknown) => E,
+  /** Leave the file's journal mode as it is (an operator's look must not switch a file to WAL). */
+  keepJournalMode = false
 ): Layer.Layer<SqlClient.SqlClient, E> =>
-  SqliteClient.layer({ filename }).pipe(
+  SqliteClient.layer({ filename, disableWAL: keepJournalMode }).pipe(
     Layer.tap((context) => {
       const sql = Context.get(context, SqlClient.SqlClient)
       return Effect.all([
