@@ -23,7 +23,9 @@
  * connection plans them once. Claims, grouped acknowledgements and sends run
  * on a connection of the store's own, outside the pool, opened with its first
  * mailbox and closed with its last (its lane: see `Store.onLane`), so the
- * server works on one of them at a time, back to back.
+ * server works on one of them at a time, back to back; extensions and nacks
+ * run there too, so an application holding every pooled connection cannot
+ * starve a working message's proof of work.
  *
  * Long polls sleep until a wake-up, the next visibility expiry in the queue
  * or the end of the wait; a queue's idle receivers share one look-up of that
@@ -770,14 +772,20 @@ const statements = (store: Store): Statements => {
           replying.forEach((reply, index) => settled.set(reply.seq, String(ids[index])))
           return settled
         })),
+    // Extensions and nacks run on the lane too (PostgreSQL): an application that holds every pooled
+    // connection must not keep a working message from proving it is alive, or a given-up one from coming back.
     setVisibility: (seq, handle, now, visibleAt, keepHandle, queue) => {
       const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${now}`
       const handleColumn = keepHandle ? sql`` : sql`, receipt_handle = NULL`
-      return pg && visibleAt <= now
-        ? Effect.map(
-          sql`WITH upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq)
-            SELECT seq${notify(queue)} FROM upd`,
-          one
+      return pg
+        ? store.onLane((lane) =>
+          Effect.map(
+            visibleAt <= now
+              ? lane`WITH upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard}
+                  RETURNING seq) SELECT seq${notify(queue)} FROM upd`
+              : lane`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`,
+            one
+          )
         )
         : Effect.map(sql`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`, one)
     },

@@ -28,6 +28,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { MailboxResolver, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
+import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
 import { captureLogs } from "./helpers.js"
@@ -527,6 +528,58 @@ describe("MailboxSql lane on PostgreSQL", () => {
 
         yield* Scope.close(mailboxes, Exit.void)
         expect(yield* sessionsReach("lane_test", 1)).toBe(1)
+      }).pipe(Effect.provide(MailboxResolver.layer()), Effect.scoped),
+    30_000
+  )
+
+  it.live(
+    "the application holding every pooled connection does not starve a working message's extensions",
+    () =>
+      Effect.gen(function*() {
+        const sql = Context.get(
+          yield* Layer.build(
+            Layer.fresh(MailboxSql.layerPg({ url: cluster.url, maxConnections: 2, minConnections: 2 }))
+          ),
+          SqlClient.SqlClient
+        )
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix }).pipe(
+          Effect.provideService(SqlClient.SqlClient, sql)
+        )
+        yield* jobs.send({ n: 1 })
+        // The application takes both pooled connections and keeps them for the whole run.
+        const gate = yield* Deferred.make<void>()
+        const holders = yield* Effect.forEach([1, 2], () =>
+          Effect.fork(sql.withTransaction(Effect.zipRight(sql`SELECT pg_sleep(0)`, Deferred.await(gate)))))
+        yield* Effect.sleep("200 millis")
+        let executions = 0
+        let seenByOthers = 0
+        const loop = yield* MailboxWorker.make({
+          name: "starved?",
+          mailbox: jobs,
+          // 3 s of work against a 1 s visibility: the message stays leased only if every extension gets through.
+          handle: (_message, heartbeat) =>
+            Effect.gen(function*() {
+              executions++
+              for (let step = 0; step < 15; step++) {
+                yield* heartbeat.beat
+                yield* Effect.sleep("200 millis")
+                seenByOthers += (yield* jobs.receive({ waitTime: 0 })).length
+              }
+            }),
+          onSuccess: () =>
+            Effect.succeedNone,
+          onFailure: () => Effect.void,
+          leaseExtender: { interval: "200 millis", extension: "1 second" }
+        })
+        yield* loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "1 second" })
+        expect([executions, seenByOthers]).toEqual([1, 0])
+        // A nack needs no pooled connection either.
+        yield* jobs.send({ n: 2 })
+        const [second] = yield* jobs.receive({ visibilityTimeout: "1 hour" })
+        yield* second!.nack(0).pipe(Effect.timeoutFail({ duration: "2 seconds", onTimeout: () => "nack starved" }))
+        expect((yield* jobs.receive()).map((m) => [m.body.n, m.deliveryCount])).toEqual([[2, 2]])
+        yield* Deferred.succeed(gate, undefined)
+        yield* Fiber.joinAll(holders)
       }).pipe(Effect.provide(MailboxResolver.layer()), Effect.scoped),
     30_000
   )
