@@ -37,9 +37,9 @@ export const mergeQueueCycles = (
               yield* Effect.sleep("20 millis") // an idle worker's poll, as in the crash test's workers
               continue
             }
-            for (const status of STEPS) yield* queue.transition(next.value.id, status, agent)
+            for (const status of STEPS) yield* queue.transition(next.value, status)
             merged++
-            yield* queue.releaseProcessingLock(agent)
+            yield* queue.releaseProcessingLock(next.value)
           }
         })),
       { concurrency: "unbounded", discard: true }

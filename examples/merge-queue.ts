@@ -24,8 +24,8 @@ Effect.gen(function*() {
 
   // agent-a claims the most urgent entry, starts rebasing, then hangs: no more beats, no more extensions.
   const first = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
-  yield* queue.transition(first.id, "rebasing", "agent-a")
-  yield* Effect.log(`agent-a claimed ${first.workspace} (token ${Option.getOrThrow(first.fencingToken)}), then hangs`)
+  yield* queue.transition(first, "rebasing") // the claim carries its fencing token
+  yield* Effect.log(`agent-a claimed ${first.workspace} (token ${first.token}), then hangs`)
   const blocked = yield* queue.nextWithLock("agent-b")
   yield* Effect.log(`agent-b while agent-a's lock is live: ${Option.isNone(blocked) ? "nothing" : "?!"}`)
 
@@ -34,36 +34,33 @@ Effect.gen(function*() {
 
   // agent-b works through everything; its heartbeat keeps the lock alive however long each step takes.
   const extender = yield* LeaseExtender.make({ interval: "100 millis", extension: "1 second" })
+  let last: MergeQueue.Claim | undefined
   for (;;) {
     const next = yield* queue.nextWithLock("agent-b")
     if (Option.isNone(next)) break
-    const entry = next.value
-    yield* Effect.log(
-      `agent-b claimed ${entry.workspace} (token ${
-        Option.getOrThrow(entry.fencingToken)
-      }, attempt ${entry.attemptCount})`
-    )
+    const entry = last = next.value
+    yield* Effect.log(`agent-b claimed ${entry.workspace} (token ${entry.token}, attempt ${entry.attemptCount})`)
     const heartbeat = yield* Heartbeat.make
     yield* extender.extendWhile(
-      queue.extendable("agent-b", entry),
+      queue.extendable(entry),
       heartbeat,
       Effect.forEach(
         steps,
         (status) =>
           Effect.sleep("200 millis").pipe(
             Effect.zipRight(heartbeat.beat),
-            Effect.zipRight(queue.transition(entry.id, status, "agent-b"))
+            Effect.zipRight(queue.transition(entry, status))
           ),
         { discard: true }
       )
     )
     if (entry.id === first.id) {
-      // agent-a wakes up and tries to carry on: fenced out, nothing written.
-      const refused = yield* Effect.flip(queue.transition(first.id, "testing", "agent-a"))
+      // agent-a wakes up and tries to carry on with its old claim: fenced out by its token, nothing written.
+      const refused = yield* Effect.flip(queue.transition(first, "testing"))
       yield* Effect.log(`agent-a wakes up: ${refused._tag}: ${refused.message}`)
     }
   }
-  yield* queue.releaseProcessingLock("agent-b")
+  if (last !== undefined) yield* queue.releaseProcessingLock(last)
   const stats = yield* queue.stats
   const healed = (yield* queue.auditLog()).filter((row) => row.action === "entry_reclaimed").length
   yield* Effect.log(`merged ${stats.byStatus.merged} of ${stats.total}; entries healed after a crash: ${healed}`)

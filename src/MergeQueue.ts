@@ -113,6 +113,21 @@ export interface QueueEntry {
   readonly lastError: Option.Option<string>
 }
 
+/**
+ * An entry claimed by `nextWithLock`, with `token`: the fencing token of the lock it was claimed under. The
+ * calls that need the lock (`transition` of an in-progress entry, `extendLock`, `releaseProcessingLock`)
+ * take the claim, and are refused once its token is not the lock's any more — whatever the agent id, so an
+ * old incarnation of the same agent (a restarted pod with the same name, a second fiber) is refused too.
+ */
+export interface Claim extends QueueEntry {
+  readonly token: number
+}
+
+/** Proof of holding the processing lock: a `Claim`, or what `acquireProcessingLock` returned. */
+export interface LockHold {
+  readonly token: number
+}
+
 /** The single processing lock. */
 export interface ProcessingLock {
   readonly agentId: string
@@ -202,11 +217,13 @@ export class InvalidTransitionError extends Schema.TaggedError<InvalidTransition
  */
 export class LockLostError extends Schema.TaggedError<LockLostError>()("LockLostError", {
   entryId: Schema.Number,
-  agentId: Schema.String,
+  /** The fencing token presented; absent when none was (an entry id alone). */
+  token: Schema.optional(Schema.Number),
   reason: Schema.String
 }) {
   override get message(): string {
-    return `Agent ${this.agentId} may not change merge queue entry ${this.entryId}: ${this.reason}`
+    const under = this.token === undefined ? "without a claim" : `under fencing token ${this.token}`
+    return `Merge queue entry ${this.entryId} cannot be changed ${under}: ${this.reason}`
   }
 }
 
@@ -283,22 +300,25 @@ export interface MergeQueueService {
    * databases and conflicts are retried with capped exponential backoff.
    */
   readonly nextWithLock: (agentId: string) => Effect.Effect<
-    Option.Option<QueueEntry>,
+    Option.Option<Claim>,
     InvalidParameterError | MergeQueueStoreError
   >
-  /** Takes the lock if it is free, expired, or already the agent's (then it is refreshed). */
+  /**
+   * Takes the lock if it is free, expired, or already the agent's (then it is refreshed); the hold (its
+   * fencing token), or `None` while another agent holds it.
+   */
   readonly acquireProcessingLock: (
     agentId: string
-  ) => Effect.Effect<boolean, InvalidParameterError | MergeQueueStoreError>
-  /** Releases the agent's lock; false, not an error, when the agent does not hold it. */
+  ) => Effect.Effect<Option.Option<LockHold>, InvalidParameterError | MergeQueueStoreError>
+  /** Releases the lock `hold` holds; false, not an error, when the lock is not held under its token any more. */
   readonly releaseProcessingLock: (
-    agentId: string
+    hold: LockHold
   ) => Effect.Effect<boolean, InvalidParameterError | MergeQueueStoreError>
   /** The lock, live or expired. */
   readonly getProcessingLock: Store<Option.Option<ProcessingLock>>
-  /** Moves a live lock's expiry to at least now + `extra`; false when the agent's lock is gone or expired. */
+  /** Moves a live lock's expiry to at least now + `extra`; false when the lock is gone, expired or not `hold`'s. */
   readonly extendLock: (
-    agentId: string,
+    hold: LockHold,
     extra: Duration.DurationInput
   ) => Effect.Effect<boolean, InvalidParameterError | MergeQueueStoreError>
   /** Clears an expired lock and returns in-progress entries not carried by the live lock and older than `threshold` to pending. */
@@ -313,14 +333,15 @@ export interface MergeQueueService {
   readonly isLockStale: Store<boolean>
   /**
    * Moves an entry along the state machine. Leaving or entering an
-   * in-progress status (and `merged`) requires the agent to own the entry
-   * under its live lock, checked in the same transaction as the write.
+   * in-progress status (and `merged`) needs the entry's claim (`{ id, token }`):
+   * the entry must still be under that claim and the lock live under its
+   * token, checked in the same transaction as the write. Other moves (an
+   * operator cancelling a pending entry) take the entry's id alone.
    * `error` is recorded as the entry's last error.
    */
   readonly transition: (
-    id: number,
+    entry: number | { readonly id: number; readonly token: number },
     status: Status,
-    agentId: string,
     options?: { readonly error?: string | undefined }
   ) => Effect.Effect<
     QueueEntry,
@@ -339,10 +360,10 @@ export interface MergeQueueService {
     readonly limit?: number | undefined
   }) => Store<ReadonlyArray<AuditRecord>>
   /**
-   * The agent's lock as something `LeaseExtender` can extend: attach it with
+   * A claim's lock as something `LeaseExtender` can extend: attach it with
    * the worker's `Heartbeat` so the lock lives exactly as long as work happens.
    */
-  readonly extendable: (agentId: string, entry: QueueEntry) => Extendable
+  readonly extendable: (claim: Claim) => Extendable
 }
 
 /** The merge queue service. */
@@ -399,6 +420,20 @@ const toEntry = (row: EntryRow): QueueEntry => ({
   attemptCount: Number(row.attempt_count),
   lastError: Option.fromNullable(row.last_error)
 })
+
+const toClaim = (row: EntryRow, token: number): Claim => ({ ...toEntry(row), token })
+
+/** A hold's token, checked: a safe non-negative integer. */
+const tokenOf = (hold: LockHold): Either.Either<number, InvalidParameterError> =>
+  typeof hold === "object" && hold !== null && Number.isSafeInteger(hold.token) && hold.token >= 0
+    ? Either.right(hold.token)
+    : Either.left(
+      new InvalidParameterError({
+        parameter: "token",
+        value: (hold as Partial<LockHold> | null)?.token,
+        reason: "must be the fencing token of a claim or a lock hold (a non-negative integer)"
+      })
+    )
 
 const toLock = (row: LockRow | undefined): Option.Option<ProcessingLock> =>
   row === undefined || row.agent_id === null
@@ -698,9 +733,12 @@ export const make = (
       Either.match(agent(agentId), {
         onLeft: Effect.fail,
         onRight: () =>
-          locked((lock, now) => Effect.map(takeLock(lock, now, agentId, false), (token) => token !== undefined)).pipe(
-            store("acquireProcessingLock")
-          )
+          locked((lock, now) =>
+            Effect.map(
+              takeLock(lock, now, agentId, false),
+              (token): Option.Option<LockHold> => token === undefined ? Option.none() : Option.some({ token })
+            )
+          ).pipe(store("acquireProcessingLock"))
       })
 
     const claimNext = (agentId: string) =>
@@ -709,7 +747,7 @@ export const make = (
           if (isLive(lock, now) && lock.agent_id === agentId) {
             const own = yield* sql<EntryRow>`SELECT * FROM ${entries}
               WHERE status IN ${activeStatuses} AND fencing_token = ${Number(lock.fencing_token)}`
-            if (own[0] !== undefined) return Option.some(toEntry(own[0]))
+            if (own[0] !== undefined) return Option.some(toClaim(own[0], Number(lock.fencing_token)))
           } else if (isLive(lock, now)) {
             return Option.none()
           }
@@ -723,7 +761,7 @@ export const make = (
             attempt_count = attempt_count + 1
             WHERE id = ${id} AND status = 'pending' RETURNING *`
           yield* record(now, "claimed", { agentId, entryId: id, fencingToken: token, from: "pending", to: "claimed" })
-          return Option.some(toEntry(claimed[0]!))
+          return Option.some(toClaim(claimed[0]!, token))
         })
       )
 
@@ -763,38 +801,44 @@ export const make = (
         }
       })
 
-    const releaseProcessingLock: MergeQueueService["releaseProcessingLock"] = (agentId) =>
-      Either.match(agent(agentId), {
+    const releaseProcessingLock: MergeQueueService["releaseProcessingLock"] = (hold) =>
+      Either.match(tokenOf(hold), {
         onLeft: Effect.fail,
-        onRight: () =>
+        onRight: (token) =>
           locked((lock, now) =>
             Effect.gen(function*() {
-              if (lock.agent_id !== agentId) return false
+              if (lock.agent_id === null || Number(lock.fencing_token) !== token) return false
               yield* sql`UPDATE ${lockTable} SET agent_id = NULL, acquired_at = NULL, expires_at = NULL WHERE id = 1`
-              yield* record(now, "lock_released", { agentId, fencingToken: Number(lock.fencing_token) })
+              yield* record(now, "lock_released", { agentId: lock.agent_id, fencingToken: token })
               return true
             })
           ).pipe(store("releaseProcessingLock"))
       })
 
-    const extendLock: MergeQueueService["extendLock"] = (agentId, extra) =>
-      Either.match(Either.flatMap(agent(agentId), () => positiveDuration("extra", extra, false)), {
-        onLeft: Effect.fail,
-        onRight: (duration) =>
-          locked((lock, now) =>
-            Effect.gen(function*() {
-              if (lock.agent_id !== agentId || !isLive(lock, now)) return false
-              const expiresAt = Math.max(Number(lock.expires_at), now + Duration.toMillis(duration))
-              yield* sql`UPDATE ${lockTable} SET expires_at = ${expiresAt} WHERE id = 1`
-              yield* record(now, "lock_extended", {
-                agentId,
-                fencingToken: Number(lock.fencing_token),
-                detail: `until ${expiresAt}`
+    const extendLock: MergeQueueService["extendLock"] = (hold, extra) =>
+      Either.match(
+        Either.flatMap(
+          tokenOf(hold),
+          (token) => Either.map(positiveDuration("extra", extra, false), (duration) => ({ token, duration }))
+        ),
+        {
+          onLeft: Effect.fail,
+          onRight: ({ duration, token }) =>
+            locked((lock, now) =>
+              Effect.gen(function*() {
+                if (Number(lock.fencing_token) !== token || !isLive(lock, now)) return false
+                const expiresAt = Math.max(Number(lock.expires_at), now + Duration.toMillis(duration))
+                yield* sql`UPDATE ${lockTable} SET expires_at = ${expiresAt} WHERE id = 1`
+                yield* record(now, "lock_extended", {
+                  agentId: lock.agent_id,
+                  fencingToken: token,
+                  detail: `until ${expiresAt}`
+                })
+                return true
               })
-              return true
-            })
-          ).pipe(store("extendLock"))
-      })
+            ).pipe(store("extendLock"))
+        }
+      )
 
     const getProcessingLock: Store<Option.Option<ProcessingLock>> = Effect.map(readLock, toLock).pipe(
       store("getProcessingLock")
@@ -806,9 +850,10 @@ export const make = (
       (lock, now) => Option.isSome(lock) && DateTime.toEpochMillis(lock.value.expiresAt) < now
     )
 
-    const transition: MergeQueueService["transition"] = (id, status, agentId, options) =>
+    const transition: MergeQueueService["transition"] = (entry, status, options) =>
       Effect.gen(function*() {
-        yield* agent(agentId)
+        const id = typeof entry === "number" ? entry : entry.id
+        const claimToken = typeof entry === "number" ? undefined : yield* tokenOf(entry)
         if (!Schema.is(Status)(status)) {
           return yield* new InvalidParameterError({
             parameter: "status",
@@ -823,17 +868,20 @@ export const make = (
             const from = row.status as Status
             const owned = inProgress.includes(from) || inProgress.includes(status) || status === "merged"
             if (owned) {
-              const lost = (reason: string) => new LockLostError({ entryId: id, agentId, reason })
-              if (row.agent_id !== agentId) {
+              // By token, not by agent id: an old incarnation of the same agent holds an old token.
+              const lost = (reason: string) =>
+                new LockLostError({ entryId: id, ...(claimToken === undefined ? {} : { token: claimToken }), reason })
+              if (claimToken === undefined) {
+                return yield* lost(`moving a ${from} entry to ${status} needs its claim (the entry and its token)`)
+              }
+              if (row.fencing_token === null) return yield* lost(`the entry is ${from} and held by no claim`)
+              if (Number(row.fencing_token) !== claimToken) {
                 return yield* lost(
-                  row.agent_id === null
-                    ? `the entry is ${from} and held by no agent`
-                    : `the entry is claimed by ${row.agent_id}`
+                  `the claim's fencing token ${claimToken} is stale (the entry is claimed under ${row.fencing_token})`
                 )
               }
-              if (lock.agent_id !== agentId) return yield* lost("its processing lock was released or taken over")
-              if (Number(lock.fencing_token) !== Number(row.fencing_token)) {
-                return yield* lost(`fencing token ${row.fencing_token} is stale (lock is at ${lock.fencing_token})`)
+              if (lock.agent_id === null || Number(lock.fencing_token) !== claimToken) {
+                return yield* lost("its processing lock was released or taken over")
               }
               if (!isLive(lock, now)) return yield* lost(`its processing lock expired at ${lock.expires_at}`)
             }
@@ -849,7 +897,7 @@ export const make = (
               last_error = ${options?.error ?? row.last_error}
               WHERE id = ${id} RETURNING *`
             yield* record(now, "transition", {
-              agentId,
+              agentId: row.agent_id,
               entryId: id,
               fencingToken: optionalNumber(row.fencing_token).pipe(Option.getOrNull),
               from,
@@ -949,15 +997,15 @@ export const make = (
         (rows) => rows.map(toAudit)
       ).pipe(store("auditLog"))
 
-    const extendable = (agentId: string, entry: QueueEntry): Extendable => ({
-      id: String(entry.id),
+    const extendable = (claim: Claim): Extendable => ({
+      id: String(claim.id),
       extendVisibility: (timeout) =>
         Effect.flatMap(
-          extendLock(agentId, timeout),
+          extendLock(claim, timeout),
           (extended) =>
-            extended
-              ? Effect.void
-              : Effect.fail(new LockLostError({ entryId: entry.id, agentId, reason: "its processing lock is gone" }))
+            extended ? Effect.void : Effect.fail(
+              new LockLostError({ entryId: claim.id, token: claim.token, reason: "its processing lock is gone" })
+            )
         )
     })
 

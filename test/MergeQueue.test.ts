@@ -127,11 +127,11 @@ for (const backend of backends) {
         expect(Option.getOrThrow(claimed.agentId)).toBe("agent-a")
         yield* checkInvariants(queue)
         for (const status of ["rebasing", "testing", "ready_to_merge", "merging", "merged"] as const) {
-          const moved = yield* queue.transition(urgent.id, status, "agent-a")
+          const moved = yield* queue.transition(claimed, status)
           expect(moved.status).toBe(status)
           yield* checkInvariants(queue)
         }
-        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(true)
+        expect(yield* queue.releaseProcessingLock(claimed)).toBe(true)
         const next = Option.getOrThrow(yield* queue.nextWithLock("agent-b"))
         expect(next.id).toBe(urgentLater.id)
         expect(Option.getOrThrow(next.fencingToken)).toBeGreaterThan(Option.getOrThrow(claimed.fencingToken))
@@ -144,21 +144,23 @@ for (const backend of backends) {
       Effect.gen(function*() {
         const queue = yield* queueOn(backend.client())
         const entry = yield* queue.enqueue("ws")
-        const unclaimed = yield* Effect.flip(queue.transition(entry.id, "rebasing", "agent-a"))
+        const unclaimed = yield* Effect.flip(queue.transition(entry.id, "rebasing"))
         expect(unclaimed._tag).toBe("LockLostError")
-        expect(unclaimed.message).toContain("the entry is pending and held by no agent")
-        const skip = yield* Effect.flip(queue.transition(entry.id, "failed_retryable", "agent-a"))
+        expect(unclaimed.message).toContain("moving a pending entry to rebasing needs its claim")
+        const skip = yield* Effect.flip(queue.transition(entry.id, "failed_retryable"))
         expect(skip._tag).toBe("InvalidTransitionError")
-        yield* queue.nextWithLock("agent-a")
-        const illegal = yield* Effect.flip(queue.transition(entry.id, "merged", "agent-a"))
+        const claim = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
+        const illegal = yield* Effect.flip(queue.transition(claim, "merged"))
         expect(illegal).toMatchObject({ _tag: "InvalidTransitionError", from: "claimed", to: "merged" })
         expect(illegal.message).toContain("allowed: rebasing")
-        const unknown = yield* Effect.flip(queue.transition(entry.id, "shipped" as MergeQueue.Status, "agent-a"))
+        const unknown = yield* Effect.flip(queue.transition(claim, "shipped" as MergeQueue.Status))
         expect(unknown).toMatchObject({ _tag: "InvalidParameterError", parameter: "status" })
-        const missing = yield* Effect.flip(queue.transition(9_999, "rebasing", "agent-a"))
+        const badToken = yield* Effect.flip(queue.transition({ id: entry.id, token: -1 }, "rebasing"))
+        expect(badToken).toMatchObject({ _tag: "InvalidParameterError", parameter: "token" })
+        const missing = yield* Effect.flip(queue.transition(9_999, "rebasing"))
         expect(missing._tag).toBe("EntryNotFoundError")
-        yield* queue.transition(entry.id, "cancelled", "agent-a")
-        const final = yield* Effect.flip(queue.transition(entry.id, "pending", "agent-a"))
+        yield* queue.transition(claim, "cancelled")
+        const final = yield* Effect.flip(queue.transition(entry.id, "pending"))
         expect(final.message).toContain("cancelled is final")
         expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("cancelled")
         yield* checkInvariants(queue)
@@ -171,7 +173,7 @@ for (const backend of backends) {
         const entry = yield* queue.enqueue("ws", { beadId: "bd-7", priority: 1 })
         const first = Option.getOrThrow(yield* queue.nextWithLock("crashed"))
         // It crashes mid-rebase: entries stuck in any in-progress status come back, not only claimed ones.
-        yield* queue.transition(entry.id, "rebasing", "crashed")
+        yield* queue.transition(first, "rebasing")
         expect(yield* queue.nextWithLock("agent-b")).toEqual(Option.none())
         yield* TestClock.adjust(TIMEOUT + 1)
         expect(yield* queue.isLockStale).toBe(true)
@@ -248,16 +250,16 @@ for (const backend of backends) {
     it.effect("a stale processing lock allows new claims; an active one is never stolen", () =>
       Effect.gen(function*() {
         const queue = yield* queueOn(backend.client())
-        expect(yield* queue.acquireProcessingLock("agent-a")).toBe(true)
-        expect(yield* queue.acquireProcessingLock("agent-b")).toBe(false)
+        expect(Option.isSome(yield* queue.acquireProcessingLock("agent-a"))).toBe(true)
+        expect(yield* queue.acquireProcessingLock("agent-b")).toEqual(Option.none())
         yield* TestClock.adjust(TIMEOUT)
         // It expires at expires_at, not before.
         expect(yield* queue.isLockStale).toBe(false)
-        expect(yield* queue.acquireProcessingLock("agent-b")).toBe(false)
+        expect(yield* queue.acquireProcessingLock("agent-b")).toEqual(Option.none())
         yield* TestClock.adjust(1)
         expect(yield* queue.isLockStale).toBe(true)
         const before = Option.getOrThrow(yield* queue.getProcessingLock)
-        expect(yield* queue.acquireProcessingLock("agent-b")).toBe(true)
+        expect(Option.getOrThrow(yield* queue.acquireProcessingLock("agent-b")).token).toBe(before.fencingToken + 1)
         const after = Option.getOrThrow(yield* queue.getProcessingLock)
         expect(after.agentId).toBe("agent-b")
         expect(after.fencingToken).toBeGreaterThan(before.fencingToken)
@@ -282,7 +284,7 @@ for (const backend of backends) {
 
         const live = Option.getOrThrow(yield* queue.nextWithLock("worker"))
         yield* TestClock.adjust("1 hour")
-        expect(yield* queue.extendLock("worker", "1 hour")).toBe(false)
+        expect(yield* queue.extendLock(live, "1 hour")).toBe(false)
         const worker = Option.getOrThrow(yield* queue.nextWithLock("worker"))
         expect(worker.id).toBe(live.id)
         yield* TestClock.adjust("2 minutes")
@@ -293,14 +295,14 @@ for (const backend of backends) {
     it.effect("releasing an already released lock returns false, and so does a zombie's release", () =>
       Effect.gen(function*() {
         const queue = yield* queueOn(backend.client())
-        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(false)
-        yield* queue.acquireProcessingLock("agent-a")
-        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(true)
-        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(false)
-        yield* queue.acquireProcessingLock("agent-a")
+        expect(yield* queue.releaseProcessingLock({ token: 0 })).toBe(false)
+        const first = Option.getOrThrow(yield* queue.acquireProcessingLock("agent-a"))
+        expect(yield* queue.releaseProcessingLock(first)).toBe(true)
+        expect(yield* queue.releaseProcessingLock(first)).toBe(false)
+        const second = Option.getOrThrow(yield* queue.acquireProcessingLock("agent-a"))
         yield* TestClock.adjust(TIMEOUT + 1)
         yield* queue.acquireProcessingLock("agent-b")
-        expect(yield* queue.releaseProcessingLock("agent-a")).toBe(false)
+        expect(yield* queue.releaseProcessingLock(second)).toBe(false)
         expect(Option.getOrThrow(yield* queue.getProcessingLock).agentId).toBe("agent-b")
       }))
 
@@ -308,23 +310,23 @@ for (const backend of backends) {
       Effect.gen(function*() {
         const queue = yield* queueOn(backend.client())
         const entry = yield* queue.enqueue("ws")
-        yield* queue.nextWithLock("worker")
+        const claim = Option.getOrThrow(yield* queue.nextWithLock("worker"))
         for (let i = 0; i < 6; i++) {
           yield* TestClock.adjust(TIMEOUT / 2)
-          expect(yield* queue.extendLock("worker", TIMEOUT)).toBe(true)
+          expect(yield* queue.extendLock(claim, TIMEOUT)).toBe(true)
           expect(yield* queue.nextWithLock("rival")).toEqual(Option.none())
           expect((yield* queue.getRecoveryStats).entriesReclaimed).toBe(0)
         }
-        expect((yield* queue.transition(entry.id, "rebasing", "worker")).status).toBe("rebasing")
+        expect((yield* queue.transition(claim, "rebasing")).status).toBe("rebasing")
 
         // The worker stops extending: it becomes a zombie once a rival reclaims.
         yield* TestClock.adjust(TIMEOUT + 1)
         const rival = Option.getOrThrow(yield* queue.nextWithLock("rival"))
         expect(rival.id).toBe(entry.id)
-        const refused = yield* Effect.flip(queue.transition(entry.id, "testing", "worker"))
-        expect(refused).toMatchObject({ _tag: "LockLostError", agentId: "worker" })
-        expect(refused.message).toContain("claimed by rival")
-        expect(yield* queue.extendLock("worker", TIMEOUT)).toBe(false)
+        const refused = yield* Effect.flip(queue.transition(claim, "testing"))
+        expect(refused).toMatchObject({ _tag: "LockLostError", token: claim.token })
+        expect(refused.message).toContain(`fencing token ${claim.token} is stale`)
+        expect(yield* queue.extendLock(claim, TIMEOUT)).toBe(false)
         expect(Option.getOrThrow(yield* queue.get(entry.id))).toMatchObject({ status: "claimed" })
         expect(Option.getOrThrow(yield* queue.get(entry.id)).agentId).toEqual(Option.some("rival"))
       }))
@@ -332,11 +334,35 @@ for (const backend of backends) {
     it.effect("a worker whose own lock expired unclaimed is refused too (fencing checks expiry)", () =>
       Effect.gen(function*() {
         const queue = yield* queueOn(backend.client())
-        const entry = yield* queue.enqueue("ws")
-        yield* queue.nextWithLock("worker")
+        yield* queue.enqueue("ws")
+        const claim = Option.getOrThrow(yield* queue.nextWithLock("worker"))
         yield* TestClock.adjust(TIMEOUT + 1)
-        const refused = yield* Effect.flip(queue.transition(entry.id, "rebasing", "worker"))
+        const refused = yield* Effect.flip(queue.transition(claim, "rebasing"))
         expect(refused.message).toContain("expired")
+      }))
+
+    it.effect("a zombie with the same agent id is fenced by its token: an old incarnation cannot move or extend", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        const entry = yield* queue.enqueue("ws")
+        // "merger" claims, starts rebasing, and hangs; its pod is restarted under the same name.
+        const old = Option.getOrThrow(yield* queue.nextWithLock("merger"))
+        yield* queue.transition(old, "rebasing")
+        yield* TestClock.adjust(TIMEOUT + 1)
+        const reborn = Option.getOrThrow(yield* queue.nextWithLock("merger"))
+        expect(reborn.id).toBe(entry.id)
+        expect(reborn.token).toBeGreaterThan(old.token)
+        yield* queue.transition(reborn, "rebasing")
+        // The old incarnation wakes up: same agent id, old token. Refused, and nothing changes.
+        const moved = yield* Effect.flip(queue.transition(old, "testing"))
+        expect(moved).toMatchObject({ _tag: "LockLostError", token: old.token })
+        expect(yield* queue.extendLock(old, TIMEOUT)).toBe(false)
+        expect(yield* queue.releaseProcessingLock(old)).toBe(false)
+        const now = Option.getOrThrow(yield* queue.get(entry.id))
+        expect([now.status, Option.getOrThrow(now.fencingToken)]).toEqual(["rebasing", reborn.token])
+        expect(Option.getOrThrow(yield* queue.getProcessingLock).fencingToken).toBe(reborn.token)
+        // The new incarnation goes on.
+        expect((yield* queue.transition(reborn, "testing")).status).toBe("testing")
       }))
 
     it.scoped("a heartbeat drives extendLock through LeaseExtender: working keeps the lock, stalling loses it", () =>
@@ -346,7 +372,7 @@ for (const backend of backends) {
         const claimed = Option.getOrThrow(yield* queue.nextWithLock("worker"))
         const heartbeat = yield* Heartbeat.make
         const extender = yield* LeaseExtender.make({ interval: "1 minute", extension: "5 minutes" })
-        yield* extender.attach(queue.extendable("worker", claimed), heartbeat)
+        yield* extender.attach(queue.extendable(claimed), heartbeat)
         for (let minute = 0; minute < 15; minute++) {
           yield* TestClock.adjust("1 minute")
           yield* heartbeat.beat
@@ -355,7 +381,7 @@ for (const backend of backends) {
         // 15 minutes of work (3× the lock timeout): still the worker's.
         yield* Effect.sleep("10 millis").pipe(Effect.fork, Effect.zipRight(TestClock.adjust("10 millis")))
         expect(yield* queue.nextWithLock("rival")).toEqual(Option.none())
-        expect((yield* queue.transition(entry.id, "rebasing", "worker")).status).toBe("rebasing")
+        expect((yield* queue.transition(claimed, "rebasing")).status).toBe("rebasing")
         // No more beats: the lock runs out and a rival gets the entry.
         yield* TestClock.adjust("6 minutes")
         expect(Option.getOrThrow(yield* queue.nextWithLock("rival")).id).toBe(entry.id)
@@ -405,11 +431,13 @@ for (const backend of backends) {
           yield* live(10)
           claimed = yield* Fiber.poll(claim)
         }
-        expect(Exit.isSuccess(claimed.value)).toBe(true)
-        expect(Exit.isSuccess(claimed.value) && Option.getOrThrow(claimed.value.value).status).toBe("claimed")
+        const exit = claimed.value
+        expect(Exit.isSuccess(exit)).toBe(true)
+        const got = Option.getOrThrow(yield* exit)
+        expect(got.status).toBe("claimed")
         expect(yield* Ref.get(failures)).toBe(0)
         // Not retryable: the error surfaces at once, and nothing was written.
-        yield* queue.releaseProcessingLock("agent-a")
+        yield* queue.releaseProcessingLock(got)
         const always = yield* queueOn(failing(backend.client(), "SET status = 'claimed'", yield* Ref.make(99)))
         expect((yield* Effect.flip(always.nextWithLock("agent-b")))._tag).toBe("MergeQueueStoreError")
         expect(yield* always.getProcessingLock).toEqual(Option.none())
@@ -421,7 +449,8 @@ for (const backend of backends) {
         expect(yield* Effect.flip(queue.enqueue(""))).toMatchObject({ parameter: "workspace" })
         expect(yield* Effect.flip(queue.enqueue("ws", { priority: 1.5 }))).toMatchObject({ parameter: "priority" })
         expect(yield* Effect.flip(queue.nextWithLock(" "))).toMatchObject({ parameter: "agentId" })
-        expect(yield* Effect.flip(queue.extendLock("a", 0))).toMatchObject({ parameter: "extra" })
+        expect(yield* Effect.flip(queue.extendLock({ token: 1 }, 0))).toMatchObject({ parameter: "extra" })
+        expect(yield* Effect.flip(queue.extendLock({ token: 1.5 }, "1 second"))).toMatchObject({ parameter: "token" })
         expect(yield* Effect.flip(queue.reclaimStale("-1 seconds"))).toMatchObject({ parameter: "threshold" })
         const first = yield* queue.enqueue("ws")
         const duplicate = yield* Effect.flip(queue.enqueue("ws"))

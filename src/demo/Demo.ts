@@ -147,7 +147,8 @@ const mergeQueuePhase = Effect.gen(function*() {
   const entries = 5
   for (let i = 1; i <= entries; i++) yield* queue.enqueue(`feature/${i}`, { priority: i === 3 ? 0 : 2 })
   const crashed = Option.getOrThrow(yield* queue.nextWithLock("merger-1"))
-  yield* queue.transition(crashed.id, "rebasing", "merger-1") // …and merger-1 dies here, holding the lock
+  yield* queue.transition(crashed, "rebasing") // …and merger-1 dies here, holding the lock
+  let last: MergeQueue.Claim | undefined
   for (;;) {
     const next = yield* queue.nextWithLock("merger-2")
     if (Option.isNone(next)) {
@@ -156,11 +157,12 @@ const mergeQueuePhase = Effect.gen(function*() {
       yield* Effect.sleep("100 millis")
       continue
     }
+    last = next.value
     for (const status of ["rebasing", "testing", "ready_to_merge", "merging", "merged"] as const) {
-      yield* queue.transition(next.value.id, status, "merger-2")
+      yield* queue.transition(next.value, status)
     }
   }
-  yield* queue.releaseProcessingLock("merger-2")
+  if (last !== undefined) yield* queue.releaseProcessingLock(last)
   const healed = (yield* queue.auditLog()).filter((row) => row.action === "entry_reclaimed").length
   return { merged: (yield* queue.stats).byStatus.merged, entries, healed }
 })
