@@ -4,7 +4,10 @@
  *
  * Every queue of a database lives in one table, `<prefix>mailbox_messages`,
  * created by a migration on first use. A row is visible when its `visible_at`
- * (epoch ms, read from `Clock`) has passed; receiving a row sets a fresh
+ * (epoch ms) has passed by the database's own clock, read in each statement:
+ * workers on machines whose clocks drift judge every lease alike, and a
+ * SQLite claim reads the time once it holds the file (under `TestClock` the
+ * statements use the test's time instead: see `Now`). Receiving a row sets a fresh
  * random receipt handle and pushes `visible_at` out by the visibility
  * timeout, in one statement — `FOR UPDATE SKIP LOCKED` on PostgreSQL, so
  * concurrent receivers never wait on each other, and one write transaction
@@ -48,6 +51,7 @@ import { PgClient } from "@effect/sql-pg"
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
+import type * as Statement from "@effect/sql/Statement"
 import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
 import type * as ConfigError from "effect/ConfigError"
@@ -417,45 +421,68 @@ const listen = (store: Store): Effect.Effect<void> =>
 // Messages
 // ---------------------------------------------------------------------------
 
+/**
+ * When a statement runs. `undefined`: the database's own clock, read by the statement as it runs — so every
+ * process judges visibility by one clock (PostgreSQL serving several machines, whose clocks drift), and on
+ * SQLite the time is taken once the statement has the file, not before it waited for the lock. A number:
+ * the time a test's `TestClock` gives, so tests drive expiry on every backend alike (see `nowOf`).
+ */
+type Now = number | undefined
+
+/**
+ * The `Now` a mailbox's statements run with: the database's clock, unless the mailbox runs under
+ * `TestClock` — then the test's time, so `TestClock.adjust` moves visibility on SQLite and PostgreSQL as it
+ * does in memory. A clock that is merely wrong (a machine running ahead) is still the database's business.
+ */
+const nowOf = (clock: Clock.Clock): () => Now =>
+  typeof (clock as { readonly adjust?: unknown }).adjust === "function"
+    ? () => clock.unsafeCurrentTimeMillis()
+    : () => undefined
+
 interface Statements {
+  /** Claims up to `max` visible messages of a queue, invisible for `visibilityMillis` from now. */
   readonly claim: (
     queue: string,
-    now: number,
-    visibleAt: number,
+    now: Now,
+    visibilityMillis: number,
     max: number
   ) => Effect.Effect<ReadonlyArray<Row>, SqlError>
   /** Inserts messages into one queue: each one's id, in order, or `undefined` for those that found it full. */
   readonly insert: (
     queue: string,
     items: ReadonlyArray<SendItem>,
-    now: number,
+    now: Now,
     maxSize: number | undefined
   ) => Effect.Effect<ReadonlyArray<string | undefined>, SqlError>
   /** Acknowledges deliveries, inserting each one's reply (if any) in the same transaction. */
   readonly settle: (
     items: ReadonlyArray<SettleItem>,
-    now: number
+    now: Now
   ) => Effect.Effect<ReadonlyMap<string, string | undefined>, SqlError>
+  /** Makes a delivery visible `timeoutMillis` from now (keeping or clearing its handle); false when it is stale. */
   readonly setVisibility: (
     seq: string,
     handle: string,
-    now: number,
-    visibleAt: number,
+    now: Now,
+    timeoutMillis: number,
     keepHandle: boolean,
     queue: string
   ) => Effect.Effect<boolean, SqlError>
-  readonly release: (seq: string, handle: string, now: number) => Effect.Effect<void, SqlError>
-  readonly isCurrent: (seq: string, handle: string, now: number) => Effect.Effect<boolean, SqlError>
+  readonly release: (seq: string, handle: string, now: Now) => Effect.Effect<void, SqlError>
+  readonly isCurrent: (seq: string, handle: string, now: Now) => Effect.Effect<boolean, SqlError>
   readonly deadLetter: (
     seq: string,
     handle: string,
-    now: number,
+    now: Now,
     errorTag: string,
     error: string
   ) => Effect.Effect<void, SqlError>
-  readonly nextVisibleAt: (queue: string, now: number) => Effect.Effect<number | undefined, SqlError>
+  /** Milliseconds until the queue's next invisible message becomes visible; `undefined` when there is none. */
+  readonly nextVisibleIn: (queue: string, now: Now) => Effect.Effect<number | undefined, SqlError>
   readonly count: (queue: string) => Effect.Effect<number, SqlError>
   readonly purge: (queue: string) => Effect.Effect<number, SqlError>
+  /** `now` as a SQL expression, for the operator's queries. */
+  readonly at: (now: Now) => Statement.Fragment
 }
 
 /** A message to insert: its encoded body, how long it stays invisible, where its replies go. */
@@ -486,12 +513,12 @@ class ClaimBatcher {
 
   constructor(
     private readonly claim: (
-      now: number,
-      visibleAt: number,
+      now: Now,
+      visibilityMillis: number,
       max: number
     ) => Effect.Effect<ReadonlyArray<Row>, SqlError>,
-    private readonly release: (rows: ReadonlyArray<Row>, now: number) => Effect.Effect<void>,
-    private readonly clock: Clock.Clock
+    private readonly release: (rows: ReadonlyArray<Row>, now: Now) => Effect.Effect<void>,
+    private readonly now: () => Now
   ) {}
 
   /** Claims up to `max` rows; only the wait is interruptible (through `restore`). */
@@ -534,9 +561,9 @@ class ClaimBatcher {
         this.waiting = this.waiting.filter((request) => request.visibilityMillis !== visibilityMillis)
         const open = batch.filter((request) => !request.cancelled)
         if (open.length === 0) continue
-        const now = this.clock.unsafeCurrentTimeMillis()
+        const now = this.now()
         const total = open.reduce((sum, request) => sum + request.max, 0)
-        const claimed = yield* Effect.exit(this.claim(now, now + visibilityMillis, total))
+        const claimed = yield* Effect.exit(this.claim(now, visibilityMillis, total))
         if (Exit.isFailure(claimed)) {
           for (const request of open) this.serve(request, Exit.failCause(claimed.cause))
           continue
@@ -565,7 +592,7 @@ class ClaimBatcher {
 
 interface Claimed {
   readonly rows: ReadonlyArray<Row>
-  readonly now: number
+  readonly now: Now
 }
 
 interface ClaimRequest {
@@ -616,8 +643,8 @@ type SettleBatcher = GroupCommit<SettleItem, string | undefined | false, SqlErro
  */
 const batchLimits = { maxItems: 200, maxBytes: 16 * 1024 * 1024 } as const
 
-const settleBatcher = (statements: Statements, clock: Clock.Clock): SettleBatcher =>
-  new GroupCommit((items) => settleRounds(statements, clock, items), {
+const settleBatcher = (statements: Statements, now: () => Now): SettleBatcher =>
+  new GroupCommit((items) => settleRounds(statements, now, items), {
     ...batchLimits,
     sizeOf: (item) => 64 + (item.reply?.body.length ?? 0)
   })
@@ -630,7 +657,7 @@ const settleBatcher = (statements: Statements, clock: Clock.Clock): SettleBatche
  */
 const settleRounds = (
   statements: Statements,
-  clock: Clock.Clock,
+  now: () => Now,
   items: ReadonlyArray<SettleItem>
 ): Effect.Effect<Array<string | undefined | false>, SqlError> => {
   const seen = new Set<string>()
@@ -642,14 +669,14 @@ const settleRounds = (
     first.push(index)
   })
   const round = first.length === items.length ? items : first.map((index) => items[index]!)
-  return Effect.flatMap(statements.settle(round, clock.unsafeCurrentTimeMillis()), (rows) => {
+  return Effect.flatMap(statements.settle(round, now()), (rows) => {
     const results = new Array<string | undefined | false>(items.length)
     for (const index of first) {
       const { seq } = items[index]!
       results[index] = rows.has(seq) ? rows.get(seq) : false
     }
     if (again.length === 0) return Effect.succeed(results)
-    return Effect.map(settleRounds(statements, clock, again.map((index) => items[index]!)), (later) => {
+    return Effect.map(settleRounds(statements, now, again.map((index) => items[index]!)), (later) => {
       again.forEach((index, k) => {
         results[index] = later[k]!
       })
@@ -668,18 +695,31 @@ const statements = (store: Store): Statements => {
   const settleFunction = sql(`${store.prefix}mailbox_settle`)
   const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
   const notify = (queue: string) => pg ? sql`, pg_notify(${store.channel}, ${queue})` : sql``
+  // The database's clock in epoch milliseconds, as the statement runs: PostgreSQL's statement time (one value
+  // for the whole statement), SQLite's 'now' (one value per statement step).
+  const databaseNow = pg
+    ? sql.literal("(floor(extract(epoch from statement_timestamp()) * 1000))::bigint")
+    : sql.literal("CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)")
+  // A given time is typed, so PostgreSQL can add to it (`$1 + $2` alone has no type).
+  const at = (now: Now): Statement.Fragment =>
+    now === undefined ? databaseNow : pg ? sql`${now}::bigint` : sql`${now}`
   return {
-    claim: (queue, now, visibleAt, max) =>
+    at,
+    claim: (queue, now, visibilityMillis, max) =>
       pg
         ? store.onLane((lane) =>
           lane<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to
-          FROM ${claimFunction}(${queue}::text, ${now}::bigint, ${visibleAt}::bigint, ${max}::integer)`
+          FROM ${claimFunction}(${queue}::text, ${at(now)}::bigint, (${at(now)} + ${visibilityMillis})::bigint,
+            ${max}::integer)`
         )
-        : sql<Row>`UPDATE ${messages} SET visible_at = ${visibleAt}, receipt_handle = lower(hex(randomblob(16))),
-            delivery_count = delivery_count + 1
-          WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${now}
-            ORDER BY visible_at, seq LIMIT ${max})
-          RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to`,
+        // A write transaction (the file's lock first), so the time is read once the claim has the file.
+        : Sql.writeTransaction(sql)(
+          sql<Row>`UPDATE ${messages} SET visible_at = ${at(now)} + ${visibilityMillis},
+              receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1
+            WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
+              ORDER BY visible_at, seq LIMIT ${max})
+            RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to`
+        ),
     insert: (queue, items, now, maxSize) => {
       if (pg) {
         // The first `maxSize - count` items go in; ids are drawn up front so each item learns its own.
@@ -699,7 +739,7 @@ const statements = (store: Store): Statements => {
             ${room}),
           ins AS (
             INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to)
-            SELECT seq, ${queue}::text, body, ${now}::bigint + delay, ${now}::bigint, reply_to FROM input)
+            SELECT seq, ${queue}::text, body, ${at(now)} + delay, ${at(now)}, reply_to FROM input)
           SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`
           ),
           (rows) => items.map((_, index) => rows[index]?.seq)
@@ -711,7 +751,7 @@ const statements = (store: Store): Statements => {
         : sql`WHERE key < ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
       return Effect.map(
         sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
-          SELECT ${queue}, json_extract(value, '$[0]'), ${now} + json_extract(value, '$[1]'), ${now},
+          SELECT ${queue}, json_extract(value, '$[0]'), ${at(now)} + json_extract(value, '$[1]'), ${at(now)},
             json_extract(value, '$[2]')
           FROM json_each(${JSON.stringify(items.map((item) => [item.body, item.delayMillis, item.replyTo]))}) ${room}
           ORDER BY key
@@ -736,7 +776,7 @@ const statements = (store: Store): Statements => {
             }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
             ARRAY(SELECT body::text FROM json_array_elements(${`[${
               items.map((item) => item.reply?.body ?? "null").join(",")
-            }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${now}::bigint, ${store.channel}::text)`
+            }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${at(now)}::bigint, ${store.channel}::text)`
           ),
           (rows) =>
             new Map(rows.map((row) => [
@@ -748,7 +788,7 @@ const statements = (store: Store): Statements => {
           // One transaction and two statements for the batch (a statement costs more than a row): the deletes,
           // whose first write takes the write lock at once, then the replies of the deliveries that were current.
           const acked = yield* sql<{ seq: number; receipt_handle: string }>`DELETE FROM ${messages}
-            WHERE visible_at > ${now} AND (seq, receipt_handle) IN (
+            WHERE visible_at > ${at(now)} AND (seq, receipt_handle) IN (
               SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(${
             JSON.stringify(items.map((item) => [Number(item.seq), item.handle]))
           }))
@@ -765,7 +805,7 @@ const statements = (store: Store): Statements => {
           if (replying.length === 0) return settled
           // Inserted in the array's order, so the new ids ascend in that order (RETURNING's order is unspecified).
           const replies = yield* sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
-            SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ${now}, ${now}
+            SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ${at(now)}, ${at(now)}
             FROM json_each(${JSON.stringify(replying.map((reply) => [reply.queue, reply.body]))}) ORDER BY key
             RETURNING seq`
           const ids = replies.map((row) => row.seq).sort((a, b) => a - b)
@@ -774,13 +814,14 @@ const statements = (store: Store): Statements => {
         })),
     // Extensions and nacks run on the lane too (PostgreSQL): an application that holds every pooled
     // connection must not keep a working message from proving it is alive, or a given-up one from coming back.
-    setVisibility: (seq, handle, now, visibleAt, keepHandle, queue) => {
-      const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${now}`
+    setVisibility: (seq, handle, now, timeoutMillis, keepHandle, queue) => {
+      const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)}`
       const handleColumn = keepHandle ? sql`` : sql`, receipt_handle = NULL`
+      const visibleAt = sql`${at(now)} + ${timeoutMillis}`
       return pg
         ? store.onLane((lane) =>
           Effect.map(
-            visibleAt <= now
+            timeoutMillis === 0
               ? lane`WITH upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard}
                   RETURNING seq) SELECT seq${notify(queue)} FROM upd`
               : lane`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`,
@@ -790,27 +831,29 @@ const statements = (store: Store): Statements => {
         : Effect.map(sql`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`, one)
     },
     release: (seq, handle, now) =>
-      sql`UPDATE ${messages} SET visible_at = ${now}, receipt_handle = NULL, delivery_count = delivery_count - 1
+      sql`UPDATE ${messages} SET visible_at = ${at(now)}, receipt_handle = NULL, delivery_count = delivery_count - 1
         WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`.pipe(Effect.asVoid),
     isCurrent: (seq, handle, now) =>
       Effect.map(
         sql`SELECT seq FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
-          AND visible_at > ${now}`,
+          AND visible_at > ${at(now)}`,
         one
       ),
     deadLetter: (seq, handle, now, errorTag, error) =>
       Sql.writeTransaction(sql)(Effect.zipRight(
         sql`INSERT INTO ${deadLetters}
             (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
-          SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${now}, ${errorTag}, ${error}
+          SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${
+          at(now)
+        }, ${errorTag}, ${error}
           FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
           ON CONFLICT (id) DO NOTHING`,
         sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`
       )),
-    nextVisibleAt: (queue, now) =>
+    nextVisibleIn: (queue, now) =>
       Effect.map(
-        sql<{ next: number | string | null }>`SELECT min(visible_at) AS next FROM ${messages}
-          WHERE queue = ${queue} AND visible_at > ${now}`,
+        sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
+          WHERE queue = ${queue} AND visible_at > ${at(now)}`,
         (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
       ),
     count: (queue) =>
@@ -902,7 +945,8 @@ interface MailboxContext {
   readonly settleGroup: GroupSettler
   /** Reply destinations already resolved, by resolver and name. */
   readonly routes: WeakMap<object, Map<string, Destination>>
-  readonly clock: Clock.Clock
+  /** When the mailbox's statements run (see `Now`). */
+  readonly now: () => Now
   readonly replyEncoder: Encoder | undefined
 }
 
@@ -971,11 +1015,11 @@ class SqlMessage<A, R> implements Message<A, R> {
 
   /** Runs a statement guarded by this delivery's handle; `false` from it means the handle is stale. */
   private guarded(
-    statement: (now: number) => Effect.Effect<boolean, SqlError>,
+    statement: (now: Now) => Effect.Effect<boolean, SqlError>,
     finalizes: boolean
   ): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
     return Effect.suspend(() =>
-      Effect.flatMap(statement(this.mailbox.clock.unsafeCurrentTimeMillis()), (done) => {
+      Effect.flatMap(statement(this.mailbox.now()), (done) => {
         if (!done) return Effect.fail(this.expired())
         if (finalizes) this.finalized = true
         return Effect.void
@@ -986,8 +1030,7 @@ class SqlMessage<A, R> implements Message<A, R> {
   private setVisibility(timeout: Duration.Duration, finalizes: boolean) {
     const { name, statements } = this.mailbox
     return this.guarded(
-      (now) =>
-        statements.setVisibility(this.id, this.receiptHandle, now, now + Duration.toMillis(timeout), !finalizes, name),
+      (now) => statements.setVisibility(this.id, this.receiptHandle, now, Duration.toMillis(timeout), !finalizes, name),
       finalizes
     )
   }
@@ -1130,8 +1173,12 @@ class SqlMessage<A, R> implements Message<A, R> {
       if (route._tag === "Remote") return route.target.send(body)
       const { statements, store } = this.mailbox
       return Effect.suspend(() => {
-        const now = this.mailbox.clock.unsafeCurrentTimeMillis()
-        return statements.insert(route.queue, [{ body: route.body, delayMillis: 0, replyTo: null }], now, undefined)
+        return statements.insert(
+          route.queue,
+          [{ body: route.body, delayMillis: 0, replyTo: null }],
+          this.mailbox.now(),
+          undefined
+        )
       }).pipe(
         Effect.map((ids) => {
           store.wake(route.queue)
@@ -1256,11 +1303,12 @@ export const make = <A, I, R = never, IR = never>(
     const statements_ = statements(store)
     const encode = encoderOf(options.schema, maxBodyBytes)
     const decode = decoderOf(options.schema)
-    const settler = settleBatcher(statements_, clock)
+    const now = nowOf(clock)
+    const settler = settleBatcher(statements_, now)
     // Sends group-commit too: concurrent producers share one statement and one commit.
     const sender = new GroupCommit<SendItem, string | undefined, SqlError>(
       (items) =>
-        Effect.map(statements_.insert(name, items, clock.unsafeCurrentTimeMillis(), maxSize), (ids) => {
+        Effect.map(statements_.insert(name, items, now(), maxSize), (ids) => {
           if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
           return ids
         }),
@@ -1273,7 +1321,7 @@ export const make = <A, I, R = never, IR = never>(
       settler,
       settleGroup: groupSettler(settler),
       routes: new WeakMap(),
-      clock,
+      now,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema, maxBodyBytesLimit)
     }
     let closed = false
@@ -1302,7 +1350,7 @@ export const make = <A, I, R = never, IR = never>(
       })
 
     /** Turns claimed rows into messages; a row whose body no longer decodes goes to the dead-letter table. */
-    const toMessages = (rows: ReadonlyArray<Row>, now: number) =>
+    const toMessages = (rows: ReadonlyArray<Row>, now: Now) =>
       Effect.gen(function*() {
         const received: Array<Message<A, R>> = []
         for (const row of rows.length > 1 ? [...rows].sort((a, b) => Number(a.seq) - Number(b.seq)) : rows) {
@@ -1333,17 +1381,17 @@ export const make = <A, I, R = never, IR = never>(
         return received
       })
 
-    const releaseRows = (rows: ReadonlyArray<Row>, now: number) =>
+    const releaseRows = (rows: ReadonlyArray<Row>, now: Now) =>
       Effect.forEach(
         rows,
         (row) => Effect.ignore(statements_.release(String(row.seq), row.receipt_handle, now)),
         { discard: true }
       )
-    const nextVisibleAt = new SingleFlight(() => statements_.nextVisibleAt(name, clock.unsafeCurrentTimeMillis()))
+    const nextVisibleIn = new SingleFlight(() => statements_.nextVisibleIn(name, now()))
     const claimer = new ClaimBatcher(
-      (now, visibleAt, max) => statements_.claim(name, now, visibleAt, max),
+      (at, visibilityMillis, max) => statements_.claim(name, at, visibilityMillis, max),
       releaseRows,
-      clock
+      now
     )
 
     /**
@@ -1379,10 +1427,15 @@ export const make = <A, I, R = never, IR = never>(
         // Armed before looking, so a send that lands between the claim and the sleep still wakes us.
         const signal = store.arm(name)
         return Effect.flatMap(claimOnce(max, visibilityMillis), (received) => {
-          const now = clock.unsafeCurrentTimeMillis()
-          if (received.length > 0 || closed || now >= waitUntil) return Effect.succeed(received)
-          return Effect.flatMap(withStore(nextVisibleAt.run), (nextVisible) => {
-            const sleepUntil = Math.min(waitUntil, nextVisible ?? waitUntil, now + pollMillis)
+          // The wait is measured on the fiber's Clock (a duration); when a message shows, on the database's.
+          const started = clock.unsafeCurrentTimeMillis()
+          if (received.length > 0 || closed || started >= waitUntil) return Effect.succeed(received)
+          return Effect.flatMap(withStore(nextVisibleIn.run), (nextVisible) => {
+            const sleepUntil = Math.min(
+              waitUntil,
+              nextVisible === undefined ? waitUntil : started + nextVisible,
+              started + pollMillis
+            )
             return Effect.zipRight(
               Effect.raceAll([
                 Deferred.await(signal),
@@ -1594,21 +1647,18 @@ export const deadLetters = (options?: {
           ),
       redrive: (selection) =>
         empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
-          const now = clock.unsafeCurrentTimeMillis()
-          // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted.
+          const at = statements(store).at(nowOf(clock)())
+          // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted,
+          // visible from now on the database's clock.
           return Sql.writeTransaction(sql)(
             Effect.flatMap(
               sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
               (gone) =>
                 gone.length === 0 ? Effect.succeed(gone) : Effect.as(
-                  sql`INSERT INTO ${messages} ${
-                    sql.insert(gone.map((row) => ({
-                      queue: row.queue,
-                      body: row.body,
-                      visible_at: now,
-                      enqueued_at: Number(row.enqueued_at),
-                      reply_to: row.reply_to
-                    })))
+                  sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to) VALUES ${
+                    sql.csv(gone.map((row) =>
+                      sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to})`
+                    ))
                   }`,
                   gone
                 )
@@ -1703,7 +1753,7 @@ export const queues = (options?: {
     const statements_ = statements(store)
     return {
       stats: Effect.suspend(() => {
-        const now = clock.unsafeCurrentTimeMillis()
+        const now = statements_.at(nowOf(clock)())
         return Effect.zipWith(
           sql<{
             queue: string
@@ -1740,15 +1790,16 @@ export const queues = (options?: {
       }),
       peek: (queue, peekOptions) =>
         Effect.suspend(() => {
-          const now = clock.unsafeCurrentTimeMillis()
-          return sql<Row & { visible_at: number | string }>`SELECT seq, body, receipt_handle, delivery_count,
-              enqueued_at, reply_to, visible_at
+          const now = statements_.at(nowOf(clock)())
+          return sql<Row & { visible_at: number | string; visible: number | boolean }>`SELECT seq, body,
+              receipt_handle, delivery_count, enqueued_at, reply_to, visible_at,
+              CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END AS visible
             FROM ${messages} WHERE queue = ${queue} ORDER BY visible_at, seq LIMIT ${peekOptions?.limit ?? 10}`.pipe(
             Effect.map((rows) =>
               rows.map((row): PeekedMessage => ({
                 id: String(row.seq),
                 body: row.body,
-                state: Number(row.visible_at) <= now ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
+                state: Number(row.visible) === 1 ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
                 visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
                 deliveryCount: Number(row.delivery_count),
                 enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),

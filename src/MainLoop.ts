@@ -226,13 +226,20 @@ interface AgentProgress {
   session: Session.Session | undefined
 }
 
-/** The phase an evaluation stopped in, from its session: a tool call without its result is a tool running. */
-const phaseOf = (progress: AgentProgress): Effect.Effect<{ readonly phase: Phase; readonly where: string }> => {
+/**
+ * The phase an evaluation stopped in, from its session (a tool call without its result is a tool running),
+ * and the detail to report — worded as the inner loop and the tool executor word it, so the reply reads the
+ * same whichever timer noticed the deadline first.
+ */
+const phaseOf = (
+  progress: AgentProgress,
+  iso: string
+): Effect.Effect<{ readonly phase: Phase; readonly detail: string }> => {
   switch (progress.stage) {
     case "preparing":
-      return Effect.succeed({ phase: "preflight", where: "while the prompt was prepared" })
+      return Effect.succeed({ phase: "preflight", detail: `deadline ${iso} passed while the prompt was prepared` })
     case "finalizing":
-      return Effect.succeed({ phase: "response", where: "while the response was finalized" })
+      return Effect.succeed({ phase: "response", detail: `deadline ${iso} passed while the response was finalized` })
     case "evaluating":
       return Effect.map(progress.session?.events ?? Effect.succeed([]), (events) => {
         const running = new Map<string, string>()
@@ -242,8 +249,8 @@ const phaseOf = (progress: AgentProgress): Effect.Effect<{ readonly phase: Phase
         }
         const tool = [...running.values()].at(-1)
         return tool === undefined
-          ? { phase: "request", where: "while waiting for the model" }
-          : { phase: "tool", where: `during tool "${tool}"` }
+          ? { phase: "request", detail: `deadline ${iso} passed` }
+          : { phase: "tool", detail: `tool "${tool}" ran out of time: Deadline exceeded at ${iso}` }
       })
   }
 }
@@ -299,13 +306,14 @@ export const agent = <Req, O, Out = O, E = never, R = never>(options: {
         onDeadline: (error, context) => {
           const progress = attempts.get(context) ??
             { stage: "preparing", promptName: "(not prepared yet)", session: undefined }
-          return Effect.map(phaseOf(progress), ({ phase, where }) =>
+          const iso = DateTime.formatIso(error.expiresAt)
+          return Effect.map(phaseOf(progress, iso), ({ detail, phase }) =>
             new PromptEvaluationError({
               phase,
               reason: "deadline",
               promptName: progress.promptName,
-              detail: `deadline ${DateTime.formatIso(error.expiresAt)} passed ${where}`,
-              providerPayload: { deadline_expires_at: DateTime.formatIso(error.expiresAt) }
+              detail,
+              providerPayload: { deadline_expires_at: iso }
             }))
         },
         ...replies<Req, Out>(clock)

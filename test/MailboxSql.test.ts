@@ -8,6 +8,7 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
 import {
+  Clock,
   ConfigProvider,
   Context,
   DateTime,
@@ -615,6 +616,49 @@ describe("MailboxSql lane on PostgreSQL", () => {
       const received = yield* jobs.receive({ maxMessages: 10, waitTime: 0 })
       expect(received.map((message) => message.body.n)).toEqual([1, 2])
     }).pipe(Effect.scoped), 30_000)
+})
+
+describe("MailboxSql on PostgreSQL judges leases by the database's clock", () => {
+  /** The live clock, `skew` off (a machine whose clock drifted: NTP not running, a VM resumed). */
+  const skewed = (skew: number): Clock.Clock => {
+    const live = Clock.make()
+    return {
+      ...live,
+      [Clock.ClockTypeId]: Clock.ClockTypeId,
+      unsafeCurrentTimeMillis: () => live.unsafeCurrentTimeMillis() + skew,
+      currentTimeMillis: Effect.sync(() => live.unsafeCurrentTimeMillis() + skew),
+      unsafeCurrentTimeNanos: () => live.unsafeCurrentTimeNanos(),
+      currentTimeNanos: live.currentTimeNanos,
+      sleep: (duration) => live.sleep(duration)
+    }
+  }
+
+  it.live("a worker 2 minutes ahead and one 2 minutes behind: none steals an in-flight message, none misses one", () =>
+    Effect.gen(function*() {
+      const open = (skew: number) =>
+        MailboxSql.make({ name: "skewed", schema: Job, prefix }).pipe(
+          Effect.provideService(SqlClient.SqlClient, pg),
+          Effect.withClock(skewed(skew))
+        )
+      const ahead = yield* open(2 * 60_000)
+      const behind = yield* open(-2 * 60_000)
+      // Sent by the one ahead, seen at once by the one behind (judged by its own clock it was 4 minutes off).
+      yield* ahead.send({ n: 1 })
+      const [message] = yield* behind.receive({ visibilityTimeout: "60 seconds" })
+      expect(message?.body).toEqual({ n: 1 })
+      // In flight for 60 s: the one ahead must not take it (by its own clock it expired a minute ago).
+      expect(yield* ahead.receive({ maxMessages: 10 })).toEqual([])
+      // The holder's acknowledgement finds its lease.
+      yield* message!.acknowledge
+      expect(yield* ahead.approximateCount).toBe(0)
+      // And the other way round: sent behind, received ahead, the one behind cannot steal it.
+      yield* behind.send({ n: 2 })
+      const [second] = yield* ahead.receive({ visibilityTimeout: "60 seconds" })
+      expect(second?.body).toEqual({ n: 2 })
+      expect(yield* behind.receive({ maxMessages: 10 })).toEqual([])
+      yield* second!.extendVisibility("60 seconds")
+      yield* second!.acknowledge
+    }).pipe(Effect.provide(MailboxResolver.layer()), Effect.scoped))
 })
 
 describe("MailboxSql migrations on PostgreSQL", () => {
