@@ -701,8 +701,7 @@ const statements = (store: Store): Statements => {
     ? sql.literal("(floor(extract(epoch from statement_timestamp()) * 1000))::bigint")
     : sql.literal("CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)")
   // A given time is typed, so PostgreSQL can add to it (`$1 + $2` alone has no type).
-  const at = (now: Now): Statement.Fragment =>
-    now === undefined ? databaseNow : pg ? sql`${now}::bigint` : sql`${now}`
+  const at = (now: Now): Statement.Fragment => now === undefined ? databaseNow : pg ? sql`${now}::bigint` : sql`${now}`
   return {
     at,
     claim: (queue, now, visibilityMillis, max) =>
