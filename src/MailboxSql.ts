@@ -434,10 +434,7 @@ type Now = number | undefined
  * `TestClock` — then the test's time, so `TestClock.adjust` moves visibility on SQLite and PostgreSQL as it
  * does in memory. A clock that is merely wrong (a machine running ahead) is still the database's business.
  */
-const nowOf = (clock: Clock.Clock): () => Now =>
-  typeof (clock as { readonly adjust?: unknown }).adjust === "function"
-    ? () => clock.unsafeCurrentTimeMillis()
-    : () => undefined
+const nowOf = (clock: Clock.Clock): () => Now => Sql.testTime(clock) ?? (() => undefined)
 
 interface Statements {
   /** Claims up to `max` visible messages of a queue, invisible for `visibilityMillis` from now. */
@@ -695,11 +692,7 @@ const statements = (store: Store): Statements => {
   const settleFunction = sql(`${store.prefix}mailbox_settle`)
   const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
   const notify = (queue: string) => pg ? sql`, pg_notify(${store.channel}, ${queue})` : sql``
-  // The database's clock in epoch milliseconds, as the statement runs: PostgreSQL's statement time (one value
-  // for the whole statement), SQLite's 'now' (one value per statement step).
-  const databaseNow = pg
-    ? sql.literal("(floor(extract(epoch from statement_timestamp()) * 1000))::bigint")
-    : sql.literal("CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)")
+  const databaseNow = Sql.databaseNow(sql)
   // A given time is typed, so PostgreSQL can add to it (`$1 + $2` alone has no type).
   const at = (now: Now): Statement.Fragment => now === undefined ? databaseNow : pg ? sql`${now}::bigint` : sql`${now}`
   return {

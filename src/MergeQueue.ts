@@ -26,7 +26,6 @@
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
-import * as Clock from "effect/Clock"
 import type * as ConfigError from "effect/ConfigError"
 import * as Context from "effect/Context"
 import * as DateTime from "effect/DateTime"
@@ -587,23 +586,33 @@ export const make = (
           : Effect.fail(new TablesNotFoundError({ what: "merge queue tables", prefix: config.prefix, missing }))
     )
 
-    /** The lock row as it is (no row lock taken). */
-    const readLock = Effect.map(
-      sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token FROM ${lockTable} WHERE id = 1`,
-      (rows) => rows[0]!
+    // Lock expiry is judged by the database's clock, read in the statement that reads the lock (every agent,
+    // on every machine, by one clock); under TestClock by the test's time.
+    const testNow = Sql.testTime(yield* Effect.clock)
+    const databaseNow = Sql.databaseNow(sql)
+    const nowColumn = () => testNow === undefined ? databaseNow : sql`${testNow()}`
+
+    /** The lock row as it is (no row lock taken), with the time it was read. */
+    const readLock = Effect.suspend(() =>
+      Effect.map(
+        sql<LockRow & { now: number | string }>`SELECT agent_id, acquired_at, expires_at, fencing_token,
+          ${nowColumn()} AS now FROM ${lockTable} WHERE id = 1`,
+        (rows) => ({ lock: rows[0]!, now: Number(rows[0]!.now) })
+      )
     )
 
     /**
      * Runs `body` in a write transaction that holds the lock row (SQLite: the file's write lock, taken first),
-     * with the clock read once the lock is held.
+     * with the time read once the lock is held.
      */
     const locked = <A, E>(body: (lock: LockRow, now: number) => Effect.Effect<A, E | SqlError>) =>
       writeTransaction(Effect.gen(function*() {
         const rows = pg
-          ? yield* sql<LockRow>`SELECT agent_id, acquired_at, expires_at, fencing_token
-              FROM ${lockTable} WHERE id = 1 FOR UPDATE`
-          : [yield* readLock]
-        return yield* body(rows[0]!, yield* Clock.currentTimeMillis)
+          ? yield* sql<LockRow & { now: number | string }>`SELECT agent_id, acquired_at, expires_at, fencing_token,
+              ${nowColumn()} AS now FROM ${lockTable} WHERE id = 1 FOR UPDATE`
+          : [(yield* readLock).lock as LockRow & { now: number | string }]
+        const row = rows[0]!
+        return yield* body(row, Number(row.now))
       }))
 
     const record = (now: number, action: AuditAction, fields: {
@@ -693,8 +702,7 @@ export const make = (
     )
 
     const getRecoveryStats: Store<RecoveryStats> = Effect.gen(function*() {
-      const lock = yield* readLock
-      const now = yield* Clock.currentTimeMillis
+      const { lock, now } = yield* readLock
       return (yield* recover(lock, now, now + 1, true)).stats
     }).pipe(store("getRecoveryStats"))
 
@@ -783,11 +791,7 @@ export const make = (
           )
           // While another agent holds a live lock there is nothing to claim: one read, no write (idle pollers
           // would otherwise queue for SQLite's write lock behind the agent that works).
-          const busy = Effect.zipWith(
-            readLock,
-            Clock.currentTimeMillis,
-            (lock, now) => isLive(lock, now) && lock.agent_id !== agentId
-          )
+          const busy = Effect.map(readLock, ({ lock, now }) => isLive(lock, now) && lock.agent_id !== agentId)
           const attempt = Effect.flatMap(
             busy,
             (held) => held ? Effect.succeedNone : Effect.zipRight(recovery, claimNext(agentId))
@@ -840,15 +844,13 @@ export const make = (
         }
       )
 
-    const getProcessingLock: Store<Option.Option<ProcessingLock>> = Effect.map(readLock, toLock).pipe(
-      store("getProcessingLock")
-    )
+    const getProcessingLock: Store<Option.Option<ProcessingLock>> = Effect.map(readLock, ({ lock }) => toLock(lock))
+      .pipe(store("getProcessingLock"))
 
-    const isLockStale: Store<boolean> = Effect.zipWith(
-      getProcessingLock,
-      Clock.currentTimeMillis,
-      (lock, now) => Option.isSome(lock) && DateTime.toEpochMillis(lock.value.expiresAt) < now
-    )
+    const isLockStale: Store<boolean> = Effect.map(
+      readLock,
+      ({ lock, now }) => lock.agent_id !== null && lock.expires_at !== null && Number(lock.expires_at) < now
+    ).pipe(store("isLockStale"))
 
     const transition: MergeQueueService["transition"] = (entry, status, options) =>
       Effect.gen(function*() {
@@ -934,7 +936,7 @@ export const make = (
           if (existing[0] !== undefined) {
             return yield* new AlreadyQueuedError({ workspace, entryId: Number(existing[0].id) })
           }
-          const now = yield* Clock.currentTimeMillis
+          const now = Number((yield* sql<{ now: number | string }>`SELECT ${nowColumn()} AS now`)[0]!.now)
           const rows = yield* sql<EntryRow>`INSERT INTO ${entries}
             (workspace, bead_id, priority, status, state_changed_at, created_at)
             VALUES (${workspace}, ${options?.beadId ?? null}, ${priority}, 'pending', ${now}, ${now}) RETURNING *`

@@ -9,6 +9,7 @@ import { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql/SqlError"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
 import {
+  Clock,
   Context,
   DateTime,
   Effect,
@@ -465,6 +466,41 @@ for (const backend of backends) {
       }))
   })
 }
+
+describe("MergeQueue on PostgreSQL judges the lock by the database's clock", () => {
+  /** The live clock, `skew` off. */
+  const skewed = (skew: number): Clock.Clock => {
+    const live = Clock.make()
+    return {
+      ...live,
+      [Clock.ClockTypeId]: Clock.ClockTypeId,
+      unsafeCurrentTimeMillis: () => live.unsafeCurrentTimeMillis() + skew,
+      currentTimeMillis: Effect.sync(() => live.unsafeCurrentTimeMillis() + skew),
+      unsafeCurrentTimeNanos: () => live.unsafeCurrentTimeNanos(),
+      currentTimeNanos: live.currentTimeNanos,
+      sleep: (duration) => live.sleep(duration)
+    }
+  }
+
+  it.live("an agent 10 minutes behind cannot lose its live lock to one on time, nor one ahead steal it", () =>
+    Effect.gen(function*() {
+      const open = (skew: number) => queueOn(pg).pipe(Effect.withClock(skewed(skew)))
+      const behind = yield* open(-10 * 60_000)
+      const onTime = yield* open(0)
+      const ahead = yield* open(10 * 60_000)
+      const entry = yield* behind.enqueue("ws")
+      // Claimed by the agent whose clock is 10 minutes behind: by its own clock the lock expires in 5 minutes,
+      // by the others' it expired 5 minutes ago. By the database's, it is live.
+      const claim = Option.getOrThrow(yield* behind.nextWithLock("slow-clock"))
+      expect(claim.id).toBe(entry.id)
+      expect(yield* onTime.nextWithLock("rival")).toEqual(Option.none())
+      expect(yield* ahead.nextWithLock("rival-ahead")).toEqual(Option.none())
+      expect(yield* ahead.isLockStale).toBe(false)
+      expect((yield* ahead.getRecoveryStats).entriesReclaimed).toBe(0)
+      expect((yield* behind.transition(claim, "rebasing")).status).toBe("rebasing")
+      expect(yield* behind.releaseProcessingLock(claim)).toBe(true)
+    }))
+})
 
 describe("MergeQueue layers", () => {
   it.live("an unreadable SQLite path and an unreachable PostgreSQL fail with MergeQueueStoreError", () =>

@@ -11,6 +11,7 @@ import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
+import type * as Clock from "effect/Clock"
 import * as Config from "effect/Config"
 import type * as ConfigError from "effect/ConfigError"
 import * as Context from "effect/Context"
@@ -112,6 +113,26 @@ export const writeTransaction =
     }
     return immediate(effect)
   }
+
+/**
+ * The database's clock in epoch milliseconds as a statement runs: PostgreSQL's statement time (one value for
+ * the whole statement), SQLite's 'now' (one value per statement step). Leases, visibility and lock expiry on a
+ * database several machines share are judged by it, never by a client's clock, which drifts.
+ */
+export const databaseNow = (sql: SqlClient.SqlClient) =>
+  dialectOf(sql) === "pg"
+    ? sql.literal("(floor(extract(epoch from statement_timestamp()) * 1000))::bigint")
+    : sql.literal("CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)")
+
+/**
+ * The test's time when `clock` is a `TestClock` (tests drive expiry with `TestClock.adjust` on every backend
+ * alike), else `undefined`: the statements then read the database's clock. A clock that is merely wrong (a
+ * machine running ahead) is no reason to trust it.
+ */
+export const testTime = (clock: Clock.Clock): (() => number) | undefined =>
+  typeof (clock as { readonly adjust?: unknown }).adjust === "function"
+    ? () => clock.unsafeCurrentTimeMillis()
+    : undefined
 
 /** Which of `tables` the database does not have (in the current schema on PostgreSQL). */
 export const missingTables = (
