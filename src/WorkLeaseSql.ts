@@ -77,20 +77,24 @@ export const make = (options?: {
     const terminal = sql(`${prefix}work_lease_terminal`)
     const store = (operation: string) => Sql.mapSqlError((cause) => new WorkLeaseStoreError({ operation, cause }))
 
-    yield* Effect.all([
-      sql`CREATE TABLE IF NOT EXISTS ${domains} (
+    // Migrations, recorded in `<prefix>work_lease_migrations` like the other services' (one upgrade path). The
+    // first is the schema as it was before migrations were recorded: `IF NOT EXISTS` adopts those tables.
+    yield* Sql.migrate(sql, `${prefix}work_lease_migrations`, {
+      "1_create_work_lease": Effect.all([
+        sql`CREATE TABLE IF NOT EXISTS ${domains} (
         domain_id TEXT PRIMARY KEY,
         lease_offset BIGINT, lease_token TEXT, lease_fencing BIGINT, acquired_at BIGINT,
         retry_count INTEGER NOT NULL DEFAULT 0,
         fencing_token BIGINT NOT NULL DEFAULT 0,
         low_water BIGINT NOT NULL DEFAULT 0)`,
-      sql`CREATE TABLE IF NOT EXISTS ${backlog} (
+        sql`CREATE TABLE IF NOT EXISTS ${backlog} (
         domain_id TEXT NOT NULL, position BIGINT NOT NULL, item BIGINT NOT NULL,
         PRIMARY KEY (domain_id, item))`,
-      sql`CREATE TABLE IF NOT EXISTS ${terminal} (
+        sql`CREATE TABLE IF NOT EXISTS ${terminal} (
         domain_id TEXT NOT NULL, item BIGINT NOT NULL, kind TEXT NOT NULL,
         PRIMARY KEY (domain_id, item))`
-    ], { discard: true }).pipe(Sql.retryCreateRace, store("setup"))
+      ], { discard: true })
+    }).pipe(Effect.mapError((cause) => new WorkLeaseStoreError({ operation: "setup", cause })))
 
     /** Runs `body` in a write transaction holding the domain's row lock (SQLite: the file's write lock). */
     const locked = <A, E>(domainId: string, body: (row: DomainRow) => Effect.Effect<A, E | SqlError>) =>

@@ -2,10 +2,11 @@
  * The WorkLease contract on SQL: SQLite in a temporary file, and PostgreSQL
  * in a throwaway cluster started for this file.
  */
+import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Redacted, Scope } from "effect"
+import { Context, Effect, Exit, Layer, Redacted, Scope } from "effect"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -93,5 +94,26 @@ describe("WorkLeaseSql options", () => {
         const error = yield* Effect.flip(WorkLeaseSql.make({ prefix: bad }).pipe(Effect.provide(context)))
         expect(error._tag === "InvalidParameterError" && error.parameter).toBe("prefix")
       }
+    }))
+})
+
+describe("WorkLeaseSql migrations", () => {
+  it.scoped("a database made before migrations were recorded is adopted: its leases and state carry on", () =>
+    Effect.gen(function*() {
+      const context = yield* Layer.build(SqliteClient.layer({ filename: sqliteFile }))
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const table = prefix()
+      // The schema as WorkLeaseSql created it before it recorded migrations, with a domain in use.
+      const before = yield* WorkLeaseSql.make({ prefix: table }).pipe(Effect.provide(context))
+      const held = yield* before.tryAcquire("repo", 0)
+      expect(held._tag).toBe("Acquired")
+      yield* sql.unsafe(`DROP TABLE ${table}work_lease_migrations`)
+      // Opened again: the migration adopts the tables, records itself, and the lease is still there.
+      const after = yield* WorkLeaseSql.make({ prefix: table }).pipe(Effect.provide(context))
+      const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
+      expect(Number(recorded[0]!.n)).toBe(1)
+      expect(yield* after.tryAcquire("repo", 0)).toMatchObject({ _tag: "AlreadyAcquired" })
+      if (held._tag === "Acquired") expect((yield* after.succeed("repo", held.token))._tag).toBe("NoBacklog")
+      expect((yield* after.tryAcquire("repo", 0))._tag).toBe("AlreadyProcessed")
     }))
 })
