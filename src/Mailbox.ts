@@ -23,7 +23,7 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
-import { InvalidParameterError } from "./Errors.js"
+import { causeText, InvalidParameterError, isUnreachable } from "./Errors.js"
 import * as Durations from "./internal/duration.js"
 import { perMessage } from "./internal/tracing.js"
 
@@ -99,7 +99,10 @@ export class MailboxConnectionError extends Schema.TaggedError<MailboxConnection
   cause: Schema.Defect
 }) {
   override get message(): string {
-    return `Mailbox "${this.mailbox}" cannot reach its store: ${String(this.cause)}`
+    // One error for both (it is the contract's), but the message says which it was.
+    return isUnreachable(this.cause)
+      ? `Mailbox "${this.mailbox}" cannot reach its store: ${causeText(this.cause)}`
+      : `Mailbox "${this.mailbox}": its store refused a statement: ${causeText(this.cause)}`
   }
 }
 

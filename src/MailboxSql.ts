@@ -1550,12 +1550,20 @@ export interface Selection {
   readonly ids?: ReadonlyArray<string> | undefined
 }
 
+/** A `limit` of the operator's queries: a positive integer (the database would take a negative one as none). */
+const checkLimit = (limit: number | undefined): Either.Either<undefined, InvalidParameterError> =>
+  limit === undefined || (Number.isSafeInteger(limit) && limit > 0 && limit <= 100_000)
+    ? Either.right(undefined)
+    : Either.left(
+      new InvalidParameterError({ parameter: "limit", value: limit, reason: "must be an integer in 1..100000" })
+    )
+
 /** Operations on the dead-letter table (used by the command line). */
 export interface DeadLetters {
   /** Oldest first; at most `limit` (default 100). */
   readonly list: (
     selection?: Selection & { readonly limit?: number | undefined }
-  ) => Effect.Effect<ReadonlyArray<StoredDeadLetter>, MailboxConnectionError>
+  ) => Effect.Effect<ReadonlyArray<StoredDeadLetter>, MailboxConnectionError | InvalidParameterError>
   readonly count: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
   /** Moves dead letters back to their source queue as new messages (delivery count 0); returns how many. */
   readonly redrive: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
@@ -1613,23 +1621,28 @@ export const deadLetters = (options?: {
 
     return {
       list: (selection) =>
-        empty(selection) ? Effect.succeed([]) : sql<DeadLetterRow>`SELECT * FROM ${table} ${where(selection)}
-          ORDER BY dead_lettered_at, id LIMIT ${selection?.limit ?? 100}`.pipe(
-          Effect.map((rows) =>
-            rows.map((row): StoredDeadLetter => ({
-              id: row.id,
-              queue: row.queue,
-              body: row.body,
-              replyTo: row.reply_to ?? undefined,
-              deliveryCount: Number(row.delivery_count),
-              enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-              deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
-              errorTag: row.error_tag,
-              error: row.error
-            }))
-          ),
-          withStore
-        ),
+        Either.match(checkLimit(selection?.limit), {
+          onLeft: (invalid): Effect.Effect<ReadonlyArray<StoredDeadLetter>, InvalidParameterError> =>
+            Effect.fail(invalid),
+          onRight: () =>
+            empty(selection) ? Effect.succeed([]) : sql<DeadLetterRow>`SELECT * FROM ${table} ${where(selection)}
+              ORDER BY dead_lettered_at, id LIMIT ${selection?.limit ?? 100}`.pipe(
+              Effect.map((rows) =>
+                rows.map((row): StoredDeadLetter => ({
+                  id: row.id,
+                  queue: row.queue,
+                  body: row.body,
+                  replyTo: row.reply_to ?? undefined,
+                  deliveryCount: Number(row.delivery_count),
+                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                  deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+                  errorTag: row.error_tag,
+                  error: row.error
+                }))
+              ),
+              withStore
+            )
+        }),
       count: (selection) =>
         empty(selection) ?
           Effect.succeed(0) :
@@ -1720,7 +1733,7 @@ export interface Queues {
   readonly peek: (
     queue: string,
     options?: { readonly limit?: number | undefined }
-  ) => Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError>
+  ) => Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError>
   /** Deletes every message of `queue`, in flight or not; returns how many. */
   readonly purge: (queue: string) => Effect.Effect<number, MailboxConnectionError>
 }
@@ -1781,26 +1794,30 @@ export const queues = (options?: {
         ).pipe(withStore)
       }),
       peek: (queue, peekOptions) =>
-        Effect.suspend(() => {
-          const now = statements_.at(nowOf(clock)())
-          return sql<Row & { visible_at: number | string; visible: number | boolean }>`SELECT seq, body,
+        Effect.suspend(
+          (): Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError> => {
+            const limit = checkLimit(peekOptions?.limit)
+            if (Either.isLeft(limit)) return Effect.fail(limit.left)
+            const now = statements_.at(nowOf(clock)())
+            return sql<Row & { visible_at: number | string; visible: number | boolean }>`SELECT seq, body,
               receipt_handle, delivery_count, enqueued_at, reply_to, visible_at,
               CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END AS visible
             FROM ${messages} WHERE queue = ${queue} ORDER BY visible_at, seq LIMIT ${peekOptions?.limit ?? 10}`.pipe(
-            Effect.map((rows) =>
-              rows.map((row): PeekedMessage => ({
-                id: String(row.seq),
-                body: row.body,
-                state: Number(row.visible) === 1 ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
-                visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
-                deliveryCount: Number(row.delivery_count),
-                enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-                replyTo: Option.fromNullable(row.reply_to)
-              }))
-            ),
-            withStore
-          )
-        }),
+              Effect.map((rows) =>
+                rows.map((row): PeekedMessage => ({
+                  id: String(row.seq),
+                  body: row.body,
+                  state: Number(row.visible) === 1 ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
+                  visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+                  deliveryCount: Number(row.delivery_count),
+                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                  replyTo: Option.fromNullable(row.reply_to)
+                }))
+              ),
+              withStore
+            )
+          }
+        ),
       purge: (queue) => withStore(statements_.purge(queue))
     }
   })

@@ -279,6 +279,10 @@ describe("operator commands change nothing", () => {
       expect(table.stdout).toContain("not json {")
       const json = yield* leasehold("mailbox", "peek", "raw", "--db", file, "--json")
       expect(JSON.parse(json.stdout)).toMatchObject([{ body: "not json {", bodyIsJson: false }])
+      // A limit the database would misread is a bad argument, not "cannot reach its store".
+      const badLimit = yield* leasehold("mailbox", "peek", "raw", "--db", file, "--limit", "-1")
+      expect(badLimit.code).toBe(2)
+      expect(badLimit.stderr).toContain("Invalid limit -1: must be an integer in 1..100000")
     }), 60_000)
 
   it("redacts the password of every URL form", () => {

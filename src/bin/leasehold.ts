@@ -17,6 +17,7 @@ import * as demo from "../cli/demo.js"
 import * as health from "../cli/health.js"
 import * as mailbox from "../cli/mailbox.js"
 import * as queue from "../cli/queue.js"
+import { InvalidParameterError } from "../Errors.js"
 
 const root = Command.make("leasehold").pipe(
   Command.withDescription(
@@ -47,7 +48,7 @@ Effect.runPromiseExit(program).then((exit) => {
   }
   const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
   const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError ||
-    error instanceof mailbox.ConfirmationRequiredError
+    error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError
   return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`)).then(
     () => {
       process.exitCode = usage ? 2 : 1
