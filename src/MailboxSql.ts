@@ -72,10 +72,11 @@ import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as Database from "./Database.js"
 import type * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
 import { counter } from "./internal/metrics.js"
-import * as Sql from "./internal/sql.js"
+import * as Sql from "./internal/sql/common.js"
 import { GroupCommit } from "./internal/sql/groupCommit.js"
 import {
   GroupSettle,
@@ -1830,73 +1831,58 @@ export const queues = (options?: {
 export type Services = SqlClient.SqlClient | MailboxResolver
 
 /**
- * SQLite in `filename` (created if missing): WAL journal, `synchronous =
- * NORMAL` (durable across process crashes; a power loss can drop the last
- * commits), and a busy timeout so processes sharing the file wait for each
- * other instead of failing.
+ * The mailboxes' `MailboxResolver` on the `SqlClient` in the context (provide `Database.layerSqlite` /
+ * `layerPg` once: every durable service of the process then shares its pool).
  */
+export const layer = (options?: { readonly prefix?: string | undefined }): Layer.Layer<
+  MailboxResolver,
+  never,
+  SqlClient.SqlClient
+> => layerResolver(options)
+
+/** `Database.layerSqlite` with this module's resolver: the client and a resolver over its mailboxes. */
 export const layerSqlite = (options: {
   readonly filename: string
   readonly busyTimeout?: Duration.DurationInput | undefined
   readonly prefix?: string | undefined
-}): Layer.Layer<Services, MailboxConnectionError | InvalidParameterError> => {
-  const busyTimeout = validateDuration("busyTimeout", options.busyTimeout, Duration.seconds(5), Duration.minutes(10))
-  if (Either.isLeft(busyTimeout)) return Layer.fail(busyTimeout.left)
-  const client = Sql.sqliteClient(
-    options.filename,
-    Duration.toMillis(busyTimeout.right),
-    (cause) => new MailboxConnectionError({ mailbox: options.filename, cause })
+}): Layer.Layer<Services, MailboxConnectionError | InvalidParameterError> =>
+  Layer.provideMerge(
+    layerResolver(options),
+    Database.layerSqlite(options).pipe(
+      Layer.catchAll((error) =>
+        Layer.fail(
+          error._tag === "DatabaseError"
+            ? new MailboxConnectionError({ mailbox: options.filename, cause: error })
+            : error
+        )
+      )
+    )
   )
-  return Layer.provideMerge(layerResolver(options), client)
-}
 
-/** The environment variable `layerPg` reads when no `url` is given. */
-export const databaseUrl = Sql.databaseUrl
+/** The environment variables `layerPg` reads when no `url` is given. */
+export const databaseUrl = Database.databaseUrl
 
-/**
- * PostgreSQL at `url`, or at `LEASEHOLD_DATABASE_URL` (else `DATABASE_URL`)
- * from the environment when `url` is omitted. The URL is kept `Redacted` so
- * it never reaches a log.
- */
+/** `Database.layerPg` with this module's resolver: the client and a resolver over its mailboxes. */
 export const layerPg = (options?: {
   readonly url?: Redacted.Redacted | string | undefined
   /** Most connections the pool opens (default 10). */
   readonly maxConnections?: number | undefined
   /**
    * Connections opened when the layer starts and kept open (default 4, or `maxConnections` if fewer), so a
-   * worker's first long polls, extensions and nacks do not pay for new server processes. Claims,
-   * acknowledgements and sends do not use the pool: the mailboxes of a prefix share a connection of their
-   * own, opened with the first of them (see `Store.onLane`).
+   * worker's first long polls do not pay for new server processes. Claims, acknowledgements, sends,
+   * extensions and nacks do not use the pool: the mailboxes of a prefix share a connection of their own,
+   * opened with the first of them (see `Store.onLane`).
    */
   readonly minConnections?: number | undefined
   readonly prefix?: string | undefined
-}): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError | InvalidParameterError> => {
-  const maxConnections = options?.maxConnections ?? 10
-  const minConnections = options?.minConnections ?? Math.min(4, maxConnections)
-  if (!(Number.isSafeInteger(maxConnections) && maxConnections > 0)) {
-    return Layer.fail(
-      new InvalidParameterError({
-        parameter: "maxConnections",
-        value: maxConnections,
-        reason: "must be a positive integer"
-      })
-    )
-  }
-  if (!(Number.isSafeInteger(minConnections) && minConnections >= 0 && minConnections <= maxConnections)) {
-    return Layer.fail(
-      new InvalidParameterError({
-        parameter: "minConnections",
-        value: minConnections,
-        reason: `must be an integer from 0 to maxConnections (${maxConnections})`
-      })
-    )
-  }
-  const client = Sql.pgClient(options?.url, maxConnections, minConnections).pipe(
-    Layer.catchAll((error) =>
-      Layer.fail(
-        error._tag === "SqlError" ? new MailboxConnectionError({ mailbox: "postgresql", cause: error }) : error
+}): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError | InvalidParameterError> =>
+  Layer.provideMerge(
+    layerResolver(options),
+    Database.layerPg(options).pipe(
+      Layer.catchAll((error) =>
+        Layer.fail(
+          error._tag === "DatabaseError" ? new MailboxConnectionError({ mailbox: error.database, cause: error }) : error
+        )
       )
     )
   )
-  return Layer.provideMerge(layerResolver(options), client)
-}

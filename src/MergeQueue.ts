@@ -39,10 +39,11 @@ import * as ParseResult from "effect/ParseResult"
 import type * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
+import * as Database from "./Database.js"
 import { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
 import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
-import * as Sql from "./internal/sql.js"
+import * as Sql from "./internal/sql/common.js"
 import type { Extendable } from "./LeaseExtender.js"
 
 // ---------------------------------------------------------------------------
@@ -1042,7 +1043,7 @@ export const layer = (
 ): Layer.Layer<MergeQueue, MergeQueueStoreError | InvalidParameterError | TablesNotFoundError, SqlClient.SqlClient> =>
   Layer.effect(MergeQueue, make(options))
 
-/** The merge queue in the SQLite file `filename` (WAL, busy timeout); also provides the client. */
+/** The merge queue in the SQLite file `filename` (`Database.layerSqlite`); also provides the client. */
 export const layerSqlite = (
   options: MergeQueueOptions & { readonly filename: string; readonly busyTimeout?: Duration.DurationInput | undefined }
 ): Layer.Layer<
@@ -1055,16 +1056,20 @@ export const layerSqlite = (
     onRight: (busy) =>
       Layer.provideMerge(
         layer(rest),
-        Sql.sqliteClient(
-          filename,
-          Duration.toMillis(busy),
-          (cause) => new MergeQueueStoreError({ operation: `open ${filename}`, cause })
+        Database.layerSqlite({ filename, busyTimeout: busy }).pipe(
+          Layer.catchAll((error) =>
+            Layer.fail(
+              error._tag === "DatabaseError"
+                ? new MergeQueueStoreError({ operation: `open ${filename}`, cause: error })
+                : error
+            )
+          )
         )
       )
   })
 }
 
-/** The merge queue on PostgreSQL at `url`, else `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`; also provides the client. */
+/** The merge queue on PostgreSQL at `url`, else `LEASEHOLD_DATABASE_URL` / `DATABASE_URL` (`Database.layerPg`). */
 export const layerPg = (
   options?: MergeQueueOptions & { readonly url?: Redacted.Redacted | string | undefined }
 ): Layer.Layer<
@@ -1074,9 +1079,11 @@ export const layerPg = (
   const { url, ...rest } = options ?? {}
   return Layer.provideMerge(
     layer(rest),
-    Sql.pgClient(url, 10, 1).pipe(
+    Database.layerPg({ url, maxConnections: 10, minConnections: 1 }).pipe(
       Layer.catchAll((error) =>
-        Layer.fail(error._tag === "SqlError" ? new MergeQueueStoreError({ operation: "connect", cause: error }) : error)
+        Layer.fail(
+          error._tag === "DatabaseError" ? new MergeQueueStoreError({ operation: "connect", cause: error }) : error
+        )
       )
     )
   )

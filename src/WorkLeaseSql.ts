@@ -21,7 +21,7 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import { InvalidParameterError } from "./Errors.js"
-import * as Sql from "./internal/sql.js"
+import * as Sql from "./internal/sql/common.js"
 import {
   AcquireResult,
   BacklogOrderingError,

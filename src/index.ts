@@ -5,6 +5,7 @@
 export * as EffectAi from "./adapters/EffectAi.js"
 export * as ScriptedAdapter from "./adapters/ScriptedAdapter.js"
 export * as Budget from "./Budget.js"
+export * as Database from "./Database.js"
 export * as Dataset from "./Dataset.js"
 export * as DeadLetter from "./DeadLetter.js"
 export * as Deadline from "./Deadline.js"

@@ -1,7 +1,7 @@
 /**
  * The `--db` option every data command takes: a SQLite file or a
  * `postgres://` URL, opened with the same settings the library's layers use.
- * A missing file or an unreachable server is a `DatabaseUnavailableError`
+ * A missing file or an unreachable server is a `Database.DatabaseError`
  * whose message says what to fix; the URL's password never reaches it. A
  * SQLite file is opened as it is (its journal mode untouched), and the
  * commands open existing tables only, so looking never changes a database.
@@ -12,17 +12,8 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Schema from "effect/Schema"
 import { existsSync } from "node:fs"
-import * as Sql from "../internal/sql.js"
-
-/** The database could not be opened or reached. */
-export class DatabaseUnavailableError extends Schema.TaggedError<DatabaseUnavailableError>()(
-  "DatabaseUnavailableError",
-  { database: Schema.String, reason: Schema.String }
-) {
-  override get message(): string {
-    return `Cannot use database ${this.database}: ${this.reason}`
-  }
-}
+import * as Database from "../Database.js"
+import type { InvalidParameterError } from "../Errors.js"
 
 /** No `--db` and no database URL in the environment: a usage error. */
 export class MissingDatabaseError extends Schema.TaggedError<MissingDatabaseError>()("MissingDatabaseError", {}) {
@@ -45,58 +36,35 @@ export const prefix = Options.text("prefix").pipe(
   Options.withDefault("leasehold_")
 )
 
-/** A PostgreSQL URL (the scheme in any case; `pg://` too, as libpq-style tools accept it). */
-const isPostgres = (target: string) => /^(postgres(ql)?|pg):\/\//i.test(target)
-
-/**
- * Shows a database target without its secrets: the password of a URL's user part (`//user:pw@`, `//:pw@`)
- * and of any `password=` query parameter, whatever the scheme.
- */
-export const redact = (target: string) =>
-  /^[a-z][a-z0-9+.-]*:\/\//i.test(target)
-    ? target
-      .replace(/^([a-z][a-z0-9+.-]*:\/\/[^:@/?#]*):[^@/?#]*@/i, "$1:***@")
-      .replace(/([?&][a-z_]*password=)[^&#]*/gi, "$1***")
-    : target
+/** Shows a database target without its secrets (see `Database.redact`). */
+export const redact = Database.redact
 
 /** The client for `--db` (falling back to `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`). */
 export const client = (
   target: string | undefined
-): Layer.Layer<SqlClient.SqlClient, DatabaseUnavailableError | MissingDatabaseError> => {
+): Layer.Layer<SqlClient.SqlClient, Database.DatabaseError | InvalidParameterError | MissingDatabaseError> => {
   const resolved = target ?? process.env.LEASEHOLD_DATABASE_URL ?? process.env.DATABASE_URL
   if (resolved === undefined || resolved.trim() === "") {
     return Layer.fail(new MissingDatabaseError())
   }
-  if (isPostgres(resolved)) {
-    return Sql.pgClient(resolved, 2, 1).pipe(
-      Layer.catchAll((error) =>
-        Layer.fail(
-          new DatabaseUnavailableError({
-            database: redact(resolved),
-            reason: `the PostgreSQL server did not answer (${
-              String("cause" in error ? (error.cause as Error)?.message ?? error.cause : error)
-            }). Check the host, port and credentials, and that the server is running.`
-          })
-        )
-      )
+  if (Database.isPostgresUrl(resolved)) {
+    return Database.layerPg({ url: resolved, maxConnections: 2, minConnections: 1 }).pipe(
+      // A URL was given, so no configuration is read: a ConfigError cannot happen.
+      Layer.catchAll((error) => error._tag === "ConfigError" ? Layer.die(error) : Layer.fail(error))
     )
   }
   if (!existsSync(resolved)) {
     return Layer.fail(
-      new DatabaseUnavailableError({
+      new Database.DatabaseError({
         database: resolved,
         reason: "no such file. Pass the SQLite file your workers were started with (leasehold demo uses " +
-          "./.leasehold/demo.db)."
+          "./.leasehold/demo.db).",
+        cause: undefined
       })
     )
   }
-  return Sql.sqliteClient(
-    resolved,
-    5000,
-    (cause) =>
-      new DatabaseUnavailableError({ database: resolved, reason: `SQLite could not open it (${String(cause)})` }),
-    true // an operator's look leaves the file's journal mode alone
-  )
+  // An operator's look leaves the file's journal mode alone.
+  return Database.layerSqlite({ filename: resolved, keepJournalMode: true })
 }
 
 /** Runs `effect` against `--db`. */

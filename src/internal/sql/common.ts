@@ -1,23 +1,14 @@
 /**
- * What the SQL-backed services share: table prefixes, self-migration that
- * tolerates several processes starting at once, and the two database
- * clients with the settings leasehold relies on (SQLite: WAL, `synchronous =
- * NORMAL`, a busy timeout; PostgreSQL: a URL kept `Redacted`, read from the
- * environment when not given).
+ * What the SQL-backed services share: the prefix rule, self-migration that
+ * tolerates several processes starting at once, the write-transaction
+ * discipline, the database's clock, and the error mapping. No driver is
+ * imported here (the clients are `Database`'s).
  */
-import { PgClient } from "@effect/sql-pg"
-import { SqliteClient } from "@effect/sql-sqlite-node"
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
-import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
-import * as Config from "effect/Config"
-import type * as ConfigError from "effect/ConfigError"
-import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
-import * as Redacted from "effect/Redacted"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 
@@ -185,60 +176,3 @@ export const migrate = (
     )
   )
 }
-
-/**
- * A SQLite client on `filename` (created if missing) with WAL, `synchronous
- * = NORMAL` (durable across process crashes; a power loss can drop the last
- * commits) and a busy timeout, so processes sharing the file wait for each
- * other. better-sqlite3 throws when the file cannot be opened: that becomes
- * the layer's failure cause.
- */
-export const sqliteClient = <E>(
-  filename: string,
-  busyMillis: number,
-  onError: (cause: unknown) => E,
-  /** Leave the file's journal mode as it is (an operator's look must not switch a file to WAL). */
-  keepJournalMode = false
-): Layer.Layer<SqlClient.SqlClient, E> =>
-  SqliteClient.layer({ filename, disableWAL: keepJournalMode }).pipe(
-    Layer.tap((context) => {
-      const sql = Context.get(context, SqlClient.SqlClient)
-      return Effect.all([
-        sql.unsafe(`PRAGMA busy_timeout = ${Math.round(busyMillis)}`),
-        sql`PRAGMA synchronous = NORMAL`
-      ], { discard: true })
-    }),
-    Layer.catchAllCause((cause) => Layer.fail(onError(Cause.squash(cause))))
-  )
-
-/** The environment variables a PostgreSQL layer reads when no `url` is given. */
-export const databaseUrl: Config.Config<Redacted.Redacted> = Config.redacted("LEASEHOLD_DATABASE_URL").pipe(
-  Config.orElse(() => Config.redacted("DATABASE_URL"))
-)
-
-/**
- * A PostgreSQL client at `url`, else at `databaseUrl`, whose pool opens
- * `minConnections` connections when the layer starts and keeps them: a new
- * server process costs milliseconds (and its first calls of the mailbox's
- * functions compile them), which a worker pays at start rather than on the
- * first burst of messages.
- */
-export const pgClient = (
-  url: Redacted.Redacted | string | undefined,
-  maxConnections: number,
-  minConnections: number
-): Layer.Layer<SqlClient.SqlClient, SqlError | ConfigError.ConfigError> =>
-  PgClient.layerConfig({
-    url: url === undefined ? databaseUrl : Config.succeed(typeof url === "string" ? Redacted.make(url) : url),
-    maxConnections: Config.succeed(maxConnections),
-    minConnections: Config.succeed(minConnections)
-  }).pipe(
-    Layer.tap((context) => {
-      const sql = Context.get(context, SqlClient.SqlClient)
-      // Asked for all at once, so the pool has no idle connection to reuse and opens each.
-      return Effect.all(Array.from({ length: minConnections }, () => sql`SELECT 1`), {
-        concurrency: "unbounded",
-        discard: true
-      })
-    })
-  )
