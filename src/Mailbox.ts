@@ -12,8 +12,9 @@
  *
  * Replies go to the mailbox named by `replyTo`, found through the
  * `MailboxResolver` service. `settleAll` replies to and acknowledges many
- * messages at once (what workers use). Option validation lives here so that
- * every backend refuses the same inputs with the same `InvalidParameterError`.
+ * messages at once (what workers use). Every backend refuses the same
+ * options with the same `InvalidParameterError` (`limits`; the checks live in
+ * `internal/mailbox`, with the front end the backends share).
  */
 import * as Context from "effect/Context"
 import type * as DateTime from "effect/DateTime"
@@ -24,8 +25,7 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { causeText, InvalidParameterError, isUnreachable } from "./Errors.js"
-import * as Durations from "./internal/duration.js"
-import { perMessage } from "./internal/tracing.js"
+import { GroupSettle, type GroupSettler, settleOne } from "./internal/mailbox/settle.js"
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -202,30 +202,6 @@ export interface Settlement<A, R> {
 export type SettleOutcome = Either.Either<string | undefined, ReplyError | ReceiptHandleExpiredError>
 
 /**
- * Settles a group of messages of one mailbox, outcomes in order. Not part of the contract: a backend puts
- * one on its messages (under `GroupSettle`) when it can settle many at once cheaper than one by one.
- */
-export type GroupSettler = <A, R>(
-  settlements: ReadonlyArray<Settlement<A, R>>
-) => Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver>
-
-/** Where a message carries its mailbox's `GroupSettler`. */
-export const GroupSettle: unique symbol = Symbol.for("leasehold/GroupSettle")
-
-/** Settles one message: `replyAndAcknowledge` with a reply and a `replyTo`, else `acknowledge`. */
-export const settleOne = <A, R>(
-  { message, reply }: Settlement<A, R>
-): Effect.Effect<SettleOutcome, never, MailboxResolver> =>
-  Effect.either(
-    Option.isSome(reply) && Option.isSome(message.replyTo)
-      ? message.replyAndAcknowledge(reply.value)
-      : Effect.as(message.acknowledge, undefined)
-  )
-
-/** A `GroupSettler` for a mailbox whose settles do not wait on I/O: one after the other. */
-export const settleInTurn: GroupSettler = (settlements) => Effect.forEach(settlements, settleOne)
-
-/**
  * Replies to and acknowledges each message (`replyAndAcknowledge` when it has a reply and a `replyTo`,
  * `acknowledge` otherwise), one outcome per message, in order. A durable mailbox commits the group
  * together and waits once for all of it, where settling each message on its own fiber would cost a
@@ -263,100 +239,8 @@ export interface Mailbox<A, R = never> {
   readonly isClosed: Effect.Effect<boolean>
 }
 
-// ---------------------------------------------------------------------------
-// Option validation, shared by every backend
-// ---------------------------------------------------------------------------
-
 /** Limits every backend enforces (SQS's). */
-export const limits = {
-  maxDelay: Duration.minutes(15),
-  maxVisibilityTimeout: Duration.hours(12),
-  maxWaitTime: Duration.seconds(20),
-  maxMessages: 10,
-  defaultVisibilityTimeout: Duration.seconds(30)
-} as const
-
-/** Decodes a duration option and checks it lies in `0..max`. */
-export const validateDuration = (
-  parameter: string,
-  input: Duration.DurationInput | undefined,
-  fallback: Duration.Duration,
-  max: Duration.Duration
-): Either.Either<Duration.Duration, InvalidParameterError> => {
-  if (input === undefined) return Either.right(fallback)
-  const parsed = Durations.parse(input)
-  if (Either.isLeft(parsed)) {
-    return Either.left(new InvalidParameterError({ parameter, value: input, reason: parsed.left }))
-  }
-  if (Duration.greaterThan(parsed.right, max)) {
-    return Either.left(
-      new InvalidParameterError({ parameter, value: input, reason: `must be between 0 and ${Duration.format(max)}` })
-    )
-  }
-  return Either.right(parsed.right)
-}
-
-/** `receive` options after validation. */
-export interface ValidReceiveOptions {
-  readonly maxMessages: number
-  readonly visibilityTimeout: Duration.Duration
-  readonly waitTime: Duration.Duration
-}
-
-const defaultReceive: Either.Either<ValidReceiveOptions, InvalidParameterError> = Either.right({
-  maxMessages: 1,
-  visibilityTimeout: limits.defaultVisibilityTimeout,
-  waitTime: Duration.zero
-})
-
-/** Validates `receive` options: durations out of range fail, `maxMessages` is clamped to 1..10. */
-export const validateReceiveOptions = (
-  options: ReceiveOptions | undefined
-): Either.Either<ValidReceiveOptions, InvalidParameterError> => {
-  if (options === undefined) return defaultReceive
-  const requested = options.maxMessages ?? 1
-  if (typeof requested !== "number" || Number.isNaN(requested)) {
-    return Either.left(
-      new InvalidParameterError({ parameter: "maxMessages", value: requested, reason: "must be a number" })
-    )
-  }
-  const maxMessages = Math.min(limits.maxMessages, Math.max(1, Math.floor(requested)))
-  return Either.flatMap(
-    validateDuration(
-      "visibilityTimeout",
-      options.visibilityTimeout,
-      limits.defaultVisibilityTimeout,
-      limits.maxVisibilityTimeout
-    ),
-    (visibilityTimeout) =>
-      Either.map(
-        validateDuration("waitTime", options.waitTime, Duration.zero, limits.maxWaitTime),
-        (waitTime) => ({ maxMessages, visibilityTimeout, waitTime })
-      )
-  )
-}
-
-/** Validates the `delay` of `send` (0..15 min). */
-export const validateDelay = (
-  delay: Duration.DurationInput | undefined
-): Either.Either<Duration.Duration, InvalidParameterError> =>
-  validateDuration("delay", delay, Duration.zero, limits.maxDelay)
-
-/** Validates the timeout of `nack` / `extendVisibility` (0..12 h). */
-export const validateVisibility = (
-  parameter: string,
-  timeout: Duration.DurationInput | undefined
-): Either.Either<Duration.Duration, InvalidParameterError> =>
-  validateDuration(parameter, timeout, Duration.zero, limits.maxVisibilityTimeout)
-
-/**
- * Wraps a backend's `receive` in the `Mailbox.receive` span every backend
- * reports once an exporting tracer is installed (see `internal/tracing.ts`).
- */
-export const traced = <A, R>(name: string, receive: Mailbox<A, R>["receive"]): Mailbox<A, R>["receive"] => {
-  const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
-  return (options) => span(receive(options))
-}
+export { limits } from "./internal/mailbox/validation.js"
 
 // ---------------------------------------------------------------------------
 // Resolver

@@ -10,9 +10,11 @@
  * in a FIFO; hidden ones (in flight or delayed) sit in a min-heap keyed by the
  * time they become visible, with stale heap entries skipped lazily.
  *
- * Long polls arm a wake-up signal in the same step that finds the queue empty,
- * then sleep until the signal (a send, nack or close), the next visibility
- * expiry or the end of the wait, whichever comes first.
+ * This module is the memory driver (every step synchronous: its throughput is
+ * worth protecting) under the front end all backends share
+ * (`internal/mailbox/frontEnd.ts`: option checks, closing, the long poll,
+ * the reply guard). A send or a nack wakes sleeping receivers at once; they
+ * otherwise sleep until the next visibility expiry, never polling.
  */
 import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
@@ -26,24 +28,17 @@ import * as Option from "effect/Option"
 import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
+import * as FrontEnd from "./internal/mailbox/frontEnd.js"
+import { GroupSettle, type GroupSettler, settleInTurn } from "./internal/mailbox/settle.js"
+import { validateMake, validateVisibility } from "./internal/mailbox/validation.js"
 import {
-  GroupSettle,
-  type GroupSettler,
-  InvalidParameterError,
+  type InvalidParameterError,
   type Mailbox,
-  MailboxClosedError,
   MailboxFullError,
   MailboxResolver,
   type Message,
-  MessageFinalizedError,
   ReceiptHandleExpiredError,
-  type ReplyError,
-  ReplyNotAvailableError,
-  settleInTurn,
-  traced,
-  validateDelay,
-  validateReceiveOptions,
-  validateVisibility
+  type ReplyError
 } from "./Mailbox.js"
 
 interface Entry<A> {
@@ -243,12 +238,12 @@ class MemoryMessage<A, R> implements Message<A, R> {
 
   reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
     return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
-      if (this.finalized) return Effect.fail(new MessageFinalizedError({ messageId: this.entry.id }))
       const replyTo = this.entry.replyTo
-      if (replyTo === undefined) return Effect.fail(new ReplyNotAvailableError({ messageId: this.entry.id }))
+      const refused = FrontEnd.replyRefused(this.entry.id, this.finalized, replyTo)
+      if (refused !== undefined) return Effect.fail(refused)
       return Effect.flatMap(
         MailboxResolver,
-        (resolver) => Effect.flatMap(resolver.resolve(replyTo), (target) => target.send(body))
+        (resolver) => Effect.flatMap(resolver.resolve(replyTo!), (target) => target.send(body))
       )
     })
   }
@@ -256,62 +251,49 @@ class MemoryMessage<A, R> implements Message<A, R> {
 
 /**
  * Makes an in-memory mailbox, closed when the scope closes. `maxSize` bounds
- * the unacknowledged messages (sends beyond it fail `MailboxFullError`); a
- * `maxSize` that is not a positive integer, or an empty name, is a defect.
+ * the unacknowledged messages (sends beyond it fail `MailboxFullError`). A
+ * name or `maxSize` the durable backends would refuse (the same rule) is a
+ * defect carrying the `InvalidParameterError`: the contract's error channel
+ * here is `never`.
  */
 export const make = <A, R = never>(options: {
   readonly name: string
   readonly maxSize?: number | undefined
 }): Effect.Effect<Mailbox<A, R>, never, Scope.Scope> => {
   const { maxSize, name } = options
-  if (typeof name !== "string" || name.length === 0) {
-    return Effect.die(
-      new InvalidParameterError({ parameter: "name", value: name, reason: "must be a non-empty string" })
-    )
-  }
-  if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && maxSize > 0)) {
-    return Effect.die(
-      new InvalidParameterError({ parameter: "maxSize", value: maxSize, reason: "must be a positive integer" })
-    )
-  }
+  const invalid = validateMake(options)
+  if (Either.isLeft(invalid)) return Effect.die(invalid.left)
   return Effect.flatMap(Effect.clock, (clock) => {
     const store = new Store<A>()
     // Ids need to be unique, not secret (receipt handles are the secret): a random prefix and a counter.
     const idPrefix = randomUUID().slice(0, 18)
     let nextId = 0
 
-    const send: Mailbox<A, R>["send"] = (body, sendOptions) =>
-      Effect.suspend((): Effect.Effect<string, MailboxClosedError | MailboxFullError | InvalidParameterError> => {
-        let delayMillis = 0
-        if (sendOptions?.delay !== undefined) {
-          const delay = validateDelay(sendOptions.delay)
-          if (Either.isLeft(delay)) return Effect.fail(delay.left)
-          delayMillis = Duration.toMillis(delay.right)
-        }
-        if (store.closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-        if (maxSize !== undefined && store.live >= maxSize) {
-          return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
-        }
-        const now = clock.unsafeCurrentTimeMillis()
-        const entry: Entry<A> = {
-          id: idPrefix + (nextId++).toString(36),
-          body,
-          enqueuedAtMillis: now,
-          replyTo: sendOptions?.replyTo,
-          deliveryCount: 0,
-          state: "ready",
-          visibleAt: now,
-          receiptHandle: undefined
-        }
-        store.live++
-        if (delayMillis === 0) store.enqueueReady(entry)
-        else store.hide(entry, now + delayMillis)
-        store.wake()
-        return Effect.succeed(entry.id)
-      })
+    const insert = (body: A, delayMillis: number, replyTo: string | undefined) => {
+      if (maxSize !== undefined && store.live >= maxSize) {
+        return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
+      }
+      const now = clock.unsafeCurrentTimeMillis()
+      const entry: Entry<A> = {
+        id: idPrefix + (nextId++).toString(36),
+        body,
+        enqueuedAtMillis: now,
+        replyTo,
+        deliveryCount: 0,
+        state: "ready",
+        visibleAt: now,
+        receiptHandle: undefined
+      }
+      store.live++
+      if (delayMillis === 0) store.enqueueReady(entry)
+      else store.hide(entry, now + delayMillis)
+      store.wake()
+      return Effect.succeed(entry.id)
+    }
 
     /** Delivers up to `max` visible messages now, hiding each for `visibilityMillis`. */
-    const take = (max: number, visibilityMillis: number, now: number): Array<Message<A, R>> => {
+    const take = (max: number, visibilityMillis: number): Array<Message<A, R>> => {
+      const now = clock.unsafeCurrentTimeMillis()
       store.promote(now)
       const received: Array<Message<A, R>> = []
       while (received.length < max) {
@@ -326,51 +308,17 @@ export const make = <A, R = never>(options: {
       return received
     }
 
-    /** Sleeps until a wake-up, the next visibility expiry or `waitUntil`, then tries again. */
-    const longPoll = (
-      max: number,
-      visibilityMillis: number,
-      waitUntil: number
-    ): Effect.Effect<ReadonlyArray<Message<A, R>>> =>
-      Effect.suspend(() => {
-        if (store.closed) return Effect.succeed([])
-        const now = clock.unsafeCurrentTimeMillis()
-        const received = take(max, visibilityMillis, now)
-        if (received.length > 0 || now >= waitUntil) return Effect.succeed(received)
-        const signal = store.arm()
-        const nextVisible = store.nextVisibleAt()
-        const sleepUntil = nextVisible === undefined ? waitUntil : Math.min(waitUntil, nextVisible)
-        return Effect.zipRight(
-          Effect.race(Deferred.await(signal), Effect.sleep(Duration.millis(Math.max(0, sleepUntil - now)))),
-          longPoll(max, visibilityMillis, waitUntil)
-        )
-      })
-
-    const receive: Mailbox<A, R>["receive"] = (receiveOptions) =>
-      Effect.suspend(() => {
-        const valid = validateReceiveOptions(receiveOptions)
-        if (Either.isLeft(valid)) return Effect.fail(valid.left)
-        const { maxMessages, visibilityTimeout, waitTime } = valid.right
-        if (store.closed) return Effect.succeed([])
-        const now = clock.unsafeCurrentTimeMillis()
-        const visibilityMillis = Duration.toMillis(visibilityTimeout)
-        const received = take(maxMessages, visibilityMillis, now)
-        if (received.length > 0 || Duration.isZero(waitTime)) return Effect.succeed(received)
-        return longPoll(maxMessages, visibilityMillis, now + Duration.toMillis(waitTime))
-      })
-
-    const mailbox: Mailbox<A, R> = {
-      name,
-      send,
-      receive: traced(name, receive),
-      purge: Effect.sync(() => store.purge()),
-      approximateCount: Effect.sync(() => store.live),
-      close: Effect.sync(() => {
-        store.closed = true
-        store.wake()
+    const mailbox = FrontEnd.make<A, R>(name, {
+      insert,
+      claim: (max, visibilityMillis) => Effect.sync(() => take(max, visibilityMillis)),
+      nextVisibleIn: Effect.sync(() => {
+        const at = store.nextVisibleAt()
+        return at === undefined ? undefined : at - clock.unsafeCurrentTimeMillis()
       }),
-      isClosed: Effect.sync(() => store.closed)
-    }
+      arm: () => store.arm(),
+      count: Effect.sync(() => store.live),
+      purge: Effect.sync(() => store.purge())
+    }, clock)
     return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
   })
 }

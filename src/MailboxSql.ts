@@ -75,15 +75,16 @@ import * as Stream from "effect/Stream"
 import * as Database from "./Database.js"
 import type * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
+import * as FrontEnd from "./internal/mailbox/frontEnd.js"
+import { GroupSettle, type GroupSettler, settleOne } from "./internal/mailbox/settle.js"
+import * as Validation from "./internal/mailbox/validation.js"
+import { validateDuration, validateMake, validateVisibility } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
 import * as Sql from "./internal/sql/common.js"
 import { GroupCommit } from "./internal/sql/groupCommit.js"
 import {
-  GroupSettle,
-  type GroupSettler,
   InvalidParameterError,
   type Mailbox,
-  MailboxClosedError,
   MailboxConnectionError,
   MailboxFullError,
   MailboxResolutionError,
@@ -97,13 +98,7 @@ import {
   type SendError,
   SerializationError,
   type Settlement,
-  settleOne,
-  type SettleOutcome,
-  traced,
-  validateDelay,
-  validateDuration,
-  validateReceiveOptions,
-  validateVisibility
+  type SettleOutcome
 } from "./Mailbox.js"
 
 /** Stored bodies that no longer decoded and were moved to the dead-letter table. */
@@ -845,8 +840,11 @@ const statements = (store: Store): Statements => {
       )),
     nextVisibleIn: (queue, now) =>
       Effect.map(
+        // Every row of the queue, visible ones too: a row that became visible since the claim looked (its
+        // visibility ran out in between) gives a time <= 0, so the receiver looks again at once instead of
+        // sleeping a whole poll interval beside a visible message.
         sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
-          WHERE queue = ${queue} AND visible_at > ${at(now)}`,
+          WHERE queue = ${queue}`,
         (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
       ),
     count: (queue) =>
@@ -1128,9 +1126,7 @@ class SqlMessage<A, R> implements Message<A, R> {
 
   /** Why this delivery cannot reply at all, if it cannot. */
   private replyRefused(): MessageFinalizedError | ReplyNotAvailableError | undefined {
-    if (this.finalized) return new MessageFinalizedError({ messageId: this.id })
-    if (Option.isNone(this.replyTo)) return new ReplyNotAvailableError({ messageId: this.id })
-    return undefined
+    return FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
   }
 
   private route(body: R): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> {
@@ -1225,19 +1221,8 @@ export interface Options<A, I, R, IR> {
 export const defaultMaxBodyBytes = 4 * 1024 * 1024
 const maxBodyBytesLimit = 256 * 1024 * 1024
 
-/** The longest queue name: a PostgreSQL notification (its payload is the queue's name) carries it easily. */
-export const maxQueueNameLength = 200
-
-/**
- * Why `name` cannot name a queue, or `undefined`: it is stored as text and, on PostgreSQL, sent as a
- * notification's payload, which holds no control character (NUL in particular) and at most 8000 bytes.
- */
-const queueNameProblem = (name: unknown): string | undefined => {
-  if (typeof name !== "string" || name.length === 0) return "must be a non-empty string"
-  if (name.length > maxQueueNameLength) return `must be at most ${maxQueueNameLength} characters`
-  if (/[\u0000-\u001f\u007f]/.test(name)) return "must not contain control characters"
-  return undefined
-}
+/** The longest queue name (every backend's rule). */
+export const maxQueueNameLength = Validation.maxQueueNameLength
 
 const invalid = (parameter: string, value: unknown, reason: string) =>
   Effect.fail(new InvalidParameterError({ parameter, value, reason }))
@@ -1278,11 +1263,7 @@ export const make = <A, I, R = never, IR = never>(
 ): Effect.Effect<Mailbox<A, R>, InvalidParameterError | MailboxConnectionError, SqlClient.SqlClient | Scope.Scope> =>
   Effect.gen(function*() {
     const { maxSize, name } = options
-    const nameProblem = queueNameProblem(name)
-    if (nameProblem !== undefined) return yield* invalid("name", name, nameProblem)
-    if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && maxSize > 0)) {
-      return yield* invalid("maxSize", maxSize, "must be a positive integer")
-    }
+    yield* validateMake(options)
     const pollInterval = options.pollInterval === undefined
       ? undefined
       : yield* validateDuration("pollInterval", options.pollInterval, Duration.zero, Duration.minutes(1))
@@ -1317,30 +1298,20 @@ export const make = <A, I, R = never, IR = never>(
       now,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema, maxBodyBytesLimit)
     }
-    let closed = false
-    const closing = Deferred.unsafeMake<void>(FiberId.none)
     const withStore = connectionError(name)
 
-    const send: Mailbox<A, R>["send"] = (body, sendOptions) =>
-      Effect.suspend((): Effect.Effect<string, SendError> => {
-        let delayMillis = 0
-        if (sendOptions?.delay !== undefined) {
-          const delay = validateDelay(sendOptions.delay)
-          if (Either.isLeft(delay)) return Effect.fail(delay.left)
-          delayMillis = Duration.toMillis(delay.right)
-        }
-        if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-        const encoded = encode(body)
-        if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
-        return sender.submit({ body: encoded.right, delayMillis, replyTo: sendOptions?.replyTo ?? null }).pipe(
-          withStore,
-          Effect.flatMap((id) =>
-            id === undefined
-              ? Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
-              : Effect.succeed(id)
-          )
+    const insert = (body: A, delayMillis: number, replyTo: string | undefined): Effect.Effect<string, SendError> => {
+      const encoded = encode(body)
+      if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
+      return sender.submit({ body: encoded.right, delayMillis, replyTo: replyTo ?? null }).pipe(
+        withStore,
+        Effect.flatMap((id) =>
+          id === undefined
+            ? Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
+            : Effect.succeed(id)
         )
-      })
+      )
+    }
 
     /** Turns claimed rows into messages; a row whose body no longer decodes goes to the dead-letter table. */
     const toMessages = (rows: ReadonlyArray<Row>, now: Now) =>
@@ -1409,70 +1380,17 @@ export const make = <A, I, R = never, IR = never>(
         )
       })
 
-    const longPoll = (
-      max: number,
-      visibilityMillis: number,
-      waitUntil: number,
-      pollMillis: number
-    ): Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError> =>
-      Effect.suspend(() => {
-        if (closed) return Effect.succeed([])
-        // Armed before looking, so a send that lands between the claim and the sleep still wakes us.
-        const signal = store.arm(name)
-        return Effect.flatMap(claimOnce(max, visibilityMillis), (received) => {
-          // The wait is measured on the fiber's Clock (a duration); when a message shows, on the database's.
-          const started = clock.unsafeCurrentTimeMillis()
-          if (received.length > 0 || closed || started >= waitUntil) return Effect.succeed(received)
-          return Effect.flatMap(withStore(nextVisibleIn.run), (nextVisible) => {
-            const sleepUntil = Math.min(
-              waitUntil,
-              nextVisible === undefined ? waitUntil : started + nextVisible,
-              started + pollMillis
-            )
-            return Effect.zipRight(
-              Effect.raceAll([
-                Deferred.await(signal),
-                Deferred.await(closing),
-                // The clock moved during the query: measure the sleep from now, or a test clock can overshoot it.
-                Effect.suspend(() =>
-                  Effect.sleep(Duration.millis(Math.max(0, sleepUntil - clock.unsafeCurrentTimeMillis())))
-                )
-              ]),
-              longPoll(max, visibilityMillis, waitUntil, Math.min(maxPollMillis, pollMillis * 2))
-            )
-          })
-        })
-      })
-
-    const receive: Mailbox<A, R>["receive"] = (receiveOptions) =>
-      Effect.suspend(
-        (): Effect.Effect<ReadonlyArray<Message<A, R>>, InvalidParameterError | MailboxConnectionError> => {
-          const valid = validateReceiveOptions(receiveOptions)
-          if (Either.isLeft(valid)) return Effect.fail(valid.left)
-          const { maxMessages, visibilityTimeout, waitTime } = valid.right
-          if (closed) return Effect.succeed([])
-          const visibilityMillis = Duration.toMillis(visibilityTimeout)
-          if (Duration.isZero(waitTime)) return claimOnce(maxMessages, visibilityMillis)
-          const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
-          // PostgreSQL is woken by NOTIFY, so its polls are only a fallback; SQLite polls with backoff from 10 ms.
-          return longPoll(maxMessages, visibilityMillis, waitUntil, store.dialect === "pg" ? maxPollMillis : 10)
-        }
-      )
-
-    const close = Effect.sync(() => {
-      closed = true
-      Deferred.unsafeDone(closing, Exit.void)
-    })
-
-    const mailbox: Mailbox<A, R> = {
-      name,
-      send,
-      receive: traced(name, receive),
+    const mailbox = FrontEnd.make<A, R>(name, {
+      insert,
+      claim: claimOnce,
+      nextVisibleIn: withStore(nextVisibleIn.run),
+      arm: () => store.arm(name),
+      count: withStore(statements_.count(name)),
       purge: withStore(statements_.purge(name)),
-      approximateCount: withStore(statements_.count(name)),
-      close,
-      isClosed: Effect.sync(() => closed)
-    }
+      // Other processes' sends reach PostgreSQL's receivers by NOTIFY, so its polls are only a fallback;
+      // SQLite's receivers poll with backoff from 10 ms.
+      poll: { firstMillis: store.dialect === "pg" ? maxPollMillis : 10, maxMillis: maxPollMillis }
+    }, clock)
 
     const target = mailbox as unknown as ReplyTarget
     registered.set(target, { store, queue: name, encode })
@@ -1483,7 +1401,7 @@ export const make = <A, I, R = never, IR = never>(
     yield* listen(store)
     yield* Effect.addFinalizer(() =>
       Effect.zipRight(
-        close,
+        mailbox.close,
         Effect.suspend(() => {
           open.delete(target)
           if (open.size === 0) store.open.delete(name)

@@ -44,20 +44,14 @@ import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import * as Heartbeat from "./Heartbeat.js"
+import { validateDuration, validateReceiveOptions } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
 import { exporting } from "./internal/tracing.js"
 import { annotated, type AnnotationCell, makeCell } from "./internal/worker/annotations.js"
 import * as SettleFailure from "./internal/worker/settleFailure.js"
 import * as Settler from "./internal/worker/settler.js"
 import * as LeaseExtender from "./LeaseExtender.js"
-import {
-  InvalidParameterError,
-  type Mailbox,
-  MailboxResolver,
-  type Message,
-  validateDuration,
-  validateReceiveOptions
-} from "./Mailbox.js"
+import { InvalidParameterError, type Mailbox, MailboxResolver, type Message } from "./Mailbox.js"
 
 /** Options of `run`. */
 export interface RunOptions {

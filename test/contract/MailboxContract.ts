@@ -4,7 +4,7 @@
  * backend passes only if it reads time from `Clock`.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Either, Exit, Fiber, Option, type Scope, TestClock } from "effect"
+import { Cause, Duration, Effect, Either, Exit, Fiber, Option, type Scope, TestClock } from "effect"
 import { type Mailbox, MailboxResolver, settleAll } from "../../src/Mailbox.js"
 
 /** Builds an empty mailbox of string bodies and string replies, removed when the scope closes. */
@@ -323,6 +323,25 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           expect(error._tag).toBe("InvalidParameterError")
           return error as unknown as { readonly parameter: string; readonly message: string }
         })
+
+      it.scoped("make: one rule for names and maxSize on every backend, refused with InvalidParameterError naming it", () =>
+        Effect.gen(function*() {
+          const cases: ReadonlyArray<readonly [string, { readonly name: string; readonly maxSize?: number }]> = [
+            ["name", { name: "" }],
+            ["name", { name: "a\u0000b" }],
+            ["name", { name: "x".repeat(201) }],
+            ["maxSize", { name: "ok", maxSize: 0 }],
+            ["maxSize", { name: "ok", maxSize: -1 }],
+            ["maxSize", { name: "ok", maxSize: 1.5 }]
+          ]
+          for (const [parameter, options] of cases) {
+            const exit = yield* Effect.exit(make(options))
+            // The memory backend's contract has no error channel: its refusal is a defect carrying the same error.
+            const error = Exit.isFailure(exit) ? Cause.squash(exit.cause) as { _tag?: string; parameter?: string } : {}
+            expect([error._tag, error.parameter]).toEqual(["InvalidParameterError", parameter])
+          }
+          expect((yield* make({ name: "x".repeat(200) })).name).toHaveLength(200)
+        }))
 
       it.scoped("receive: visibilityTimeout 0..12 h and waitTime 0..20 s", () =>
         Effect.gen(function*() {

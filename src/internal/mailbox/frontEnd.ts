@@ -1,0 +1,153 @@
+/**
+ * The mailbox front end every backend shares: what `send` and `receive`
+ * check, closing, the long poll and the reply guard — over a small storage
+ * `Driver` of one queue (insert, claim, next visible time, count, purge,
+ * wake-up). `MailboxMemory` drives it with synchronous steps on a heap,
+ * `MailboxSql` with statements; neither re-implements the behaviour a user
+ * sees, so the two cannot drift.
+ *
+ * The long poll: arm the queue's wake-up signal, then look (so a send that
+ * lands between the look and the sleep still wakes the receiver), then sleep
+ * until the signal, the mailbox closing, the next visibility expiry, the end
+ * of the wait or — for a driver whose wake-ups do not cover every writer
+ * (other processes on a database) — the next poll, backing off from
+ * `poll.first` to `poll.max`.
+ */
+import type * as Clock from "effect/Clock"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
+import * as FiberId from "effect/FiberId"
+import type * as Option from "effect/Option"
+import {
+  type Mailbox,
+  MailboxClosedError,
+  type MailboxConnectionError,
+  type Message,
+  MessageFinalizedError,
+  ReplyNotAvailableError,
+  type SendError
+} from "../../Mailbox.js"
+import { perMessage } from "../tracing.js"
+import { validateDelay, validateReceiveOptions } from "./validation.js"
+
+/** One queue's storage, as the front end uses it. */
+export interface Driver<A, R> {
+  /** Stores a message visible `delayMillis` from now; its id, or why it was refused (full, unencodable, …). */
+  readonly insert: (body: A, delayMillis: number, replyTo: string | undefined) => Effect.Effect<string, SendError>
+  /** One look: up to `max` visible messages, each hidden for `visibilityMillis` under a fresh receipt handle. */
+  readonly claim: (
+    max: number,
+    visibilityMillis: number
+  ) => Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError>
+  /**
+   * Milliseconds until the next message of the queue becomes visible, if any: 0 or less when one is visible
+   * already (it became visible after the claim looked, or a concurrent claim holds it), and the receiver
+   * looks again at once.
+   */
+  readonly nextVisibleIn: Effect.Effect<number | undefined, MailboxConnectionError>
+  /** The signal a sleeping receiver wakes on (a send, a nack): armed before it looks. */
+  readonly arm: () => Deferred.Deferred<void>
+  readonly count: Effect.Effect<number, MailboxConnectionError>
+  readonly purge: Effect.Effect<number, MailboxConnectionError>
+  /**
+   * How often a sleeping receiver looks again when nothing wakes it (first sleep, doubling up to `max`), for
+   * a store that other processes write to; `undefined` when every write wakes receivers.
+   */
+  readonly poll?: { readonly firstMillis: number; readonly maxMillis: number } | undefined
+}
+
+/** Builds the `Mailbox` over `driver`; `close` refuses sends and wakes every sleeping receiver. */
+export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Clock): Mailbox<A, R> => {
+  let closed = false
+  const closing = Deferred.unsafeMake<void>(FiberId.none)
+  const { claim, poll } = driver
+  const maxPollMillis = poll?.maxMillis ?? Infinity
+
+  const send: Mailbox<A, R>["send"] = (body, options) =>
+    Effect.suspend((): Effect.Effect<string, SendError> => {
+      let delayMillis = 0
+      if (options?.delay !== undefined) {
+        const delay = validateDelay(options.delay)
+        if (Either.isLeft(delay)) return Effect.fail(delay.left)
+        delayMillis = Duration.toMillis(delay.right)
+      }
+      if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
+      return driver.insert(body, delayMillis, options?.replyTo)
+    })
+
+  const longPoll = (
+    max: number,
+    visibilityMillis: number,
+    waitUntil: number,
+    pollMillis: number
+  ): Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError> =>
+    Effect.suspend(() => {
+      if (closed) return Effect.succeed([])
+      const signal = driver.arm()
+      return Effect.flatMap(claim(max, visibilityMillis), (received) => {
+        // The wait is measured on the fiber's Clock (a duration); when a message shows, on the store's.
+        const started = clock.unsafeCurrentTimeMillis()
+        if (received.length > 0 || closed || started >= waitUntil) return Effect.succeed(received)
+        return Effect.flatMap(driver.nextVisibleIn, (nextVisible) => {
+          const sleepUntil = Math.min(
+            waitUntil,
+            nextVisible === undefined ? waitUntil : started + nextVisible,
+            started + pollMillis
+          )
+          return Effect.zipRight(
+            Effect.raceAll([
+              Deferred.await(signal),
+              Deferred.await(closing),
+              // The clock may have moved during the look: measure the sleep from now, or a TestClock overshoots it.
+              Effect.suspend(() =>
+                Effect.sleep(Duration.millis(Math.max(0, sleepUntil - clock.unsafeCurrentTimeMillis())))
+              )
+            ]),
+            longPoll(max, visibilityMillis, waitUntil, Math.min(maxPollMillis, pollMillis * 2))
+          )
+        })
+      })
+    })
+
+  const receive: Mailbox<A, R>["receive"] = (options) =>
+    Effect.suspend((): ReturnType<Mailbox<A, R>["receive"]> => {
+      const valid = validateReceiveOptions(options)
+      if (Either.isLeft(valid)) return Effect.fail(valid.left)
+      const { maxMessages, visibilityTimeout, waitTime } = valid.right
+      if (closed) return Effect.succeed([])
+      const visibilityMillis = Duration.toMillis(visibilityTimeout)
+      if (Duration.isZero(waitTime)) return claim(maxMessages, visibilityMillis)
+      const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
+      return longPoll(maxMessages, visibilityMillis, waitUntil, poll?.firstMillis ?? Infinity)
+    })
+
+  const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
+  return {
+    name,
+    send,
+    receive: (options) => span(receive(options)),
+    purge: driver.purge,
+    approximateCount: driver.count,
+    close: Effect.sync(() => {
+      closed = true
+      Deferred.unsafeDone(closing, Exit.void)
+    }),
+    isClosed: Effect.sync(() => closed)
+  }
+}
+
+/** Why a delivery cannot reply at all, if it cannot: it was settled already, or its sender named no `replyTo`. */
+export const replyRefused = (
+  messageId: string,
+  finalized: boolean,
+  replyTo: Option.Option<string> | string | undefined
+): MessageFinalizedError | ReplyNotAvailableError | undefined => {
+  if (finalized) return new MessageFinalizedError({ messageId })
+  if (replyTo === undefined || (typeof replyTo === "object" && replyTo._tag === "None")) {
+    return new ReplyNotAvailableError({ messageId })
+  }
+  return undefined
+}

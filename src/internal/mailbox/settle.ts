@@ -1,0 +1,33 @@
+/**
+ * Settling many deliveries at once: a backend that can commit a group of
+ * acknowledgements (and their replies) cheaper than one by one puts its
+ * `GroupSettler` on its messages under `GroupSettle`; `Mailbox.settleAll`
+ * finds it there. Not part of the contract.
+ */
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import type { MailboxResolver, Settlement, SettleOutcome } from "../../Mailbox.js"
+
+/**
+ * Settles a group of messages of one mailbox, outcomes in order. Not part of the contract: a backend puts
+ * one on its messages (under `GroupSettle`) when it can settle many at once cheaper than one by one.
+ */
+export type GroupSettler = <A, R>(
+  settlements: ReadonlyArray<Settlement<A, R>>
+) => Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver>
+
+/** Where a message carries its mailbox's `GroupSettler`. */
+export const GroupSettle: unique symbol = Symbol.for("leasehold/GroupSettle")
+
+/** Settles one message: `replyAndAcknowledge` with a reply and a `replyTo`, else `acknowledge`. */
+export const settleOne = <A, R>(
+  { message, reply }: Settlement<A, R>
+): Effect.Effect<SettleOutcome, never, MailboxResolver> =>
+  Effect.either(
+    Option.isSome(reply) && Option.isSome(message.replyTo)
+      ? message.replyAndAcknowledge(reply.value)
+      : Effect.as(message.acknowledge, undefined)
+  )
+
+/** A `GroupSettler` for a mailbox whose settles do not wait on I/O: one after the other. */
+export const settleInTurn: GroupSettler = (settlements) => Effect.forEach(settlements, settleOne)

@@ -1,0 +1,125 @@
+/**
+ * What every mailbox backend checks the same way: the options of `send`,
+ * `receive`, `nack` and `extendVisibility` (SQS's limits), and a queue's
+ * name — so each backend refuses the same input with the same
+ * `InvalidParameterError`, whatever stores the messages.
+ */
+import * as Duration from "effect/Duration"
+import * as Either from "effect/Either"
+import { InvalidParameterError } from "../../Errors.js"
+import type { ReceiveOptions } from "../../Mailbox.js"
+import * as Durations from "../duration.js"
+
+/** Limits every backend enforces (SQS's). */
+export const limits = {
+  maxDelay: Duration.minutes(15),
+  maxVisibilityTimeout: Duration.hours(12),
+  maxWaitTime: Duration.seconds(20),
+  maxMessages: 10,
+  defaultVisibilityTimeout: Duration.seconds(30)
+} as const
+
+/** Decodes a duration option and checks it lies in `0..max`. */
+export const validateDuration = (
+  parameter: string,
+  input: Duration.DurationInput | undefined,
+  fallback: Duration.Duration,
+  max: Duration.Duration
+): Either.Either<Duration.Duration, InvalidParameterError> => {
+  if (input === undefined) return Either.right(fallback)
+  const parsed = Durations.parse(input)
+  if (Either.isLeft(parsed)) {
+    return Either.left(new InvalidParameterError({ parameter, value: input, reason: parsed.left }))
+  }
+  if (Duration.greaterThan(parsed.right, max)) {
+    return Either.left(
+      new InvalidParameterError({ parameter, value: input, reason: `must be between 0 and ${Duration.format(max)}` })
+    )
+  }
+  return Either.right(parsed.right)
+}
+
+/** `receive` options after validation. */
+export interface ValidReceiveOptions {
+  readonly maxMessages: number
+  readonly visibilityTimeout: Duration.Duration
+  readonly waitTime: Duration.Duration
+}
+
+const defaultReceive: Either.Either<ValidReceiveOptions, InvalidParameterError> = Either.right({
+  maxMessages: 1,
+  visibilityTimeout: limits.defaultVisibilityTimeout,
+  waitTime: Duration.zero
+})
+
+/** Validates `receive` options: durations out of range fail, `maxMessages` is clamped to 1..10. */
+export const validateReceiveOptions = (
+  options: ReceiveOptions | undefined
+): Either.Either<ValidReceiveOptions, InvalidParameterError> => {
+  if (options === undefined) return defaultReceive
+  const requested = options.maxMessages ?? 1
+  if (typeof requested !== "number" || Number.isNaN(requested)) {
+    return Either.left(
+      new InvalidParameterError({ parameter: "maxMessages", value: requested, reason: "must be a number" })
+    )
+  }
+  const maxMessages = Math.min(limits.maxMessages, Math.max(1, Math.floor(requested)))
+  return Either.flatMap(
+    validateDuration(
+      "visibilityTimeout",
+      options.visibilityTimeout,
+      limits.defaultVisibilityTimeout,
+      limits.maxVisibilityTimeout
+    ),
+    (visibilityTimeout) =>
+      Either.map(
+        validateDuration("waitTime", options.waitTime, Duration.zero, limits.maxWaitTime),
+        (waitTime) => ({ maxMessages, visibilityTimeout, waitTime })
+      )
+  )
+}
+
+/** Validates the `delay` of `send` (0..15 min). */
+export const validateDelay = (
+  delay: Duration.DurationInput | undefined
+): Either.Either<Duration.Duration, InvalidParameterError> =>
+  validateDuration("delay", delay, Duration.zero, limits.maxDelay)
+
+/** Validates the timeout of `nack` / `extendVisibility` (0..12 h). */
+export const validateVisibility = (
+  parameter: string,
+  timeout: Duration.DurationInput | undefined
+): Either.Either<Duration.Duration, InvalidParameterError> =>
+  validateDuration(parameter, timeout, Duration.zero, limits.maxVisibilityTimeout)
+
+/** The longest queue name: a PostgreSQL notification (its payload is the queue's name) carries it easily. */
+export const maxQueueNameLength = 200
+
+/**
+ * Why `name` cannot name a queue, or `undefined`. One rule for every backend, so a name that works in
+ * memory works on a database: it is stored as text and, on PostgreSQL, sent as a notification's payload,
+ * which holds no control character (NUL in particular) and at most 8000 bytes.
+ */
+export const queueNameProblem = (name: unknown): string | undefined => {
+  if (typeof name !== "string" || name.length === 0) return "must be a non-empty string"
+  if (name.length > maxQueueNameLength) return `must be at most ${maxQueueNameLength} characters`
+  if (/[\u0000-\u001f\u007f]/.test(name)) return "must not contain control characters"
+  return undefined
+}
+
+/** Checks the options every backend's `make` shares: the queue's name and `maxSize`. */
+export const validateMake = (
+  options: { readonly name: unknown; readonly maxSize?: unknown }
+): Either.Either<void, InvalidParameterError> => {
+  const { maxSize, name } = options
+  const nameProblem = queueNameProblem(name)
+  if (nameProblem !== undefined) {
+    return Either.left(new InvalidParameterError({ parameter: "name", value: name, reason: nameProblem }))
+  }
+  if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && (maxSize as number) > 0)) {
+    return Either.left(
+      new InvalidParameterError({ parameter: "maxSize", value: maxSize, reason: "must be a positive integer" })
+    )
+  }
+  return Either.void
+}
