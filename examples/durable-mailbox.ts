@@ -9,7 +9,7 @@
 import { NodeRuntime } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"
 import { Effect, Schema } from "effect"
-import { DeadLetter, MailboxSql, MainLoop } from "leasehold"
+import { DeadLetter, MailboxSql, MailboxSqlAdmin, MainLoop } from "leasehold"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -24,7 +24,7 @@ Effect.gen(function*() {
     replySchema: MainLoop.resultSchema(Schema.String) // replies reach any queue of this database
   })
   const responses = yield* MailboxSql.make({ name: "responses", schema: MainLoop.resultSchema(Schema.String) })
-  const deadLetters = yield* MailboxSql.deadLetters()
+  const deadLetters = yield* MailboxSqlAdmin.deadLetters()
 
   const loop = yield* MainLoop.make({
     requests,

@@ -66,7 +66,7 @@ export interface DeadLetter<A> {
   readonly traceId: string | undefined
 }
 
-/** Where a loop stores dead letters: a mailbox, or `MailboxSql.deadLetters(...).sink(schema)` (a table). */
+/** Where a loop stores dead letters: a mailbox, or `MailboxSqlAdmin.deadLetters(...).sink(schema)` (a table). */
 export interface DeadLetterSink<A> {
   readonly name: string
   readonly send: (letter: DeadLetter<A>) => Effect.Effect<string, SendError>

@@ -29,6 +29,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { MailboxResolver, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
+import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
@@ -95,7 +96,7 @@ for (const backend of backends) {
         yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET body = ${"{\"n\": 3"} WHERE seq = ${Number(notJson)}`
         const received = yield* jobs.receive({ maxMessages: 10 })
         expect(received.map((m) => m.body)).toEqual([{ n: 2 }])
-        const letters = yield* MailboxSql.deadLetters({ prefix })
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
         const [letter, truncated] = yield* letters.list()
         expect(letter!.id).toBe(bad)
         expect(letter!.queue).toBe("jobs")
@@ -110,7 +111,7 @@ for (const backend of backends) {
     it.scoped("dead letters: a loop's sink stores them; list, count, redrive and purge", () =>
       Effect.gen(function*() {
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
-        const letters = yield* MailboxSql.deadLetters({ prefix })
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
         const sink = letters.sink(Job)
         const letter = (n: number) => ({
           messageId: `m${n}`,

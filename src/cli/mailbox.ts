@@ -10,7 +10,7 @@ import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as MailboxSql from "../MailboxSql.js"
+import * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, prefix, withDatabase } from "./database.js"
 import { ago, table } from "./table.js"
 
@@ -27,13 +27,13 @@ const print = (asJson: boolean, value: unknown, text: () => string) =>
 
 type Common = { readonly db: Option.Option<string>; readonly prefix: string }
 
-const onQueues = <A, E>(options: Common, body: (queues: MailboxSql.Queues) => Effect.Effect<A, E>) =>
-  Effect.flatMap(MailboxSql.queues({ prefix: options.prefix, create: false }), body).pipe(
+const onQueues = <A, E>(options: Common, body: (queues: MailboxSqlAdmin.Queues) => Effect.Effect<A, E>) =>
+  Effect.flatMap(MailboxSqlAdmin.queues({ prefix: options.prefix, create: false }), body).pipe(
     withDatabase(Option.getOrUndefined(options.db))
   )
 
-const onDeadLetters = <A, E>(options: Common, body: (letters: MailboxSql.DeadLetters) => Effect.Effect<A, E>) =>
-  Effect.flatMap(MailboxSql.deadLetters({ prefix: options.prefix, create: false }), body).pipe(
+const onDeadLetters = <A, E>(options: Common, body: (letters: MailboxSqlAdmin.DeadLetters) => Effect.Effect<A, E>) =>
+  Effect.flatMap(MailboxSqlAdmin.deadLetters({ prefix: options.prefix, create: false }), body).pipe(
     withDatabase(Option.getOrUndefined(options.db))
   )
 

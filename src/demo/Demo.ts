@@ -27,6 +27,7 @@ import { fileURLToPath } from "node:url"
 import * as Deadline from "../Deadline.js"
 import * as Health from "../Health.js"
 import * as MailboxSql from "../MailboxSql.js"
+import * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import * as MainLoop from "../MainLoop.js"
 import * as MergeQueue from "../MergeQueue.js"
 import * as WorkLease from "../WorkLease.js"
@@ -231,7 +232,7 @@ export const run = (
     )
     for (let i = 1; i <= options.workers; i++) workers.push(startWorker(`worker-${i}`, filename))
 
-    const queues = yield* Effect.provide(MailboxSql.queues(), database)
+    const queues = yield* Effect.provide(MailboxSqlAdmin.queues(), database)
     const counts = Effect.gen(function*() {
       const stats = yield* queues.stats
       const of = (queue: string) => stats.find((row) => row.queue === queue)

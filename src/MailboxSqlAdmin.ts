@@ -1,0 +1,314 @@
+/**
+ * MailboxSqlAdmin: the operator's view of the SQL mailboxes (what the
+ * `leasehold mailbox` and `queue` commands use) — the queues with their
+ * counts and a peek at their messages, and the dead-letter table: list,
+ * count, redrive, purge.
+ *
+ * With `create: false` nothing is ever created or altered: a database or a
+ * prefix without the mailbox tables is a `TablesNotFoundError` naming them.
+ * A stored body that is not JSON is shown raw, never a failure.
+ */
+import * as SqlClient from "@effect/sql/SqlClient"
+import * as DateTime from "effect/DateTime"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
+import * as DeadLetter from "./DeadLetter.js"
+import { TablesNotFoundError } from "./Errors.js"
+import * as Sql from "./internal/sql/common.js"
+import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
+import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
+import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
+
+/** A row of the dead-letter table; `body` is the stored (encoded) body, which may not decode. */
+export interface StoredDeadLetter {
+  readonly id: string
+  readonly queue: string
+  readonly body: string
+  readonly replyTo: string | undefined
+  readonly deliveryCount: number
+  readonly enqueuedAt: DateTime.Utc
+  readonly deadLetteredAt: DateTime.Utc
+  readonly errorTag: string
+  readonly error: string
+}
+
+/** Which dead letters an operation applies to: all, one source queue, and/or some ids. */
+export interface Selection {
+  readonly queue?: string | undefined
+  readonly ids?: ReadonlyArray<string> | undefined
+}
+
+/** A `limit` of the operator's queries: a positive integer (the database would take a negative one as none). */
+const checkLimit = (limit: number | undefined): Either.Either<undefined, InvalidParameterError> =>
+  limit === undefined || (Number.isSafeInteger(limit) && limit > 0 && limit <= 100_000)
+    ? Either.right(undefined)
+    : Either.left(
+      new InvalidParameterError({ parameter: "limit", value: limit, reason: "must be an integer in 1..100000" })
+    )
+
+/** Operations on the dead-letter table (used by the command line). */
+export interface DeadLetters {
+  /** Oldest first; at most `limit` (default 100). */
+  readonly list: (
+    selection?: Selection & { readonly limit?: number | undefined }
+  ) => Effect.Effect<ReadonlyArray<StoredDeadLetter>, MailboxConnectionError | InvalidParameterError>
+  readonly count: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
+  /** Moves dead letters back to their source queue as new messages (delivery count 0); returns how many. */
+  readonly redrive: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
+  /** Deletes dead letters; returns how many. */
+  readonly purge: (selection?: Selection) => Effect.Effect<number, MailboxConnectionError>
+  /**
+   * Where a `MainLoop` dead-letters requests (its `deadLetters.mailbox`): the
+   * letter's body is stored encoded with `schema`, keyed by its message id.
+   */
+  readonly sink: <A, I>(schema: Schema.Schema<A, I, never>) => {
+    readonly name: string
+    readonly send: (
+      letter: DeadLetter.DeadLetter<A>
+    ) => Effect.Effect<string, SerializationError | MailboxConnectionError>
+  }
+}
+
+interface DeadLetterRow {
+  readonly id: string
+  readonly queue: string
+  readonly body: string
+  readonly reply_to: string | null
+  readonly delivery_count: number | string
+  readonly enqueued_at: number | string
+  readonly dead_lettered_at: number | string
+  readonly error_tag: string
+  readonly error: string
+}
+
+/** The dead-letter table of a database and prefix, creating the tables if needed. */
+export const deadLetters = (options?: {
+  readonly prefix?: string | undefined
+  /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
+  readonly create?: boolean | undefined
+}): Effect.Effect<
+  DeadLetters,
+  InvalidParameterError | MailboxConnectionError | TablesNotFoundError,
+  SqlClient.SqlClient
+> =>
+  Effect.gen(function*() {
+    const store = yield* (options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix))
+    const { sql } = store
+    const table = sql(store.deadLetters)
+    const messages = sql(store.messages)
+    const clock = yield* Effect.clock
+    const withStore = connectionError(store.deadLetters)
+    const where = (selection: Selection | undefined) => {
+      const conditions = [
+        ...(selection?.queue === undefined ? [] : [sql`queue = ${selection.queue}`]),
+        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)])
+      ]
+      return conditions.length === 0 ? sql`` : sql`WHERE ${sql.and(conditions)}`
+    }
+    const empty = (selection: Selection | undefined) => selection?.ids !== undefined && selection.ids.length === 0
+
+    return {
+      list: (selection) =>
+        Either.match(checkLimit(selection?.limit), {
+          onLeft: (invalid): Effect.Effect<ReadonlyArray<StoredDeadLetter>, InvalidParameterError> =>
+            Effect.fail(invalid),
+          onRight: () =>
+            empty(selection) ? Effect.succeed([]) : sql<DeadLetterRow>`SELECT * FROM ${table} ${where(selection)}
+              ORDER BY dead_lettered_at, id LIMIT ${selection?.limit ?? 100}`.pipe(
+              Effect.map((rows) =>
+                rows.map((row): StoredDeadLetter => ({
+                  id: row.id,
+                  queue: row.queue,
+                  body: row.body,
+                  replyTo: row.reply_to ?? undefined,
+                  deliveryCount: Number(row.delivery_count),
+                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                  deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+                  errorTag: row.error_tag,
+                  error: row.error
+                }))
+              ),
+              withStore
+            )
+        }),
+      count: (selection) =>
+        empty(selection) ?
+          Effect.succeed(0) :
+          sql<{ n: number | string }>`SELECT count(*) AS n FROM ${table} ${where(selection)}`.pipe(
+            Effect.map((rows) => Number(rows[0]?.n ?? 0)),
+            withStore
+          ),
+      redrive: (selection) =>
+        empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
+          const at = statements(store).at(nowOf(clock)())
+          // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted,
+          // visible from now on the database's clock.
+          return Sql.writeTransaction(sql)(
+            Effect.flatMap(
+              sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
+              (gone) =>
+                gone.length === 0 ? Effect.succeed(gone) : Effect.as(
+                  sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to) VALUES ${
+                    sql.csv(gone.map((row) =>
+                      sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to})`
+                    ))
+                  }`,
+                  gone
+                )
+            )
+          ).pipe(Effect.tap((gone) => Effect.sync(() => gone.forEach((row) => store.wake(row.queue)))))
+        }).pipe(Effect.map((gone) => gone.length), withStore),
+      purge: (selection) =>
+        empty(selection) ? Effect.succeed(0) : sql`DELETE FROM ${table} ${where(selection)} RETURNING id`.pipe(
+          Effect.map((rows) => rows.length),
+          withStore
+        ),
+      sink: (schema) => {
+        const encode = encoderOf(schema, maxBodyBytesLimit)
+        return {
+          name: store.deadLetters,
+          send: (letter) =>
+            Either.match(encode(letter.body), {
+              onLeft: (reason) =>
+                Effect.fail(
+                  new SerializationError({ mailbox: store.deadLetters, messageId: letter.messageId, reason })
+                ),
+              onRight: (body) =>
+                sql`INSERT INTO ${table}
+                    (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+                  VALUES (${letter.messageId}, ${letter.sourceMailbox}, ${body}, ${letter.replyTo ?? null},
+                    ${letter.deliveryCount}, ${DateTime.toEpochMillis(letter.enqueuedAt)},
+                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${letter.lastErrorTag}, ${letter.lastError})
+                  ON CONFLICT (id) DO UPDATE SET delivery_count = excluded.delivery_count,
+                    dead_lettered_at = excluded.dead_lettered_at, error_tag = excluded.error_tag,
+                    error = excluded.error`.pipe(Effect.as(letter.messageId), withStore)
+            })
+        }
+      }
+    }
+  })
+
+/** One queue of a database, as operators see it. */
+export interface QueueStats {
+  readonly queue: string
+  /** Visible now: the next receive can take them. */
+  readonly queued: number
+  /** Received and not yet settled (invisible until their visibility timeout). */
+  readonly inFlight: number
+  /** Sent with a delay or nacked with a retry delay, not visible yet. */
+  readonly delayed: number
+  readonly oldestEnqueuedAt: Option.Option<DateTime.Utc>
+  readonly maxDeliveryCount: number
+  readonly deadLetters: number
+}
+
+/** A stored message, read without receiving it; the body is its stored (encoded) JSON. */
+export interface PeekedMessage {
+  readonly id: string
+  readonly body: string
+  readonly state: "queued" | "in flight" | "delayed"
+  readonly visibleAt: DateTime.Utc
+  readonly deliveryCount: number
+  readonly enqueuedAt: DateTime.Utc
+  readonly replyTo: Option.Option<string>
+}
+
+/** Operations on every queue of a database and prefix (used by the command line). */
+export interface Queues {
+  /** Every queue that has messages or dead letters. */
+  readonly stats: Effect.Effect<ReadonlyArray<QueueStats>, MailboxConnectionError>
+  /** The next messages of `queue` in delivery order (visible first), changing nothing. */
+  readonly peek: (
+    queue: string,
+    options?: { readonly limit?: number | undefined }
+  ) => Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError>
+  /** Deletes every message of `queue`, in flight or not; returns how many. */
+  readonly purge: (queue: string) => Effect.Effect<number, MailboxConnectionError>
+}
+
+/** The queues of a database and prefix, creating the tables if needed. */
+export const queues = (options?: {
+  readonly prefix?: string | undefined
+  /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
+  readonly create?: boolean | undefined
+}): Effect.Effect<
+  Queues,
+  InvalidParameterError | MailboxConnectionError | TablesNotFoundError,
+  SqlClient.SqlClient
+> =>
+  Effect.gen(function*() {
+    const store = yield* (options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix))
+    const { sql } = store
+    const messages = sql(store.messages)
+    const letters = sql(store.deadLetters)
+    const clock = yield* Effect.clock
+    const withStore = connectionError(store.messages)
+    const statements_ = statements(store)
+    return {
+      stats: Effect.suspend(() => {
+        const now = statements_.at(nowOf(clock)())
+        return Effect.zipWith(
+          sql<{
+            queue: string
+            queued: number | string
+            in_flight: number | string
+            delayed: number | string
+            oldest: number | string | null
+            max_delivery: number | string | null
+          }>`SELECT queue,
+              SUM(CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END) AS queued,
+              SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NOT NULL THEN 1 ELSE 0 END) AS in_flight,
+              SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NULL THEN 1 ELSE 0 END) AS delayed,
+              MIN(enqueued_at) AS oldest, MAX(delivery_count) AS max_delivery
+            FROM ${messages} GROUP BY queue`,
+          sql<{ queue: string; n: number | string }>`SELECT queue, count(*) AS n FROM ${letters} GROUP BY queue`,
+          (rows, dead) => {
+            const names = [...new Set([...rows.map((row) => row.queue), ...dead.map((row) => row.queue)])].sort()
+            return names.map((queue): QueueStats => {
+              const row = rows.find((r) => r.queue === queue)
+              return {
+                queue,
+                queued: Number(row?.queued ?? 0),
+                inFlight: Number(row?.in_flight ?? 0),
+                delayed: Number(row?.delayed ?? 0),
+                oldestEnqueuedAt: row?.oldest === null || row?.oldest === undefined
+                  ? Option.none()
+                  : Option.some(DateTime.unsafeMake(Number(row.oldest))),
+                maxDeliveryCount: Number(row?.max_delivery ?? 0),
+                deadLetters: Number(dead.find((r) => r.queue === queue)?.n ?? 0)
+              }
+            })
+          }
+        ).pipe(withStore)
+      }),
+      peek: (queue, peekOptions) =>
+        Effect.suspend(
+          (): Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError> => {
+            const limit = checkLimit(peekOptions?.limit)
+            if (Either.isLeft(limit)) return Effect.fail(limit.left)
+            const now = statements_.at(nowOf(clock)())
+            return sql<Row & { visible_at: number | string; visible: number | boolean }>`SELECT seq, body,
+              receipt_handle, delivery_count, enqueued_at, reply_to, visible_at,
+              CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END AS visible
+            FROM ${messages} WHERE queue = ${queue} ORDER BY visible_at, seq LIMIT ${peekOptions?.limit ?? 10}`.pipe(
+              Effect.map((rows) =>
+                rows.map((row): PeekedMessage => ({
+                  id: String(row.seq),
+                  body: row.body,
+                  state: Number(row.visible) === 1 ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
+                  visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+                  deliveryCount: Number(row.delivery_count),
+                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                  replyTo: Option.fromNullable(row.reply_to)
+                }))
+              ),
+              withStore
+            )
+          }
+        ),
+      purge: (queue) => withStore(statements_.purge(queue))
+    }
+  })

@@ -1,0 +1,306 @@
+/**
+ * The mailbox's statements: one `Statements` interface, one set per dialect
+ * (`sqlite`, `pg`) and the statements both share. Every statement takes a
+ * `Now`: the database's clock, read as it runs, or a test's `TestClock` time.
+ */
+import type { SqlError } from "@effect/sql/SqlError"
+import type * as Statement from "@effect/sql/Statement"
+import type * as Clock from "effect/Clock"
+import * as Effect from "effect/Effect"
+import * as Sql from "../common.js"
+import type { Row, Store } from "./store.js"
+
+/**
+ * When a statement runs. `undefined`: the database's own clock, read by the statement as it runs — so every
+ * process judges visibility by one clock (PostgreSQL serving several machines, whose clocks drift), and on
+ * SQLite the time is taken once the statement has the file, not before it waited for the lock. A number:
+ * the time a test's `TestClock` gives, so tests drive expiry on every backend alike (see `nowOf`).
+ */
+export type Now = number | undefined
+
+/**
+ * The `Now` a mailbox's statements run with: the database's clock, unless the mailbox runs under
+ * `TestClock` — then the test's time, so `TestClock.adjust` moves visibility on SQLite and PostgreSQL as it
+ * does in memory. A clock that is merely wrong (a machine running ahead) is still the database's business.
+ */
+export const nowOf = (clock: Clock.Clock): () => Now => Sql.testTime(clock) ?? (() => undefined)
+
+export interface Statements {
+  /** Claims up to `max` visible messages of a queue, invisible for `visibilityMillis` from now. */
+  readonly claim: (
+    queue: string,
+    now: Now,
+    visibilityMillis: number,
+    max: number
+  ) => Effect.Effect<ReadonlyArray<Row>, SqlError>
+  /** Inserts messages into one queue: each one's id, in order, or `undefined` for those that found it full. */
+  readonly insert: (
+    queue: string,
+    items: ReadonlyArray<SendItem>,
+    now: Now,
+    maxSize: number | undefined
+  ) => Effect.Effect<ReadonlyArray<string | undefined>, SqlError>
+  /** Acknowledges deliveries, inserting each one's reply (if any) in the same transaction. */
+  readonly settle: (
+    items: ReadonlyArray<SettleItem>,
+    now: Now
+  ) => Effect.Effect<ReadonlyMap<string, string | undefined>, SqlError>
+  /** Makes a delivery visible `timeoutMillis` from now (keeping or clearing its handle); false when it is stale. */
+  readonly setVisibility: (
+    seq: string,
+    handle: string,
+    now: Now,
+    timeoutMillis: number,
+    keepHandle: boolean,
+    queue: string
+  ) => Effect.Effect<boolean, SqlError>
+  readonly release: (seq: string, handle: string, now: Now) => Effect.Effect<void, SqlError>
+  readonly isCurrent: (seq: string, handle: string, now: Now) => Effect.Effect<boolean, SqlError>
+  readonly deadLetter: (
+    seq: string,
+    handle: string,
+    now: Now,
+    errorTag: string,
+    error: string
+  ) => Effect.Effect<void, SqlError>
+  /** Milliseconds until the queue's next invisible message becomes visible; `undefined` when there is none. */
+  readonly nextVisibleIn: (queue: string, now: Now) => Effect.Effect<number | undefined, SqlError>
+  readonly count: (queue: string) => Effect.Effect<number, SqlError>
+  readonly purge: (queue: string) => Effect.Effect<number, SqlError>
+  /** `now` as a SQL expression, for the operator's queries. */
+  readonly at: (now: Now) => Statement.Fragment
+}
+
+/** A message to insert: its encoded body, how long it stays invisible, where its replies go. */
+export interface SendItem {
+  readonly body: string
+  readonly delayMillis: number
+  readonly replyTo: string | null
+}
+
+/** A delivery to acknowledge, with the reply to insert in the same transaction. */
+export interface SettleItem {
+  readonly seq: string
+  readonly handle: string
+  readonly reply: { readonly queue: string; readonly body: string } | undefined
+}
+
+/** The statement set of the store's dialect. */
+export const statements = (store: Store): Statements => store.dialect === "pg" ? pg(store) : sqlite(store)
+
+/** `now` as a SQL expression: the database's clock, or a given time (typed on PostgreSQL, so it can be added to). */
+const atOf = (store: Store) => {
+  const { sql } = store
+  const databaseNow = Sql.databaseNow(sql)
+  const pg = store.dialect === "pg"
+  return (now: Now): Statement.Fragment => now === undefined ? databaseNow : pg ? sql`${now}::bigint` : sql`${now}`
+}
+
+const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
+
+/** The statements both dialects run alike, on the store's client. */
+const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
+  const { sql } = store
+  const messages = sql(store.messages)
+  const deadLetters = sql(store.deadLetters)
+  return {
+    at,
+    release: (seq, handle, now) =>
+      sql`UPDATE ${messages} SET visible_at = ${at(now)}, receipt_handle = NULL, delivery_count = delivery_count - 1
+        WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`.pipe(Effect.asVoid),
+    isCurrent: (seq, handle, now) =>
+      Effect.map(
+        sql`SELECT seq FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
+          AND visible_at > ${at(now)}`,
+        one
+      ),
+    deadLetter: (seq, handle, now, errorTag, error) =>
+      Sql.writeTransaction(sql)(Effect.zipRight(
+        sql`INSERT INTO ${deadLetters}
+            (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+          SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${
+          at(now)
+        }, ${errorTag}, ${error}
+          FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
+          ON CONFLICT (id) DO NOTHING`,
+        sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`
+      )),
+    nextVisibleIn: (queue, now) =>
+      Effect.map(
+        // Every row of the queue, visible ones too: a row that became visible since the claim looked (its
+        // visibility ran out in between) gives a time <= 0, so the receiver looks again at once instead of
+        // sleeping a whole poll interval beside a visible message.
+        sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
+          WHERE queue = ${queue}`,
+        (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
+      ),
+    count: (queue) =>
+      Effect.map(
+        sql<{ n: number | string }>`SELECT count(*) AS n FROM ${messages} WHERE queue = ${queue}`,
+        (rows) => Number(rows[0]?.n ?? 0)
+      ),
+    purge: (queue) =>
+      Effect.map(sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`, (rows) => rows.length)
+  } satisfies Partial<Statements>
+}
+
+/**
+ * SQLite: every write in a write transaction that takes the file's lock first (`BEGIN IMMEDIATE`), so a
+ * claim reads the time once it has the file and never meets a lock upgrade it cannot wait for.
+ */
+const sqlite = (store: Store): Statements => {
+  const { sql } = store
+  const messages = sql(store.messages)
+  const at = atOf(store)
+  return {
+    ...shared(store, at),
+    claim: (queue, now, visibilityMillis, max) =>
+      // A write transaction (the file's lock first), so the time is read once the claim has the file.
+      Sql.writeTransaction(sql)(
+        sql<Row>`UPDATE ${messages} SET visible_at = ${at(now)} + ${visibilityMillis},
+            receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1
+          WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
+            ORDER BY visible_at, seq LIMIT ${max})
+          RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to`
+      ),
+    insert: (queue, items, now, maxSize) => {
+      // One statement for the batch, like PostgreSQL's; the items go in in order, so their ids ascend in it.
+      const room = maxSize === undefined
+        ? sql``
+        : sql`WHERE key < ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
+      return Effect.map(
+        sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+        SELECT ${queue}, json_extract(value, '$[0]'), ${at(now)} + json_extract(value, '$[1]'), ${at(now)},
+          json_extract(value, '$[2]')
+        FROM json_each(${JSON.stringify(items.map((item) => [item.body, item.delayMillis, item.replyTo]))}) ${room}
+        ORDER BY key
+        RETURNING seq`,
+        (rows) => {
+          const ids = rows.map((row) => row.seq).sort((a, b) => a - b)
+          return items.map((_, index) => index < ids.length ? String(ids[index]) : undefined)
+        }
+      )
+    },
+    settle: (items, now) =>
+      Sql.writeTransaction(sql)(Effect.gen(function*() {
+        // One transaction and two statements for the batch (a statement costs more than a row): the deletes,
+        // whose first write takes the write lock at once, then the replies of the deliveries that were current.
+        const acked = yield* sql<{ seq: number; receipt_handle: string }>`DELETE FROM ${messages}
+          WHERE visible_at > ${at(now)} AND (seq, receipt_handle) IN (
+            SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(${
+          JSON.stringify(items.map((item) => [Number(item.seq), item.handle]))
+        }))
+          RETURNING seq, receipt_handle`
+        const current = new Set(acked.map((row) => `${row.seq} ${row.receipt_handle}`))
+        const settled = new Map<string, string | undefined>()
+        const replying: Array<{ readonly seq: string; readonly queue: string; readonly body: string }> = []
+        for (const item of items) {
+          // Only the deliveries whose handle was current (a message is once per statement: `settleRounds`).
+          if (!current.has(`${item.seq} ${item.handle}`)) continue
+          if (item.reply === undefined) settled.set(item.seq, undefined)
+          else replying.push({ seq: item.seq, ...item.reply })
+        }
+        if (replying.length === 0) return settled
+        // Inserted in the array's order, so the new ids ascend in that order (RETURNING's order is unspecified).
+        const replies = yield* sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
+          SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ${at(now)}, ${at(now)}
+          FROM json_each(${JSON.stringify(replying.map((reply) => [reply.queue, reply.body]))}) ORDER BY key
+          RETURNING seq`
+        const ids = replies.map((row) => row.seq).sort((a, b) => a - b)
+        replying.forEach((reply, index) => settled.set(reply.seq, String(ids[index])))
+        return settled
+      })),
+    setVisibility: (seq, handle, now, timeoutMillis, keepHandle) =>
+      Effect.map(
+        sql`UPDATE ${messages} SET visible_at = ${at(now)} + ${timeoutMillis}${
+          keepHandle ? sql`` : sql`, receipt_handle = NULL`
+        }
+          WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)} RETURNING seq`,
+        one
+      )
+  }
+}
+
+/**
+ * PostgreSQL: claims, grouped acknowledgements, sends, extensions and nacks run on the store's lane (its own
+ * connection: `Store.onLane`) — the claim and the acknowledgement as the PL/pgSQL functions `migrate`
+ * creates — and a write that makes a message visible now notifies the queue's receivers.
+ */
+const pg = (store: Store): Statements => {
+  const { sql } = store
+  const messages = sql(store.messages)
+  const claimFunction = sql(`${store.prefix}mailbox_claim`)
+  const settleFunction = sql(`${store.prefix}mailbox_settle`)
+  const notify = (queue: string) => sql`, pg_notify(${store.channel}, ${queue})`
+  const at = atOf(store)
+  return {
+    ...shared(store, at),
+    claim: (queue, now, visibilityMillis, max) =>
+      store.onLane((lane) =>
+        lane<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to
+        FROM ${claimFunction}(${queue}::text, ${at(now)}::bigint, (${at(now)} + ${visibilityMillis})::bigint,
+          ${max}::integer)`
+      ),
+    insert: (queue, items, now, maxSize) => {
+      // The first `maxSize - count` items go in; ids are drawn up front so each item learns its own.
+      const room = maxSize === undefined
+        ? sql``
+        : sql`WHERE v.n <= ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
+      const wake = items.some((item) => item.delayMillis === 0)
+      return Effect.map(
+        store.onLane((lane) =>
+          lane<{ seq: string }>`WITH input AS MATERIALIZED (
+          SELECT nextval((SELECT pg_get_serial_sequence(${
+            sql.literal(`'${store.messages}'`)
+          }, 'seq')::regclass)) AS seq,
+            v.body, v.delay, v.reply_to, v.n
+          FROM ROWS FROM (json_to_recordset(${JSON.stringify(items)}::json)
+            AS (body text, "delayMillis" bigint, "replyTo" text)) WITH ORDINALITY AS v(body, delay, reply_to, n)
+          ${room}),
+        ins AS (
+          INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to)
+          SELECT seq, ${queue}::text, body, ${at(now)} + delay, ${at(now)}, reply_to FROM input)
+        SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`
+        ),
+        (rows) => items.map((_, index) => rows[index]?.seq)
+      )
+    },
+    settle: (items, now) =>
+      Effect.map(
+        store.onLane((lane) =>
+          // The reply bodies travel as one JSON array of the bodies themselves (each is JSON already), and
+          // each element's text is its body as it was: escaping every quote of every body, in the driver's
+          // array literal or as JSON strings, cost more than the rest of the statement's parameters. An
+          // item without a reply has `null` there, never read (its reply queue is NULL).
+          lane<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
+          FROM ${settleFunction}(${items.map((item) => item.seq)}::bigint[], ${
+            items.map((item) => item.handle)
+          }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
+          ARRAY(SELECT body::text FROM json_array_elements(${`[${
+            items.map((item) => item.reply?.body ?? "null").join(",")
+          }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${at(now)}::bigint, ${store.channel}::text)`
+        ),
+        (rows) =>
+          new Map(rows.map((row) => [
+            String(row.settled_seq),
+            row.settled_reply_seq === null ? undefined : String(row.settled_reply_seq)
+          ]))
+      ),
+    // Extensions and nacks run on the lane too: an application that holds every pooled connection must not
+    // keep a working message from proving it is alive, or a given-up one from coming back.
+    setVisibility: (seq, handle, now, timeoutMillis, keepHandle, queue) => {
+      const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)}`
+      const handleColumn = keepHandle ? sql`` : sql`, receipt_handle = NULL`
+      const visibleAt = sql`${at(now)} + ${timeoutMillis}`
+      return store.onLane((lane) =>
+        Effect.map(
+          timeoutMillis === 0
+            ? lane`WITH upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard}
+                RETURNING seq) SELECT seq${notify(queue)} FROM upd`
+            : lane`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`,
+          one
+        )
+      )
+    }
+  }
+}
