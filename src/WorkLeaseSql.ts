@@ -96,14 +96,12 @@ export const make = (options?: {
       ], { discard: true })
     }).pipe(Effect.mapError((cause) => new WorkLeaseStoreError({ operation: "setup", cause })))
 
+    const rowLock = Sql.forUpdate(sql)
     /** Runs `body` in a write transaction holding the domain's row lock (SQLite: the file's write lock). */
     const locked = <A, E>(domainId: string, body: (row: DomainRow) => Effect.Effect<A, E | SqlError>) =>
       Sql.writeTransaction(sql)(Effect.gen(function*() {
         yield* sql`INSERT INTO ${domains} (domain_id) VALUES (${domainId}) ON CONFLICT (domain_id) DO NOTHING`
-        const rows = yield* sql.onDialectOrElse({
-          pg: () => sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId} FOR UPDATE`,
-          orElse: () => sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId}`
-        })
+        const rows = yield* sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId} ${rowLock}`
         return yield* body(rows[0]!)
       }))
 

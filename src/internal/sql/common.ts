@@ -7,6 +7,7 @@
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
+import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
@@ -69,6 +70,13 @@ export type Dialect = "pg" | "sqlite"
 
 export const dialectOf = (sql: SqlClient.SqlClient): Dialect =>
   sql.onDialectOrElse({ pg: () => "pg" as const, orElse: () => "sqlite" as const })
+
+/**
+ * The row-lock clause of a `SELECT` that a write transaction reads before it writes: `FOR UPDATE` on
+ * PostgreSQL; nothing on SQLite, whose `writeTransaction` holds the file's write lock already.
+ */
+export const forUpdate = (sql: SqlClient.SqlClient): Statement.Fragment =>
+  dialectOf(sql) === "pg" ? sql`FOR UPDATE` : sql``
 
 const immediateTransactions = new WeakMap<
   SqlClient.SqlClient,
