@@ -15,8 +15,10 @@
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Clock from "effect/Clock"
+import * as Context from "effect/Context"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
@@ -247,3 +249,16 @@ export const make = (options?: {
 
     return { tryAcquire, succeed, fail, inspect, assertCurrent }
   })
+
+/** The SQL work leases as a service (`layer`). */
+export class WorkLeaseSql extends Context.Tag("leasehold/WorkLeaseSql")<WorkLeaseSql, SqlWorkLease>() {}
+
+/**
+ * The work leases on the `SqlClient` in the context: provide `Database.layerSqlite` / `layerPg` once, and
+ * this service shares its pool with the mailboxes and the merge queue.
+ */
+export const layer = (options?: {
+  readonly maxRetries?: number
+  readonly prefix?: string
+}): Layer.Layer<WorkLeaseSql, WorkLeaseStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+  Layer.effect(WorkLeaseSql, make(options))

@@ -75,8 +75,9 @@ describe("Database", () => {
       )
       yield* Effect.gen(function*() {
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix: "pool_" })
-        const lease = yield* WorkLeaseSql.make({ prefix: "pool_" })
-        const queue = yield* MergeQueue.make({ prefix: "pool_" })
+        // The services' layers require the client; they do not bring one of their own.
+        const lease = yield* WorkLeaseSql.WorkLeaseSql
+        const queue = yield* MergeQueue.MergeQueue
         yield* jobs.send(1)
         const [message] = yield* jobs.receive()
         yield* message!.acknowledge
@@ -84,7 +85,14 @@ describe("Database", () => {
         expect(acquired._tag).toBe("Acquired")
         yield* queue.enqueue("ws")
         expect((yield* queue.stats).total).toBe(1)
-      }).pipe(Effect.provide(MailboxSql.layer()), Effect.provideService(SqlClient.SqlClient, sql))
+      }).pipe(
+        Effect.provide(Layer.mergeAll(
+          MailboxSql.layer(),
+          WorkLeaseSql.layer({ prefix: "pool_" }),
+          MergeQueue.layer({ prefix: "pool_" })
+        )),
+        Effect.provideService(SqlClient.SqlClient, sql)
+      )
       // The pool's at most 3, the mailboxes' lane and their LISTEN: never a second pool.
       const sessions = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
         WHERE application_name = ${application}`
