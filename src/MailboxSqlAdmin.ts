@@ -84,18 +84,24 @@ interface DeadLetterRow {
   readonly error: string
 }
 
-/** The dead-letter table of a database and prefix, creating the tables if needed. */
-export const deadLetters = (options?: {
+/** Options of `deadLetters` and `queues`. */
+export interface Options {
   readonly prefix?: string | undefined
   /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
   readonly create?: boolean | undefined
-}): Effect.Effect<
-  DeadLetters,
-  InvalidParameterError | MailboxConnectionError | TablesNotFoundError,
-  SqlClient.SqlClient
-> =>
+}
+
+/** Why the operator's view could not be opened: a bad prefix, an unreachable database, no such tables. */
+export type OpenError = InvalidParameterError | MailboxConnectionError | TablesNotFoundError
+
+/** The store of the options' prefix: its tables created if needed, or (`create: false`) only looked for. */
+const open = (options: Options | undefined) =>
+  options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix)
+
+/** The dead-letter table of a database and prefix, creating the tables if needed. */
+export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
-    const store = yield* (options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix))
+    const store = yield* open(options)
     const { sql } = store
     const table = sql(store.deadLetters)
     const messages = sql(store.messages)
@@ -230,17 +236,9 @@ export interface Queues {
 }
 
 /** The queues of a database and prefix, creating the tables if needed. */
-export const queues = (options?: {
-  readonly prefix?: string | undefined
-  /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
-  readonly create?: boolean | undefined
-}): Effect.Effect<
-  Queues,
-  InvalidParameterError | MailboxConnectionError | TablesNotFoundError,
-  SqlClient.SqlClient
-> =>
+export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
-    const store = yield* (options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix))
+    const store = yield* open(options)
     const { sql } = store
     const messages = sql(store.messages)
     const letters = sql(store.deadLetters)
