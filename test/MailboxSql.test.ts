@@ -558,11 +558,12 @@ describe("MailboxSql lane on PostgreSQL", () => {
         const loop = yield* MailboxWorker.make({
           name: "starved?",
           mailbox: jobs,
-          // 3 s of work against a 1 s visibility: the message stays leased only if every extension gets through.
+          // 10 s of work against a 1 s visibility, the pool held throughout: the message stays leased only if
+          // every extension gets through.
           handle: (_message, heartbeat) =>
             Effect.gen(function*() {
               executions++
-              for (let step = 0; step < 15; step++) {
+              for (let step = 0; step < 50; step++) {
                 yield* heartbeat.beat
                 yield* Effect.sleep("200 millis")
                 seenByOthers += (yield* jobs.receive({ waitTime: 0 })).length
