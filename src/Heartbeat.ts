@@ -1,26 +1,49 @@
 /**
  * Heartbeat: proof that a worker is making progress.
  *
- * Workers (and the tools they call) `beat`; a `Watchdog` reads `elapsed` to
- * spot a stuck loop, and listeners registered with `onBeat` piggyback on the
- * beat — the `LeaseExtender` uses one to extend a message's visibility only
- * while work really happens. Listeners run in registration order before
- * `beat` returns; one that fails is logged and does not stop the others.
+ * Work beats; a `Watchdog` reads `elapsed` to spot a stuck loop, and
+ * listeners registered with `onBeat` piggyback on the beat. Listeners run in
+ * registration order before `beat` returns; one that fails is logged and does
+ * not stop the others. Work that must not hold up the beat — the
+ * `LeaseExtender`'s visibility extension, which goes to the database — is
+ * registered with `forkOnBeat`: the heartbeat forks it when it is due,
+ * keeps at most one in flight (a beat meanwhile is dropped), and its detach
+ * step waits for the one in flight, so after detaching nothing runs any more.
  *
- * Beats are frequent (every tool call, every loop iteration), so a listener
- * that usually has nothing to do can register with `onBeatAt` and return
- * `undefined`: such a beat then costs little more than reading the clock.
+ * **Beat from anywhere.** The heartbeat of the work in progress is carried by
+ * a `FiberRef` (as `Deadline.current` is): `MailboxWorker`, and so `MainLoop`
+ * and `EvalLoop`, run each loop under its heartbeat, `InnerLoop` and
+ * `ToolExecutor` under theirs, and every fiber the work forks inherits it. So
+ * `yield* Heartbeat.beat` in a helper three calls deep inside a tool beats the
+ * heartbeat of the message being handled, with nothing passed down. Outside
+ * any run it does nothing (`current` says whether there is one). A FiberRef,
+ * not a `Context.Tag`: a tag would put `Heartbeat` in the requirements of every
+ * helper that beats and make code that also runs outside a worker provide a
+ * dummy; a beat is optional proof of life, so its absence is not an error.
+ * Two loops in one process never cross: each fiber sees its own loop's.
  *
- * Ages are read on the monotonic clock (`Clock.currentTimeNanos`), never the
- * wall clock: a wall-clock step (NTP, a VM resumed) must neither make a
- * healthy worker look stuck nor stop its lease extensions. `TestClock` drives
- * both readings.
+ * State lives in a `Ref` (the last beat on the monotonic clock, the
+ * listeners): a beat is one `Ref.modify` that reads the clock, records the
+ * beat and calls the listeners, then runs whatever work they asked for. Ages are read on the
+ * monotonic clock (`Clock.currentTimeNanos`), never the wall clock: a
+ * wall-clock step (NTP, a VM resumed) must neither make a healthy worker look
+ * stuck nor stop its lease extensions. `TestClock` drives both readings.
+ *
+ * For long work that makes progress in steps, `beatEvery` beats on a
+ * `Stream`'s elements (at most once per interval): a stream that stalls stops
+ * beating, and the lease runs out as it should.
  */
 import type * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as FiberRef from "effect/FiberRef"
+import { dual } from "effect/Function"
 import * as Metric from "effect/Metric"
+import * as Option from "effect/Option"
+import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
 
 /** A liveness signal with listeners. */
 export interface Heartbeat {
@@ -35,8 +58,14 @@ export interface Heartbeat {
    * scope closes, and runs the effect it returns, if any.
    */
   readonly onBeatAt: (listener: Listener) => Effect.Effect<void, never, Scope.Scope>
-  /** `onBeatAt` without a scope: adds the listener now and returns the function that removes it. */
-  readonly unsafeOnBeatAt: (listener: Listener) => () => void
+  /** `onBeatAt` without a scope: adds the listener and returns the step that removes it. */
+  readonly addListener: (listener: Listener) => Effect.Effect<Effect.Effect<void>>
+  /**
+   * Forks `task.run` on each beat for which `task.due` says yes, on a fiber of its own (the beat never
+   * waits for it), with at most one in flight: a beat that comes while it runs is dropped. Returns the
+   * detach step: it stops listening, then waits for the run in flight, if any.
+   */
+  readonly forkOnBeat: (task: BeatTask) => Effect.Effect<Effect.Effect<void>>
 }
 
 /**
@@ -44,6 +73,14 @@ export interface Heartbeat {
  * difference between two readings means anything (it is not a date).
  */
 export type Listener = (beatAt: number) => Effect.Effect<void> | undefined
+
+/** Work a heartbeat forks on its beats (`unsafeForkOnBeat`). */
+export interface BeatTask {
+  /** Whether a beat at `beatAt` should start a run (called synchronously on every beat: keep it cheap). */
+  readonly due: (beatAt: number) => boolean
+  /** The run; its failures are its own business (log them): the heartbeat only waits for it on detach. */
+  readonly run: (beatAt: number) => Effect.Effect<void>
+}
 
 /** The monotonic clock in milliseconds (`Clock.currentTimeNanos`): for ages and rate limits, not dates. */
 export const monotonicMillis = (clock: Clock.Clock): number => Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
@@ -66,39 +103,134 @@ const collect = (listeners: ReadonlyArray<Listener>, now: number): Array<Effect.
   return work
 }
 
+/** A task's run in flight, between the beat that started it and its end. */
+interface Flight {
+  fiber: Fiber.RuntimeFiber<void> | undefined
+}
+
+/** A heartbeat's state: the last beat on the monotonic clock, and the listeners in registration order. */
+interface State {
+  readonly last: number
+  /** Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go. */
+  readonly listeners: ReadonlyArray<Listener>
+}
+
+/** What a beat runs after the listeners were called: the work they asked for, in order. */
+const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<void> => {
+  if (work === undefined) return Effect.void
+  return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
+}
+
 /** Makes a heartbeat whose first beat counts from now, on the clock of the fiber that makes it. */
 export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) => {
   // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
-  let last = monotonicMillis(clock)
-  // Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go.
-  let listeners: ReadonlyArray<Listener> = []
+  const state = Ref.unsafeMake<State>({ last: monotonicMillis(clock), listeners: [] })
 
-  const unsafeOnBeatAt = (listener: Listener) => {
-    listeners = [...listeners, listener]
-    return () => {
-      listeners = listeners.filter((l) => l !== listener)
-    }
-  }
-  const onBeatAt = (listener: Listener) =>
-    Effect.flatMap(
-      Effect.sync(() => unsafeOnBeatAt(listener)),
-      (remove) => Effect.addFinalizer(() => Effect.sync(remove))
+  const addListener = (listener: Listener) =>
+    Effect.as(
+      Ref.update(state, (s) => ({ last: s.last, listeners: [...s.listeners, listener] })),
+      Ref.update(state, (s) => ({ last: s.last, listeners: s.listeners.filter((l) => l !== listener) }))
     )
+  const onBeatAt = (listener: Listener) =>
+    Effect.flatMap(addListener(listener), (remove) => Effect.addFinalizer(() => remove))
+
+  const forkOnBeat = (task: BeatTask): Effect.Effect<Effect.Effect<void>> => {
+    let flight: Flight | undefined
+    const listener: Listener = (now) => {
+      if (flight !== undefined || !task.due(now)) return undefined
+      const started: Flight = flight = { fiber: undefined }
+      const run = Effect.ensuring(
+        task.run(now),
+        Effect.sync(() => {
+          if (flight === started) flight = undefined
+        })
+      )
+      // A daemon, not a child of the beating fiber: the run must finish even if that fiber moves on.
+      return Effect.map(Effect.forkDaemon(run), (fiber) => {
+        // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
+        if (flight === started) started.fiber = fiber
+      })
+    }
+    const awaitFlight: Effect.Effect<void> = Effect.suspend(() => {
+      if (flight === undefined) return Effect.void
+      // Started but its fiber not recorded yet (the beating fiber is between two steps): look again.
+      if (flight.fiber === undefined) return Effect.zipRight(Effect.yieldNow(), awaitFlight)
+      return Effect.asVoid(Fiber.await(flight.fiber))
+    })
+    return Effect.map(addListener(listener), (remove) => Effect.zipRight(remove, awaitFlight))
+  }
+
+  // One step records the beat and calls the listeners (synchronous callbacks); the work they ask for runs next.
+  const beat = Effect.flatten(Ref.modify(state, (s): [Effect.Effect<void>, State] => {
+    const now = monotonicMillis(clock)
+    return [
+      runAll(s.listeners.length === 0 ? undefined : collect(s.listeners, now)),
+      { last: now, listeners: s.listeners }
+    ]
+  }))
 
   return {
-    beat: Effect.suspend(() => {
-      const now = monotonicMillis(clock)
-      last = now
-      const work = listeners.length === 0 ? undefined : collect(listeners, now)
-      if (work === undefined) return Effect.void
-      return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
-    }),
-    elapsed: Effect.sync(() => Duration.millis(Math.max(0, monotonicMillis(clock) - last))),
+    beat,
+    elapsed: Effect.map(Ref.get(state), (s) => Duration.millis(Math.max(0, monotonicMillis(clock) - s.last))),
     onBeat: (listener) => onBeatAt(() => listener),
     onBeatAt,
-    unsafeOnBeatAt
+    addListener,
+    forkOnBeat
   }
 })
+
+// ---------------------------------------------------------------------------
+// The current heartbeat
+// ---------------------------------------------------------------------------
+
+const currentRef: FiberRef.FiberRef<Heartbeat | undefined> = FiberRef.unsafeMake<Heartbeat | undefined>(undefined)
+
+/** The heartbeat of the work the current fiber runs (set by `within`; the loops set it), if any. */
+export const current: Effect.Effect<Option.Option<Heartbeat>> = Effect.map(
+  FiberRef.get(currentRef),
+  Option.fromNullable
+)
+
+/** Beats the current heartbeat (see `current`); does nothing outside any run. */
+export const beat: Effect.Effect<void> = FiberRef.getWith(
+  currentRef,
+  (heartbeat) => heartbeat === undefined ? Effect.void : heartbeat.beat
+)
+
+/** Runs `self` with `heartbeat` as the current one: its `Heartbeat.beat`s, and its forks', beat it. */
+export const within: {
+  (heartbeat: Heartbeat): <A, E, R>(self: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  <A, E, R>(self: Effect.Effect<A, E, R>, heartbeat: Heartbeat): Effect.Effect<A, E, R>
+} = dual(
+  2,
+  <A, E, R>(self: Effect.Effect<A, E, R>, heartbeat: Heartbeat): Effect.Effect<A, E, R> =>
+    Effect.locally(self, currentRef, heartbeat)
+)
+
+/**
+ * Beats the current heartbeat as `self`'s elements arrive, at most once per `interval` (default: on every
+ * element): a download, an upload or a test run that reports progress proves it works, and one that stalls
+ * stops beating — its message's lease then runs out and it is redelivered. Outside any run it does nothing.
+ */
+export const beatEvery: {
+  (interval?: Duration.DurationInput): <A, E, R>(self: Stream.Stream<A, E, R>) => Stream.Stream<A, E, R>
+  <A, E, R>(self: Stream.Stream<A, E, R>, interval?: Duration.DurationInput): Stream.Stream<A, E, R>
+} = dual(
+  (args) => Stream.StreamTypeId in Object(args[0]),
+  <A, E, R>(self: Stream.Stream<A, E, R>, interval?: Duration.DurationInput): Stream.Stream<A, E, R> => {
+    const everyMillis = interval === undefined ? 0 : Duration.toMillis(interval)
+    return Stream.unwrap(Effect.map(Effect.clock, (clock) => {
+      let lastBeat: number | undefined
+      return Stream.tap(self, () =>
+        Effect.suspend(() => {
+          const now = monotonicMillis(clock)
+          if (lastBeat !== undefined && now - lastBeat < everyMillis) return Effect.void
+          lastBeat = now
+          return beat
+        }))
+    }))
+  }
+)
 
 /**
  * Seconds since a loop's heartbeat last beat, by loop name. Set when it is read — each scrape of the health

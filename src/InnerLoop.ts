@@ -19,6 +19,7 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
+import * as Heartbeat from "./Heartbeat.js"
 import type * as Prompt from "./Prompt.js"
 import {
   deadlinePayload,
@@ -102,11 +103,14 @@ export const run = <Out>(
           (expired) => expired ? Effect.fail(deadlineFailure(phase)) : Effect.void
         )
         : Effect.void
-    const beat = options.heartbeat?.beat ?? Effect.void
+    // The heartbeat given, else the current one (the worker's): the tools' `context.heartbeat` and their
+    // `Heartbeat.beat` are the same heartbeat.
+    const heartbeat = options.heartbeat ?? Option.getOrUndefined(yield* Heartbeat.current)
+    const beat = heartbeat?.beat ?? Effect.void
     const evaluationId = randomUUID()
     const context: Tool.ToolContext = {
       deadline,
-      heartbeat: options.heartbeat,
+      heartbeat,
       beat,
       runContext: options.runContext,
       prompt: prompt as Prompt.Prompt<unknown>,

@@ -10,8 +10,9 @@
  * not stop extensions while the worker works). A worker that stops beating
  * lets its lease run out and the message is redelivered elsewhere.
  *
- * The extension runs on its own fiber so `beat` never waits on I/O; at most
- * one is in flight and a beat that arrives meanwhile is dropped. Closing the
+ * The heartbeat forks each extension on its own fiber (`Heartbeat.forkOnBeat`)
+ * so `beat` never waits on I/O; at most one is in flight and a beat that
+ * arrives meanwhile is dropped. Closing the
  * attach scope stops listening and waits for an in-flight extension, so after
  * it closes nothing touches the message any more. Extension failures are
  * logged, never raised to the worker: extension is a reliability aid, and the
@@ -19,8 +20,6 @@
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
-import * as Fiber from "effect/Fiber"
 import * as Metric from "effect/Metric"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
@@ -71,14 +70,14 @@ export interface LeaseExtender {
     effect: Effect.Effect<A, E, R>
   ) => Effect.Effect<A, E | AlreadyAttachedError, R>
   /**
-   * Attaches now, without a scope, and returns the step that detaches (stop
+   * Attaches without a scope and returns the step that detaches (stop
    * listening, then wait for an extension in flight). For a caller that is
    * already uninterruptible and runs the detach step however its work ends.
    */
-  readonly unsafeAttach: (
+  readonly attachUnscoped: (
     message: Extendable,
     heartbeat: Heartbeat.Heartbeat
-  ) => Either.Either<Effect.Effect<void>, AlreadyAttachedError>
+  ) => Effect.Effect<Effect.Effect<void>, AlreadyAttachedError>
 }
 
 /** Extensions that succeeded. */
@@ -90,9 +89,6 @@ interface Attachment {
   readonly message: Extendable
   /** When the last extension started, on the monotonic clock (the beat's time). */
   lastExtension: number | undefined
-  /** Set synchronously when an extension starts, so a beat that follows at once is dropped. */
-  extending: boolean
-  inFlight: Fiber.RuntimeFiber<void> | undefined
 }
 
 /** Makes an extender; bad config (a negative interval, say) fails with a readable `ParseError`. */
@@ -118,56 +114,39 @@ export const make = (
               : Effect.logError("Lease extension failed", cause)
           )
         ),
-        Effect.ensuring(Effect.sync(() => {
-          attachment.extending = false
-          attachment.inFlight = undefined
-        })),
         Effect.withSpan("LeaseExtender.extend", { attributes: { messageId: attachment.message.id } }),
         Effect.annotateLogs({ module: "LeaseExtender", messageId: attachment.message.id })
       )
 
-    // Called synchronously on every beat: the rate-limited path allocates no effect at all.
-    const onBeat = (attachment: Attachment) => (now: number): Effect.Effect<void> | undefined => {
-      if (current !== attachment || attachment.extending) return undefined
-      if (attachment.lastExtension !== undefined && now - attachment.lastExtension < intervalMillis) return undefined
-      attachment.extending = true
-      // A daemon, not a child of the beating fiber: the extension must finish even if that fiber moves on.
-      return Effect.map(Effect.forkDaemon(extend(attachment, now)), (fiber) => {
-        // Not when the extension already finished (it ran before this step): a stale fiber would be awaited.
-        if (attachment.extending) attachment.inFlight = fiber
-      })
-    }
-
-    const unsafeAttach = (
+    const attachUnscoped = (
       message: Extendable,
       heartbeat: Heartbeat.Heartbeat
-    ): Either.Either<Effect.Effect<void>, AlreadyAttachedError> => {
-      if (current !== undefined) {
-        return Either.left(new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id }))
-      }
-      const attachment: Attachment = { message, lastExtension: undefined, extending: false, inFlight: undefined }
-      current = attachment
-      const stopListening = heartbeat.unsafeOnBeatAt(onBeat(attachment))
-      const awaitInFlight: Effect.Effect<void> = Effect.suspend(() => {
-        if (!attachment.extending) return Effect.void
-        // Started but its fiber not recorded yet (the beating fiber is between two steps): look again.
-        if (attachment.inFlight === undefined) return Effect.zipRight(Effect.yieldNow(), awaitInFlight)
-        return Effect.asVoid(Fiber.await(attachment.inFlight))
+    ): Effect.Effect<Effect.Effect<void>, AlreadyAttachedError> =>
+      Effect.suspend(() => {
+        if (current !== undefined) {
+          return Effect.fail(new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id }))
+        }
+        const attachment: Attachment = { message, lastExtension: undefined }
+        current = attachment
+        // The heartbeat forks each extension (one in flight, beats meanwhile dropped) and its detach step
+        // waits for the one in flight. Called on every beat: the rate-limited path allocates nothing.
+        const detach = heartbeat.forkOnBeat({
+          due: (now) =>
+            current === attachment &&
+            (attachment.lastExtension === undefined || now - attachment.lastExtension >= intervalMillis),
+          run: (now) => extend(attachment, now)
+        })
+        return Effect.map(detach, (stop) =>
+          Effect.zipRight(
+            Effect.sync(() => {
+              current = undefined
+            }),
+            stop
+          ))
       })
-      return Either.right(Effect.suspend(() => {
-        stopListening()
-        current = undefined
-        return attachment.extending ? awaitInFlight : Effect.void
-      }))
-    }
 
     const attach = (message: Extendable, heartbeat: Heartbeat.Heartbeat) =>
-      Effect.suspend(() =>
-        Either.match(unsafeAttach(message, heartbeat), {
-          onLeft: Effect.fail,
-          onRight: (detach) => Effect.addFinalizer(() => detach)
-        })
-      )
+      Effect.flatMap(attachUnscoped(message, heartbeat), (detach) => Effect.addFinalizer(() => detach))
 
     const extendWhile = <A, E, R>(
       message: Extendable,
@@ -175,11 +154,9 @@ export const make = (
       effect: Effect.Effect<A, E, R>
     ) =>
       Effect.uninterruptibleMask((restore) =>
-        Effect.suspend(() =>
-          Either.match(unsafeAttach(message, heartbeat), {
-            onLeft: (error) => Effect.fail<E | AlreadyAttachedError>(error),
-            onRight: (detach) => Effect.ensuring(restore(effect), detach)
-          })
+        Effect.flatMap(
+          attachUnscoped(message, heartbeat),
+          (detach): Effect.Effect<A, E | AlreadyAttachedError, R> => Effect.ensuring(restore(effect), detach)
         )
       )
 
@@ -187,7 +164,7 @@ export const make = (
       config,
       attach: config.enabled ? attach : () => Effect.void,
       extendWhile: config.enabled ? extendWhile : (_message, _heartbeat, effect) => effect,
-      unsafeAttach: config.enabled ? unsafeAttach : () => Either.right(Effect.void)
+      attachUnscoped: config.enabled ? attachUnscoped : () => Effect.succeed(Effect.void)
     }
   })
 

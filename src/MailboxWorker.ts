@@ -225,13 +225,12 @@ export const make = <A, R, Out, E, Req>(
         // except the handler, so the detach and the reset below run however the handler ends.
         const handled = Effect.suspend(() => {
           if (options.annotations !== undefined) run.annotations.current = options.annotations(message)
-          const attached = extender.unsafeAttach(message, heartbeat)
           // A worker handles one message at a time, so it is never attached already.
-          if (Either.isLeft(attached)) return Effect.die(attached.left)
-          return Effect.flatMap(
-            Effect.exit(restore(Effect.suspend(() => options.handle(message, heartbeat)))),
-            (exit) => Effect.zipRight(attached.right, Effect.zipRight(settle(run, message, exit), run.release))
-          )
+          return Effect.flatMap(Effect.orDie(extender.attachUnscoped(message, heartbeat)), (detach) =>
+            Effect.flatMap(
+              Effect.exit(restore(Effect.suspend(() => options.handle(message, heartbeat)))),
+              (exit) => Effect.zipRight(detach, Effect.zipRight(settle(run, message, exit), run.release))
+            ))
         })
         return message.deliveryCount > 1 ? Effect.zipRight(increment(run, messagesRedelivered), handled) : handled
       }).pipe((handling) =>
@@ -346,7 +345,11 @@ export const make = <A, R, Out, E, Req>(
       receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
       maxIterations: number
     ) => {
-      const body = loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
+      // The loop runs under its heartbeat: `Heartbeat.beat` anywhere in a handler (or a fiber it forks) beats it.
+      const body = loop(current, receiveOptions, maxIterations).pipe(
+        Heartbeat.within(heartbeat),
+        Effect.provide(loopContext)
+      )
       const giveBack = (exit: Exit.Exit<void>) =>
         Effect.suspend(() => {
           const { inHand, pending } = current

@@ -18,6 +18,7 @@ import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as Deadline from "./Deadline.js"
 import * as Errors from "./Errors.js"
+import * as Heartbeat from "./Heartbeat.js"
 import type * as Prompt from "./Prompt.js"
 import { deadlinePayload, PromptEvaluationError } from "./ProviderAdapter.js"
 import * as Session from "./Session.js"
@@ -69,7 +70,9 @@ export const execute = (
           message: `invalid parameters for "${call.name}": ${ParseResult.TreeFormatter.formatErrorSync(params.left)}`
         })
       } else {
-        const run = tool.handler(params.right as never, context)
+        // The tool and everything it calls or forks beat the context's heartbeat through `Heartbeat.beat`.
+        const handler = tool.handler(params.right as never, context)
+        const run = context.heartbeat === undefined ? handler : Heartbeat.within(handler, context.heartbeat)
         const exit = yield* Effect.exit(deadline === undefined ? run : Deadline.within(run, deadline))
         if (Exit.isSuccess(exit)) {
           const encoded = Schema.encodeUnknownEither(tool.success)(exit.value)

@@ -376,15 +376,23 @@ describe("MainLoop.agent", () => {
     return { requests, responses, resolver: MailboxResolver.fromMailboxes(requests, responses) }
   })
 
-  /** A tool that runs 20 minutes, beating every 30 s (or not at all when stuck). */
-  const container = (beats: boolean) =>
+  /** A step of a build, three calls below the tool, that beats through the environment: it is handed nothing. */
+  const buildStep = () => Effect.zipRight(Heartbeat.beat, Effect.sleep("30 seconds"))
+  const buildStage = () => buildStep()
+  const buildAll = () => Effect.repeatN(buildStage(), 39)
+
+  /**
+   * A tool that runs 20 minutes, beating every 30 s — through its context's `beat`, or from a helper three
+   * calls deep through `Heartbeat.beat` — or not at all when stuck.
+   */
+  const container = (beats: "context" | "environment" | false) =>
     Tool.make({
       name: "container",
       description: "Runs a long job",
       parameters: Schema.Struct({}),
       success: Schema.String,
       handler: (_, { beat }) =>
-        Effect.gen(function*() {
+        beats === "environment" ? Effect.as(buildAll(), "built") : Effect.gen(function*() {
           for (let i = 0; i < 40; i++) {
             if (beats) yield* beat
             yield* Effect.sleep("30 seconds")
@@ -393,7 +401,7 @@ describe("MainLoop.agent", () => {
         })
     })
 
-  const agentLoop = (env: Effect.Effect.Success<typeof mailboxes>, beats: boolean) =>
+  const agentLoop = (env: Effect.Effect.Success<typeof mailboxes>, beats: "context" | "environment" | false) =>
     Effect.gen(function*() {
       const adapter = yield* ScriptedAdapter.make([
         { toolCalls: [{ name: "container", params: {} }] },
@@ -408,22 +416,29 @@ describe("MainLoop.agent", () => {
       }).pipe(Effect.provideService(MailboxResolver, env.resolver))
     })
 
-  it.scoped("a tool beating every 30 s for 20 minutes keeps the request invisible (visibility 60 s) and completes", () =>
-    Effect.gen(function*() {
-      const env = yield* mailboxes
-      yield* env.requests.send(MainLoop.request("build it"), { replyTo: "responses" })
-      const loop = yield* agentLoop(env, true)
-      const fiber = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "60 seconds" }))
-      for (let t = 0; t < 41; t++) {
-        yield* settle
-        expect(yield* env.requests.receive()).toEqual([]) // a second receiver sees nothing
-        yield* TestClock.adjust("30 seconds")
-      }
-      yield* Fiber.join(fiber)
-      const [reply] = yield* env.responses.receive()
-      expect(reply!.body.output).toBe("all done")
-      expect(yield* env.requests.approximateCount).toBe(0)
-    }))
+  for (const beats of ["context", "environment"] as const) {
+    it.scoped(
+      `a tool beating every 30 s for 20 minutes (${
+        beats === "context" ? "its context's beat" : "Heartbeat.beat three calls deep"
+      }) keeps the request invisible (visibility 60 s) and completes`,
+      () =>
+        Effect.gen(function*() {
+          const env = yield* mailboxes
+          yield* env.requests.send(MainLoop.request("build it"), { replyTo: "responses" })
+          const loop = yield* agentLoop(env, beats)
+          const fiber = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "60 seconds" }))
+          for (let t = 0; t < 41; t++) {
+            yield* settle
+            expect(yield* env.requests.receive()).toEqual([]) // a second receiver sees nothing
+            yield* TestClock.adjust("30 seconds")
+          }
+          yield* Fiber.join(fiber)
+          const [reply] = yield* env.responses.receive()
+          expect(reply!.body.output).toBe("all done")
+          expect(yield* env.requests.approximateCount).toBe(0)
+        })
+    )
+  }
 
   it.scoped("the same tool without beats (stuck) lets the request reappear after the visibility timeout", () =>
     Effect.gen(function*() {

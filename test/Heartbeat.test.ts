@@ -1,6 +1,9 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Exit, Ref, Scope, TestClock } from "effect"
+import { Duration, Effect, Exit, Fiber, Option, Ref, Schedule, Scope, Stream, TestClock } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MainLoop from "../src/MainLoop.js"
 
 describe("Heartbeat", () => {
   it.effect("elapsed counts from the last beat", () =>
@@ -65,4 +68,121 @@ describe("Heartbeat", () => {
       expect(seen).toEqual([0, 1_000, 2_000, 3_000])
       expect(yield* Ref.get(ran)).toBe(2)
     }))
+})
+
+// ---------------------------------------------------------------------------
+// The current heartbeat: beating from anywhere inside the work
+// ---------------------------------------------------------------------------
+
+const settle = Effect.repeatN(Effect.yieldNow(), 30)
+
+/** A download three calls deep that knows nothing of heartbeats: it beats through the environment per chunk. */
+const downloadFile = (chunks: number) => fetchChunks(chunks)
+const fetchChunks = (chunks: number) =>
+  Effect.forEach(Array.from({ length: chunks }, (_, i) => i), (i) => writeChunk(i), { discard: true })
+const writeChunk = (_chunk: number) => Effect.zipRight(Effect.sleep("30 seconds"), Heartbeat.beat)
+
+/** A request mailbox and a MainLoop over it whose lease is 60 s, extended by 60 s at most every 20 s. */
+const leasedLoop = <Out>(name: string, execute: (request: string) => Effect.Effect<Out>) =>
+  Effect.gen(function*() {
+    const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<Out>>({
+      name
+    })
+    const loop = yield* MainLoop.make({
+      requests,
+      execute,
+      config: { leaseExtender: { interval: "20 seconds", extension: "60 seconds" } }
+    })
+    yield* requests.send(MainLoop.request("go"))
+    const run = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0, visibilityTimeout: "60 seconds" }))
+    return { requests, run }
+  }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes()))
+
+describe("Heartbeat.beat, through the environment", () => {
+  it.scoped("a helper three calls deep keeps its message leased for 20 minutes (visibility 60 s), passing nothing", () =>
+    Effect.gen(function*() {
+      const { requests, run } = yield* leasedLoop("downloads", () => downloadFile(40))
+      for (let t = 0; t < 41; t++) {
+        yield* settle
+        expect(yield* requests.receive()).toEqual([]) // another receiver never sees it
+        yield* TestClock.adjust("30 seconds")
+      }
+      yield* Fiber.join(run)
+      expect(yield* requests.approximateCount).toBe(0)
+    }))
+
+  it.effect("outside any run, the same helper works and its beats do nothing", () =>
+    Effect.gen(function*() {
+      expect(Option.isNone(yield* Heartbeat.current)).toBe(true)
+      const fiber = yield* Effect.fork(downloadFile(3))
+      yield* TestClock.adjust("90 seconds")
+      expect(Exit.isSuccess(yield* Fiber.await(fiber))).toBe(true)
+    }))
+
+  it.scoped("two loops in one process: a fiber forked inside execute beats its own message, never the other's", () =>
+    Effect.gen(function*() {
+      // A's work forks a fiber that beats every 30 s for 20 minutes; B's work is stuck and never beats.
+      const a = yield* leasedLoop("a", () => Effect.flatMap(Effect.fork(downloadFile(40)), Fiber.join))
+      const b = yield* leasedLoop("b", () => Effect.never)
+      for (let t = 0; t < 41; t++) {
+        yield* settle
+        expect(yield* a.requests.receive()).toEqual([])
+        yield* TestClock.adjust("30 seconds")
+      }
+      yield* Fiber.join(a.run)
+      expect(yield* a.requests.approximateCount).toBe(0)
+      // B's lease ran out long ago: A's beats did not keep it.
+      const [again] = yield* b.requests.receive()
+      expect(again!.deliveryCount).toBe(2)
+    }))
+
+  it.scoped("Heartbeat.within sets the current heartbeat for the effect and every fiber it forks", () =>
+    Effect.gen(function*() {
+      const hb = yield* Heartbeat.make
+      yield* TestClock.adjust("10 seconds")
+      yield* Effect.flatMap(Effect.fork(Heartbeat.beat), Fiber.join).pipe(Heartbeat.within(hb))
+      expect(Duration.toMillis(yield* hb.elapsed)).toBe(0)
+      expect(Option.isNone(yield* Heartbeat.current)).toBe(true)
+    }))
+})
+
+describe("Heartbeat.beatEvery", () => {
+  it.scoped("beats on a stream's progress, at most once per interval, and stops when the stream stalls", () =>
+    Effect.gen(function*() {
+      // A chunk every 30 s for 3 minutes, then nothing: the lease holds while chunks come, then runs out.
+      const chunks = Stream.concat(
+        Stream.fromSchedule(Schedule.spaced("30 seconds")).pipe(Stream.take(6)),
+        Stream.never
+      )
+      const { requests } = yield* leasedLoop(
+        "uploads",
+        () => Stream.runDrain(Heartbeat.beatEvery(chunks, "20 seconds"))
+      )
+      for (let t = 0; t < 6; t++) {
+        yield* settle
+        expect(yield* requests.receive()).toEqual([])
+        yield* TestClock.adjust("30 seconds")
+      }
+      // The last chunk came at 3 min and its beat extended the lease to 4 min; nothing has beaten since.
+      yield* settle
+      yield* TestClock.adjust("59 seconds")
+      expect(yield* requests.receive()).toEqual([])
+      yield* TestClock.adjust("2 seconds")
+      const [again] = yield* requests.receive()
+      expect(again!.deliveryCount).toBe(2)
+    }))
+
+  it.effect("beats once per interval however fast elements come", () =>
+    Effect.gen(function*() {
+      const hb = yield* Heartbeat.make
+      let beats = 0
+      yield* hb.onBeat(Effect.sync(() => beats++))
+      yield* Stream.range(1, 100).pipe(
+        Stream.tap(() => TestClock.adjust("1 second")),
+        Heartbeat.beatEvery("10 seconds"),
+        Stream.runDrain,
+        Heartbeat.within(hb)
+      )
+      expect(beats).toBe(10)
+    }).pipe(Effect.scoped))
 })
