@@ -1,26 +1,49 @@
 /**
  * An agent worker: MainLoop.agent with a scripted model that calls a slow
- * "container" tool. The tool beats while it works, so the request stays
- * leased far beyond its 1 s visibility timeout; a second request, whose
- * deadline passes while the tool runs, is stopped in the middle of it.
+ * "run_tests" tool. The tool first downloads a container image in chunks —
+ * a helper three calls deep beats per chunk with `Heartbeat.beat`, handed
+ * nothing — then runs the suite as a stream of progress lines that beats as
+ * lines arrive (`Heartbeat.beatEvery`). So the request stays leased far beyond
+ * its 1 s visibility timeout; a second request, whose deadline passes while the
+ * tool runs, is stopped in the middle of it.
  *
  *   npx tsx examples/agent-tools.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
-import { Effect, Metric, Schema } from "effect"
-import { Deadline, LeaseExtender, Mailbox, MailboxMemory, MainLoop, Prompt, ScriptedAdapter, Tool } from "leasehold"
+import { Effect, Metric, Schema, Stream } from "effect"
+import {
+  Deadline,
+  Heartbeat,
+  LeaseExtender,
+  Mailbox,
+  MailboxMemory,
+  MainLoop,
+  Prompt,
+  ScriptedAdapter,
+  Tool
+} from "leasehold"
+
+// Three calls below the tool, and handed nothing: the heartbeat of the request being handled is in the
+// environment, so each chunk proves progress (and may extend the request's lease).
+const fetchChunk = (_chunk: number) => Effect.zipRight(Effect.sleep("400 millis"), Heartbeat.beat)
+const download = (chunks: number) =>
+  Effect.forEach(Array.from({ length: chunks }, (_, i) => i), fetchChunk, { discard: true })
+const prepareImage = (suite: string) => Effect.zipRight(download(3), Effect.log(`tool: image for ${suite} ready`))
+
+// The suite's progress lines: each line that arrives is proof of work; a suite that hangs stops beating.
+const progressLines = Stream.fromIterable(["parser", "lexer", "e2e"]).pipe(
+  Stream.mapEffect((name) => Effect.as(Effect.sleep("400 millis"), `ok ${name}`))
+)
 
 const runTests = Tool.make({
   name: "run_tests",
   description: "Runs the test suite in a container",
   parameters: Schema.Struct({ suite: Schema.String }),
   success: Schema.Struct({ passed: Schema.Number, failed: Schema.Number }),
-  handler: ({ suite }, { beat }) =>
+  handler: ({ suite }) =>
     Effect.gen(function*() {
-      for (let step = 1; step <= 6; step++) {
-        yield* beat // proof of work: each beat may extend the request's lease
-        yield* Effect.sleep("400 millis")
-      }
+      yield* prepareImage(suite)
+      yield* Stream.runDrain(Heartbeat.beatEvery(progressLines, "300 millis"))
       yield* Effect.log(`tool: suite ${suite} finished after 2.4 s`)
       return { passed: 41, failed: 1 }
     }).pipe(Effect.onInterrupt(() => Effect.log(`tool: suite ${suite} interrupted at the deadline`)))

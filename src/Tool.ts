@@ -4,7 +4,10 @@
  *
  * The handler gets a `ToolContext`: the active deadline, the heartbeat
  * (`beat` proves progress and keeps the request leased; it is a no-op when
- * there is no heartbeat), the run context, the prompt and the session. A tool
+ * there is no heartbeat), the run context, the prompt and the session. The
+ * handler also runs under that heartbeat as the current one, so
+ * `Heartbeat.beat` anywhere inside it — a helper calls deep, a fiber it
+ * forks — beats the same heartbeat with nothing passed down. A tool
  * that fails does not crash the evaluation: the failure becomes a
  * `ToolResult.error` the model sees. Only a deadline ends the evaluation.
  */
@@ -23,7 +26,7 @@ import type * as Session from "./Session.js"
 export interface ToolContext {
   readonly deadline: Deadline.Deadline | undefined
   readonly heartbeat: Heartbeat.Heartbeat | undefined
-  /** Proves progress; a no-op without a heartbeat. */
+  /** Proves progress; a no-op without a heartbeat. The same as `Heartbeat.beat` inside the handler. */
   readonly beat: Effect.Effect<void>
   readonly runContext: RunContext | undefined
   readonly prompt: Prompt.Prompt<unknown>

@@ -136,6 +136,23 @@ describe("Heartbeat.beat, through the environment", () => {
       expect(again!.deliveryCount).toBe(2)
     }))
 
+  it.scoped("execute's context.heartbeat is the current heartbeat: one heartbeat, two ways to reach it", () =>
+    Effect.gen(function*() {
+      const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<boolean>>({
+        name: "requests"
+      })
+      const responses = yield* MailboxMemory.make<MainLoop.MainLoopResult<boolean>>({ name: "responses" })
+      const loop = yield* MainLoop.make({
+        requests,
+        execute: (_request: string, context) =>
+          Effect.map(Heartbeat.current, (current) => Option.getOrUndefined(current) === context.heartbeat)
+      }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(responses)))
+      yield* requests.send(MainLoop.request("go"), { replyTo: "responses" })
+      yield* loop.run({ maxIterations: 1, waitTime: 0 })
+      const [reply] = yield* responses.receive()
+      expect(reply!.body).toMatchObject({ success: true, output: true })
+    }))
+
   it.scoped("Heartbeat.within sets the current heartbeat for the effect and every fiber it forks", () =>
     Effect.gen(function*() {
       const hb = yield* Heartbeat.make

@@ -14,6 +14,7 @@ const drivenElsewhere: Record<string, string> = {
 
 const expectations: Record<string, ReadonlyArray<RegExp>> = {
   "agent-tools.ts": [
+    /tool: image for unit ready/,
     /tool: suite unit finished after 2.4 s/,
     /unit: 41 passed, 1 failed: look at test_parser/,
     /tool: suite e2e interrupted at the deadline/,
