@@ -38,7 +38,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
-import { dual } from "effect/Function"
+import { dual, identity } from "effect/Function"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
@@ -89,12 +89,12 @@ const guard = (effect: Effect.Effect<void>): Effect.Effect<void> =>
   Effect.catchAllCause(effect, (cause) => Effect.logWarning("Heartbeat listener failed", cause))
 
 /** Calls every listener in order and collects the work they ask for, each guarded. */
-const collect = (listeners: ReadonlyArray<Listener>, now: number): Array<Effect.Effect<void>> | undefined => {
+const collect = (listeners: ReadonlyArray<Entry>, now: number): Array<Effect.Effect<void>> | undefined => {
   let work: Array<Effect.Effect<void>> | undefined
   for (const listener of listeners) {
     let effect: Effect.Effect<void> | undefined
     try {
-      effect = listener(now)
+      effect = listener.call(now)
     } catch (defect) {
       effect = Effect.die(defect)
     }
@@ -108,11 +108,52 @@ interface Flight {
   fiber: Fiber.RuntimeFiber<void> | undefined
 }
 
+/**
+ * One `forkOnBeat` registration: its `call` is the beat listener. A class, not closures: one is made per
+ * message a worker handles, and a method costs nothing to make where a closure is a new function each time.
+ */
+class BeatFork {
+  private flight: Flight | undefined
+  constructor(private readonly task: BeatTask) {}
+
+  call(now: number): Effect.Effect<void> | undefined {
+    if (this.flight !== undefined || !this.task.due(now)) return undefined
+    const started: Flight = this.flight = { fiber: undefined }
+    const run = Effect.ensuring(
+      this.task.run(now),
+      Effect.sync(() => {
+        if (this.flight === started) this.flight = undefined
+      })
+    )
+    // A daemon, not a child of the beating fiber: the run must finish even if that fiber moves on.
+    return Effect.map(Effect.forkDaemon(run), (fiber) => {
+      // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
+      if (this.flight === started) started.fiber = fiber
+    })
+  }
+
+  /** Waits for the run in flight, if any. */
+  get landed(): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      const flight = this.flight
+      if (flight === undefined) return Effect.void
+      // Started but its fiber not recorded yet (the beating fiber is between two steps): look again.
+      if (flight.fiber === undefined) return Effect.zipRight(Effect.yieldNow(), this.landed)
+      return Effect.asVoid(Fiber.await(flight.fiber))
+    })
+  }
+}
+
+/** A registered listener: a `Listener` (`call`) or a `BeatFork`. */
+interface Entry {
+  readonly call: (beatAt: number) => Effect.Effect<void> | undefined
+}
+
 /** A heartbeat's state: the last beat on the monotonic clock, and the listeners in registration order. */
 interface State {
   readonly last: number
   /** Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go. */
-  readonly listeners: ReadonlyArray<Listener>
+  readonly listeners: ReadonlyArray<Entry>
 }
 
 /** What a beat runs after the listeners were called: the work they asked for, in order. */
@@ -126,38 +167,17 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
   // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
   const state = Ref.unsafeMake<State>({ last: monotonicMillis(clock), listeners: [] })
 
-  const addListener = (listener: Listener) =>
-    Effect.as(
-      Ref.update(state, (s) => ({ last: s.last, listeners: [...s.listeners, listener] })),
-      Ref.update(state, (s) => ({ last: s.last, listeners: s.listeners.filter((l) => l !== listener) }))
-    )
+  const remove = (entry: Entry) =>
+    Ref.update(state, (s) => ({ last: s.last, listeners: s.listeners.filter((e) => e !== entry) }))
+  /** Adds `entry` in one step, which returns `then` (built around the removal). */
+  const addEntry = <A>(entry: Entry, then: (remove: Effect.Effect<void>) => A) =>
+    Ref.modify(state, (s): [A, State] => [then(remove(entry)), { last: s.last, listeners: [...s.listeners, entry] }])
+  const addListener = (listener: Listener) => addEntry({ call: listener }, identity)
   const onBeatAt = (listener: Listener) =>
     Effect.flatMap(addListener(listener), (remove) => Effect.addFinalizer(() => remove))
-
   const forkOnBeat = (task: BeatTask): Effect.Effect<Effect.Effect<void>> => {
-    let flight: Flight | undefined
-    const listener: Listener = (now) => {
-      if (flight !== undefined || !task.due(now)) return undefined
-      const started: Flight = flight = { fiber: undefined }
-      const run = Effect.ensuring(
-        task.run(now),
-        Effect.sync(() => {
-          if (flight === started) flight = undefined
-        })
-      )
-      // A daemon, not a child of the beating fiber: the run must finish even if that fiber moves on.
-      return Effect.map(Effect.forkDaemon(run), (fiber) => {
-        // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
-        if (flight === started) started.fiber = fiber
-      })
-    }
-    const awaitFlight: Effect.Effect<void> = Effect.suspend(() => {
-      if (flight === undefined) return Effect.void
-      // Started but its fiber not recorded yet (the beating fiber is between two steps): look again.
-      if (flight.fiber === undefined) return Effect.zipRight(Effect.yieldNow(), awaitFlight)
-      return Effect.asVoid(Fiber.await(flight.fiber))
-    })
-    return Effect.map(addListener(listener), (remove) => Effect.zipRight(remove, awaitFlight))
+    const fork = new BeatFork(task)
+    return addEntry(fork, (remove) => Effect.zipRight(remove, fork.landed))
   }
 
   // One step records the beat and calls the listeners (synchronous callbacks); the work they ask for runs next.
@@ -206,6 +226,13 @@ export const within: {
   <A, E, R>(self: Effect.Effect<A, E, R>, heartbeat: Heartbeat): Effect.Effect<A, E, R> =>
     Effect.locally(self, currentRef, heartbeat)
 )
+
+/**
+ * Makes `heartbeat` the current one for the rest of the calling fiber's life (and the fibers it forks from
+ * now on): for a fiber that does nothing but that heartbeat's work, such as a worker's loop. Elsewhere use
+ * `within`, which restores the previous one.
+ */
+export const setCurrent = (heartbeat: Heartbeat): Effect.Effect<void> => FiberRef.set(currentRef, heartbeat)
 
 /**
  * Beats the current heartbeat as `self`'s elements arrive, at most once per `interval` (default: on every

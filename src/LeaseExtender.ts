@@ -85,10 +85,28 @@ export const extensions = counter("leasehold_lease_extensions_total", "Lease ext
 /** Extensions that failed (expired handle or store error). */
 export const extensionFailures = counter("leasehold_lease_extension_failures_total", "Lease extensions that failed")
 
-interface Attachment {
-  readonly message: Extendable
+/**
+ * One message attached to an extender: the task its heartbeat forks on beats (`due`, `run`). A class, not
+ * closures: one is made per message a worker handles.
+ */
+class Attachment implements Heartbeat.BeatTask {
   /** When the last extension started, on the monotonic clock (the beat's time). */
-  lastExtension: number | undefined
+  lastExtension: number | undefined = undefined
+  constructor(
+    readonly message: Extendable,
+    private readonly extender: { readonly current: Attachment | undefined; readonly intervalMillis: number },
+    private readonly extend: (attachment: Attachment, now: number) => Effect.Effect<void>
+  ) {}
+
+  /** Called synchronously on every beat: the rate-limited path allocates nothing. */
+  due(now: number): boolean {
+    return this.extender.current === this &&
+      (this.lastExtension === undefined || now - this.lastExtension >= this.extender.intervalMillis)
+  }
+
+  run(now: number): Effect.Effect<void> {
+    return this.extend(this, now)
+  }
 }
 
 /** Makes an extender; bad config (a negative interval, say) fails with a readable `ParseError`. */
@@ -96,8 +114,11 @@ export const make = (
   config?: Partial<{ interval: Duration.DurationInput; extension: Duration.DurationInput; enabled: boolean }>
 ): Effect.Effect<LeaseExtender, ParseResult.ParseError> =>
   Effect.map(Schema.decodeUnknown(LeaseExtenderConfig)(config ?? {}), (config): LeaseExtender => {
-    const intervalMillis = Duration.toMillis(config.interval)
-    let current: Attachment | undefined
+    // What the attachments read: the one attached now, and the interval.
+    const state: { current: Attachment | undefined; readonly intervalMillis: number } = {
+      current: undefined,
+      intervalMillis: Duration.toMillis(config.interval)
+    }
 
     const extend = (attachment: Attachment, now: number) =>
       attachment.message.extendVisibility(config.extension).pipe(
@@ -123,23 +144,17 @@ export const make = (
       heartbeat: Heartbeat.Heartbeat
     ): Effect.Effect<Effect.Effect<void>, AlreadyAttachedError> =>
       Effect.suspend(() => {
+        const current = state.current
         if (current !== undefined) {
           return Effect.fail(new AlreadyAttachedError({ messageId: message.id, attachedTo: current.message.id }))
         }
-        const attachment: Attachment = { message, lastExtension: undefined }
-        current = attachment
-        // The heartbeat forks each extension (one in flight, beats meanwhile dropped) and its detach step
-        // waits for the one in flight. Called on every beat: the rate-limited path allocates nothing.
-        const detach = heartbeat.forkOnBeat({
-          due: (now) =>
-            current === attachment &&
-            (attachment.lastExtension === undefined || now - attachment.lastExtension >= intervalMillis),
-          run: (now) => extend(attachment, now)
-        })
-        return Effect.map(detach, (stop) =>
+        const attachment = state.current = new Attachment(message, state, extend)
+        // The heartbeat forks each extension (one in flight, beats meanwhile dropped); its detach step stops
+        // listening and waits for the one in flight.
+        return Effect.map(heartbeat.forkOnBeat(attachment), (stop) =>
           Effect.zipRight(
             Effect.sync(() => {
-              current = undefined
+              if (state.current === attachment) state.current = undefined
             }),
             stop
           ))

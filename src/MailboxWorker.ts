@@ -345,10 +345,11 @@ export const make = <A, R, Out, E, Req>(
       receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
       maxIterations: number
     ) => {
-      // The loop runs under its heartbeat: `Heartbeat.beat` anywhere in a handler (or a fiber it forks) beats it.
-      const body = loop(current, receiveOptions, maxIterations).pipe(
-        Heartbeat.within(heartbeat),
-        Effect.provide(loopContext)
+      // The loop's fiber runs under its heartbeat: `Heartbeat.beat` anywhere in a handler (or a fiber it forks)
+      // beats it. Set on the fiber, which does nothing else, rather than around the loop (`Heartbeat.within`).
+      const body = Effect.zipRight(
+        Heartbeat.setCurrent(heartbeat),
+        loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
       )
       const giveBack = (exit: Exit.Exit<void>) =>
         Effect.suspend(() => {
