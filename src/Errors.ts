@@ -26,6 +26,16 @@ export class InvalidParameterError extends Schema.TaggedError<InvalidParameterEr
   }
 }
 
+/** `run` was called on a loop (or a group of loops) that is already running: one run at a time. */
+export class AlreadyRunningError extends Schema.TaggedError<AlreadyRunningError>()("AlreadyRunningError", {
+  /** What is running: a loop's name, or a group's loop names joined. */
+  name: Schema.String
+}) {
+  override get message(): string {
+    return `${this.name} is already running: stop it, or wait for its run to end, before running it again`
+  }
+}
+
 /**
  * A service was asked to open what already exists (an operator's look, which must change nothing), and the
  * database has no such tables: a wrong database, or a wrong `prefix`.

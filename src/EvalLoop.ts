@@ -28,6 +28,7 @@ import type * as Deadline from "./Deadline.js"
 import * as Evaluator from "./Evaluator.js"
 import * as Heartbeat from "./Heartbeat.js"
 import * as RequestLoop from "./internal/worker/requestLoop.js"
+import { logSettleFailure } from "./internal/worker/settleFailure.js"
 import type { InvalidParameterError, Mailbox, MailboxResolver, SendError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import * as Session from "./Session.js"
@@ -160,7 +161,7 @@ export const collectResults = (
       )
       for (const message of batch) {
         byRequest.set(message.body.requestId, message.body)
-        yield* MailboxWorker.logSettleFailure("acknowledge of a result")(message.acknowledge)
+        yield* logSettleFailure("acknowledge of a result")(message.acknowledge)
       }
     }
     return [...byRequest.values()]

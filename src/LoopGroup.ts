@@ -33,9 +33,10 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as ScheduleIntervals from "effect/ScheduleIntervals"
+import { AlreadyRunningError } from "./Errors.js"
 import * as Health from "./Health.js"
 import { counter } from "./internal/metrics.js"
-import { InvalidParameterError } from "./Mailbox.js"
+import type { InvalidParameterError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import { ShutdownCoordinator } from "./ShutdownCoordinator.js"
 import * as Watchdog from "./Watchdog.js"
@@ -72,7 +73,7 @@ export interface LoopGroup {
    */
   readonly run: (
     options?: MailboxWorker.RunOptions
-  ) => Effect.Effect<void, InvalidParameterError | ParseResult.ParseError>
+  ) => Effect.Effect<void, InvalidParameterError | AlreadyRunningError | ParseResult.ParseError>
   /** Asks every loop to stop within `timeout` (default: the group's); true when all stopped cleanly. */
   readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput }) => Effect.Effect<boolean>
 }
@@ -90,7 +91,7 @@ export interface Options {
 /** One `run` of a group: whether it is stopping, and its loops' fibers as they are forked. */
 interface GroupRun {
   stopping: boolean
-  readonly fibers: Array<Fiber.RuntimeFiber<void, InvalidParameterError>>
+  readonly fibers: Array<Fiber.RuntimeFiber<void, InvalidParameterError | AlreadyRunningError>>
 }
 
 /** Makes a group. */
@@ -181,10 +182,8 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
     Effect.uninterruptibleMask((restore) =>
       Effect.gen(function*() {
         if (active !== undefined) {
-          return yield* new InvalidParameterError({
-            parameter: "run",
-            value: loops.map((loop) => loop.name),
-            reason: "the group is already running"
+          return yield* new AlreadyRunningError({
+            name: `The group of ${loops.map((loop) => `"${loop.name}"`).join(", ")}`
           })
         }
         const current: GroupRun = { stopping: false, fibers: [] }
@@ -210,7 +209,9 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
           yield* watchdog.start
         }
         // The first loop to die, and a signal that one did.
-        let died: { readonly loop: string; readonly cause: Cause.Cause<InvalidParameterError> } | undefined
+        let died:
+          | { readonly loop: string; readonly cause: Cause.Cause<InvalidParameterError | AlreadyRunningError> }
+          | undefined
         const someoneDied = yield* Deferred.make<void>()
         for (const loop of loops) {
           const fiber = yield* supervised(loop, runOptions, current).pipe(

@@ -13,8 +13,9 @@
  * Replies go to the mailbox named by `replyTo`, found through the
  * `MailboxResolver` service. `settleAll` replies to and acknowledges many
  * messages at once (what workers use). Every backend refuses the same
- * options with the same `InvalidParameterError` (`limits`; the checks live in
- * `internal/mailbox`, with the front end the backends share).
+ * options with the same `InvalidParameterError` (the checks live in
+ * `internal/mailbox`, with the front end the backends share): SQS's limits,
+ * written on `SendOptions` and `ReceiveOptions`.
  */
 import * as Context from "effect/Context"
 import type * as DateTime from "effect/DateTime"
@@ -238,9 +239,6 @@ export interface Mailbox<A, R = never> {
   readonly close: Effect.Effect<void>
   readonly isClosed: Effect.Effect<boolean>
 }
-
-/** Limits every backend enforces (SQS's). */
-export { limits } from "./internal/mailbox/validation.js"
 
 // ---------------------------------------------------------------------------
 // Resolver

@@ -655,9 +655,6 @@ export const layerSqlite = (options: {
     )
   )
 
-/** The environment variables `layerPg` reads when no `url` is given. */
-export const databaseUrl = Database.databaseUrl
-
 /** `Database.layerPg` with this module's resolver: the client and a resolver over its mailboxes. */
 export const layerPg = (options?: {
   readonly url?: Redacted.Redacted | string | undefined

@@ -43,6 +43,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
+import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
 import { validateDuration, validateReceiveOptions } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
@@ -77,7 +78,7 @@ export interface Runnable {
    * Runs until `maxIterations`, `shutdown` or the mailbox closing. Fails when the loop dies, with the
    * cause (logged at error level first).
    */
-  readonly run: (options?: RunOptions) => Effect.Effect<void, InvalidParameterError>
+  readonly run: (options?: RunOptions) => Effect.Effect<void, InvalidParameterError | AlreadyRunningError>
   /** Stops the loop; true when it stopped within `timeout` (default 30 s) without interrupting work. */
   readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput | undefined }) => Effect.Effect<boolean>
   readonly running: Effect.Effect<boolean>
@@ -125,15 +126,7 @@ export interface Options<A, R, Out, E, Req> {
   >
 }
 
-/** Logs a settle step that failed (an expired handle, a store error) instead of crashing the loop. */
-export const logSettleFailure = SettleFailure.logSettleFailure
-
-/**
- * Replies and acknowledges in one step (`Message.replyAndAcknowledge`), so a request is answered once even
- * when it ran twice; a failure is logged and the message given back (or left to its visibility) rather than
- * lost. A message without `replyTo` is only acknowledged.
- */
-export const replyThenAck = SettleFailure.replyThenAck
+const { logSettleFailure } = SettleFailure
 
 interface RunState<A, R> {
   readonly done: Deferred.Deferred<void>
@@ -382,7 +375,7 @@ export const make = <A, R, Out, E, Req>(
       )).pipe(Effect.fork)
     }
 
-    const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError> =>
+    const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError | AlreadyRunningError> =>
       Effect.gen(function*() {
         const { maxIterations, receiveOptions } = yield* validateRunOptions(runOptions)
         const cell = yield* makeCell
@@ -402,11 +395,7 @@ export const make = <A, R, Out, E, Req>(
           Effect.gen(function*() {
             // Checked and claimed in one step: two runs cannot both start.
             if (state !== undefined) {
-              return yield* new InvalidParameterError({
-                parameter: "run",
-                value: name,
-                reason: "the loop is already running"
-              })
+              return yield* new AlreadyRunningError({ name: `Loop "${name}"` })
             }
             const current: RunState<A, R> = {
               done,

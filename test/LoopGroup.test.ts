@@ -133,7 +133,10 @@ describe("LoopGroup", () => {
       const first = yield* Effect.fork(group.run())
       yield* settle
       const error = yield* Effect.flip(group.run())
-      expect(error.message).toContain("the group is already running")
+      expect([error._tag, error.message]).toEqual([
+        "AlreadyRunningError",
+        "The group of \"w\" is already running: stop it, or wait for its run to end, before running it again"
+      ])
       expect(yield* loop.running).toBe(true)
       expect(first.unsafePoll()).toBeNull()
       expect(yield* group.shutdown()).toBe(true)

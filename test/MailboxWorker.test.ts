@@ -5,6 +5,7 @@ import { InvalidParameterError, type Mailbox, type Message } from "../src/Mailbo
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 
+import { logSettleFailure } from "../src/internal/worker/settleFailure.js"
 import { captureLogs } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
@@ -19,7 +20,7 @@ const worker = (
     mailbox,
     handle: (message, heartbeat) => work(message.body, heartbeat),
     onSuccess: () => Effect.succeedNone,
-    onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+    onFailure: (message) => logSettleFailure("nack")(message.nack(0))
   })
 
 describe("MailboxWorker shutdown", () => {
@@ -113,15 +114,21 @@ describe("MailboxWorker shutdown", () => {
       expect((yield* mailbox.receive({ visibilityTimeout: 0 })).map((m) => m.deliveryCount)).toEqual([2])
     }))
 
-  it.scoped("a second concurrent run and bad options fail with InvalidParameterError", () =>
+  it.scoped("bad options fail with InvalidParameterError naming them; a second concurrent run, AlreadyRunningError", () =>
     Effect.gen(function*() {
       const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
       const loop = yield* worker(mailbox, () => Effect.void)
-      expect((yield* Effect.flip(loop.run({ waitTime: "1 minute" }))).parameter).toBe("waitTime")
-      expect((yield* Effect.flip(loop.run({ maxIterations: -1 }))).parameter).toBe("maxIterations")
+      const refused = (options: MailboxWorker.RunOptions) =>
+        Effect.map(Effect.flip(loop.run(options)), (e) => e._tag === "InvalidParameterError" && e.parameter)
+      expect(yield* refused({ waitTime: "1 minute" })).toBe("waitTime")
+      expect(yield* refused({ maxIterations: -1 })).toBe("maxIterations")
       yield* Effect.fork(loop.run())
       yield* settle
-      expect((yield* Effect.flip(loop.run())).parameter).toBe("run")
+      const again = yield* Effect.flip(loop.run())
+      expect([again._tag, again.message]).toEqual([
+        "AlreadyRunningError",
+        "Loop \"test-worker\" is already running: stop it, or wait for its run to end, before running it again"
+      ])
     }))
 })
 
@@ -342,7 +349,7 @@ const spanRecordingWorker = (mailbox: Mailbox<string>) =>
             { id: message.id, span: Option.match(span, { onNone: () => "none", onSome: (s) => s.name }) }
           ])),
       onSuccess: () => Effect.succeedNone,
-      onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+      onFailure: (message) => logSettleFailure("nack")(message.nack(0))
     })
     return { loop, seen: Ref.get(seen) }
   })
@@ -407,7 +414,7 @@ describe("MailboxWorker settles", () => {
         mailbox: slow,
         handle: (message) => Ref.update(handled, (bodies) => [...bodies, message.body]),
         onSuccess: () => Effect.succeedNone,
-        onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+        onFailure: (message) => logSettleFailure("nack")(message.nack(0))
       })
       const fiber = yield* Effect.fork(loop.run({ maxIterations: 3, maxMessages: 2, waitTime: 0 }))
       yield* settle
@@ -432,7 +439,7 @@ describe("MailboxWorker metrics", () => {
         mailbox,
         handle: (message) => message.body === "fail" ? Effect.fail("boom") : Effect.void,
         onSuccess: () => Effect.succeedNone,
-        onFailure: (message) => MailboxWorker.logSettleFailure("nack")(message.nack(0))
+        onFailure: (message) => logSettleFailure("nack")(message.nack(0))
       })
       yield* loop.run({ maxIterations: 1, maxMessages: 3, waitTime: 0 }).pipe(Effect.tagMetrics("worker", "w-7"))
       const count = (counter: typeof MailboxWorker.messagesProcessed) =>

@@ -35,6 +35,7 @@ import * as MailboxWorker from "../../MailboxWorker.js"
 import type { RunContext } from "../../RunContext.js"
 import { DurationFromInput } from "../duration.js"
 import { counter } from "../metrics.js"
+import * as SettleFailure from "./settleFailure.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
 export interface Envelope {
@@ -130,7 +131,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
         : { runContext: runContextOf(message), startedAt: Heartbeat.monotonicMillis(clock) }
 
     const replyAndAck = (message: Msg, reply: Res) =>
-      MailboxWorker.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
+      SettleFailure.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
 
     const deadLetter = (queue: DeadLetter.DeadLetterQueue<Body>, message: Msg, error: Errors.ErrorInfo) =>
       Effect.gen(function*() {
@@ -150,7 +151,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
         const stored = yield* Effect.either(queue.mailbox.send(letter))
         if (stored._tag === "Left") {
           yield* Effect.logError("Dead letter could not be stored; the request goes back to the queue", stored.left)
-          return yield* MailboxWorker.logSettleFailure("nack after a failed dead letter")(
+          return yield* SettleFailure.logSettleFailure("nack after a failed dead letter")(
             message.nack(DeadLetter.backoff(message.deliveryCount))
           )
         }
@@ -163,7 +164,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           const sent = yield* Effect.either(message.reply(options.failure(message, error, outcomeOf(message))))
           if (sent._tag === "Left") yield* Effect.logWarning("Error reply for a dead letter failed", sent.left)
         }
-        yield* MailboxWorker.logSettleFailure("acknowledge of a dead-lettered request")(message.acknowledge)
+        yield* SettleFailure.logSettleFailure("acknowledge of a dead-lettered request")(message.acknowledge)
       })
 
     const onFailure = (message: Msg, cause: Cause.Cause<E | Deadline.DeadlineExceededError>) =>
@@ -179,7 +180,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
         if (DeadLetter.decide(deadLetters.policy, message.deliveryCount, error.tag) === "dead-letter") {
           return yield* deadLetter(deadLetters, message, error)
         }
-        yield* MailboxWorker.logSettleFailure("nack with backoff")(
+        yield* SettleFailure.logSettleFailure("nack with backoff")(
           message.nack(DeadLetter.backoff(message.deliveryCount))
         )
       })
