@@ -42,8 +42,9 @@
  * table.
  *
  * Where it lives: this module is the SQL driver under the mailbox front end
- * every backend shares (`internal/mailbox/frontEnd.ts`), with its messages
- * and replies; `internal/sql/mailbox/` holds the rest — `store.ts` (tables and
+ * every backend shares (`internal/mailbox/frontEnd.ts`), with the resolver
+ * and the layers; `internal/sql/mailbox/` holds the rest — `message.ts` (a
+ * delivery: settles, replies, group settling), `store.ts` (tables and
  * migrations, wake-up signals, the lane, the listener, and the store's open
  * life, reference-counted in an `RcMap` by the mailboxes' scopes),
  * `statements.ts` (one statement set per dialect behind one interface),
@@ -59,13 +60,11 @@
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
-import * as Cause from "effect/Cause"
 import type * as ConfigError from "effect/ConfigError"
 import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
-import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
@@ -74,9 +73,8 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Database from "./Database.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
-import { GroupSettle, type GroupSettler, settleOne } from "./internal/mailbox/settle.js"
 import * as Validation from "./internal/mailbox/validation.js"
-import { validateDuration, validateMake, validateVisibility } from "./internal/mailbox/validation.js"
+import { validateDuration, validateMake } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
 import * as Sql from "./internal/sql/common.js"
 import { GroupCommit } from "./internal/sql/groupCommit.js"
@@ -84,23 +82,13 @@ import {
   batchLimits,
   ClaimBatcher,
   type Claimed,
-  type SettleBatcher,
   settleBatcher,
-  type SettleExit,
   SingleFlight
 } from "./internal/sql/mailbox/batching.js"
-import { decoderOf, type Encoder, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
-import { type Now, nowOf, type SendItem, type SettleItem, statements } from "./internal/sql/mailbox/statements.js"
-import type { Statements } from "./internal/sql/mailbox/statements.js"
-import {
-  acquire,
-  connectionError,
-  invalid,
-  prepare,
-  type Row,
-  type Store,
-  storeFor
-} from "./internal/sql/mailbox/store.js"
+import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
+import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
+import { acquire, connectionError, invalid, prepare, type Row, storeFor } from "./internal/sql/mailbox/store.js"
 import {
   InvalidParameterError,
   type Mailbox,
@@ -109,15 +97,9 @@ import {
   MailboxResolutionError,
   MailboxResolver,
   type Message,
-  MessageFinalizedError,
-  ReceiptHandleExpiredError,
-  type ReplyError,
-  ReplyNotAvailableError,
   type ReplyTarget,
   type SendError,
-  SerializationError,
-  type Settlement,
-  type SettleOutcome
+  SerializationError
 } from "./Mailbox.js"
 
 /** Stored bodies that no longer decoded and were moved to the dead-letter table. */
@@ -125,281 +107,6 @@ export const undecodableDeadLettered = counter(
   "leasehold_mailbox_undecodable_total",
   "Stored message bodies that no longer decoded and were moved to the dead-letter table"
 )
-
-/** A mailbox made by `make`, as the reply path sees it. */
-interface Registered {
-  readonly store: Store
-  readonly queue: string
-  readonly encode: (body: unknown) => Either.Either<string, string>
-}
-
-/** Mailboxes made in this process, by object, so the reply path can find a same-database target. */
-const registered = new WeakMap<object, Registered>()
-
-/** What the messages of one mailbox share. */
-interface MailboxContext {
-  readonly name: string
-  readonly store: Store
-  readonly statements: Statements
-  readonly settler: SettleBatcher
-  readonly settleGroup: GroupSettler
-  /** Reply destinations already resolved, by resolver and name. */
-  readonly routes: WeakMap<object, Map<string, Destination>>
-  /** When the mailbox's statements run (see `Now`). */
-  readonly now: () => Now
-  readonly replyEncoder: Encoder | undefined
-}
-
-/** A resolved reply target: a queue of this database with its encoder, or another store's mailbox. */
-type Destination = { readonly queue: string; readonly encode: Encoder } | { readonly target: ReplyTarget }
-
-/** Where a reply goes: a queue of this database (body encoded here), or another store's mailbox. */
-type ReplyRoute =
-  | { readonly _tag: "Local"; readonly queue: string; readonly body: string }
-  | { readonly _tag: "Remote"; readonly target: ReplyTarget }
-
-/** How a group settle handles one delivery (see `SqlMessage.prepare`). */
-type Prepared =
-  | { readonly _tag: "Item"; readonly item: SettleItem }
-  | { readonly _tag: "Done"; readonly outcome: SettleOutcome }
-
-/**
- * The `GroupSettler` of a mailbox's messages: every delivery's acknowledgement and local reply go to the
- * group commit together, with one wait for all of them.
- */
-const groupSettler = (settler: SettleBatcher): GroupSettler => <A, R>(settlements: ReadonlyArray<Settlement<A, R>>) =>
-  Effect.flatMap(MailboxResolver, (resolver) => {
-    const outcomes = new Array<SettleOutcome>(settlements.length)
-    const items: Array<SettleItem> = []
-    const itemIndexes: Array<number> = []
-    const alone: Array<number> = []
-    settlements.forEach(({ message, reply }, index) => {
-      const step = (message as SqlMessage<A, R>).prepare(resolver, reply)
-      if (step === undefined) alone.push(index)
-      else if (step._tag === "Item") {
-        items.push(step.item)
-        itemIndexes.push(index)
-      } else outcomes[index] = step.outcome
-    })
-    const grouped = Effect.map(settler.submitAll(items), (results) =>
-      results.forEach((result, k) => {
-        const index = itemIndexes[k]!
-        outcomes[index] = (settlements[index]!.message as SqlMessage<A, R>).settled(result, items[k]!.reply)
-      }))
-    const single = Effect.forEach(alone, (index) =>
-      Effect.map(settleOne(settlements[index]!), (outcome) => {
-        outcomes[index] = outcome
-      }), { concurrency: "unbounded", discard: true })
-    return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
-  })
-
-class SqlMessage<A, R> implements Message<A, R> {
-  private finalized = false
-  constructor(
-    private readonly mailbox: MailboxContext,
-    readonly id: string,
-    readonly body: A,
-    readonly receiptHandle: string,
-    readonly deliveryCount: number,
-    readonly enqueuedAt: DateTime.Utc,
-    readonly replyTo: Option.Option<string>
-  ) {}
-
-  private expired(): ReceiptHandleExpiredError {
-    return new ReceiptHandleExpiredError({
-      mailbox: this.mailbox.name,
-      messageId: this.id,
-      receiptHandle: this.receiptHandle
-    })
-  }
-
-  /** Runs a statement guarded by this delivery's handle; `false` from it means the handle is stale. */
-  private guarded(
-    statement: (now: Now) => Effect.Effect<boolean, SqlError>,
-    finalizes: boolean
-  ): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
-    return Effect.suspend(() =>
-      Effect.flatMap(statement(this.mailbox.now()), (done) => {
-        if (!done) return Effect.fail(this.expired())
-        if (finalizes) this.finalized = true
-        return Effect.void
-      })
-    ).pipe(connectionError(this.mailbox.name))
-  }
-
-  private setVisibility(timeout: Duration.Duration, finalizes: boolean) {
-    const { name, statements } = this.mailbox
-    return this.guarded(
-      (now) => statements.setVisibility(this.id, this.receiptHandle, now, Duration.toMillis(timeout), !finalizes, name),
-      finalizes
-    )
-  }
-
-  get [GroupSettle](): GroupSettler {
-    return this.mailbox.settleGroup
-  }
-
-  /**
-   * What a group settle does for this delivery: an item for the group commit (its local reply encoded),
-   * or an outcome already known (the reply could not be routed or encoded); `undefined` when
-   * `replyAndAcknowledge` must settle it on its own: a reply to another store, or to a queue this
-   * resolver has not been asked about yet (the first reply resolves it, later ones find it cached).
-   */
-  prepare(resolver: MailboxResolver["Type"], reply: Option.Option<R>): Prepared | undefined {
-    // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
-    if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
-      return { _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } }
-    }
-    const routed = this.routeNow(resolver, reply.value)
-    if (routed === undefined) return undefined
-    if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
-    const route = routed.right
-    if (route._tag === "Remote") return undefined
-    return {
-      _tag: "Item",
-      item: { seq: this.id, handle: this.receiptHandle, reply: { queue: route.queue, body: route.body } }
-    }
-  }
-
-  /** The outcome of this delivery's item in a group commit (the twin of `settle`'s continuation). */
-  settled(result: SettleExit, reply: SettleItem["reply"]): SettleOutcome {
-    if (Exit.isFailure(result)) {
-      const cause = Cause.squash(result.cause)
-      return Either.left(new MailboxConnectionError({ mailbox: this.mailbox.name, cause }))
-    }
-    if (result.value === false) return Either.left(this.expired())
-    this.finalized = true
-    if (reply !== undefined) this.mailbox.store.wake(reply.queue)
-    return Either.right(result.value)
-  }
-
-  /** Acknowledges through the mailbox's group commit, with the reply to insert in the same transaction. */
-  private settle(
-    reply: SettleItem["reply"]
-  ): Effect.Effect<string | undefined, ReceiptHandleExpiredError | MailboxConnectionError> {
-    return this.mailbox.settler.submit({ seq: this.id, handle: this.receiptHandle, reply }).pipe(
-      connectionError(this.mailbox.name),
-      Effect.flatMap((settled) => {
-        if (settled === false) return Effect.fail(this.expired())
-        this.finalized = true
-        if (reply !== undefined) this.mailbox.store.wake(reply.queue)
-        return Effect.succeed(settled)
-      })
-    )
-  }
-
-  get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
-    return Effect.asVoid(this.settle(undefined))
-  }
-
-  nack(
-    visibilityTimeout?: Duration.DurationInput
-  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
-    return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
-      onLeft: Effect.fail,
-      onRight: (timeout) =>
-        Effect.tap(
-          this.setVisibility(timeout, true),
-          () => Duration.isZero(timeout) ? Effect.sync(() => this.mailbox.store.wake(this.mailbox.name)) : Effect.void
-        )
-    })
-  }
-
-  extendVisibility(
-    timeout: Duration.DurationInput
-  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
-    return Either.match(validateVisibility("timeout", timeout), {
-      onLeft: Effect.fail,
-      onRight: (timeout) => this.setVisibility(timeout, false)
-    })
-  }
-
-  /**
-   * Routes a reply without waiting when it can: the checks, and a destination this resolver already
-   * gave (`undefined` when it has to be resolved first).
-   */
-  private routeNow(
-    resolver: MailboxResolver["Type"],
-    body: R
-  ): Either.Either<ReplyRoute, ReplyError> | undefined {
-    const refused = this.replyRefused()
-    if (refused !== undefined) return Either.left(refused)
-    const found = this.mailbox.routes.get(resolver)?.get(Option.getOrElse(this.replyTo, () => ""))
-    if (found === undefined) return undefined
-    if ("target" in found) return Either.right({ _tag: "Remote", target: found.target })
-    const encoded = found.encode(body)
-    return Either.isLeft(encoded)
-      ? Either.left(new SerializationError({ mailbox: found.queue, messageId: this.id, reason: encoded.left }))
-      : Either.right({ _tag: "Local", queue: found.queue, body: encoded.right })
-  }
-
-  /** Why this delivery cannot reply at all, if it cannot. */
-  private replyRefused(): MessageFinalizedError | ReplyNotAvailableError | undefined {
-    return FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
-  }
-
-  private route(body: R): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> {
-    return Effect.flatMap(MailboxResolver, (resolver) => {
-      const now = this.routeNow(resolver, body)
-      if (now !== undefined) return now
-      // A reply target is resolved once per resolver and name: resolving (and, for a queue the resolver
-      // does not know, building its error) on every message costs more than the reply's insert.
-      const replyTo = Option.getOrElse(this.replyTo, () => "") // present: `routeNow` answered otherwise
-      return resolver.resolve(replyTo).pipe(
-        Effect.map((target): Destination => {
-          const local = registered.get(target)
-          return local !== undefined && local.store === this.mailbox.store
-            ? { queue: local.queue, encode: local.encode }
-            : { target }
-        }),
-        Effect.catchTag("MailboxResolutionError", (error) =>
-          this.mailbox.replyEncoder === undefined
-            ? Effect.fail(error)
-            : Effect.succeed<Destination>({ queue: replyTo, encode: this.mailbox.replyEncoder })),
-        Effect.flatMap((destination) => {
-          let known = this.mailbox.routes.get(resolver)
-          if (known === undefined) this.mailbox.routes.set(resolver, known = new Map())
-          known.set(replyTo, destination)
-          return this.routeNow(resolver, body)!
-        })
-      )
-    })
-  }
-
-  reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
-    return Effect.flatMap(this.route(body), (route) => {
-      if (route._tag === "Remote") return route.target.send(body)
-      const { statements, store } = this.mailbox
-      return Effect.suspend(() => {
-        return statements.insert(
-          route.queue,
-          [{ body: route.body, delayMillis: 0, replyTo: null }],
-          this.mailbox.now(),
-          undefined
-        )
-      }).pipe(
-        Effect.map((ids) => {
-          store.wake(route.queue)
-          return ids[0]!
-        }),
-        connectionError(route.queue)
-      )
-    })
-  }
-
-  replyAndAcknowledge(body: R): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
-    return Effect.flatMap(this.route(body), (route) => {
-      if (route._tag === "Remote") {
-        // No shared transaction with another store: check the lease first so a stale delivery sends nothing.
-        return this.guarded((now) => this.mailbox.statements.isCurrent(this.id, this.receiptHandle, now), false).pipe(
-          Effect.zipRight(route.target.send(body)),
-          Effect.zipLeft(this.acknowledge)
-        )
-      }
-      return Effect.map(this.settle({ queue: route.queue, body: route.body }), (replyId) => replyId!)
-    })
-  }
-}
 
 // ---------------------------------------------------------------------------
 // make

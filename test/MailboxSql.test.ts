@@ -8,7 +8,6 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
 import {
-  Clock,
   ConfigProvider,
   Context,
   DateTime,
@@ -33,7 +32,7 @@ import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
-import { captureLogs } from "./helpers.js"
+import { captureLogs, skewedClock } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-mailbox-"))
@@ -621,26 +620,12 @@ describe("MailboxSql lane on PostgreSQL", () => {
 })
 
 describe("MailboxSql on PostgreSQL judges leases by the database's clock", () => {
-  /** The live clock, `skew` off (a machine whose clock drifted: NTP not running, a VM resumed). */
-  const skewed = (skew: number): Clock.Clock => {
-    const live = Clock.make()
-    return {
-      ...live,
-      [Clock.ClockTypeId]: Clock.ClockTypeId,
-      unsafeCurrentTimeMillis: () => live.unsafeCurrentTimeMillis() + skew,
-      currentTimeMillis: Effect.sync(() => live.unsafeCurrentTimeMillis() + skew),
-      unsafeCurrentTimeNanos: () => live.unsafeCurrentTimeNanos(),
-      currentTimeNanos: live.currentTimeNanos,
-      sleep: (duration) => live.sleep(duration)
-    }
-  }
-
   it.live("a worker 2 minutes ahead and one 2 minutes behind: none steals an in-flight message, none misses one", () =>
     Effect.gen(function*() {
       const open = (skew: number) =>
         MailboxSql.make({ name: "skewed", schema: Job, prefix }).pipe(
           Effect.provideService(SqlClient.SqlClient, pg),
-          Effect.withClock(skewed(skew))
+          Effect.withClock(skewedClock(skew))
         )
       const ahead = yield* open(2 * 60_000)
       const behind = yield* open(-2 * 60_000)

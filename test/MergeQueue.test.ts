@@ -9,7 +9,6 @@ import { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql/SqlError"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
 import {
-  Clock,
   Context,
   DateTime,
   Effect,
@@ -29,7 +28,7 @@ import { join } from "node:path"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as MergeQueue from "../src/MergeQueue.js"
-import { captureLogs } from "./helpers.js"
+import { captureLogs, skewedClock } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-merge-queue-"))
@@ -468,23 +467,9 @@ for (const backend of backends) {
 }
 
 describe("MergeQueue on PostgreSQL judges the lock by the database's clock", () => {
-  /** The live clock, `skew` off. */
-  const skewed = (skew: number): Clock.Clock => {
-    const live = Clock.make()
-    return {
-      ...live,
-      [Clock.ClockTypeId]: Clock.ClockTypeId,
-      unsafeCurrentTimeMillis: () => live.unsafeCurrentTimeMillis() + skew,
-      currentTimeMillis: Effect.sync(() => live.unsafeCurrentTimeMillis() + skew),
-      unsafeCurrentTimeNanos: () => live.unsafeCurrentTimeNanos(),
-      currentTimeNanos: live.currentTimeNanos,
-      sleep: (duration) => live.sleep(duration)
-    }
-  }
-
   it.live("an agent 10 minutes behind cannot lose its live lock to one on time, nor one ahead steal it", () =>
     Effect.gen(function*() {
-      const open = (skew: number) => queueOn(pg).pipe(Effect.withClock(skewed(skew)))
+      const open = (skew: number) => queueOn(pg).pipe(Effect.withClock(skewedClock(skew)))
       const behind = yield* open(-10 * 60_000)
       const onTime = yield* open(0)
       const ahead = yield* open(10 * 60_000)

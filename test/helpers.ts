@@ -1,5 +1,5 @@
 /** Test helpers shared by several test files. */
-import { Effect, Logger, type LogLevel, TestClock } from "effect"
+import { Clock, Effect, Logger, type LogLevel, TestClock } from "effect"
 import { buildSync } from "esbuild"
 import { execFile, spawn } from "node:child_process"
 import { basename, join } from "node:path"
@@ -131,3 +131,20 @@ export const jumpingClock = Effect.map(TestClock.testClock(), (test) => {
     jump: (millis: number) => Effect.sync(() => void (offset += millis))
   }
 })
+
+/**
+ * The live clock with its wall-clock reading `skew` ms off (a machine whose clock drifted: NTP not running, a
+ * VM resumed); monotonic time and sleeps are the live ones. Provide it with `Effect.withClock`.
+ */
+export const skewedClock = (skew: number): Clock.Clock => {
+  const live = Clock.make()
+  return {
+    ...live,
+    [Clock.ClockTypeId]: Clock.ClockTypeId,
+    unsafeCurrentTimeMillis: () => live.unsafeCurrentTimeMillis() + skew,
+    currentTimeMillis: Effect.sync(() => live.unsafeCurrentTimeMillis() + skew),
+    unsafeCurrentTimeNanos: () => live.unsafeCurrentTimeNanos(),
+    currentTimeNanos: live.currentTimeNanos,
+    sleep: (duration) => live.sleep(duration)
+  }
+}

@@ -1,0 +1,312 @@
+/**
+ * A delivery of a SQL mailbox (`SqlMessage`): acknowledge, nack and extend as statements guarded by its
+ * receipt handle, replies routed to a queue of the same database (written in the acknowledgement's
+ * transaction) or to another store's mailbox, and the mailbox's `GroupSettler`, which commits the
+ * acknowledgements and local replies of a group together. `registered` is how the reply path finds the
+ * mailboxes made in this process.
+ */
+import type { SqlError } from "@effect/sql/SqlError"
+import * as Cause from "effect/Cause"
+import type * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
+import * as Option from "effect/Option"
+import {
+  type InvalidParameterError,
+  MailboxConnectionError,
+  MailboxResolver,
+  type Message,
+  type MessageFinalizedError,
+  ReceiptHandleExpiredError,
+  type ReplyError,
+  type ReplyNotAvailableError,
+  type ReplyTarget,
+  SerializationError,
+  type Settlement,
+  type SettleOutcome
+} from "../../../Mailbox.js"
+import * as FrontEnd from "../../mailbox/frontEnd.js"
+import { GroupSettle, type GroupSettler, settleOne } from "../../mailbox/settle.js"
+import { validateVisibility } from "../../mailbox/validation.js"
+import type { SettleBatcher, SettleExit } from "./batching.js"
+import type { Encoder } from "./codec.js"
+import type { Now, SettleItem, Statements } from "./statements.js"
+import { connectionError, type Store } from "./store.js"
+
+/** A mailbox made by `make`, as the reply path sees it. */
+export interface Registered {
+  readonly store: Store
+  readonly queue: string
+  readonly encode: (body: unknown) => Either.Either<string, string>
+}
+
+/** Mailboxes made in this process, by object, so the reply path can find a same-database target. */
+export const registered = new WeakMap<object, Registered>()
+
+/** What the messages of one mailbox share. */
+export interface MailboxContext {
+  readonly name: string
+  readonly store: Store
+  readonly statements: Statements
+  readonly settler: SettleBatcher
+  readonly settleGroup: GroupSettler
+  /** Reply destinations already resolved, by resolver and name. */
+  readonly routes: WeakMap<object, Map<string, Destination>>
+  /** When the mailbox's statements run (see `Now`). */
+  readonly now: () => Now
+  readonly replyEncoder: Encoder | undefined
+}
+
+/** A resolved reply target: a queue of this database with its encoder, or another store's mailbox. */
+export type Destination = { readonly queue: string; readonly encode: Encoder } | { readonly target: ReplyTarget }
+
+/** Where a reply goes: a queue of this database (body encoded here), or another store's mailbox. */
+export type ReplyRoute =
+  | { readonly _tag: "Local"; readonly queue: string; readonly body: string }
+  | { readonly _tag: "Remote"; readonly target: ReplyTarget }
+
+/** How a group settle handles one delivery (see `SqlMessage.prepare`). */
+export type Prepared =
+  | { readonly _tag: "Item"; readonly item: SettleItem }
+  | { readonly _tag: "Done"; readonly outcome: SettleOutcome }
+
+/**
+ * The `GroupSettler` of a mailbox's messages: every delivery's acknowledgement and local reply go to the
+ * group commit together, with one wait for all of them.
+ */
+export const groupSettler =
+  (settler: SettleBatcher): GroupSettler => <A, R>(settlements: ReadonlyArray<Settlement<A, R>>) =>
+    Effect.flatMap(MailboxResolver, (resolver) => {
+      const outcomes = new Array<SettleOutcome>(settlements.length)
+      const items: Array<SettleItem> = []
+      const itemIndexes: Array<number> = []
+      const alone: Array<number> = []
+      settlements.forEach(({ message, reply }, index) => {
+        const step = (message as SqlMessage<A, R>).prepare(resolver, reply)
+        if (step === undefined) alone.push(index)
+        else if (step._tag === "Item") {
+          items.push(step.item)
+          itemIndexes.push(index)
+        } else outcomes[index] = step.outcome
+      })
+      const grouped = Effect.map(settler.submitAll(items), (results) =>
+        results.forEach((result, k) => {
+          const index = itemIndexes[k]!
+          outcomes[index] = (settlements[index]!.message as SqlMessage<A, R>).settled(result, items[k]!.reply)
+        }))
+      const single = Effect.forEach(alone, (index) =>
+        Effect.map(settleOne(settlements[index]!), (outcome) => {
+          outcomes[index] = outcome
+        }), { concurrency: "unbounded", discard: true })
+      return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
+    })
+
+export class SqlMessage<A, R> implements Message<A, R> {
+  private finalized = false
+  constructor(
+    private readonly mailbox: MailboxContext,
+    readonly id: string,
+    readonly body: A,
+    readonly receiptHandle: string,
+    readonly deliveryCount: number,
+    readonly enqueuedAt: DateTime.Utc,
+    readonly replyTo: Option.Option<string>
+  ) {}
+
+  private expired(): ReceiptHandleExpiredError {
+    return new ReceiptHandleExpiredError({
+      mailbox: this.mailbox.name,
+      messageId: this.id,
+      receiptHandle: this.receiptHandle
+    })
+  }
+
+  /** Runs a statement guarded by this delivery's handle; `false` from it means the handle is stale. */
+  private guarded(
+    statement: (now: Now) => Effect.Effect<boolean, SqlError>,
+    finalizes: boolean
+  ): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
+    return Effect.suspend(() =>
+      Effect.flatMap(statement(this.mailbox.now()), (done) => {
+        if (!done) return Effect.fail(this.expired())
+        if (finalizes) this.finalized = true
+        return Effect.void
+      })
+    ).pipe(connectionError(this.mailbox.name))
+  }
+
+  private setVisibility(timeout: Duration.Duration, finalizes: boolean) {
+    const { name, statements } = this.mailbox
+    return this.guarded(
+      (now) => statements.setVisibility(this.id, this.receiptHandle, now, Duration.toMillis(timeout), !finalizes, name),
+      finalizes
+    )
+  }
+
+  get [GroupSettle](): GroupSettler {
+    return this.mailbox.settleGroup
+  }
+
+  /**
+   * What a group settle does for this delivery: an item for the group commit (its local reply encoded),
+   * or an outcome already known (the reply could not be routed or encoded); `undefined` when
+   * `replyAndAcknowledge` must settle it on its own: a reply to another store, or to a queue this
+   * resolver has not been asked about yet (the first reply resolves it, later ones find it cached).
+   */
+  prepare(resolver: MailboxResolver["Type"], reply: Option.Option<R>): Prepared | undefined {
+    // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
+    if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
+      return { _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } }
+    }
+    const routed = this.routeNow(resolver, reply.value)
+    if (routed === undefined) return undefined
+    if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
+    const route = routed.right
+    if (route._tag === "Remote") return undefined
+    return {
+      _tag: "Item",
+      item: { seq: this.id, handle: this.receiptHandle, reply: { queue: route.queue, body: route.body } }
+    }
+  }
+
+  /** The outcome of this delivery's item in a group commit (the twin of `settle`'s continuation). */
+  settled(result: SettleExit, reply: SettleItem["reply"]): SettleOutcome {
+    if (Exit.isFailure(result)) {
+      const cause = Cause.squash(result.cause)
+      return Either.left(new MailboxConnectionError({ mailbox: this.mailbox.name, cause }))
+    }
+    if (result.value === false) return Either.left(this.expired())
+    this.finalized = true
+    if (reply !== undefined) this.mailbox.store.wake(reply.queue)
+    return Either.right(result.value)
+  }
+
+  /** Acknowledges through the mailbox's group commit, with the reply to insert in the same transaction. */
+  private settle(
+    reply: SettleItem["reply"]
+  ): Effect.Effect<string | undefined, ReceiptHandleExpiredError | MailboxConnectionError> {
+    return this.mailbox.settler.submit({ seq: this.id, handle: this.receiptHandle, reply }).pipe(
+      connectionError(this.mailbox.name),
+      Effect.flatMap((settled) => {
+        if (settled === false) return Effect.fail(this.expired())
+        this.finalized = true
+        if (reply !== undefined) this.mailbox.store.wake(reply.queue)
+        return Effect.succeed(settled)
+      })
+    )
+  }
+
+  get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
+    return Effect.asVoid(this.settle(undefined))
+  }
+
+  nack(
+    visibilityTimeout?: Duration.DurationInput
+  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+    return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
+      onLeft: Effect.fail,
+      onRight: (timeout) =>
+        Effect.tap(
+          this.setVisibility(timeout, true),
+          () => Duration.isZero(timeout) ? Effect.sync(() => this.mailbox.store.wake(this.mailbox.name)) : Effect.void
+        )
+    })
+  }
+
+  extendVisibility(
+    timeout: Duration.DurationInput
+  ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+    return Either.match(validateVisibility("timeout", timeout), {
+      onLeft: Effect.fail,
+      onRight: (timeout) => this.setVisibility(timeout, false)
+    })
+  }
+
+  /**
+   * Routes a reply without waiting when it can: the checks, and a destination this resolver already
+   * gave (`undefined` when it has to be resolved first).
+   */
+  private routeNow(
+    resolver: MailboxResolver["Type"],
+    body: R
+  ): Either.Either<ReplyRoute, ReplyError> | undefined {
+    const refused = this.replyRefused()
+    if (refused !== undefined) return Either.left(refused)
+    const found = this.mailbox.routes.get(resolver)?.get(Option.getOrElse(this.replyTo, () => ""))
+    if (found === undefined) return undefined
+    if ("target" in found) return Either.right({ _tag: "Remote", target: found.target })
+    const encoded = found.encode(body)
+    return Either.isLeft(encoded)
+      ? Either.left(new SerializationError({ mailbox: found.queue, messageId: this.id, reason: encoded.left }))
+      : Either.right({ _tag: "Local", queue: found.queue, body: encoded.right })
+  }
+
+  /** Why this delivery cannot reply at all, if it cannot. */
+  private replyRefused(): MessageFinalizedError | ReplyNotAvailableError | undefined {
+    return FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
+  }
+
+  private route(body: R): Effect.Effect<ReplyRoute, ReplyError, MailboxResolver> {
+    return Effect.flatMap(MailboxResolver, (resolver) => {
+      const now = this.routeNow(resolver, body)
+      if (now !== undefined) return now
+      // A reply target is resolved once per resolver and name: resolving (and, for a queue the resolver
+      // does not know, building its error) on every message costs more than the reply's insert.
+      const replyTo = Option.getOrElse(this.replyTo, () => "") // present: `routeNow` answered otherwise
+      return resolver.resolve(replyTo).pipe(
+        Effect.map((target): Destination => {
+          const local = registered.get(target)
+          return local !== undefined && local.store === this.mailbox.store
+            ? { queue: local.queue, encode: local.encode }
+            : { target }
+        }),
+        Effect.catchTag("MailboxResolutionError", (error) =>
+          this.mailbox.replyEncoder === undefined
+            ? Effect.fail(error)
+            : Effect.succeed<Destination>({ queue: replyTo, encode: this.mailbox.replyEncoder })),
+        Effect.flatMap((destination) => {
+          let known = this.mailbox.routes.get(resolver)
+          if (known === undefined) this.mailbox.routes.set(resolver, known = new Map())
+          known.set(replyTo, destination)
+          return this.routeNow(resolver, body)!
+        })
+      )
+    })
+  }
+
+  reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
+    return Effect.flatMap(this.route(body), (route) => {
+      if (route._tag === "Remote") return route.target.send(body)
+      const { statements, store } = this.mailbox
+      return Effect.suspend(() => {
+        return statements.insert(
+          route.queue,
+          [{ body: route.body, delayMillis: 0, replyTo: null }],
+          this.mailbox.now(),
+          undefined
+        )
+      }).pipe(
+        Effect.map((ids) => {
+          store.wake(route.queue)
+          return ids[0]!
+        }),
+        connectionError(route.queue)
+      )
+    })
+  }
+
+  replyAndAcknowledge(body: R): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
+    return Effect.flatMap(this.route(body), (route) => {
+      if (route._tag === "Remote") {
+        // No shared transaction with another store: check the lease first so a stale delivery sends nothing.
+        return this.guarded((now) => this.mailbox.statements.isCurrent(this.id, this.receiptHandle, now), false).pipe(
+          Effect.zipRight(route.target.send(body)),
+          Effect.zipLeft(this.acknowledge)
+        )
+      }
+      return Effect.map(this.settle({ queue: route.queue, body: route.body }), (replyId) => replyId!)
+    })
+  }
+}
