@@ -244,7 +244,7 @@ const main = async () => {
   )
 
   const workerExit = await signalToExit(
-    ["--import", "tsx", "examples/loop-group-signals.ts", "--idle"],
+    ["--conditions=leasehold-source", "--import", "tsx", "examples/loop-group-signals.ts", "--idle"],
     /worker ready/,
     ROUNDS
   )

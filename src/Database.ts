@@ -14,8 +14,6 @@
  * new server processes. A database that cannot be opened is a
  * `DatabaseError` whose message says what to fix, never showing a password.
  */
-import { PgClient } from "@effect/sql-pg"
-import { SqliteClient } from "@effect/sql-sqlite-node"
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Cause from "effect/Cause"
 import * as Config from "effect/Config"
@@ -29,6 +27,16 @@ import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import { causeText, InvalidParameterError } from "./Errors.js"
 import * as Durations from "./internal/duration.js"
+import * as Optional from "./internal/optional.js"
+
+/**
+ * The drivers, loaded when a layer is built: they are optional peer dependencies (install the one you use),
+ * and a missing one is a `DatabaseError` naming the package to install.
+ */
+const driver = <M>(database: string, packageName: string, neededBy: string, load: () => Promise<M>) =>
+  Optional.load(packageName, neededBy, load).pipe(
+    Effect.mapError((missing) => new DatabaseError({ database, reason: missing.message, cause: missing }))
+  )
 
 /** The database could not be opened or reached. `database` is the file, or the URL without its password. */
 export class DatabaseError extends Schema.TaggedError<DatabaseError>()("DatabaseError", {
@@ -81,25 +89,37 @@ export const layerSqlite = (options: {
       })
     )
   }
-  return SqliteClient.layer({ filename: options.filename, disableWAL: options.keepJournalMode === true }).pipe(
-    Layer.tap((context) => {
-      const sql = Context.get(context, SqlClient.SqlClient)
-      return Effect.all([
-        sql.unsafe(`PRAGMA busy_timeout = ${Math.round(Duration.toMillis(busy.right))}`),
-        sql`PRAGMA synchronous = NORMAL`
-      ], { discard: true })
-    }),
-    // better-sqlite3 throws when the file cannot be opened: that is the failure's cause.
-    Layer.catchAllCause((cause) => {
-      const error = Cause.squash(cause)
-      return Layer.fail(
-        new DatabaseError({
-          database: options.filename,
-          reason: `SQLite could not open it (${causeText(error)})`,
-          cause: error
-        })
-      )
-    })
+  const sqliteDriver = driver(
+    options.filename,
+    "@effect/sql-sqlite-node",
+    "Database.layerSqlite",
+    () => import("@effect/sql-sqlite-node/SqliteClient")
+  )
+  return Layer.unwrapEffect(
+    Effect.map(
+      sqliteDriver,
+      (SqliteClient) =>
+        SqliteClient.layer({ filename: options.filename, disableWAL: options.keepJournalMode === true }).pipe(
+          Layer.tap((context) => {
+            const sql = Context.get(context, SqlClient.SqlClient)
+            return Effect.all([
+              sql.unsafe(`PRAGMA busy_timeout = ${Math.round(Duration.toMillis(busy.right))}`),
+              sql`PRAGMA synchronous = NORMAL`
+            ], { discard: true })
+          }),
+          // better-sqlite3 throws when the file cannot be opened: that is the failure's cause.
+          Layer.catchAllCause((cause) => {
+            const error = Cause.squash(cause)
+            return Layer.fail(
+              new DatabaseError({
+                database: options.filename,
+                reason: `SQLite could not open it (${causeText(error)})`,
+                cause: error
+              })
+            )
+          })
+        )
+    )
   )
 }
 
@@ -134,8 +154,10 @@ export const layerPg = (options?: {
   const url = options?.url === undefined
     ? databaseUrl
     : Config.succeed(typeof options.url === "string" ? Redacted.make(options.url) : options.url)
-  return Layer.unwrapEffect(Effect.map(url, (resolved) => {
+  return Layer.unwrapEffect(Effect.gen(function*() {
+    const resolved = yield* url
     const shown = redact(Redacted.value(resolved))
+    const PgClient = yield* driver(shown, "@effect/sql-pg", "Database.layerPg", () => import("@effect/sql-pg/PgClient"))
     return PgClient.layerConfig({
       url: Config.succeed(resolved),
       maxConnections: Config.succeed(maxConnections),

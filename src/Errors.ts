@@ -37,6 +37,22 @@ export class AlreadyRunningError extends Schema.TaggedError<AlreadyRunningError>
 }
 
 /**
+ * A feature needs a package that is not installed: leasehold's drivers, its HTTP server, its exporter and its
+ * model providers are optional peer dependencies, loaded only by the module that uses them.
+ */
+export class MissingPackageError extends Schema.TaggedError<MissingPackageError>()("MissingPackageError", {
+  /** The npm package to install. */
+  packageName: Schema.String,
+  /** What needs it, e.g. `Database.layerSqlite`. */
+  neededBy: Schema.String
+}) {
+  override get message(): string {
+    return `${this.neededBy} needs the package ${this.packageName}, which is not installed: ` +
+      `npm install ${this.packageName}`
+  }
+}
+
+/**
  * A service was asked to open what already exists (an operator's look, which must change nothing), and the
  * database has no such tables: a wrong database, or a wrong `prefix`.
  */

@@ -10,14 +10,8 @@
  * with each registered loop's `leasehold_heartbeat_age_seconds` as of the
  * scrape. Anything else is 404.
  */
-import * as Metrics from "@effect/opentelemetry/Metrics"
-import * as Resource from "@effect/opentelemetry/Resource"
-import * as NodeHttpServer from "@effect/platform-node/NodeHttpServer"
 import type * as HttpServer from "@effect/platform/HttpServer"
 import type { ServeError } from "@effect/platform/HttpServerError"
-import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
-import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
-import { PrometheusExporter, PrometheusSerializer } from "@opentelemetry/exporter-prometheus"
 import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -25,9 +19,10 @@ import * as Layer from "effect/Layer"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
-import { createServer } from "node:http"
+import type { MissingPackageError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import * as Optional from "./internal/optional.js"
 import type * as MailboxWorker from "./MailboxWorker.js"
 
 /** The readiness verdict and why. */
@@ -96,19 +91,47 @@ const decodeStaleAfter = (input: Duration.DurationInput | undefined) =>
     )
   )
 
-/** Prometheus text of every metric in the runtime, rendered by OpenTelemetry's serializer. */
-const prometheusText: Effect.Effect<Effect.Effect<string>, never, Scope.Scope> = Effect.gen(function*() {
-  const exporter = new PrometheusExporter({ preventServerStart: true })
-  const producer = yield* Metrics.makeProducer.pipe(
-    Effect.provide(Resource.layer({ serviceName: "leasehold" }))
-  )
-  yield* Metrics.registerProducer(producer, () => exporter)
-  const serializer = new PrometheusSerializer()
-  return Effect.map(
-    Effect.promise(() => exporter.collect()),
-    ({ resourceMetrics }) => serializer.serialize(resourceMetrics)
+/**
+ * The server's pieces, loaded when `layer` is built so that a worker without a health server loads no HTTP
+ * server and no exporter: `@effect/opentelemetry` and `@opentelemetry/exporter-prometheus` are optional peer
+ * dependencies.
+ */
+const serverModules = Effect.all({
+  http: Effect.promise(() => import("node:http")),
+  NodeHttpServer: Optional.load(
+    "@effect/platform-node",
+    "Health.layer",
+    () => import("@effect/platform-node/NodeHttpServer")
+  ),
+  HttpServerRequest: Effect.promise(() => import("@effect/platform/HttpServerRequest")),
+  HttpServerResponse: Effect.promise(() => import("@effect/platform/HttpServerResponse")),
+  Metrics: Optional.load("@effect/opentelemetry", "Health.layer", () => import("@effect/opentelemetry/Metrics")),
+  Resource: Optional.load("@effect/opentelemetry", "Health.layer", () => import("@effect/opentelemetry/Resource")),
+  Prometheus: Optional.load(
+    "@opentelemetry/exporter-prometheus",
+    "Health.layer",
+    () => import("@opentelemetry/exporter-prometheus")
   )
 })
+
+/** Prometheus text of every metric in the runtime, rendered by OpenTelemetry's serializer. */
+const prometheusText = (
+  { Metrics, Prometheus: { PrometheusExporter, PrometheusSerializer }, Resource }: Effect.Effect.Success<
+    typeof serverModules
+  >
+): Effect.Effect<Effect.Effect<string>, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const exporter = new PrometheusExporter({ preventServerStart: true })
+    const producer = yield* Metrics.makeProducer.pipe(
+      Effect.provide(Resource.layer({ serviceName: "leasehold" }))
+    )
+    yield* Metrics.registerProducer(producer, () => exporter)
+    const serializer = new PrometheusSerializer()
+    return Effect.map(
+      Effect.promise(() => exporter.collect()),
+      ({ resourceMetrics }) => serializer.serialize(resourceMetrics)
+    )
+  })
 
 /** How long a client has to send a request's headers, and the whole request. */
 const headersTimeoutMillis = 5_000
@@ -130,12 +153,14 @@ export const layer = (options: {
   readonly port: number
   readonly host?: string
   readonly staleAfter?: Duration.DurationInput
-}): Layer.Layer<Health, ServeError | ParseResult.ParseError> =>
+}): Layer.Layer<Health, ServeError | ParseResult.ParseError | MissingPackageError> =>
   Layer.scoped(
     Health,
     Effect.gen(function*() {
       const staleAfter = yield* decodeStaleAfter(options.staleAfter)
-      const node = createServer({
+      const modules = yield* serverModules
+      const { HttpServerRequest, HttpServerResponse, NodeHttpServer } = modules
+      const node = modules.http.createServer({
         headersTimeout: headersTimeoutMillis,
         requestTimeout: requestTimeoutMillis,
         // How often Node looks for connections past those timeouts (its default is 30 s).
@@ -160,7 +185,7 @@ export const layer = (options: {
         }:${address.port}`
         : undefined
       const { health, recordAges } = makeRegistry(staleAfter, url)
-      const metrics = yield* prometheusText
+      const metrics = yield* prometheusText(modules)
       yield* server.serve(
         Effect.gen(function*() {
           const request = yield* HttpServerRequest.HttpServerRequest

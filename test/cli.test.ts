@@ -1,5 +1,5 @@
 /**
- * The `leasehold` command line, run as a child process (`bin/leasehold.mjs`)
+ * The `leasehold` command line, run as a child process (bundled from src/bin/leasehold.ts as the package does)
  * against a real SQLite file and a throwaway PostgreSQL: each `queue`
  * command, `--json` output, and the errors for bad arguments (exit 2) and a
  * missing or unreachable database (exit 1, naming the fix).
@@ -17,6 +17,7 @@ import { redact } from "../src/cli/database.js"
 import * as Health from "../src/Health.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
+import { bundle } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-cli-"))
@@ -28,7 +29,7 @@ const leasehold = (...args: ReadonlyArray<string>) =>
   Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
     const child = execFile(
       "node",
-      ["bin/leasehold.mjs", ...args],
+      [bundle("src/bin/leasehold.ts"), ...args],
       { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
       (error, stdout, stderr) =>
         resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))

@@ -11,10 +11,11 @@ import { spawn } from "node:child_process"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { bundle } from "./helpers.js"
 
 const demo = (args: ReadonlyArray<string>, interruptWhen?: RegExp) =>
   Effect.async<{ readonly code: number | null; readonly stdout: string; readonly stderr: string }>((resume) => {
-    const child = spawn("node", ["bin/leasehold.mjs", "demo", ...args], {
+    const child = spawn("node", [bundle("src/bin/leasehold.ts"), "demo", ...args], {
       env: { ...process.env, NO_COLOR: "1" },
       stdio: ["ignore", "pipe", "pipe"]
     })

@@ -18,7 +18,7 @@ export const runTsx = (file: string, args: ReadonlyArray<string> = [], timeoutMs
   Effect.async<{ readonly code: number | null; readonly stdout: string; readonly stderr: string }>((resume) => {
     const child = execFile(
       "node",
-      ["--import", "tsx", file, ...args],
+      ["--conditions=leasehold-source", "--import", "tsx", file, ...args],
       { timeout: timeoutMs, env: { ...process.env, NO_COLOR: "1" } },
       (error, stdout, stderr) => {
         const code = error === null ? 0 : typeof error.code === "number" ? error.code : null
@@ -41,7 +41,7 @@ export interface Child {
 
 /** Spawns `node --import tsx file args`, killed when the scope closes if still running. */
 export const spawnTsx = (file: string, args: ReadonlyArray<string> = []) =>
-  spawnNode(["--import", "tsx", file, ...args])
+  spawnNode(["--conditions=leasehold-source", "--import", "tsx", file, ...args])
 
 const bundles = new Map<string, string>()
 
@@ -61,6 +61,7 @@ export const bundle = (file: string): string => {
       format: "esm",
       outfile: out,
       external: ["better-sqlite3", "pg-native"],
+      conditions: ["leasehold-source"],
       logLevel: "warning",
       // Bundled CommonJS dependencies call `require`.
       banner: { js: "import { createRequire } from 'node:module'; const require = createRequire(import.meta.url);" }

@@ -6,10 +6,12 @@
  * to the provider (their parameter Schemas become the provider's JSON
  * Schemas) and tool-call resolution turned off: the tool calls come back to
  * leasehold's `InnerLoop`, which runs them with heartbeats and deadlines.
+ * `@effect/ai` is an optional peer dependency, loaded when an adapter is made
+ * (whoever provides a `LanguageModel` has it installed).
  */
-import * as LanguageModel from "@effect/ai/LanguageModel"
+import type * as LanguageModel from "@effect/ai/LanguageModel"
 import type * as AiPrompt from "@effect/ai/Prompt"
-import * as AiTool from "@effect/ai/Tool"
+import type * as AiTool from "@effect/ai/Tool"
 import type * as Toolkit from "@effect/ai/Toolkit"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
@@ -55,15 +57,17 @@ const toAiMessage = (message: Prompt.ChatMessage): AiPrompt.MessageEncoded => {
 }
 
 /** The provider sees each tool with the encoded side of its parameter Schema: what the model must write. */
-const toAiTool = (tool: Tool.Any): AiTool.Any =>
+const toAiTool = (AiTool: AiToolModule, tool: Tool.Any): AiTool.Any =>
   AiTool.make(tool.name, { description: tool.description, success: Schema.Unknown }).setParameters(
     Schema.encodedSchema(tool.parameters) as unknown as AiTool.AnyStructSchema
   ) as unknown as AiTool.Any
 
-const complete = (model: LanguageModel.Service): InnerLoop.Complete => (request) =>
+type AiToolModule = typeof import("@effect/ai/Tool")
+
+const complete = (model: LanguageModel.Service, AiTool: AiToolModule): InnerLoop.Complete => (request) =>
   Effect.gen(function*() {
     const prompt = request.messages.map(toAiMessage)
-    const tools = Object.fromEntries(request.tools.map((tool) => [tool.name, toAiTool(tool)]))
+    const tools = Object.fromEntries(request.tools.map((tool) => [tool.name, toAiTool(AiTool, tool)]))
     // Never called: resolution is off, so the calls come back to the InnerLoop.
     const toolkit = {
       tools,
@@ -86,7 +90,14 @@ const complete = (model: LanguageModel.Service): InnerLoop.Complete => (request)
 export const make = (
   options?: InnerLoop.Options
 ): Effect.Effect<ProviderAdapter["Type"], never, LanguageModel.LanguageModel> =>
-  Effect.map(LanguageModel.LanguageModel, (model) => InnerLoop.makeAdapter("effect-ai", complete(model), options))
+  Effect.flatMap(
+    Effect.promise(() => Promise.all([import("@effect/ai/LanguageModel"), import("@effect/ai/Tool")])),
+    ([LanguageModel, AiTool]) =>
+      Effect.map(
+        LanguageModel.LanguageModel,
+        (model) => InnerLoop.makeAdapter("effect-ai", complete(model, AiTool), options)
+      )
+  )
 
 /** The adapter as the `ProviderAdapter` service. */
 export const layer = (options?: InnerLoop.Options): Layer.Layer<ProviderAdapter, never, LanguageModel.LanguageModel> =>

@@ -1,11 +1,12 @@
 /**
  * The `leasehold` command line. Exit codes: 0 done, 1 the work failed (a
  * database that cannot be reached, say — the message names the fix), 2 bad
- * arguments (the usage is printed).
+ * arguments (the usage is printed). `leasehold demo-worker FILE NAME` is the
+ * demo's worker process (started by `leasehold demo`, not listed).
  */
-import { Command } from "@effect/cli"
+import * as Command from "@effect/cli/Command"
 import * as ValidationError from "@effect/cli/ValidationError"
-import { NodeContext } from "@effect/platform-node"
+import * as NodeContext from "@effect/platform-node/NodeContext"
 import * as Cause from "effect/Cause"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
@@ -38,20 +39,28 @@ const program = Effect.suspend(() => cli(process.argv)).pipe(
   Logger.withMinimumLogLevel(LogLevel.Warning)
 )
 
-Effect.runPromiseExit(program).then((exit) => {
-  if (Exit.isSuccess(exit)) return
-  const failure = Cause.failureOption(exit.cause)
-  if (failure._tag === "Some" && ValidationError.isValidationError(failure.value)) {
-    // @effect/cli has printed what was wrong and the usage.
-    process.exitCode = ValidationError.isHelpRequested(failure.value) ? 0 : 2
-    return
-  }
-  const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
-  const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError ||
-    error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError
-  return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`)).then(
-    () => {
-      process.exitCode = usage ? 2 : 1
+const runCli = () =>
+  Effect.runPromiseExit(program).then((exit) => {
+    if (Exit.isSuccess(exit)) return
+    const failure = Cause.failureOption(exit.cause)
+    if (failure._tag === "Some" && ValidationError.isValidationError(failure.value)) {
+      // @effect/cli has printed what was wrong and the usage.
+      process.exitCode = ValidationError.isHelpRequested(failure.value) ? 0 : 2
+      return
     }
-  )
-})
+    const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
+    const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError ||
+      error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError
+    return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`))
+      .then(
+        () => {
+          process.exitCode = usage ? 2 : 1
+        }
+      )
+  })
+
+if (process.argv[2] === "demo-worker") {
+  void import("../demo/worker.js").then((worker) => worker.main(process.argv.slice(3)))
+} else {
+  void runCli()
+}

@@ -6,7 +6,7 @@
  * SQLite file is opened as it is (its journal mode untouched), and the
  * commands open existing tables only, so looking never changes a database.
  */
-import { Options } from "@effect/cli"
+import * as Options from "@effect/cli/Options"
 import type * as SqlClient from "@effect/sql/SqlClient"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"

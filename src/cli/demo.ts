@@ -1,9 +1,10 @@
 /** `leasehold demo`: the tour of every capability on a SQLite file (see src/demo/Demo.ts). */
-import { Command, Options } from "@effect/cli"
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as Demo from "../demo/Demo.js"
+import type * as DemoModule from "../demo/Demo.js"
 
 const size = Options.integer("size").pipe(
   Options.withDescription("How many requests to enqueue (10 … 5000)."),
@@ -42,6 +43,8 @@ export const command = Command.make("demo", { size, workers, workMs, dir, json }
         return yield* Effect.fail(new DemoArgumentError(`${flag} must be between ${min} and ${max}, got ${value}`))
       }
     }
+    // Loaded when the demo runs, so that `--help` does not load it.
+    const Demo: typeof DemoModule = yield* Effect.promise(() => import("../demo/Demo.js"))
     const summary = yield* Demo.run({
       size: options.size,
       workers: options.workers,

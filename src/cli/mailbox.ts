@@ -4,13 +4,15 @@
  * (the next messages, not received), `dlq list`, `dlq redrive` (back to the
  * source queue) and `purge` (with `--yes`).
  */
-import { Args, Command, Options } from "@effect/cli"
+import * as Args from "@effect/cli/Args"
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
 import * as Clock from "effect/Clock"
 import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
+import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, prefix, withDatabase } from "./database.js"
 import { ago, table } from "./table.js"
 
@@ -27,13 +29,20 @@ const print = (asJson: boolean, value: unknown, text: () => string) =>
 
 type Common = { readonly db: Option.Option<string>; readonly prefix: string }
 
+/** Loaded when a command runs, so that `--help` does not load the SQL mailbox. */
+const admin = Effect.promise(() => import("../MailboxSqlAdmin.js"))
+
 const onQueues = <A, E>(options: Common, body: (queues: MailboxSqlAdmin.Queues) => Effect.Effect<A, E>) =>
-  Effect.flatMap(MailboxSqlAdmin.queues({ prefix: options.prefix, create: false }), body).pipe(
+  admin.pipe(
+    Effect.flatMap((MailboxSqlAdmin) => MailboxSqlAdmin.queues({ prefix: options.prefix, create: false })),
+    Effect.flatMap(body),
     withDatabase(Option.getOrUndefined(options.db))
   )
 
 const onDeadLetters = <A, E>(options: Common, body: (letters: MailboxSqlAdmin.DeadLetters) => Effect.Effect<A, E>) =>
-  Effect.flatMap(MailboxSqlAdmin.deadLetters({ prefix: options.prefix, create: false }), body).pipe(
+  admin.pipe(
+    Effect.flatMap((MailboxSqlAdmin) => MailboxSqlAdmin.deadLetters({ prefix: options.prefix, create: false })),
+    Effect.flatMap(body),
     withDatabase(Option.getOrUndefined(options.db))
   )
 

@@ -3,15 +3,37 @@
  * `status` (the lock and what recovery would do), `list` (entries in queue
  * order), `recover` (run self-healing now) and `stats` (counts by status).
  */
-import { Command, Options } from "@effect/cli"
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
 import * as Clock from "effect/Clock"
 import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as MergeQueue from "../MergeQueue.js"
+import type * as MergeQueue from "../MergeQueue.js"
 import { db, json, prefix, withDatabase } from "./database.js"
 import { ago, pairs, table } from "./table.js"
+
+/**
+ * Every status, in the module's order (a copy, so that `--help` does not load the merge queue: the commands
+ * load it when they run). The type below fails to compile if the two lists drift apart.
+ */
+const statuses = [
+  "pending",
+  "claimed",
+  "rebasing",
+  "testing",
+  "ready_to_merge",
+  "merging",
+  "merged",
+  "failed_retryable",
+  "failed_terminal",
+  "cancelled"
+] as const satisfies ReadonlyArray<MergeQueue.Status>
+type SameStatuses = [MergeQueue.Status] extends [typeof statuses[number]] ? true : never
+const sameStatuses: SameStatuses = true
+void sameStatuses
+const inProgress: ReadonlyArray<MergeQueue.Status> = ["claimed", "rebasing", "testing", "ready_to_merge", "merging"]
 
 const iso = (time: DateTime.Utc) => DateTime.formatIso(time)
 const optional = <A, B>(option: Option.Option<A>, f: (a: A) => B) => Option.getOrNull(Option.map(option, f))
@@ -69,7 +91,9 @@ const withQueue = <A, E>(
 ) =>
   // `create: false`: a command looks at the queue that is there, and never makes one (a wrong --db or --prefix
   // says so instead).
-  Effect.flatMap(MergeQueue.make({ prefix: options.prefix, create: false }), body).pipe(
+  Effect.promise(() => import("../MergeQueue.js")).pipe(
+    Effect.flatMap((MergeQueue) => MergeQueue.make({ prefix: options.prefix, create: false })),
+    Effect.flatMap(body),
     withDatabase(Option.getOrUndefined(options.db))
   )
 
@@ -79,7 +103,7 @@ const status = Command.make("status", common, (options) =>
       const stats = yield* queue.stats
       const recovery = yield* queue.getRecoveryStats
       const now = yield* Clock.currentTimeMillis
-      const active = MergeQueue.inProgress.reduce((sum, status) => sum + stats.byStatus[status], 0)
+      const active = inProgress.reduce((sum, status) => sum + stats.byStatus[status], 0)
       yield* print(options.json, {
         lock: lockJson(stats.lock, now),
         pending: stats.byStatus.pending,
@@ -113,7 +137,7 @@ const status = Command.make("status", common, (options) =>
     )
   )
 
-const statusFilter = Options.choice("status", MergeQueue.Status.literals).pipe(
+const statusFilter = Options.choice("status", statuses).pipe(
   Options.withDescription("Only entries in this status (repeatable)."),
   Options.repeated
 )
@@ -187,7 +211,7 @@ const stats = Command.make("stats", common, (options) =>
       }, () =>
         table(
           ["status", "entries"],
-          [...MergeQueue.Status.literals.map((status) => [status, String(stats.byStatus[status])]), [
+          [...statuses.map((status) => [status, String(stats.byStatus[status])]), [
             "total",
             String(stats.total)
           ]]

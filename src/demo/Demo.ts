@@ -22,8 +22,7 @@ import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import { type ChildProcess, spawn } from "node:child_process"
 import { mkdirSync, rmSync } from "node:fs"
-import { dirname, join, resolve } from "node:path"
-import { fileURLToPath } from "node:url"
+import { resolve } from "node:path"
 import * as Deadline from "../Deadline.js"
 import * as Health from "../Health.js"
 import * as MailboxSql from "../MailboxSql.js"
@@ -74,13 +73,9 @@ interface Worker {
   readonly exited: Promise<number | null>
 }
 
-const packageRoot = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..")
-const workerScript = join(packageRoot, "src", "demo", "worker.ts")
-
 const startWorker = (name: string, filename: string): Worker => {
-  // tsx is resolved from the package root, wherever the demo was started from.
-  const child = spawn(process.execPath, ["--import", "tsx", workerScript, filename, name], {
-    cwd: packageRoot,
+  // The command line's own entry (compiled, or source under tsx: its flags are in execArgv) runs the worker.
+  const child = spawn(process.execPath, [...process.execArgv, process.argv[1]!, "demo-worker", filename, name], {
     stdio: ["ignore", "pipe", "pipe"]
   })
   const worker: Worker = {

@@ -5,7 +5,7 @@
  * LISTEN connection and the lane (a connection of its own for claims,
  * acknowledgements, sends, extensions and nacks: see `Store.onLane`).
  */
-import { PgClient } from "@effect/sql-pg"
+import type * as PgClient from "@effect/sql-pg/PgClient"
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -154,7 +154,11 @@ export interface Lane {
 export const holdLane = (config: PgClient.PgClientConfig, lane: Lane): Effect.Effect<void> =>
   Effect.scoped(
     Effect.flatMap(
-      Layer.build(PgClient.layer({ ...config, maxConnections: 1, minConnections: 1 })),
+      // The store's client is PostgreSQL's, so its driver is installed; loaded here to keep it out of the core.
+      Effect.flatMap(
+        Effect.promise(() => import("@effect/sql-pg/PgClient")),
+        (PgClient) => Layer.build(PgClient.layer({ ...config, maxConnections: 1, minConnections: 1 }))
+      ),
       (context) =>
         Effect.zipRight(
           Deferred.succeed(lane.client, Context.get(context, SqlClient.SqlClient)),
