@@ -33,8 +33,13 @@ import * as Optional from "./internal/optional.js"
  * The drivers, loaded when a layer is built: they are optional peer dependencies (install the one you use),
  * and a missing one is a `DatabaseError` naming the package to install.
  */
-const driver = <M>(database: string, packageName: string, neededBy: string, load: () => Promise<M>) =>
-  Optional.load(packageName, neededBy, load).pipe(
+const driver = <M>(
+  database: string,
+  packageNames: ReadonlyArray<string>,
+  neededBy: string,
+  load: () => Promise<M>
+) =>
+  Optional.load(packageNames, neededBy, load).pipe(
     Effect.mapError((missing) => new DatabaseError({ database, reason: missing.message, cause: missing }))
   )
 
@@ -91,7 +96,7 @@ export const layerSqlite = (options: {
   }
   const sqliteDriver = driver(
     options.filename,
-    "@effect/sql-sqlite-node",
+    ["@effect/sql-sqlite-node", "better-sqlite3"],
     "Database.layerSqlite",
     () => import("@effect/sql-sqlite-node/SqliteClient")
   )
@@ -157,7 +162,12 @@ export const layerPg = (options?: {
   return Layer.unwrapEffect(Effect.gen(function*() {
     const resolved = yield* url
     const shown = redact(Redacted.value(resolved))
-    const PgClient = yield* driver(shown, "@effect/sql-pg", "Database.layerPg", () => import("@effect/sql-pg/PgClient"))
+    const PgClient = yield* driver(
+      shown,
+      ["@effect/sql-pg", "pg"],
+      "Database.layerPg",
+      () => import("@effect/sql-pg/PgClient")
+    )
     return PgClient.layerConfig({
       url: Config.succeed(resolved),
       maxConnections: Config.succeed(maxConnections),

@@ -99,16 +99,16 @@ const decodeStaleAfter = (input: Duration.DurationInput | undefined) =>
 const serverModules = Effect.all({
   http: Effect.promise(() => import("node:http")),
   NodeHttpServer: Optional.load(
-    "@effect/platform-node",
+    ["@effect/platform-node"],
     "Health.layer",
     () => import("@effect/platform-node/NodeHttpServer")
   ),
   HttpServerRequest: Effect.promise(() => import("@effect/platform/HttpServerRequest")),
   HttpServerResponse: Effect.promise(() => import("@effect/platform/HttpServerResponse")),
-  Metrics: Optional.load("@effect/opentelemetry", "Health.layer", () => import("@effect/opentelemetry/Metrics")),
-  Resource: Optional.load("@effect/opentelemetry", "Health.layer", () => import("@effect/opentelemetry/Resource")),
+  Metrics: Optional.load(["@effect/opentelemetry"], "Health.layer", () => import("@effect/opentelemetry/Metrics")),
+  Resource: Optional.load(["@effect/opentelemetry"], "Health.layer", () => import("@effect/opentelemetry/Resource")),
   Prometheus: Optional.load(
-    "@opentelemetry/exporter-prometheus",
+    ["@opentelemetry/exporter-prometheus"],
     "Health.layer",
     () => import("@opentelemetry/exporter-prometheus")
   )

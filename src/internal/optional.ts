@@ -7,25 +7,29 @@
 import * as Effect from "effect/Effect"
 import { MissingPackageError } from "../Errors.js"
 
-/** Whether `error` says that `packageName` itself (not something it imports) cannot be found. */
-const isMissing = (error: unknown, packageName: string): boolean =>
-  typeof error === "object" && error !== null && "code" in error &&
-  (error.code === "ERR_MODULE_NOT_FOUND" || error.code === "MODULE_NOT_FOUND") &&
-  String((error as { readonly message?: unknown }).message).includes(`'${packageName}`)
+/** Which of `packageNames` `error` says cannot be found, if it is a module-not-found error. */
+const missingOf = (error: unknown, packageNames: ReadonlyArray<string>): string | undefined => {
+  if (typeof error !== "object" || error === null || !("code" in error)) return undefined
+  if (error.code !== "ERR_MODULE_NOT_FOUND" && error.code !== "MODULE_NOT_FOUND") return undefined
+  const message = String((error as { readonly message?: unknown }).message)
+  return packageNames.find((name) => message.includes(`'${name}'`) || message.includes(`'${name}/`))
+}
 
 /**
- * `load()` (a dynamic `import` of `packageName` or one of its subpaths), failing `MissingPackageError` when
- * the package is not installed; any other failure to load is a defect.
+ * `load()` (a dynamic `import` of the first of `packageNames` or one of its subpaths), failing
+ * `MissingPackageError` naming whichever of `packageNames` (the package and what it needs installed beside
+ * it, like better-sqlite3 for the SQLite driver) is not installed; any other failure to load is a defect.
  */
 export const load = <M>(
-  packageName: string,
+  packageNames: ReadonlyArray<string>,
   neededBy: string,
   load: () => Promise<M>
 ): Effect.Effect<M, MissingPackageError> =>
   Effect.tryPromise({ try: load, catch: (error) => error }).pipe(
-    Effect.catchAll((error) =>
-      isMissing(error, packageName)
-        ? Effect.fail(new MissingPackageError({ packageName, neededBy }))
-        : Effect.die(error)
-    )
+    Effect.catchAll((error) => {
+      const packageName = missingOf(error, packageNames)
+      return packageName === undefined
+        ? Effect.die(error)
+        : Effect.fail(new MissingPackageError({ packageName, neededBy }))
+    })
   )
