@@ -1,0 +1,144 @@
+/**
+ * A newcomer's project: the package as `npm pack` makes it (building through `prepack`), installed into a
+ * fresh directory with `npm ci --offline` from a lockfile cut out of ours — so it needs no registry, only the
+ * npm cache our own install filled. Used by the packaging test and by the install-size benchmark.
+ */
+import { Effect } from "effect"
+import { execFile } from "node:child_process"
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+
+/** The repository (where `npm pack` runs). */
+export const root = resolve(import.meta.dirname, "..", "..")
+
+/** Runs a command; fails with its output when it exits non-zero. */
+export const run = (command: string, args: ReadonlyArray<string>, cwd: string, timeoutMs = 240_000) =>
+  Effect.async<string, Error>((resume) => {
+    const child = execFile(
+      command,
+      args,
+      { cwd, timeout: timeoutMs, maxBuffer: 64 * 1024 * 1024, env: { ...process.env, NO_COLOR: "1" } },
+      (error, stdout, stderr) => {
+        if (error === null) resume(Effect.succeed(stdout))
+        else {
+          resume(
+            Effect.fail(new Error(`${command} ${args.join(" ")} failed: ${error.message}\n${stdout}\n${stderr}`))
+          )
+        }
+      }
+    )
+    return Effect.sync(() => child.kill("SIGKILL"))
+  })
+
+interface LockEntry {
+  readonly version?: string
+  readonly dependencies?: Record<string, string>
+  readonly optionalDependencies?: Record<string, string>
+  readonly peerDependencies?: Record<string, string>
+  readonly peerDependenciesMeta?: Record<string, { readonly optional?: boolean }>
+  readonly [key: string]: unknown
+}
+
+/**
+ * The entries of our lockfile that `names` need (their dependencies, optional ones included, and required
+ * peers, transitively), at the same paths.
+ */
+const lockClosure = (names: ReadonlyArray<string>): Record<string, LockEntry> => {
+  const lock = JSON.parse(readFileSync(join(root, "package-lock.json"), "utf8")) as {
+    readonly packages: Record<string, LockEntry>
+  }
+  const picked: Record<string, LockEntry> = {}
+  // Node's lookup: from `from` (a node_modules path) up to the top.
+  const locate = (name: string, from: string): string | undefined => {
+    let base = from
+    for (;;) {
+      const candidate = `${base === "" ? "" : `${base}/`}node_modules/${name}`
+      if (lock.packages[candidate] !== undefined) return candidate
+      if (base === "") return undefined
+      const cut = base.lastIndexOf("/node_modules/")
+      base = cut === -1 ? "" : base.slice(0, cut)
+    }
+  }
+  const visit = (name: string, from: string) => {
+    const path = locate(name, from)
+    if (path === undefined || picked[path] !== undefined) return
+    const { dev: _dev, devOptional: _devOptional, ...entry } = lock.packages[path]!
+    picked[path] = entry
+    for (const dependency of Object.keys({ ...entry.dependencies, ...entry.optionalDependencies })) {
+      visit(dependency, path)
+    }
+    for (const peer of Object.keys(entry.peerDependencies ?? {})) {
+      if (entry.peerDependenciesMeta?.[peer]?.optional !== true) visit(peer, path)
+    }
+  }
+  for (const name of names) visit(name, "")
+  return picked
+}
+
+/** What a consumer installs beside leasehold: the required peers, and with `optionalPeers` every optional one. */
+export const peersFor = (optionalPeers: boolean): ReadonlyArray<string> => {
+  const manifest = JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as {
+    readonly peerDependencies: Record<string, string>
+    readonly peerDependenciesMeta: Record<string, { readonly optional?: boolean }>
+  }
+  return Object.keys(manifest.peerDependencies).filter((name) =>
+    optionalPeers || manifest.peerDependenciesMeta[name]?.optional !== true
+  )
+}
+
+/** Packs the package into a new temporary directory; the tarball's path. */
+export const pack: Effect.Effect<string, Error> = Effect.gen(function*() {
+  const work = mkdtempSync(join(tmpdir(), "leasehold-package-"))
+  yield* run("npm", ["pack", "--pack-destination", work, "--silent"], root)
+  const tarball = readdirSync(work).find((name) => name.endsWith(".tgz"))
+  if (tarball === undefined) return yield* Effect.fail(new Error("npm pack made no tarball"))
+  return join(work, tarball)
+})
+
+/**
+ * A project beside `tarball` (in `name`) that depends on leasehold and `peers`, installed offline; its
+ * directory. Install scripts do not run (the core needs none; better-sqlite3 is not among the core's peers).
+ */
+export const install = (tarball: string, name: string, peers: ReadonlyArray<string>) =>
+  Effect.gen(function*() {
+    const manifest = JSON.parse(readFileSync(join(root, "package.json"), "utf8"))
+    const project = join(resolve(tarball, ".."), name)
+    mkdirSync(project, { recursive: true })
+    const entries = lockClosure(peers)
+    const spec = `file:${tarball}`
+    const dependencies = {
+      leasehold: spec,
+      ...Object.fromEntries(peers.map((peer) => [peer, String(entries[`node_modules/${peer}`]!.version)]))
+    }
+    writeFileSync(
+      join(project, "package.json"),
+      JSON.stringify({ name, version: "1.0.0", type: "module", private: true, dependencies }, null, 2)
+    )
+    writeFileSync(
+      join(project, "package-lock.json"),
+      JSON.stringify(
+        {
+          name,
+          version: "1.0.0",
+          lockfileVersion: 3,
+          requires: true,
+          packages: {
+            "": { name, version: "1.0.0", dependencies },
+            ...entries,
+            "node_modules/leasehold": {
+              version: manifest.version,
+              resolved: spec,
+              peerDependencies: manifest.peerDependencies,
+              peerDependenciesMeta: manifest.peerDependenciesMeta,
+              bin: manifest.bin
+            }
+          }
+        },
+        null,
+        2
+      )
+    )
+    yield* run("npm", ["ci", "--offline", "--no-audit", "--no-fund", "--ignore-scripts"], project)
+    return project
+  })
