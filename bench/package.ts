@@ -20,21 +20,19 @@ const median = (values: ReadonlyArray<number>) => {
   return sorted[Math.floor(sorted.length / 2)]!
 }
 
-/** Bytes under `dir`, and the number of packages in it. */
+/** Bytes under `dir` (a node_modules), and the number of packages at its top level. */
 const sizeOf = (dir: string): { readonly bytes: number; readonly packages: number } => {
   let bytes = 0
-  let packages = 0
   const walk = (path: string) => {
     for (const entry of readdirSync(path, { withFileTypes: true })) {
       const full = join(path, entry.name)
       if (entry.isDirectory()) walk(full)
-      else if (entry.isFile()) {
-        bytes += statSync(full).size
-        if (entry.name === "package.json" && /node_modules\/(@[^/]+\/)?[^/]+\/package\.json$/.test(full)) packages++
-      }
+      else if (entry.isFile()) bytes += statSync(full).size
     }
   }
   walk(dir)
+  const top = readdirSync(dir).filter((name) => !name.startsWith("."))
+  const packages = top.reduce((sum, name) => sum + (name.startsWith("@") ? readdirSync(join(dir, name)).length : 1), 0)
   return { bytes, packages }
 }
 
