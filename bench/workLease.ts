@@ -76,7 +76,7 @@ const drive = (domains: number, fibers: number, pair: (domain: string, offset: n
   })
 
 export const stmPairs = (domains: number, fibers: number) => () =>
-  Effect.flatMap(WorkLease.make(), (lease) =>
+  Effect.flatMap(Effect.orDie(WorkLease.make()), (lease) =>
     drive(domains, fibers, (domain, offset) =>
       Effect.flatMap(
         Effect.orDie(lease.tryAcquire(domain, offset)),

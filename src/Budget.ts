@@ -14,11 +14,14 @@ import * as ParseResult from "effect/ParseResult"
 import * as Ref from "effect/Ref"
 import * as Schema from "effect/Schema"
 import * as Deadline from "./Deadline.js"
+import * as Options_ from "./internal/options.js"
 
 const TokenLimit = Schema.Int.pipe(Schema.positive({ message: () => "a token limit must be a positive integer" }))
 const TokenCount = Schema.Int.pipe(
   Schema.nonNegative({ message: () => "a token count must be a non-negative integer" })
 )
+
+const noLimit = "a budget needs at least one limit: deadline, maxInputTokens, maxOutputTokens or maxTotalTokens"
 
 const BudgetLimits = Schema.Struct({
   deadline: Schema.optional(Deadline.Deadline),
@@ -29,28 +32,62 @@ const BudgetLimits = Schema.Struct({
   (limits) =>
     limits.deadline !== undefined || limits.maxInputTokens !== undefined ||
     limits.maxOutputTokens !== undefined || limits.maxTotalTokens !== undefined ||
-    "a budget needs at least one limit: deadline, maxInputTokens, maxOutputTokens or maxTotalTokens"
+    noLimit
 ))
 
-/** Limits for an evaluation; at least one is set and token limits are positive integers. */
+/**
+ * Limits for an evaluation; at least one is set and token limits are positive integers.
+ *
+ * @category models
+ */
 export class Budget extends Schema.Class<Budget>("leasehold/Budget")(BudgetLimits) {}
 
-/** Makes a budget from its limits, failing with a readable `ParseError` when none is set or one is out of range. */
-export const make = (limits: {
+/**
+ * Options of `make`: the limits, at least one of them.
+ *
+ * @category models
+ */
+export interface Options {
+  /** The evaluation stops when this passes. */
   readonly deadline?: Deadline.Deadline | undefined
+  /** Most input tokens, summed over the evaluations that share the tracker (a positive integer). */
   readonly maxInputTokens?: number | undefined
+  /** Most output tokens (a positive integer). */
   readonly maxOutputTokens?: number | undefined
+  /** Most input and output tokens together (a positive integer). */
   readonly maxTotalTokens?: number | undefined
-}): Effect.Effect<Budget, ParseResult.ParseError> =>
-  Effect.map(
-    Schema.validate(Schema.typeSchema(BudgetLimits))(dropUndefined(limits)),
-    (valid) => new Budget(valid, true)
-  )
+}
 
-const dropUndefined = <T extends object>(input: T): T =>
-  Object.fromEntries(Object.entries(input).filter(([, value]) => value !== undefined)) as T
+/**
+ * Makes a budget from its limits, failing with a `ParseError` naming the limit when none is set or one is out of range.
+ *
+ * @category constructors
+ */
+export const make = (limits: Options): Effect.Effect<Budget, ParseResult.ParseError> =>
+  Effect.map(decodeOptions(limits), (valid) => new Budget(valid, true))
 
-/** Token usage of one evaluation so far. */
+const OptionalLimit = Schema.optionalWith(Options_.PositiveInt, { exact: true })
+
+const decodeOptions = Options_.decoder(
+  "Budget.make",
+  {
+    deadline: Schema.optionalWith(Schema.typeSchema(Deadline.Deadline), { exact: true }),
+    maxInputTokens: OptionalLimit,
+    maxOutputTokens: OptionalLimit,
+    maxTotalTokens: OptionalLimit
+  },
+  (limits) =>
+    limits.deadline === undefined && limits.maxInputTokens === undefined &&
+      limits.maxOutputTokens === undefined && limits.maxTotalTokens === undefined
+      ? { message: noLimit }
+      : undefined
+)
+
+/**
+ * Token usage of one evaluation so far.
+ *
+ * @category models
+ */
 export class TokenUsage extends Schema.Class<TokenUsage>("leasehold/TokenUsage")({
   inputTokens: TokenCount,
   outputTokens: TokenCount
@@ -62,11 +99,25 @@ export class TokenUsage extends Schema.Class<TokenUsage>("leasehold/TokenUsage")
 
 const decodeUsage = Schema.decodeUnknown(TokenUsage)
 
-/** Which limit was exceeded. */
+/**
+ * Which limit was exceeded.
+ *
+ * @category schemas
+ */
 export const BudgetDimension = Schema.Literal("deadline", "inputTokens", "outputTokens", "totalTokens")
+
+/**
+ * Which limit was exceeded.
+ *
+ * @category models
+ */
 export type BudgetDimension = typeof BudgetDimension.Type
 
-/** A budget limit was exceeded; `dimension` names it, `limit` and `used` give the figures for token limits. */
+/**
+ * A budget limit was exceeded; `dimension` names it, `limit` and `used` give the figures for token limits.
+ *
+ * @category errors
+ */
 export class BudgetExceededError extends Schema.TaggedError<BudgetExceededError>()("BudgetExceededError", {
   dimension: BudgetDimension,
   limit: Schema.optional(Schema.Number),
@@ -79,7 +130,11 @@ export class BudgetExceededError extends Schema.TaggedError<BudgetExceededError>
   }
 }
 
-/** Records token usage per evaluation id and checks the sum against one budget. */
+/**
+ * Records token usage per evaluation id and checks the sum against one budget.
+ *
+ * @category models
+ */
 export interface BudgetTracker {
   readonly budget: Budget
   /** Records the cumulative usage of `evaluationId`, replacing what was recorded for it before. Counts are non-negative integers. */
@@ -93,7 +148,11 @@ export interface BudgetTracker {
   readonly check: Effect.Effect<void, BudgetExceededError>
 }
 
-/** Makes a tracker for `budget`. */
+/**
+ * Makes a tracker for `budget`.
+ *
+ * @category constructors
+ */
 export const makeTracker = (budget: Budget): Effect.Effect<BudgetTracker> =>
   Effect.map(Ref.make(new Map<string, TokenUsage>()), (usages) => {
     const consumed = Effect.map(Ref.get(usages), (map) => {

@@ -21,13 +21,14 @@ import type * as ConfigError from "effect/ConfigError"
 import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
+import type * as ParseResult from "effect/ParseResult"
 import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
-import { causeText, InvalidParameterError } from "./Errors.js"
-import * as Durations from "./internal/duration.js"
+import { causeText } from "./internal/errors.js"
 import * as Optional from "./internal/optional.js"
+import * as Options from "./internal/options.js"
+import { isPostgresUrl, redact } from "./internal/sql/target.js"
 
 /**
  * The drivers, loaded when a layer is built: they are optional peer dependencies (install the one you use),
@@ -43,7 +44,11 @@ const driver = <M>(
     Effect.mapError((missing) => new DatabaseError({ database, reason: missing.message, cause: missing }))
   )
 
-/** The database could not be opened or reached. `database` is the file, or the URL without its password. */
+/**
+ * The database could not be opened or reached. `database` is the file, or the URL without its password.
+ *
+ * @category errors
+ */
 export class DatabaseError extends Schema.TaggedError<DatabaseError>()("DatabaseError", {
   database: Schema.String,
   reason: Schema.String,
@@ -54,27 +59,22 @@ export class DatabaseError extends Schema.TaggedError<DatabaseError>()("Database
   }
 }
 
-/** The environment variables `layerPg` reads when no `url` is given, and `layerFromEnv` reads. */
+/**
+ * The environment variables `layerPg` reads when no `url` is given, and `layerFromEnv` reads.
+ *
+ * @category config
+ */
 export const databaseUrl: Config.Config<Redacted.Redacted> = Config.redacted("LEASEHOLD_DATABASE_URL").pipe(
   Config.orElse(() => Config.redacted("DATABASE_URL"))
 )
 
-/** A PostgreSQL URL: `postgres://`, `postgresql://` or `pg://`, in any case. */
-export const isPostgresUrl = (target: string): boolean => /^(postgres(ql)?|pg):\/\//i.test(target)
-
 /**
- * A database target without its secrets: the password of a URL's user part (`//user:pw@`, `//:pw@`) and of
- * any `password=` query parameter, whatever the scheme. A file path is shown as it is.
+ * Options of `layerSqlite`.
+ *
+ * @category models
  */
-export const redact = (target: string): string =>
-  /^[a-z][a-z0-9+.-]*:\/\//i.test(target)
-    ? target
-      .replace(/^([a-z][a-z0-9+.-]*:\/\/[^:@/?#]*):[^@/?#]*@/i, "$1:***@")
-      .replace(/([?&][a-z_]*password=)[^&#]*/gi, "$1***")
-    : target
-
-/** SQLite in `filename` (created if missing). */
-export const layerSqlite = (options: {
+export interface SqliteOptions {
+  /** The database file (created if missing). */
   readonly filename: string
   /** How long a writer waits for another process's lock (default 5 s, at most 10 min). */
   readonly busyTimeout?: Duration.DurationInput | undefined
@@ -83,17 +83,33 @@ export const layerSqlite = (options: {
    * look at someone else's file wants.
    */
   readonly keepJournalMode?: boolean | undefined
-}): Layer.Layer<SqlClient.SqlClient, DatabaseError | InvalidParameterError> => {
-  const busy = Durations.parse(options.busyTimeout ?? Duration.seconds(5))
-  if (Either.isLeft(busy) || Duration.greaterThan(busy.right, Duration.minutes(10))) {
-    return Layer.fail(
-      new InvalidParameterError({
-        parameter: "busyTimeout",
-        value: options.busyTimeout,
-        reason: Either.isLeft(busy) ? busy.left : "must be at most 10 minutes"
-      })
-    )
-  }
+}
+
+const decodeSqliteOptions = Options.decoder("Database.layerSqlite", {
+  filename: Schema.String,
+  busyTimeout: Schema.optionalWith(
+    Options.duration({ max: Duration.minutes(10), range: "must be at most 10 minutes" }),
+    { exact: true, default: () => Duration.seconds(5) }
+  ),
+  keepJournalMode: Schema.optionalWith(Schema.Boolean, { exact: true, default: () => false })
+})
+
+/**
+ * SQLite in `filename` (created if missing). Bad options are a `ParseError` naming them.
+ *
+ * @category layers
+ */
+export const layerSqlite = (
+  options: SqliteOptions
+): Layer.Layer<SqlClient.SqlClient, DatabaseError | ParseResult.ParseError> =>
+  Layer.unwrapEffect(Effect.map(decodeSqliteOptions(options), sqlite))
+
+/** SQLite with decoded options. */
+const sqlite = (options: {
+  readonly filename: string
+  readonly busyTimeout: Duration.Duration
+  readonly keepJournalMode: boolean
+}): Layer.Layer<SqlClient.SqlClient, DatabaseError> => {
   const sqliteDriver = driver(
     options.filename,
     ["@effect/sql-sqlite-node", "better-sqlite3"],
@@ -104,11 +120,11 @@ export const layerSqlite = (options: {
     Effect.map(
       sqliteDriver,
       (SqliteClient) =>
-        SqliteClient.layer({ filename: options.filename, disableWAL: options.keepJournalMode === true }).pipe(
+        SqliteClient.layer({ filename: options.filename, disableWAL: options.keepJournalMode }).pipe(
           Layer.tap((context) => {
             const sql = Context.get(context, SqlClient.SqlClient)
             return Effect.all([
-              sql.unsafe(`PRAGMA busy_timeout = ${Math.round(Duration.toMillis(busy.right))}`),
+              sql.unsafe(`PRAGMA busy_timeout = ${Math.round(Duration.toMillis(options.busyTimeout))}`),
               sql`PRAGMA synchronous = NORMAL`
             ], { discard: true })
           }),
@@ -128,35 +144,59 @@ export const layerSqlite = (options: {
   )
 }
 
-/** PostgreSQL at `url`, else at `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`. */
-export const layerPg = (options?: {
+/**
+ * Options of `layerPg`.
+ *
+ * @category models
+ */
+export interface PgOptions {
+  /** The server's URL (default: `LEASEHOLD_DATABASE_URL`, else `DATABASE_URL`). */
   readonly url?: Redacted.Redacted | string | undefined
   /** Most connections the pool opens (default 10). */
   readonly maxConnections?: number | undefined
   /** Connections opened when the layer starts and kept open (default 4, or `maxConnections` if fewer). */
   readonly minConnections?: number | undefined
-}): Layer.Layer<SqlClient.SqlClient, DatabaseError | InvalidParameterError | ConfigError.ConfigError> => {
-  const maxConnections = options?.maxConnections ?? 10
-  const minConnections = options?.minConnections ?? Math.min(4, maxConnections)
-  if (!(Number.isSafeInteger(maxConnections) && maxConnections > 0)) {
-    return Layer.fail(
-      new InvalidParameterError({
-        parameter: "maxConnections",
-        value: maxConnections,
-        reason: "must be a positive integer"
-      })
+}
+
+const decodePgOptions = Options.decoder(
+  "Database.layerPg",
+  {
+    maxConnections: Schema.optionalWith(Options.PositiveInt, { exact: true, default: () => 10 }),
+    minConnections: Schema.optionalWith(
+      Options.worded(Schema.Int.pipe(Schema.nonNegative()), () => "must be an integer from 0 to maxConnections"),
+      { exact: true }
     )
-  }
-  if (!(Number.isSafeInteger(minConnections) && minConnections >= 0 && minConnections <= maxConnections)) {
-    return Layer.fail(
-      new InvalidParameterError({
-        parameter: "minConnections",
-        value: minConnections,
-        reason: `must be an integer from 0 to maxConnections (${maxConnections})`
-      })
-    )
-  }
-  const url = options?.url === undefined
+  },
+  ({ maxConnections, minConnections }) =>
+    minConnections !== undefined && minConnections > maxConnections
+      ? { field: "minConnections", message: `must be an integer from 0 to maxConnections (${maxConnections})` }
+      : undefined
+)
+
+/**
+ * PostgreSQL at `url`, else at `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`. Bad options are a `ParseError`
+ * naming them.
+ *
+ * @category layers
+ */
+export const layerPg = (
+  options?: PgOptions
+): Layer.Layer<SqlClient.SqlClient, DatabaseError | ParseResult.ParseError | ConfigError.ConfigError> =>
+  Layer.unwrapEffect(Effect.map(decodePgOptions(options), ({ maxConnections, minConnections }) =>
+    pg({
+      url: options?.url,
+      maxConnections,
+      minConnections: minConnections ?? Math.min(4, maxConnections)
+    })))
+
+/** PostgreSQL with decoded options. */
+const pg = (options: {
+  readonly url: Redacted.Redacted | string | undefined
+  readonly maxConnections: number
+  readonly minConnections: number
+}): Layer.Layer<SqlClient.SqlClient, DatabaseError | ConfigError.ConfigError> => {
+  const { maxConnections, minConnections } = options
+  const url = options.url === undefined
     ? databaseUrl
     : Config.succeed(typeof options.url === "string" ? Redacted.make(options.url) : options.url)
   return Layer.unwrapEffect(Effect.gen(function*() {
@@ -197,14 +237,16 @@ export const layerPg = (options?: {
 
 /**
  * The database `LEASEHOLD_DATABASE_URL` (else `DATABASE_URL`) names: a PostgreSQL URL, or the path of a SQLite
- * file. Without either, a `ConfigError` naming them.
+ * file, with the default settings. Without either, a `ConfigError` naming them.
+ *
+ * @category layers
  */
-export const layerFromEnv: Layer.Layer<
-  SqlClient.SqlClient,
-  DatabaseError | InvalidParameterError | ConfigError.ConfigError
-> = Layer.unwrapEffect(
-  Effect.map(databaseUrl, (target) => {
-    const value = Redacted.value(target).trim()
-    return isPostgresUrl(value) ? layerPg({ url: target }) : layerSqlite({ filename: value })
-  })
-)
+export const layerFromEnv: Layer.Layer<SqlClient.SqlClient, DatabaseError | ConfigError.ConfigError> = Layer
+  .unwrapEffect(
+    Effect.map(databaseUrl, (target) => {
+      const value = Redacted.value(target).trim()
+      return isPostgresUrl(value)
+        ? pg({ url: target, maxConnections: 10, minConnections: 4 })
+        : sqlite({ filename: value, busyTimeout: Duration.seconds(5), keepJournalMode: false })
+    })
+  )

@@ -11,14 +11,22 @@ import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 
-/** One case to evaluate. */
+/**
+ * One case to evaluate.
+ *
+ * @category models
+ */
 export interface Sample<I, E> {
   readonly id: string
   readonly input: I
   readonly expected: E
 }
 
-/** A line of a dataset could not be used; `line` is 1-based (0 when the file itself could not be read). */
+/**
+ * A line of a dataset could not be used; `line` is 1-based (0 when the file itself could not be read).
+ *
+ * @category errors
+ */
 export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetError", {
   source: Schema.String,
   line: Schema.Number,
@@ -31,7 +39,11 @@ export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetErr
   }
 }
 
-/** Decodes JSON Lines text into samples. */
+/**
+ * Decodes JSON Lines text into samples.
+ *
+ * @category constructors
+ */
 export const fromJsonl = <I, II, E, EI>(
   text: string,
   schemas: { readonly input: Schema.Schema<I, II>; readonly expected: Schema.Schema<E, EI> },
@@ -75,7 +87,11 @@ export const fromJsonl = <I, II, E, EI>(
     return samples
   })
 
-/** Reads and decodes a JSON Lines file. */
+/**
+ * Reads and decodes a JSON Lines file.
+ *
+ * @category constructors
+ */
 export const loadJsonl = <I, II, E, EI>(
   path: string,
   schemas: { readonly input: Schema.Schema<I, II>; readonly expected: Schema.Schema<E, EI> }

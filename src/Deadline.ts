@@ -21,7 +21,11 @@ import * as Predicate from "effect/Predicate"
 import * as Schema from "effect/Schema"
 import * as Durations from "./internal/duration.js"
 
-/** A validated point in time after which work must stop. */
+/**
+ * A validated point in time after which work must stop.
+ *
+ * @category models
+ */
 export class Deadline extends Schema.Class<Deadline>("leasehold/Deadline")({
   expiresAt: Schema.DateTimeUtc
 }) {
@@ -31,11 +35,25 @@ export class Deadline extends Schema.Class<Deadline>("leasehold/Deadline")({
   }
 }
 
-/** Why a deadline was refused: a string without time zone, unparseable input, a time in the past, or less than 1 s ahead. */
+/**
+ * Why a deadline was refused: a string without time zone, unparseable input, a time in the past, or less than 1 s ahead.
+ *
+ * @category schemas
+ */
 export const InvalidDeadlineReason = Schema.Literal("naive", "invalid", "past", "too-soon")
+
+/**
+ * Why a deadline was refused.
+ *
+ * @category models
+ */
 export type InvalidDeadlineReason = typeof InvalidDeadlineReason.Type
 
-/** The input to `make` or `after` cannot be a deadline; `reason` says why and `input` holds what was given. */
+/**
+ * The input to `make` or `after` cannot be a deadline; `reason` says why and `input` holds what was given.
+ *
+ * @category errors
+ */
 export class InvalidDeadlineError extends Schema.TaggedError<InvalidDeadlineError>()("InvalidDeadlineError", {
   reason: InvalidDeadlineReason,
   input: Schema.Unknown
@@ -59,7 +77,11 @@ export class InvalidDeadlineError extends Schema.TaggedError<InvalidDeadlineErro
   }
 }
 
-/** The deadline passed before the work finished. */
+/**
+ * The deadline passed before the work finished.
+ *
+ * @category errors
+ */
 export class DeadlineExceededError extends Schema.TaggedError<DeadlineExceededError>()("DeadlineExceededError", {
   expiresAt: Schema.DateTimeUtc
 }) {
@@ -68,7 +90,11 @@ export class DeadlineExceededError extends Schema.TaggedError<DeadlineExceededEr
   }
 }
 
-/** The minimum distance between now and a new deadline. */
+/**
+ * The minimum distance between now and a new deadline.
+ *
+ * @category constants
+ */
 export const minimumLead: Duration.Duration = Duration.seconds(1)
 
 // Date and time, optional seconds and fraction, optional zone. Date-only strings are "invalid", not "naive".
@@ -100,6 +126,8 @@ const validateAgainstNow = (expiresAt: DateTime.Utc, input: unknown, now: number
 /**
  * Makes a deadline from a `DateTime`, a `Date` or an ISO-8601 string with a
  * time zone. It must lie at least one second after `Clock`'s now.
+ *
+ * @category constructors
  */
 export const make = (input: DateTime.DateTime | Date | string): Effect.Effect<Deadline, InvalidDeadlineError> =>
   Either.match(toUtc(input), {
@@ -107,7 +135,11 @@ export const make = (input: DateTime.DateTime | Date | string): Effect.Effect<De
     onRight: (expiresAt) => Effect.flatMap(Clock.currentTimeMillis, (now) => validateAgainstNow(expiresAt, input, now))
   })
 
-/** Makes a deadline `duration` from now (at least one second), checked against the same clock reading. */
+/**
+ * Makes a deadline `duration` from now (at least one second), checked against the same clock reading.
+ *
+ * @category constructors
+ */
 export const after = (duration: Duration.DurationInput): Effect.Effect<Deadline, InvalidDeadlineError> =>
   Either.match(Durations.parse(duration), {
     onLeft: () => Effect.fail(new InvalidDeadlineError({ reason: "invalid", input: duration })),
@@ -118,18 +150,30 @@ export const after = (duration: Duration.DurationInput): Effect.Effect<Deadline,
       )
   })
 
-/** Time left before the deadline; zero once it has passed. */
+/**
+ * Time left before the deadline; zero once it has passed.
+ *
+ * @category getters
+ */
 export const remaining = (deadline: Deadline): Effect.Effect<Duration.Duration> =>
   Effect.map(
     Clock.currentTimeMillis,
     (now) => Duration.millis(Math.max(0, DateTime.toEpochMillis(deadline.expiresAt) - now))
   )
 
-/** True once `now ≥ expiresAt`. */
+/**
+ * True once `now ≥ expiresAt`.
+ *
+ * @category getters
+ */
 export const isExpired = (deadline: Deadline): Effect.Effect<boolean> =>
   Effect.map(Clock.currentTimeMillis, (now) => now >= DateTime.toEpochMillis(deadline.expiresAt))
 
-/** The sooner of two optional deadlines (`a` on a tie, the present one when the other is missing). */
+/**
+ * The sooner of two optional deadlines (`a` on a tie, the present one when the other is missing).
+ *
+ * @category utils
+ */
 export const earliest = (a?: Deadline | undefined, b?: Deadline | undefined): Deadline | undefined => {
   if (a === undefined) return b
   if (b === undefined) return a
@@ -138,12 +182,20 @@ export const earliest = (a?: Deadline | undefined, b?: Deadline | undefined): De
 
 const currentRef: FiberRef.FiberRef<Option.Option<Deadline>> = FiberRef.unsafeMake(Option.none())
 
-/** The deadline the current fiber runs under, if any (set by `within`). */
+/**
+ * The deadline the current fiber runs under, if any (set by `within`).
+ *
+ * @category getters
+ */
 export const current: Effect.Effect<Option.Option<Deadline>> = FiberRef.get(currentRef)
 
 const exceeded = (deadline: Deadline) => new DeadlineExceededError({ expiresAt: deadline.expiresAt })
 
-/** Fails with `DeadlineExceededError` if the current deadline has passed; succeeds when there is none. */
+/**
+ * Fails with `DeadlineExceededError` if the current deadline has passed; succeeds when there is none.
+ *
+ * @category combinators
+ */
 export const checkpoint: Effect.Effect<void, DeadlineExceededError> = Effect.flatMap(
   current,
   Option.match({
@@ -158,6 +210,8 @@ export const checkpoint: Effect.Effect<void, DeadlineExceededError> = Effect.fla
  * nested work inherits through `current`. When the deadline passes, `self` is
  * interrupted (its finalizers run) and the result is `DeadlineExceededError`.
  * An already-expired deadline fails without starting `self`.
+ *
+ * @category combinators
  */
 export const within: {
   (deadline: Deadline): <A, E, R>(self: Effect.Effect<A, E, R>) => Effect.Effect<A, E | DeadlineExceededError, R>

@@ -1,7 +1,15 @@
 /**
- * Errors: the errors every module shares (`InvalidParameterError`), and what
- * the loops say about a failure when they reply an error result or store a
- * dead letter.
+ * Errors: the errors every module shares (`InvalidParameterError`,
+ * `AlreadyRunningError`, …), and what the loops say about a failure when they
+ * reply an error result or store a dead letter.
+ *
+ * One rule for bad input. Configuration given to a constructor (`make`,
+ * `layer…` options) is decoded by a Schema: bad configuration fails with a
+ * `ParseError` (`effect/ParseResult`) whose message names the field — never a
+ * defect. Arguments to an operation (`receive`, `send`, `nack`,
+ * `extendVisibility`, `tryAcquire`, an admin `limit`) that are out of range
+ * fail with `InvalidParameterError` naming the parameter. A second concurrent
+ * `run` is `AlreadyRunningError`.
  *
  * A failure reaches a requester (or an operator reading dead letters) as an
  * `ErrorInfo`: its tag, its message and, for tagged errors, its fields as
@@ -15,7 +23,12 @@ import * as Duration from "effect/Duration"
 import * as Predicate from "effect/Predicate"
 import * as Schema from "effect/Schema"
 
-/** An option is out of range or malformed; `parameter` names it and `reason` says what is allowed. */
+/**
+ * An argument of an operation is out of range or malformed; `parameter` names it and `reason` says what is
+ * allowed. (A constructor's bad configuration is a `ParseError` instead.)
+ *
+ * @category errors
+ */
 export class InvalidParameterError extends Schema.TaggedError<InvalidParameterError>()("InvalidParameterError", {
   parameter: Schema.String,
   value: Schema.Unknown,
@@ -26,7 +39,11 @@ export class InvalidParameterError extends Schema.TaggedError<InvalidParameterEr
   }
 }
 
-/** `run` was called on a loop (or a group of loops) that is already running: one run at a time. */
+/**
+ * `run` was called on a loop (or a group of loops) that is already running: one run at a time.
+ *
+ * @category errors
+ */
 export class AlreadyRunningError extends Schema.TaggedError<AlreadyRunningError>()("AlreadyRunningError", {
   /** What is running: a loop's name, or a group's loop names joined. */
   name: Schema.String
@@ -39,6 +56,8 @@ export class AlreadyRunningError extends Schema.TaggedError<AlreadyRunningError>
 /**
  * A feature needs a package that is not installed: leasehold's drivers, its HTTP server, its exporter and its
  * model providers are optional peer dependencies, loaded only by the module that uses them.
+ *
+ * @category errors
  */
 export class MissingPackageError extends Schema.TaggedError<MissingPackageError>()("MissingPackageError", {
   /** The npm package to install. */
@@ -55,6 +74,8 @@ export class MissingPackageError extends Schema.TaggedError<MissingPackageError>
 /**
  * A service was asked to open what already exists (an operator's look, which must change nothing), and the
  * database has no such tables: a wrong database, or a wrong `prefix`.
+ *
+ * @category errors
  */
 export class TablesNotFoundError extends Schema.TaggedError<TablesNotFoundError>()("TablesNotFoundError", {
   what: Schema.String,
@@ -67,59 +88,6 @@ export class TablesNotFoundError extends Schema.TaggedError<TablesNotFoundError>
   }
 }
 
-/** Error codes and messages of a database that cannot be reached (as opposed to one that refused a statement). */
-const unreachableCodes = new Set([
-  "ECONNREFUSED",
-  "ECONNRESET",
-  "ETIMEDOUT",
-  "EPIPE",
-  "ENOTFOUND",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EAI_AGAIN",
-  "57P01",
-  "57P02",
-  "57P03",
-  "53300",
-  "SQLITE_CANTOPEN",
-  "SQLITE_BUSY",
-  "SQLITE_IOERR",
-  "SQLITE_NOTADB"
-])
-const unreachableMessage =
-  /connection (terminated|is not open|error)|not queryable|timeout exceeded when trying to connect|database is locked/i
-
-/**
- * Whether a store failure means the database cannot be reached (down, restarting, out of connections,
- * locked) rather than that it refused a statement (a constraint, bad SQL, bad input): the first is worth
- * retrying, the second is a bug or bad data. Walks the failure's `cause` chain (a driver error inside an
- * `SqlError`); PostgreSQL's connection-exception class (SQLSTATE 08…) counts as unreachable.
- */
-export const isUnreachable = (failure: unknown): boolean => {
-  for (let error = failure, depth = 0; typeof error === "object" && error !== null && depth < 5; depth++) {
-    const { code, message } = error as { readonly code?: unknown; readonly message?: unknown }
-    if (
-      typeof code === "string" && (unreachableCodes.has(code) || code.startsWith("08") ||
-        code.startsWith("SQLITE_IOERR"))
-    ) return true
-    if (typeof message === "string" && unreachableMessage.test(message)) return true
-    error = (error as { readonly cause?: unknown }).cause
-  }
-  return false
-}
-
-/** A failure as text: itself, and the innermost cause's message when that says more (a driver's error). */
-export const causeText = (failure: unknown): string => {
-  let innermost: string | undefined
-  for (let error = failure, depth = 0; typeof error === "object" && error !== null && depth < 5; depth++) {
-    const { message } = error as { readonly message?: unknown }
-    if (typeof message === "string" && message.length > 0) innermost = message
-    error = (error as { readonly cause?: unknown }).cause
-  }
-  const text = String(failure)
-  return innermost === undefined || text.includes(innermost) ? text : `${text} (${innermost})`
-}
-
 const formatValue = (value: unknown): string => {
   if (Duration.isDuration(value)) return Duration.format(value)
   try {
@@ -129,7 +97,11 @@ const formatValue = (value: unknown): string => {
   }
 }
 
-/** A failure reduced to what a reply or a dead letter can carry. */
+/**
+ * A failure reduced to what a reply or a dead letter can carry.
+ *
+ * @category models
+ */
 export interface ErrorInfo {
   readonly tag: string
   readonly message: string
@@ -163,7 +135,11 @@ const detailsOf = (error: object): Record<string, unknown> | undefined => {
   return details
 }
 
-/** Describes a failure: its tag (`Error` for untagged values), message and, for a tagged error, its fields. */
+/**
+ * Describes a failure: its tag (`Error` for untagged values), message and, for a tagged error, its fields.
+ *
+ * @category utils
+ */
 export const describe = (error: unknown): ErrorInfo => {
   if (typeof error === "object" && error !== null) {
     const tagged = "_tag" in error && typeof error._tag === "string"

@@ -26,14 +26,19 @@ import type * as Budget from "./Budget.js"
 import type * as Dataset from "./Dataset.js"
 import type * as Deadline from "./Deadline.js"
 import * as Evaluator from "./Evaluator.js"
-import * as Heartbeat from "./Heartbeat.js"
+import { monotonicMillis } from "./internal/heartbeat.js"
 import * as RequestLoop from "./internal/worker/requestLoop.js"
+import * as Scoped from "./internal/worker/scoped.js"
 import { logSettleFailure } from "./internal/worker/settleFailure.js"
-import type { InvalidParameterError, Mailbox, MailboxResolver, SendError } from "./Mailbox.js"
+import type { Mailbox, MailboxResolver, SendError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import * as Session from "./Session.js"
 
-/** One sample to run under an experiment. */
+/**
+ * One sample to run under an experiment.
+ *
+ * @category models
+ */
 export interface EvalRequest<I, E> {
   readonly requestId: string
   readonly experiment: string
@@ -46,7 +51,11 @@ export interface EvalRequest<I, E> {
   readonly spanId?: string | undefined
 }
 
-/** The scored outcome of one sample. */
+/**
+ * The scored outcome of one sample.
+ *
+ * @category models
+ */
 export interface EvalResult {
   readonly requestId: string
   readonly sampleId: string
@@ -58,7 +67,11 @@ export interface EvalResult {
   readonly error: string | undefined
 }
 
-/** What `execute` receives besides the input: MainLoop's context, a session and the sample's names. */
+/**
+ * What `execute` receives besides the input: MainLoop's context, a session and the sample's names.
+ *
+ * @category models
+ */
 export interface EvalContext extends RequestLoop.Attempt {
   /** A fresh session per sample: pass it to the adapter so session-aware evaluators can read it. */
   readonly session: Session.Session
@@ -66,19 +79,39 @@ export interface EvalContext extends RequestLoop.Attempt {
   readonly experiment: string
 }
 
-/** Options of the loop: MainLoop's (worker id, lease extender, dead letters, timeout, budget). */
+/**
+ * Options of the loop: MainLoop's (worker id, lease extender, dead letters, timeout, budget).
+ *
+ * @category models
+ */
 export type EvalLoopConfig<I, E> = RequestLoop.Config<EvalRequest<I, E>>
 
-/** Makes an EvalLoop; bad config fails with a readable `ParseError`. */
-export const make = <I, E, O, Err, R>(options: {
-  readonly name?: string
+/**
+ * Options of `make`.
+ *
+ * @category models
+ */
+export interface Options<I, E, O, Err, R> {
+  /** The loop's name, in logs and metrics (default `eval-loop:<mailbox>`). */
+  readonly name?: string | undefined
   readonly requests: Mailbox<EvalRequest<I, E>, EvalResult>
+  /** Runs one sample's input; interrupted when its deadline passes. */
   readonly execute: (input: I, context: EvalContext) => Effect.Effect<O, Err, R>
+  /** Scores the output against the sample's expected value. */
   readonly evaluator: Evaluator.Evaluator<O, E>
-  readonly config?: EvalLoopConfig<I, E>
-}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
+  readonly config?: EvalLoopConfig<I, E> | undefined
+}
+
+/**
+ * Makes an EvalLoop; bad config fails with a `ParseError` naming it.
+ *
+ * @category constructors
+ */
+export const make = <I, E, O, Err, R>(
+  options: Options<I, E, O, Err, R>
+): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
   Effect.flatMap(Effect.clock, (clock) => {
-    const latencySince = (startedAt: number) => Math.max(0, Heartbeat.monotonicMillis(clock) - startedAt)
+    const latencySince = (startedAt: number) => Math.max(0, monotonicMillis(clock) - startedAt)
     const base = (body: EvalRequest<I, E>) => ({
       requestId: body.requestId,
       sampleId: body.sample.id,
@@ -91,6 +124,7 @@ export const make = <I, E, O, Err, R>(options: {
       Err,
       R
     >({
+      label: "EvalLoop.make",
       name: options.name ?? `eval-loop:${options.requests.name}`,
       requests: options.requests,
       config: options.config,
@@ -98,7 +132,7 @@ export const make = <I, E, O, Err, R>(options: {
         Effect.gen(function*() {
           const { experiment, sample } = body
           const session = yield* Session.make
-          const started = Heartbeat.monotonicMillis(clock)
+          const started = monotonicMillis(clock)
           const output = yield* options.execute(sample.input, { ...attempt, session, sampleId: sample.id, experiment })
           const latencyMs = latencySince(started)
           const score = yield* options.evaluator(output, sample.expected, session)
@@ -115,18 +149,36 @@ export const make = <I, E, O, Err, R>(options: {
   })
 
 /**
+ * Options of `layer` besides the loop's: how it runs and how long its graceful stop may take (default 30 s).
+ *
+ * @category models
+ */
+export type LayerOptions = MailboxWorker.RunScopedOptions
+
+const decodeLayerOptions = Scoped.decoder("EvalLoop.layer")
+
+/**
  * Runs an EvalLoop for the lifetime of the layer; closing the layer's scope shuts it down gracefully within
- * `shutdownTimeout` (default 30 s) — then the sample in flight is interrupted and given back.
+ * `shutdownTimeout` (default 30 s) — then the sample in flight is interrupted and given back. Bad options, the
+ * loop's and how it runs, are a `ParseError` naming them when the layer is built.
+ *
+ * @category layers
  */
 export const layer = <I, E, O, Err, R>(
-  options: Parameters<typeof make<I, E, O, Err, R>>[0] & {
-    readonly run?: MailboxWorker.RunOptions
-    readonly shutdownTimeout?: Duration.DurationInput
-  }
-): Layer.Layer<never, ParseResult.ParseError | InvalidParameterError, R | MailboxResolver> =>
-  Layer.scopedDiscard(Effect.flatMap(make(options), (loop) => MailboxWorker.runScoped(loop, options)))
+  options: Options<I, E, O, Err, R> & LayerOptions
+): Layer.Layer<never, ParseResult.ParseError, R | MailboxResolver> =>
+  Layer.scopedDiscard(
+    Effect.flatMap(
+      decodeLayerOptions(options),
+      (scoped) => Effect.flatMap(make(options), (loop) => Scoped.run(loop, scoped))
+    )
+  )
 
-/** Sends one request per sample, replies to `replyTo`; returns the request ids in sample order. */
+/**
+ * Sends one request per sample, replies to `replyTo`; returns the request ids in sample order.
+ *
+ * @category utils
+ */
 export const submitDataset = <I, E>(
   requests: Mailbox<EvalRequest<I, E>, EvalResult>,
   samples: ReadonlyArray<Dataset.Sample<I, E>>,
@@ -143,6 +195,8 @@ export const submitDataset = <I, E>(
 /**
  * Receives results until `expected` have arrived or `timeout` has passed
  * (by `Clock`), acknowledging each; a result seen twice (redelivery) counts once.
+ *
+ * @category utils
  */
 export const collectResults = (
   results: Mailbox<EvalResult>,
@@ -167,7 +221,11 @@ export const collectResults = (
     return [...byRequest.values()]
   })
 
-/** Figures for one experiment (or all results). Rates and means are over the successful results. */
+/**
+ * Figures for one experiment (or all results). Rates and means are over the successful results.
+ *
+ * @category models
+ */
 export interface Summary {
   readonly total: number
   readonly successful: number
@@ -178,7 +236,11 @@ export interface Summary {
   readonly meanLatencyMs: number
 }
 
-/** Results aggregated overall and per experiment. */
+/**
+ * Results aggregated overall and per experiment.
+ *
+ * @category models
+ */
 export interface EvalReport extends Summary {
   readonly experiments: Readonly<Record<string, Summary>>
 }
@@ -200,7 +262,11 @@ const summarize = (results: ReadonlyArray<EvalResult>): Summary => {
   }
 }
 
-/** Aggregates results. */
+/**
+ * Aggregates results.
+ *
+ * @category utils
+ */
 export const report = (results: ReadonlyArray<EvalResult>): EvalReport => {
   const byExperiment = new Map<string, Array<EvalResult>>()
   for (const result of results) {
@@ -214,7 +280,11 @@ export const report = (results: ReadonlyArray<EvalResult>): EvalReport => {
   }
 }
 
-/** How `treatment` differs from `baseline` (treatment minus baseline). */
+/**
+ * How `treatment` differs from `baseline` (treatment minus baseline).
+ *
+ * @category models
+ */
 export interface Comparison {
   readonly baseline: string
   readonly treatment: string
@@ -223,7 +293,11 @@ export interface Comparison {
   readonly meanLatencyMsDelta: number
 }
 
-/** Compares two experiments of a report; undefined when either is missing. */
+/**
+ * Compares two experiments of a report; undefined when either is missing.
+ *
+ * @category utils
+ */
 export const compare = (report: EvalReport, baseline: string, treatment: string): Comparison | undefined => {
   const a = report.experiments[baseline]
   const b = report.experiments[treatment]

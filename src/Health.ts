@@ -16,22 +16,31 @@ import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import * as ParseResult from "effect/ParseResult"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type { MissingPackageError } from "./Errors.js"
-import * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import { recordAge } from "./internal/heartbeat.js"
 import * as Optional from "./internal/optional.js"
+import * as Options_ from "./internal/options.js"
 import type * as MailboxWorker from "./MailboxWorker.js"
 
-/** The readiness verdict and why. */
+/**
+ * The readiness verdict and why.
+ *
+ * @category models
+ */
 export interface Readiness {
   readonly ready: boolean
   readonly reasons: ReadonlyArray<string>
 }
 
-/** Tracks what readiness depends on. */
+/**
+ * Tracks what readiness depends on.
+ *
+ * @category services
+ */
 export class Health extends Context.Tag("leasehold/Health")<Health, {
   /** Counts `loop` in readiness until the scope closes. */
   readonly register: (loop: MailboxWorker.Runnable) => Effect.Effect<void, never, Scope.Scope>
@@ -69,26 +78,46 @@ const makeRegistry = (
     url
   }
   const recordAges = Effect.suspend(() =>
-    Effect.forEach(loops, (loop) => Heartbeat.recordAge(loop.name, loop.heartbeat), { discard: true })
+    Effect.forEach(loops, (loop) => recordAge(loop.name, loop.heartbeat), { discard: true })
   )
   return { health, recordAges }
 }
 
-/** Readiness tracking without a server (for tests, or a process that serves health elsewhere). */
+/**
+ * Options of `layer`; `layerRegistry` takes `staleAfter` only.
+ *
+ * @category models
+ */
+export interface Options {
+  /** The port to serve on: 0..65535, 0 picks a free one (see `url`). */
+  readonly port: number
+  /** The interface to listen on (default `127.0.0.1`; `0.0.0.0` for probes from outside the machine). */
+  readonly host?: string | undefined
+  /** How old a heartbeat may be in a ready worker (default 720 s, the watchdog's default threshold). */
+  readonly staleAfter?: Duration.DurationInput | undefined
+}
+
+const StaleAfter = Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(720) })
+
+const decodeRegistryOptions = Options_.decoder("Health.layerRegistry", { staleAfter: StaleAfter })
+
+const decodeOptions = Options_.decoder("Health.layer", {
+  port: Options_.intBetween(0, 65535, "must be a port number: an integer in 0..65535"),
+  host: Schema.optionalWith(Options_.NonEmptyString, { default: () => "127.0.0.1" }),
+  staleAfter: StaleAfter
+})
+
+/**
+ * Readiness tracking without a server (for tests, or a process that serves health elsewhere).
+ *
+ * @category layers
+ */
 export const layerRegistry = (
-  options?: { readonly staleAfter?: Duration.DurationInput }
+  options?: Pick<Options, "staleAfter">
 ): Layer.Layer<Health, ParseResult.ParseError> =>
   Layer.effect(
     Health,
-    Effect.map(decodeStaleAfter(options?.staleAfter), (staleAfter) => makeRegistry(staleAfter, undefined).health)
-  )
-
-/** `staleAfter` (default 720 s), refused with a readable `ParseError` when it is not a duration. */
-const decodeStaleAfter = (input: Duration.DurationInput | undefined) =>
-  Schema.decodeUnknown(DurationFromInput)(input ?? Duration.seconds(720)).pipe(
-    Effect.mapError((error) =>
-      new ParseResult.ParseError({ issue: new ParseResult.Pointer("staleAfter", input, error.issue) })
-    )
+    Effect.map(decodeRegistryOptions(options), ({ staleAfter }) => makeRegistry(staleAfter, undefined).health)
   )
 
 /**
@@ -148,16 +177,16 @@ const requestTimeoutMillis = 10_000
  * to send its headers and the whole request must arrive within
  * `requestTimeout`, and when the layer closes every connection still open —
  * idle, half-sent or waiting — is closed at once.
+ *
+ * @category layers
  */
-export const layer = (options: {
-  readonly port: number
-  readonly host?: string
-  readonly staleAfter?: Duration.DurationInput
-}): Layer.Layer<Health, ServeError | ParseResult.ParseError | MissingPackageError> =>
+export const layer = (
+  options: Options
+): Layer.Layer<Health, ServeError | ParseResult.ParseError | MissingPackageError> =>
   Layer.scoped(
     Health,
     Effect.gen(function*() {
-      const staleAfter = yield* decodeStaleAfter(options.staleAfter)
+      const { host, port, staleAfter } = yield* decodeOptions(options)
       const modules = yield* serverModules
       const { HttpServerRequest, HttpServerResponse, NodeHttpServer } = modules
       const node = modules.http.createServer({
@@ -166,10 +195,7 @@ export const layer = (options: {
         // How often Node looks for connections past those timeouts (its default is 30 s).
         connectionsCheckingInterval: 1_000
       })
-      const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => node, {
-        port: options.port,
-        host: options.host ?? "127.0.0.1"
-      })
+      const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => node, { port, host })
       // Runs before the platform's own close (finalizers run in reverse), which would wait for every open
       // connection: a client that sent half a request would keep the process alive.
       yield* Effect.addFinalizer(() =>

@@ -33,7 +33,6 @@
  * `Stream`'s elements (at most once per interval): a stream that stalls stops
  * beating, and the lease runs out as it should.
  */
-import type * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
@@ -44,8 +43,13 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import { age as ageGauge, currentRef, monotonicMillis } from "./internal/heartbeat.js"
 
-/** A liveness signal with listeners. */
+/**
+ * A liveness signal with listeners.
+ *
+ * @category models
+ */
 export interface Heartbeat {
   /** Records a beat now, then runs the listeners. */
   readonly beat: Effect.Effect<void>
@@ -71,19 +75,22 @@ export interface Heartbeat {
 /**
  * A beat listener. `beatAt` is a monotonic reading in milliseconds: only the
  * difference between two readings means anything (it is not a date).
+ *
+ * @category models
  */
 export type Listener = (beatAt: number) => Effect.Effect<void> | undefined
 
-/** Work a heartbeat forks on its beats (`unsafeForkOnBeat`). */
+/**
+ * Work a heartbeat forks on its beats (`unsafeForkOnBeat`).
+ *
+ * @category models
+ */
 export interface BeatTask {
   /** Whether a beat at `beatAt` should start a run (called synchronously on every beat: keep it cheap). */
   readonly due: (beatAt: number) => boolean
   /** The run; its failures are its own business (log them): the heartbeat only waits for it on detach. */
   readonly run: (beatAt: number) => Effect.Effect<void>
 }
-
-/** The monotonic clock in milliseconds (`Clock.currentTimeNanos`): for ages and rate limits, not dates. */
-export const monotonicMillis = (clock: Clock.Clock): number => Number(clock.unsafeCurrentTimeNanos()) / 1_000_000
 
 const guard = (effect: Effect.Effect<void>): Effect.Effect<void> =>
   Effect.catchAllCause(effect, (cause) => Effect.logWarning("Heartbeat listener failed", cause))
@@ -162,7 +169,11 @@ const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<voi
   return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
 }
 
-/** Makes a heartbeat whose first beat counts from now, on the clock of the fiber that makes it. */
+/**
+ * Makes a heartbeat whose first beat counts from now, on the clock of the fiber that makes it.
+ *
+ * @category constructors
+ */
 export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) => {
   // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
   const state = Ref.unsafeMake<State>({ last: monotonicMillis(clock), listeners: [] })
@@ -203,21 +214,31 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
 // The current heartbeat
 // ---------------------------------------------------------------------------
 
-const currentRef: FiberRef.FiberRef<Heartbeat | undefined> = FiberRef.unsafeMake<Heartbeat | undefined>(undefined)
-
-/** The heartbeat of the work the current fiber runs (set by `within`; the loops set it), if any. */
+/**
+ * The heartbeat of the work the current fiber runs (set by `within`; the loops set it), if any.
+ *
+ * @category getters
+ */
 export const current: Effect.Effect<Option.Option<Heartbeat>> = Effect.map(
   FiberRef.get(currentRef),
   Option.fromNullable
 )
 
-/** Beats the current heartbeat (see `current`); does nothing outside any run. */
+/**
+ * Beats the current heartbeat (see `current`); does nothing outside any run.
+ *
+ * @category utils
+ */
 export const beat: Effect.Effect<void> = FiberRef.getWith(
   currentRef,
   (heartbeat) => heartbeat === undefined ? Effect.void : heartbeat.beat
 )
 
-/** Runs `self` with `heartbeat` as the current one: its `Heartbeat.beat`s, and its forks', beat it. */
+/**
+ * Runs `self` with `heartbeat` as the current one: its `Heartbeat.beat`s, and its forks', beat it.
+ *
+ * @category combinators
+ */
 export const within: {
   (heartbeat: Heartbeat): <A, E, R>(self: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
   <A, E, R>(self: Effect.Effect<A, E, R>, heartbeat: Heartbeat): Effect.Effect<A, E, R>
@@ -228,16 +249,11 @@ export const within: {
 )
 
 /**
- * Makes `heartbeat` the current one for the rest of the calling fiber's life (and the fibers it forks from
- * now on): for a fiber that does nothing but that heartbeat's work, such as a worker's loop. Elsewhere use
- * `within`, which restores the previous one.
- */
-export const setCurrent = (heartbeat: Heartbeat): Effect.Effect<void> => FiberRef.set(currentRef, heartbeat)
-
-/**
  * Beats the current heartbeat as `self`'s elements arrive, at most once per `interval` (default: on every
  * element): a download, an upload or a test run that reports progress proves it works, and one that stalls
  * stops beating — its message's lease then runs out and it is redelivered. Outside any run it does nothing.
+ *
+ * @category combinators
  */
 export const beatEvery: {
   (interval?: Duration.DurationInput): <A, E, R>(self: Stream.Stream<A, E, R>) => Stream.Stream<A, E, R>
@@ -262,14 +278,7 @@ export const beatEvery: {
 /**
  * Seconds since a loop's heartbeat last beat, by loop name. Set when it is read — each scrape of the health
  * server's `/metrics` and each watchdog check — so a scrape shows the age at that moment.
+ *
+ * @category metrics
  */
-export const age: Metric.Metric.Gauge<number> = Metric.gauge("leasehold_heartbeat_age_seconds", {
-  description: "Seconds since the loop's heartbeat last beat (monotonic clock)"
-})
-
-/** Sets the `age` gauge of loop `name` from `heartbeat`. */
-export const recordAge = (name: string, heartbeat: Heartbeat): Effect.Effect<void> =>
-  Effect.flatMap(
-    heartbeat.elapsed,
-    (elapsed) => Metric.set(Metric.tagged(age, "loop", name), Duration.toMillis(elapsed) / 1000)
-  )
+export const age: Metric.Metric.Gauge<number> = ageGauge

@@ -20,9 +20,10 @@ import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
+import { deadlinePayload, since } from "./internal/agent.js"
+import * as Options_ from "./internal/options.js"
 import type * as Prompt from "./Prompt.js"
 import {
-  deadlinePayload,
   type EvaluateOptions,
   PromptEvaluationError,
   type PromptResponse,
@@ -32,21 +33,33 @@ import * as Session from "./Session.js"
 import type * as Tool from "./Tool.js"
 import * as ToolExecutor from "./ToolExecutor.js"
 
-/** One request to the model: the conversation so far and the tools on offer. */
+/**
+ * One request to the model: the conversation so far and the tools on offer.
+ *
+ * @category models
+ */
 export interface ModelRequest {
   readonly prompt: Prompt.Prompt<unknown>
   readonly messages: ReadonlyArray<Prompt.ChatMessage>
   readonly tools: ReadonlyArray<Tool.Any>
 }
 
-/** One model turn: tool calls to run, or (with none) the final text. */
+/**
+ * One model turn: tool calls to run, or (with none) the final text.
+ *
+ * @category models
+ */
 export interface ModelTurn {
   readonly text: string
   readonly toolCalls: ReadonlyArray<Prompt.ToolCall>
   readonly usage: Session.Usage
 }
 
-/** The model could not be reached or answered nonsense. */
+/**
+ * The model could not be reached or answered nonsense.
+ *
+ * @category errors
+ */
 export class ProviderError extends Schema.TaggedError<ProviderError>()("ProviderError", {
   detail: Schema.String
 }) {
@@ -55,10 +68,18 @@ export class ProviderError extends Schema.TaggedError<ProviderError>()("Provider
   }
 }
 
-/** One model turn, supplied by an adapter. */
+/**
+ * One model turn, supplied by an adapter.
+ *
+ * @category models
+ */
 export type Complete = (request: ModelRequest) => Effect.Effect<ModelTurn, ProviderError>
 
-/** Options of the loop. */
+/**
+ * Options of the loop.
+ *
+ * @category models
+ */
 export interface Options {
   /** Retry schedule for failed model requests (none by default). */
   readonly retry?: Schedule.Schedule<unknown, unknown> | undefined
@@ -66,7 +87,11 @@ export interface Options {
   readonly maxTurns?: number | undefined
 }
 
-/** Runs `prompt` to its final output. */
+/**
+ * Runs `prompt` to its final output.
+ *
+ * @category utils
+ */
 export const run = <Out>(
   adapter: ProviderAdapter["Type"],
   complete: Complete,
@@ -153,7 +178,7 @@ export const run = <Out>(
         _tag: "ProviderCall",
         promptName: prompt.name,
         at: started,
-        durationMs: yield* Session.since(started),
+        durationMs: yield* since(started),
         usage: turn.usage
       })
       usage = {
@@ -203,11 +228,25 @@ const decodeOutput = <Out>(
   )
 }
 
-/** An adapter whose model turns come from `complete`. */
-export const makeAdapter = (name: string, complete: Complete, loopOptions?: Options): ProviderAdapter["Type"] => {
-  const adapter: ProviderAdapter["Type"] = {
-    name,
-    evaluate: (prompt, options) => run(adapter, complete, prompt, options, loopOptions)
-  }
-  return adapter
-}
+const decodeOptions = Options_.decoder("InnerLoop.makeAdapter", {
+  maxTurns: Schema.optionalWith(Options_.PositiveInt, { exact: true })
+})
+
+/**
+ * An adapter whose model turns come from `complete`: what an adapter for a new provider is made with. Bad
+ * options (a `maxTurns` that is not a positive integer) are a `ParseError` naming them.
+ *
+ * @category constructors
+ */
+export const makeAdapter = (
+  name: string,
+  complete: Complete,
+  loopOptions?: Options
+): Effect.Effect<ProviderAdapter["Type"], ParseResult.ParseError> =>
+  Effect.map(decodeOptions(loopOptions), () => {
+    const adapter: ProviderAdapter["Type"] = {
+      name,
+      evaluate: (prompt, options) => run(adapter, complete, prompt, options, loopOptions)
+    }
+    return adapter
+  })

@@ -27,8 +27,13 @@ import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
+import * as Options_ from "./internal/options.js"
 
-/** How often and by how much the lease is extended. */
+/**
+ * How often and by how much the lease is extended.
+ *
+ * @category models
+ */
 export class LeaseExtenderConfig extends Schema.Class<LeaseExtenderConfig>("leasehold/LeaseExtenderConfig")({
   /** Minimum time between two extensions, however often the worker beats (default 60 s). */
   interval: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(60) }),
@@ -38,13 +43,21 @@ export class LeaseExtenderConfig extends Schema.Class<LeaseExtenderConfig>("leas
   enabled: Schema.optionalWith(Schema.Boolean, { default: () => true })
 }) {}
 
-/** What the extender needs of a message: its id and a way to extend its visibility. */
+/**
+ * What the extender needs of a message: its id and a way to extend its visibility.
+ *
+ * @category models
+ */
 export interface Extendable {
   readonly id: string
   readonly extendVisibility: (timeout: Duration.Duration) => Effect.Effect<void, { readonly _tag: string }>
 }
 
-/** `attach` was called while an earlier attach scope of the same extender is still open. */
+/**
+ * `attach` was called while an earlier attach scope of the same extender is still open.
+ *
+ * @category errors
+ */
 export class AlreadyAttachedError extends Schema.TaggedError<AlreadyAttachedError>()("AlreadyAttachedError", {
   messageId: Schema.String,
   attachedTo: Schema.String
@@ -55,7 +68,11 @@ export class AlreadyAttachedError extends Schema.TaggedError<AlreadyAttachedErro
   }
 }
 
-/** Extends one message's lease at a time, driven by heartbeats. */
+/**
+ * Extends one message's lease at a time, driven by heartbeats.
+ *
+ * @category models
+ */
 export interface LeaseExtender {
   readonly config: LeaseExtenderConfig
   /** Extends `message` on `heartbeat`'s beats until the scope closes. */
@@ -80,9 +97,18 @@ export interface LeaseExtender {
   ) => Effect.Effect<Effect.Effect<void>, AlreadyAttachedError>
 }
 
-/** Extensions that succeeded. */
+/**
+ * Extensions that succeeded.
+ *
+ * @category metrics
+ */
 export const extensions = counter("leasehold_lease_extensions_total", "Lease extensions that succeeded")
-/** Extensions that failed (expired handle or store error). */
+
+/**
+ * Extensions that failed (expired handle or store error).
+ *
+ * @category metrics
+ */
 export const extensionFailures = counter("leasehold_lease_extension_failures_total", "Lease extensions that failed")
 
 /**
@@ -109,11 +135,26 @@ class Attachment implements Heartbeat.BeatTask {
   }
 }
 
-/** Makes an extender; bad config (a negative interval, say) fails with a readable `ParseError`. */
-export const make = (
-  config?: Partial<{ interval: Duration.DurationInput; extension: Duration.DurationInput; enabled: boolean }>
-): Effect.Effect<LeaseExtender, ParseResult.ParseError> =>
-  Effect.map(Schema.decodeUnknown(LeaseExtenderConfig)(config ?? {}), (config): LeaseExtender => {
+/**
+ * Options of `make`: `LeaseExtenderConfig`'s fields as callers write them.
+ *
+ * @category models
+ */
+export type Options = Partial<{
+  interval: Duration.DurationInput
+  extension: Duration.DurationInput
+  enabled: boolean
+}>
+
+const decodeOptions = Options_.classDecoder("LeaseExtender.make", LeaseExtenderConfig)
+
+/**
+ * Makes an extender; bad config (a negative interval, say) fails with a `ParseError` naming it.
+ *
+ * @category constructors
+ */
+export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult.ParseError> =>
+  Effect.map(decodeOptions(config), (config): LeaseExtender => {
     // What the attachments read: the one attached now, and the interval.
     const state: { current: Attachment | undefined; readonly intervalMillis: number } = {
       current: undefined,
@@ -183,5 +224,9 @@ export const make = (
     }
   })
 
-/** Makes an extender with the default config. */
+/**
+ * Makes an extender with the default config.
+ *
+ * @category constructors
+ */
 export const makeDefault: Effect.Effect<LeaseExtender> = Effect.orDie(make())

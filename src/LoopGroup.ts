@@ -33,20 +33,31 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as ScheduleIntervals from "effect/ScheduleIntervals"
+import * as Schema from "effect/Schema"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Health from "./Health.js"
+import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
+import * as Options_ from "./internal/options.js"
 import type { InvalidParameterError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import { ShutdownCoordinator } from "./ShutdownCoordinator.js"
 import * as Watchdog from "./Watchdog.js"
 
-/** What a group does when one of its loops dies. */
+/**
+ * What a group does when one of its loops dies.
+ *
+ * @category models
+ */
 export type Supervision =
   | { readonly _tag: "StopGroup" }
   | { readonly _tag: "Restart"; readonly schedule: Schedule.Schedule<unknown, Cause.Cause<unknown>> }
 
-/** Stop every other loop gracefully and fail `run` with the dead loop's cause (the default). */
+/**
+ * Stop every other loop gracefully and fail `run` with the dead loop's cause (the default).
+ *
+ * @category constructors
+ */
 export const stopGroup: Supervision = { _tag: "StopGroup" }
 
 /**
@@ -55,16 +66,26 @@ export const stopGroup: Supervision = { _tag: "StopGroup" }
  * schedule is done, stop the group as `stopGroup` does. The schedule counts a loop's deaths over the
  * group's whole run: to forgive deaths after a healthy hour, add `Schedule.resetAfter("1 hour")`. A loop
  * that fails to start (bad run options) is not restarted.
+ *
+ * @category constructors
  */
 export const restart = (schedule: Schedule.Schedule<unknown, Cause.Cause<unknown>>): Supervision => ({
   _tag: "Restart",
   schedule
 })
 
-/** Restarts of dead loops, by loop name. */
+/**
+ * Restarts of dead loops, by loop name.
+ *
+ * @category metrics
+ */
 export const loopRestarts = counter("leasehold_loop_restarts_total", "Dead worker loops restarted by their group")
 
-/** Several loops run and stopped as one. */
+/**
+ * Several loops run and stopped as one.
+ *
+ * @category models
+ */
 export interface LoopGroup {
   readonly loops: ReadonlyArray<MailboxWorker.Runnable>
   /**
@@ -78,12 +99,16 @@ export interface LoopGroup {
   readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput }) => Effect.Effect<boolean>
 }
 
-/** Options of a group. */
+/**
+ * Options of a group.
+ *
+ * @category models
+ */
 export interface Options {
   /** How long each loop may take to finish its in-flight message when the group stops (default 30 s). */
   readonly shutdownTimeout?: Duration.DurationInput | undefined
   /** Watch the loops' heartbeats (see `Watchdog.make`). */
-  readonly watchdog?: Parameters<typeof Watchdog.make>[0] | undefined
+  readonly watchdog?: Watchdog.Options | undefined
   /** What to do when a loop dies (default `stopGroup`). */
   readonly supervision?: Supervision | undefined
 }
@@ -94,7 +119,16 @@ interface GroupRun {
   readonly fibers: Array<Fiber.RuntimeFiber<void, InvalidParameterError | AlreadyRunningError>>
 }
 
-/** Makes a group. */
+const decodeOptions = Options_.decoder("LoopGroup.make", {
+  shutdownTimeout: Schema.optionalWith(DurationFromInput, { exact: true })
+})
+
+/**
+ * Makes a group. Its options are checked when `run` starts (a `ParseError` naming a bad one fails `run`
+ * before any loop starts), so a group is a plain value to build.
+ *
+ * @category constructors
+ */
 export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Options): LoopGroup => {
   const defaultTimeout = options?.shutdownTimeout ?? Duration.seconds(30)
   const supervision = options?.supervision ?? stopGroup
@@ -181,6 +215,7 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
   const run: LoopGroup["run"] = (runOptions) =>
     Effect.uninterruptibleMask((restore) =>
       Effect.gen(function*() {
+        yield* decodeOptions(options)
         if (active !== undefined) {
           return yield* new AlreadyRunningError({
             name: `The group of ${loops.map((loop) => `"${loop.name}"`).join(", ")}`

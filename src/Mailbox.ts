@@ -13,9 +13,10 @@
  * Replies go to the mailbox named by `replyTo`, found through the
  * `MailboxResolver` service. `settleAll` replies to and acknowledges many
  * messages at once (what workers use). Every backend refuses the same
- * options with the same `InvalidParameterError` (the checks live in
+ * arguments with the same `InvalidParameterError` (the checks live in
  * `internal/mailbox`, with the front end the backends share): SQS's limits,
- * written on `SendOptions` and `ReceiveOptions`.
+ * written on `SendOptions` and `ReceiveOptions`. A backend's `make` refuses
+ * a bad name or `maxSize` alike, with a `ParseError` naming it.
  */
 import * as Context from "effect/Context"
 import type * as DateTime from "effect/DateTime"
@@ -25,14 +26,19 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
-import { causeText, InvalidParameterError, isUnreachable } from "./Errors.js"
+import { InvalidParameterError } from "./Errors.js"
+import { causeText, isUnreachable } from "./internal/errors.js"
 import { GroupSettle, type GroupSettler, settleOne } from "./internal/mailbox/settle.js"
 
 // ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
 
-/** The receipt handle is stale: the delivery's visibility expired, or it was acknowledged, nacked or purged. */
+/**
+ * The receipt handle is stale: the delivery's visibility expired, or it was acknowledged, nacked or purged.
+ *
+ * @category errors
+ */
 export class ReceiptHandleExpiredError extends Schema.TaggedError<ReceiptHandleExpiredError>()(
   "ReceiptHandleExpiredError",
   { mailbox: Schema.String, messageId: Schema.String, receiptHandle: Schema.String }
@@ -43,7 +49,11 @@ export class ReceiptHandleExpiredError extends Schema.TaggedError<ReceiptHandleE
   }
 }
 
-/** The mailbox holds `maxSize` unacknowledged messages already. */
+/**
+ * The mailbox holds `maxSize` unacknowledged messages already.
+ *
+ * @category errors
+ */
 export class MailboxFullError extends Schema.TaggedError<MailboxFullError>()("MailboxFullError", {
   mailbox: Schema.String,
   maxSize: Schema.Number
@@ -53,10 +63,19 @@ export class MailboxFullError extends Schema.TaggedError<MailboxFullError>()("Ma
   }
 }
 
-/** An option is out of range or malformed (shared by every module; defined in `Errors`). */
+/**
+ * An argument of an operation (`receive`, `send`, `nack`, `extendVisibility`) is out of range or malformed
+ * (shared by every module; defined in `Errors`).
+ *
+ * @category errors
+ */
 export { InvalidParameterError } from "./Errors.js"
 
-/** `reply` was called on a message without `replyTo`. */
+/**
+ * `reply` was called on a message without `replyTo`.
+ *
+ * @category errors
+ */
 export class ReplyNotAvailableError extends Schema.TaggedError<ReplyNotAvailableError>()("ReplyNotAvailableError", {
   messageId: Schema.String
 }) {
@@ -65,7 +84,11 @@ export class ReplyNotAvailableError extends Schema.TaggedError<ReplyNotAvailable
   }
 }
 
-/** `reply` was called after this delivery was acknowledged or nacked. */
+/**
+ * `reply` was called after this delivery was acknowledged or nacked.
+ *
+ * @category errors
+ */
 export class MessageFinalizedError extends Schema.TaggedError<MessageFinalizedError>()("MessageFinalizedError", {
   messageId: Schema.String
 }) {
@@ -74,7 +97,11 @@ export class MessageFinalizedError extends Schema.TaggedError<MessageFinalizedEr
   }
 }
 
-/** No mailbox answers to `name`. */
+/**
+ * No mailbox answers to `name`.
+ *
+ * @category errors
+ */
 export class MailboxResolutionError extends Schema.TaggedError<MailboxResolutionError>()("MailboxResolutionError", {
   name: Schema.String
 }) {
@@ -83,7 +110,11 @@ export class MailboxResolutionError extends Schema.TaggedError<MailboxResolution
   }
 }
 
-/** A body could not be encoded for storage or decoded from it. */
+/**
+ * A body could not be encoded for storage or decoded from it.
+ *
+ * @category errors
+ */
 export class SerializationError extends Schema.TaggedError<SerializationError>()("SerializationError", {
   mailbox: Schema.String,
   messageId: Schema.optional(Schema.String),
@@ -94,7 +125,11 @@ export class SerializationError extends Schema.TaggedError<SerializationError>()
   }
 }
 
-/** The backing store cannot be reached. */
+/**
+ * The backing store cannot be reached.
+ *
+ * @category errors
+ */
 export class MailboxConnectionError extends Schema.TaggedError<MailboxConnectionError>()("MailboxConnectionError", {
   mailbox: Schema.String,
   cause: Schema.Defect
@@ -107,7 +142,11 @@ export class MailboxConnectionError extends Schema.TaggedError<MailboxConnection
   }
 }
 
-/** The mailbox was closed; it accepts no more messages. */
+/**
+ * The mailbox was closed; it accepts no more messages.
+ *
+ * @category errors
+ */
 export class MailboxClosedError extends Schema.TaggedError<MailboxClosedError>()("MailboxClosedError", {
   mailbox: Schema.String
 }) {
@@ -120,7 +159,11 @@ export class MailboxClosedError extends Schema.TaggedError<MailboxClosedError>()
 // Interfaces
 // ---------------------------------------------------------------------------
 
-/** Options of `send`. */
+/**
+ * Options of `send`.
+ *
+ * @category models
+ */
 export interface SendOptions {
   /** Name of the mailbox that replies go to. */
   readonly replyTo?: string | undefined
@@ -128,7 +171,11 @@ export interface SendOptions {
   readonly delay?: Duration.DurationInput | undefined
 }
 
-/** Options of `receive`. */
+/**
+ * Options of `receive`.
+ *
+ * @category models
+ */
 export interface ReceiveOptions {
   /** At most this many messages (clamped to 1..10, default 1). */
   readonly maxMessages?: number | undefined
@@ -138,7 +185,11 @@ export interface ReceiveOptions {
   readonly waitTime?: Duration.DurationInput | undefined
 }
 
-/** Errors of `send`. */
+/**
+ * Errors of `send`.
+ *
+ * @category errors
+ */
 export type SendError =
   | MailboxClosedError
   | MailboxFullError
@@ -146,10 +197,18 @@ export type SendError =
   | SerializationError
   | MailboxConnectionError
 
-/** Errors a stored-state operation on a delivery can give. */
+/**
+ * Errors a stored-state operation on a delivery can give.
+ *
+ * @category errors
+ */
 export type SettleError = ReceiptHandleExpiredError | MailboxConnectionError
 
-/** Errors of `reply`. */
+/**
+ * Errors of `reply`.
+ *
+ * @category errors
+ */
 export type ReplyError =
   | ReplyNotAvailableError
   | MessageFinalizedError
@@ -160,7 +219,11 @@ export type ReplyError =
   | SerializationError
   | MailboxConnectionError
 
-/** One delivery of a message. */
+/**
+ * One delivery of a message.
+ *
+ * @category models
+ */
 export interface Message<A, R = never> {
   readonly id: string
   readonly body: A
@@ -193,13 +256,21 @@ export interface Message<A, R = never> {
   ) => Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver>
 }
 
-/** A message to reply to (with `reply`, when it has a `replyTo`) and acknowledge, as one step. */
+/**
+ * A message to reply to (with `reply`, when it has a `replyTo`) and acknowledge, as one step.
+ *
+ * @category models
+ */
 export interface Settlement<A, R> {
   readonly message: Message<A, R>
   readonly reply: Option.Option<R>
 }
 
-/** How one settlement ended: the reply's id (undefined when none was sent), or why it failed. */
+/**
+ * How one settlement ended: the reply's id (undefined when none was sent), or why it failed.
+ *
+ * @category models
+ */
 export type SettleOutcome = Either.Either<string | undefined, ReplyError | ReceiptHandleExpiredError>
 
 /**
@@ -207,6 +278,8 @@ export type SettleOutcome = Either.Either<string | undefined, ReplyError | Recei
  * `acknowledge` otherwise), one outcome per message, in order. A durable mailbox commits the group
  * together and waits once for all of it, where settling each message on its own fiber would cost a
  * fiber and a wake-up per message; messages of other mailboxes (or of several) settle concurrently.
+ *
+ * @category utils
  */
 export const settleAll = <A, R>(
   settlements: ReadonlyArray<Settlement<A, R>>
@@ -219,7 +292,11 @@ export const settleAll = <A, R>(
     : Effect.forEach(settlements, settleOne, { concurrency: "unbounded" })
 }
 
-/** An at-least-once queue of `A` whose replies carry `R`. */
+/**
+ * An at-least-once queue of `A` whose replies carry `R`.
+ *
+ * @category models
+ */
 export interface Mailbox<A, R = never> {
   readonly name: string
   /** Enqueues `body` and returns the new message's id. */
@@ -244,13 +321,21 @@ export interface Mailbox<A, R = never> {
 // Resolver
 // ---------------------------------------------------------------------------
 
-/** Where a reply can be sent: any mailbox, seen only through `send`. */
+/**
+ * Where a reply can be sent: any mailbox, seen only through `send`.
+ *
+ * @category models
+ */
 export interface ReplyTarget {
   readonly name: string
   readonly send: (body: unknown, options?: SendOptions) => Effect.Effect<string, SendError>
 }
 
-/** Finds the mailbox a reply goes to, by name. */
+/**
+ * Finds the mailbox a reply goes to, by name.
+ *
+ * @category services
+ */
 export class MailboxResolver extends Context.Tag("leasehold/MailboxResolver")<MailboxResolver, {
   readonly resolve: (name: string) => Effect.Effect<ReplyTarget, MailboxResolutionError>
 }>() {

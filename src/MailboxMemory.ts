@@ -25,12 +25,15 @@ import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
 import { GroupSettle, type GroupSettler, settleInTurn } from "./internal/mailbox/settle.js"
-import { validateMake, validateVisibility } from "./internal/mailbox/validation.js"
+import { MaxSize, QueueName, validateVisibility } from "./internal/mailbox/validation.js"
+import * as Options_ from "./internal/options.js"
 import {
   type InvalidParameterError,
   type Mailbox,
@@ -250,75 +253,88 @@ class MemoryMessage<A, R> implements Message<A, R> {
 }
 
 /**
- * Makes an in-memory mailbox, closed when the scope closes. `maxSize` bounds
- * the unacknowledged messages (sends beyond it fail `MailboxFullError`). A
- * name or `maxSize` the durable backends would refuse (the same rule) is a
- * defect carrying the `InvalidParameterError`: the contract's error channel
- * here is `never`.
+ * Options of `make`.
+ *
+ * @category models
  */
-export const make = <A, R = never>(options: {
+export interface Options {
+  /** The queue's name: 1..200 characters, no control characters (every backend's rule). */
   readonly name: string
+  /** Bounds the unacknowledged messages: sends beyond it fail `MailboxFullError` (a positive integer). */
   readonly maxSize?: number | undefined
-}): Effect.Effect<Mailbox<A, R>, never, Scope.Scope> => {
-  const { maxSize, name } = options
-  const invalid = validateMake(options)
-  if (Either.isLeft(invalid)) return Effect.die(invalid.left)
-  return Effect.flatMap(Effect.clock, (clock) => {
-    const store = new Store<A>()
-    // Ids need to be unique, not secret (receipt handles are the secret): a random prefix and a counter.
-    const idPrefix = randomUUID().slice(0, 18)
-    let nextId = 0
-
-    const insert = (body: A, delayMillis: number, replyTo: string | undefined) => {
-      if (maxSize !== undefined && store.live >= maxSize) {
-        return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
-      }
-      const now = clock.unsafeCurrentTimeMillis()
-      const entry: Entry<A> = {
-        id: idPrefix + (nextId++).toString(36),
-        body,
-        enqueuedAtMillis: now,
-        replyTo,
-        deliveryCount: 0,
-        state: "ready",
-        visibleAt: now,
-        receiptHandle: undefined
-      }
-      store.live++
-      if (delayMillis === 0) store.enqueueReady(entry)
-      else store.hide(entry, now + delayMillis)
-      store.wake()
-      return Effect.succeed(entry.id)
-    }
-
-    /** Delivers up to `max` visible messages now, hiding each for `visibilityMillis`. */
-    const take = (max: number, visibilityMillis: number): Array<Message<A, R>> => {
-      const now = clock.unsafeCurrentTimeMillis()
-      store.promote(now)
-      const received: Array<Message<A, R>> = []
-      while (received.length < max) {
-        const entry = store.takeReady()
-        if (entry === undefined) break
-        entry.deliveryCount++
-        const handle = randomUUID()
-        entry.receiptHandle = handle
-        store.hide(entry, now + visibilityMillis)
-        received.push(new MemoryMessage<A, R>(name, clock, store, entry, handle, entry.deliveryCount))
-      }
-      return received
-    }
-
-    const mailbox = FrontEnd.make<A, R>(name, {
-      insert,
-      claim: (max, visibilityMillis) => Effect.sync(() => take(max, visibilityMillis)),
-      nextVisibleIn: Effect.sync(() => {
-        const at = store.nextVisibleAt()
-        return at === undefined ? undefined : at - clock.unsafeCurrentTimeMillis()
-      }),
-      arm: () => store.arm(),
-      count: Effect.sync(() => store.live),
-      purge: Effect.sync(() => store.purge())
-    }, clock)
-    return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
-  })
 }
+
+const decodeOptions = Options_.decoder("MailboxMemory.make", {
+  name: QueueName,
+  maxSize: Schema.optionalWith(MaxSize, { exact: true })
+})
+
+/**
+ * Makes an in-memory mailbox, closed when the scope closes. A name or `maxSize` the durable backends would
+ * refuse (the same rule) is refused here too, as a `ParseError` naming the option: a mailbox that works in
+ * memory works on a database.
+ *
+ * @category constructors
+ */
+export const make = <A, R = never>(
+  options: Options
+): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
+  Effect.flatMap(decodeOptions(options), ({ maxSize, name }) =>
+    Effect.flatMap(Effect.clock, (clock) => {
+      const store = new Store<A>()
+      // Ids need to be unique, not secret (receipt handles are the secret): a random prefix and a counter.
+      const idPrefix = randomUUID().slice(0, 18)
+      let nextId = 0
+
+      const insert = (body: A, delayMillis: number, replyTo: string | undefined) => {
+        if (maxSize !== undefined && store.live >= maxSize) {
+          return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
+        }
+        const now = clock.unsafeCurrentTimeMillis()
+        const entry: Entry<A> = {
+          id: idPrefix + (nextId++).toString(36),
+          body,
+          enqueuedAtMillis: now,
+          replyTo,
+          deliveryCount: 0,
+          state: "ready",
+          visibleAt: now,
+          receiptHandle: undefined
+        }
+        store.live++
+        if (delayMillis === 0) store.enqueueReady(entry)
+        else store.hide(entry, now + delayMillis)
+        store.wake()
+        return Effect.succeed(entry.id)
+      }
+
+      /** Delivers up to `max` visible messages now, hiding each for `visibilityMillis`. */
+      const take = (max: number, visibilityMillis: number): Array<Message<A, R>> => {
+        const now = clock.unsafeCurrentTimeMillis()
+        store.promote(now)
+        const received: Array<Message<A, R>> = []
+        while (received.length < max) {
+          const entry = store.takeReady()
+          if (entry === undefined) break
+          entry.deliveryCount++
+          const handle = randomUUID()
+          entry.receiptHandle = handle
+          store.hide(entry, now + visibilityMillis)
+          received.push(new MemoryMessage<A, R>(name, clock, store, entry, handle, entry.deliveryCount))
+        }
+        return received
+      }
+
+      const mailbox = FrontEnd.make<A, R>(name, {
+        insert,
+        claim: (max, visibilityMillis) => Effect.sync(() => take(max, visibilityMillis)),
+        nextVisibleIn: Effect.sync(() => {
+          const at = store.nextVisibleAt()
+          return at === undefined ? undefined : at - clock.unsafeCurrentTimeMillis()
+        }),
+        arm: () => store.arm(),
+        count: Effect.sync(() => store.live),
+        purge: Effect.sync(() => store.purge())
+      }, clock)
+      return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
+    }))

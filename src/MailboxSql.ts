@@ -68,14 +68,15 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
 import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Database from "./Database.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
 import * as Validation from "./internal/mailbox/validation.js"
-import { validateDuration, validateMake } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
+import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import { GroupCommit } from "./internal/sql/groupCommit.js"
 import {
@@ -88,9 +89,8 @@ import {
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
-import { acquire, connectionError, invalid, prepare, type Row, storeFor } from "./internal/sql/mailbox/store.js"
+import { acquire, connectionError, prepare, type Row, storeFor } from "./internal/sql/mailbox/store.js"
 import {
-  InvalidParameterError,
   type Mailbox,
   MailboxConnectionError,
   MailboxFullError,
@@ -102,7 +102,11 @@ import {
   SerializationError
 } from "./Mailbox.js"
 
-/** Stored bodies that no longer decoded and were moved to the dead-letter table. */
+/**
+ * Stored bodies that no longer decoded and were moved to the dead-letter table.
+ *
+ * @category metrics
+ */
 export const undecodableDeadLettered = counter(
   "leasehold_mailbox_undecodable_total",
   "Stored message bodies that no longer decoded and were moved to the dead-letter table"
@@ -112,7 +116,11 @@ export const undecodableDeadLettered = counter(
 // make
 // ---------------------------------------------------------------------------
 
-/** Options of `make`. */
+/**
+ * Options of `make`.
+ *
+ * @category models
+ */
 export interface Options<A, I, R, IR> {
   /** The queue's name: unique within the database and prefix. */
   readonly name: string
@@ -133,31 +141,48 @@ export interface Options<A, I, R, IR> {
   readonly maxBodyBytes?: number | undefined
 }
 
-/** `maxBodyBytes` unless given: a request or a reply, not a file (store those elsewhere and send a reference). */
+/**
+ * `maxBodyBytes` unless given: a request or a reply, not a file (store those elsewhere and send a reference).
+ *
+ * @category constants
+ */
 export const defaultMaxBodyBytes = 4 * 1024 * 1024
 
-/** The longest queue name (every backend's rule). */
+/**
+ * The longest queue name (every backend's rule).
+ *
+ * @category constants
+ */
 export const maxQueueNameLength = Validation.maxQueueNameLength
+
+const decodeOptions = Options_.decoder("MailboxSql.make", {
+  name: Validation.QueueName,
+  maxSize: Schema.optionalWith(Validation.MaxSize, { exact: true }),
+  prefix: Sql.Prefix,
+  pollInterval: Schema.optionalWith(Options_.duration({ max: Duration.minutes(1) }), { exact: true }),
+  maxBodyBytes: Schema.optionalWith(
+    Options_.intBetween(1, maxBodyBytesLimit, `must be an integer in 1..${maxBodyBytesLimit} (256 MiB)`),
+    { exact: true, default: () => defaultMaxBodyBytes }
+  )
+})
 
 /**
  * Makes a mailbox on the `SqlClient` in the context, creating the tables on
  * first use; closed when the scope closes (its messages stay in the
- * database).
+ * database). Bad options are a `ParseError` naming them.
+ *
+ * @category constructors
  */
 export const make = <A, I, R = never, IR = never>(
   options: Options<A, I, R, IR>
-): Effect.Effect<Mailbox<A, R>, InvalidParameterError | MailboxConnectionError, SqlClient.SqlClient | Scope.Scope> =>
+): Effect.Effect<
+  Mailbox<A, R>,
+  ParseResult.ParseError | MailboxConnectionError,
+  SqlClient.SqlClient | Scope.Scope
+> =>
   Effect.gen(function*() {
-    const { maxSize, name } = options
-    yield* validateMake(options)
-    const pollInterval = options.pollInterval === undefined
-      ? undefined
-      : yield* validateDuration("pollInterval", options.pollInterval, Duration.zero, Duration.minutes(1))
-    const maxBodyBytes = options.maxBodyBytes ?? defaultMaxBodyBytes
-    if (!(Number.isSafeInteger(maxBodyBytes) && maxBodyBytes > 0 && maxBodyBytes <= maxBodyBytesLimit)) {
-      return yield* invalid("maxBodyBytes", maxBodyBytes, `must be an integer in 1..${maxBodyBytesLimit} (256 MiB)`)
-    }
-    const store = yield* prepare(options.prefix)
+    const { maxBodyBytes, maxSize, name, pollInterval, prefix } = yield* decodeOptions(options)
+    const store = yield* prepare(prefix)
     const maxPollMillis = Math.max(1, Duration.toMillis(pollInterval ?? (store.dialect === "pg" ? 1000 : 250)))
     const clock = yield* Effect.clock
     const statements_ = statements(store)
@@ -300,18 +325,30 @@ export const make = <A, I, R = never, IR = never>(
   })
 
 /**
+ * Options of `resolver` and `layer`.
+ *
+ * @category models
+ */
+export interface ResolverOptions {
+  /** Table name prefix (default `leasehold_`). */
+  readonly prefix?: string | undefined
+}
+
+const decodeResolverOptions = Options_.decoder("MailboxSql.resolver", { prefix: Sql.Prefix })
+
+/**
  * A resolver over the mailboxes made on this database and prefix in this
  * process: a reply to any of them needs no configuration.
+ *
+ * @category constructors
  */
-export const resolver = (options?: { readonly prefix?: string | undefined }): Effect.Effect<
+export const resolver = (options?: ResolverOptions): Effect.Effect<
   MailboxResolver["Type"],
-  InvalidParameterError,
+  ParseResult.ParseError,
   SqlClient.SqlClient
 > =>
   Effect.gen(function*() {
-    const prefix = options?.prefix ?? "leasehold_"
-    const problem = Sql.prefixProblem(prefix)
-    if (problem !== undefined) return yield* invalid("prefix", prefix, problem)
+    const { prefix } = yield* decodeResolverOptions(options)
     const store = storeFor(yield* SqlClient.SqlClient, prefix)
     return {
       resolve: (name: string) => {
@@ -322,35 +359,50 @@ export const resolver = (options?: { readonly prefix?: string | undefined }): Ef
     }
   })
 
-/** `resolver` as a layer. */
-export const layerResolver = (options?: { readonly prefix?: string | undefined }) =>
-  Layer.effect(MailboxResolver, Effect.orDie(resolver(options)))
-
 // ---------------------------------------------------------------------------
 // Layers
 // ---------------------------------------------------------------------------
 
-/** What the layers provide: the database client and a resolver over its mailboxes. */
+/**
+ * What the layers provide: the database client and a resolver over its mailboxes.
+ *
+ * @category models
+ */
 export type Services = SqlClient.SqlClient | MailboxResolver
 
 /**
  * The mailboxes' `MailboxResolver` on the `SqlClient` in the context (provide `Database.layerSqlite` /
  * `layerPg` once: every durable service of the process then shares its pool).
+ *
+ * @category layers
  */
-export const layer = (options?: { readonly prefix?: string | undefined }): Layer.Layer<
+export const layer = (options?: ResolverOptions): Layer.Layer<
   MailboxResolver,
-  never,
+  ParseResult.ParseError,
   SqlClient.SqlClient
-> => layerResolver(options)
+> => Layer.effect(MailboxResolver, resolver(options))
 
-/** `Database.layerSqlite` with this module's resolver: the client and a resolver over its mailboxes. */
-export const layerSqlite = (options: {
+/**
+ * Options of `layerSqlite`: `Database.layerSqlite`'s and the table prefix.
+ *
+ * @category models
+ */
+export interface SqliteOptions extends ResolverOptions {
   readonly filename: string
+  /** How long a writer waits for another process's lock (default 5 s, at most 10 min). */
   readonly busyTimeout?: Duration.DurationInput | undefined
-  readonly prefix?: string | undefined
-}): Layer.Layer<Services, MailboxConnectionError | InvalidParameterError> =>
+}
+
+/**
+ * `Database.layerSqlite` with this module's resolver: the client and a resolver over its mailboxes.
+ *
+ * @category layers
+ */
+export const layerSqlite = (
+  options: SqliteOptions
+): Layer.Layer<Services, MailboxConnectionError | ParseResult.ParseError> =>
   Layer.provideMerge(
-    layerResolver(options),
+    layer(options),
     Database.layerSqlite(options).pipe(
       Layer.catchAll((error) =>
         Layer.fail(
@@ -362,8 +414,12 @@ export const layerSqlite = (options: {
     )
   )
 
-/** `Database.layerPg` with this module's resolver: the client and a resolver over its mailboxes. */
-export const layerPg = (options?: {
+/**
+ * Options of `layerPg`: `Database.layerPg`'s and the table prefix.
+ *
+ * @category models
+ */
+export interface PgOptions extends ResolverOptions {
   readonly url?: Redacted.Redacted | string | undefined
   /** Most connections the pool opens (default 10). */
   readonly maxConnections?: number | undefined
@@ -371,13 +427,21 @@ export const layerPg = (options?: {
    * Connections opened when the layer starts and kept open (default 4, or `maxConnections` if fewer), so a
    * worker's first long polls do not pay for new server processes. Claims, acknowledgements, sends,
    * extensions and nacks do not use the pool: the mailboxes of a prefix share a connection of their own,
-   * opened with the first of them (see `Store.onLane`).
+   * opened with the first of them.
    */
   readonly minConnections?: number | undefined
-  readonly prefix?: string | undefined
-}): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError | InvalidParameterError> =>
+}
+
+/**
+ * `Database.layerPg` with this module's resolver: the client and a resolver over its mailboxes.
+ *
+ * @category layers
+ */
+export const layerPg = (
+  options?: PgOptions
+): Layer.Layer<Services, MailboxConnectionError | ConfigError.ConfigError | ParseResult.ParseError> =>
   Layer.provideMerge(
-    layerResolver(options),
+    layer(options),
     Database.layerPg(options).pipe(
       Layer.catchAll((error) =>
         Layer.fail(

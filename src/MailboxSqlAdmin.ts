@@ -13,16 +13,22 @@ import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
+import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
-/** A row of the dead-letter table; `body` is the stored (encoded) body, which may not decode. */
+/**
+ * A row of the dead-letter table; `body` is the stored (encoded) body, which may not decode.
+ *
+ * @category models
+ */
 export interface StoredDeadLetter {
   readonly id: string
   readonly queue: string
@@ -35,7 +41,11 @@ export interface StoredDeadLetter {
   readonly error: string
 }
 
-/** Which dead letters an operation applies to: all, one source queue, and/or some ids. */
+/**
+ * Which dead letters an operation applies to: all, one source queue, and/or some ids.
+ *
+ * @category models
+ */
 export interface Selection {
   readonly queue?: string | undefined
   readonly ids?: ReadonlyArray<string> | undefined
@@ -49,7 +59,11 @@ const checkLimit = (limit: number | undefined): Either.Either<undefined, Invalid
       new InvalidParameterError({ parameter: "limit", value: limit, reason: "must be an integer in 1..100000" })
     )
 
-/** Operations on the dead-letter table (used by the command line). */
+/**
+ * Operations on the dead-letter table (used by the command line).
+ *
+ * @category models
+ */
 export interface DeadLetters {
   /** Oldest first; at most `limit` (default 100). */
   readonly list: (
@@ -84,21 +98,41 @@ interface DeadLetterRow {
   readonly error: string
 }
 
-/** Options of `deadLetters` and `queues`. */
+/**
+ * Options of `deadLetters` and `queues`.
+ *
+ * @category models
+ */
 export interface Options {
   readonly prefix?: string | undefined
   /** false: open existing tables only, writing nothing (`TablesNotFoundError` without them); default true. */
   readonly create?: boolean | undefined
 }
 
-/** Why the operator's view could not be opened: a bad prefix, an unreachable database, no such tables. */
-export type OpenError = InvalidParameterError | MailboxConnectionError | TablesNotFoundError
+/**
+ * Why the operator's view could not be opened: a bad prefix, an unreachable database, no such tables.
+ *
+ * @category errors
+ */
+export type OpenError = ParseResult.ParseError | MailboxConnectionError | TablesNotFoundError
+
+const decodeOptions = Options_.decoder("MailboxSqlAdmin", {
+  prefix: Sql.Prefix,
+  create: Schema.optionalWith(Schema.Boolean, { exact: true, default: () => true })
+})
 
 /** The store of the options' prefix: its tables created if needed, or (`create: false`) only looked for. */
 const open = (options: Options | undefined) =>
-  options?.create === false ? openExisting(options.prefix) : prepare(options?.prefix)
+  Effect.flatMap(
+    decodeOptions(options),
+    ({ create, prefix }) => create ? prepare(prefix) : openExisting(prefix)
+  )
 
-/** The dead-letter table of a database and prefix, creating the tables if needed. */
+/**
+ * The dead-letter table of a database and prefix, creating the tables if needed.
+ *
+ * @category constructors
+ */
 export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const store = yield* open(options)
@@ -197,7 +231,11 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
     }
   })
 
-/** One queue of a database, as operators see it. */
+/**
+ * One queue of a database, as operators see it.
+ *
+ * @category models
+ */
 export interface QueueStats {
   readonly queue: string
   /** Visible now: the next receive can take them. */
@@ -211,7 +249,11 @@ export interface QueueStats {
   readonly deadLetters: number
 }
 
-/** A stored message, read without receiving it; the body is its stored (encoded) JSON. */
+/**
+ * A stored message, read without receiving it; the body is its stored (encoded) JSON.
+ *
+ * @category models
+ */
 export interface PeekedMessage {
   readonly id: string
   readonly body: string
@@ -222,7 +264,11 @@ export interface PeekedMessage {
   readonly replyTo: Option.Option<string>
 }
 
-/** Operations on every queue of a database and prefix (used by the command line). */
+/**
+ * Operations on every queue of a database and prefix (used by the command line).
+ *
+ * @category models
+ */
 export interface Queues {
   /** Every queue that has messages or dead letters. */
   readonly stats: Effect.Effect<ReadonlyArray<QueueStats>, MailboxConnectionError>
@@ -235,7 +281,11 @@ export interface Queues {
   readonly purge: (queue: string) => Effect.Effect<number, MailboxConnectionError>
 }
 
-/** The queues of a database and prefix, creating the tables if needed. */
+/**
+ * The queues of a database and prefix, creating the tables if needed.
+ *
+ * @category constructors
+ */
 export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const store = yield* open(options)

@@ -45,16 +45,22 @@ import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
+import { setCurrent } from "./internal/heartbeat.js"
 import { validateDuration, validateReceiveOptions } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
 import { exporting } from "./internal/tracing.js"
 import { annotated, type AnnotationCell, makeCell } from "./internal/worker/annotations.js"
+import * as Scoped from "./internal/worker/scoped.js"
 import * as SettleFailure from "./internal/worker/settleFailure.js"
 import * as Settler from "./internal/worker/settler.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import { InvalidParameterError, type Mailbox, MailboxResolver, type Message } from "./Mailbox.js"
 
-/** Options of `run`. */
+/**
+ * Options of `run`.
+ *
+ * @category models
+ */
 export interface RunOptions {
   /** Stop after this many polls (empty ones included); unlimited by default. */
   readonly maxIterations?: number | undefined
@@ -69,7 +75,11 @@ export interface RunOptions {
   readonly maxMessages?: number | undefined
 }
 
-/** A loop with a graceful stop: what MainLoop, EvalLoop and LoopGroup have in common. */
+/**
+ * A loop with a graceful stop: what MainLoop, EvalLoop and LoopGroup have in common.
+ *
+ * @category models
+ */
 export interface Runnable {
   readonly name: string
   /** Beaten on every poll and by the work itself; a Watchdog reads it. */
@@ -84,21 +94,52 @@ export interface Runnable {
   readonly running: Effect.Effect<boolean>
 }
 
-/** Messages handled, by outcome. */
+/**
+ * Messages handled, by outcome.
+ *
+ * @category metrics
+ */
 export const messagesProcessed = counter("leasehold_messages_processed_total", "Messages whose handler succeeded")
+
+/**
+ * Messages whose handler failed.
+ *
+ * @category metrics
+ */
 export const messagesFailed = counter("leasehold_messages_failed_total", "Messages whose handler failed")
+
+/**
+ * Messages whose handler was interrupted (a shutdown's timeout) and that were given back.
+ *
+ * @category metrics
+ */
 export const messagesInterrupted = counter(
   "leasehold_messages_interrupted_total",
   "Messages whose handler was interrupted (shutdown timeout) and that were given back"
 )
+
+/**
+ * Messages received again (`deliveryCount > 1`): another attempt at work that did not settle.
+ *
+ * @category metrics
+ */
 export const messagesRedelivered = counter(
   "leasehold_messages_redelivered_total",
   "Messages received with deliveryCount > 1"
 )
-/** Loops that died (their fiber failed), by loop name. */
+
+/**
+ * Loops that died (their fiber failed), by loop name.
+ *
+ * @category metrics
+ */
 export const loopFailures = counter("leasehold_loop_failures_total", "Worker loops that died with an error")
 
-/** How a worker settles messages; the handler's success and failure are the caller's to settle. */
+/**
+ * How a worker settles messages; the handler's success and failure are the caller's to settle.
+ *
+ * @category models
+ */
 export interface Options<A, R, Out, E, Req> {
   readonly name: string
   readonly mailbox: Mailbox<A, R>
@@ -121,9 +162,8 @@ export interface Options<A, R, Out, E, Req> {
    * the loop's own logs after the message do not.
    */
   readonly annotations?: ((message: Message<A, R>) => Readonly<Record<string, unknown>>) | undefined
-  readonly leaseExtender?: Partial<
-    { interval: Duration.DurationInput; extension: Duration.DurationInput; enabled: boolean }
-  >
+  /** How the lease of the message in hand is extended (see `LeaseExtender.make`). */
+  readonly leaseExtender?: LeaseExtender.Options | undefined
 }
 
 const { logSettleFailure } = SettleFailure
@@ -178,12 +218,18 @@ const validateRunOptions = (runOptions: RunOptions | undefined) =>
 /**
  * How long a stop waits for a loop it interrupted (after a shutdown's timeout, or an interrupted `run`) before
  * giving up on it. The handler is interruptible and ends at once; only a settle in progress can take this long.
+ *
+ * @category constants
  */
 export const interruptGrace: Duration.Duration = Duration.seconds(5)
 
 const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 
-/** Makes a worker; bad lease-extender config fails with a readable `ParseError`. */
+/**
+ * Makes a worker; bad lease-extender config fails with a `ParseError` naming it.
+ *
+ * @category constructors
+ */
 export const make = <A, R, Out, E, Req>(
   options: Options<A, R, Out, E, Req>
 ): Effect.Effect<Runnable, ParseResult.ParseError, Req> =>
@@ -341,7 +387,7 @@ export const make = <A, R, Out, E, Req>(
       // The loop's fiber runs under its heartbeat: `Heartbeat.beat` anywhere in a handler (or a fiber it forks)
       // beats it. Set on the fiber, which does nothing else, rather than around the loop (`Heartbeat.within`).
       const body = Effect.zipRight(
-        Heartbeat.setCurrent(heartbeat),
+        setCurrent(heartbeat),
         loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
       )
       const giveBack = (exit: Exit.Exit<void>) =>
@@ -495,14 +541,27 @@ export const make = <A, R, Out, E, Req>(
   })
 
 /**
+ * Options of `deadLetterConsumer`.
+ *
+ * @category models
+ */
+export interface DeadLetterConsumerOptions<A, E, Req> {
+  /** The loop's name (default `<mailbox>-consumer`). */
+  readonly name?: string | undefined
+  readonly mailbox: Mailbox<DeadLetter.DeadLetter<A>, unknown>
+  /** What to do with a letter; a failure hides it for an hour. */
+  readonly handle: (letter: DeadLetter.DeadLetter<A>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void, E, Req>
+}
+
+/**
  * A loop over a dead-letter mailbox: acknowledges a letter when `handle` succeeds, hides it for an hour when
  * it fails (it will come back).
+ *
+ * @category constructors
  */
-export const deadLetterConsumer = <A, E, Req>(options: {
-  readonly name?: string
-  readonly mailbox: Mailbox<DeadLetter.DeadLetter<A>, unknown>
-  readonly handle: (letter: DeadLetter.DeadLetter<A>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<void, E, Req>
-}): Effect.Effect<Runnable, ParseResult.ParseError, Req> =>
+export const deadLetterConsumer = <A, E, Req>(
+  options: DeadLetterConsumerOptions<A, E, Req>
+): Effect.Effect<Runnable, ParseResult.ParseError, Req> =>
   make({
     name: options.name ?? `${options.mailbox.name}-consumer`,
     mailbox: options.mailbox,
@@ -516,33 +575,28 @@ export const deadLetterConsumer = <A, E, Req>(options: {
   })
 
 /**
+ * Options of `runScoped`.
+ *
+ * @category models
+ */
+export interface RunScopedOptions {
+  /** How the loop runs (checked here, before anything runs). */
+  readonly run?: RunOptions | undefined
+  /** How long the in-flight message may take to finish when the scope closes (default 30 s). */
+  readonly shutdownTimeout?: Duration.DurationInput | undefined
+}
+
+const decodeScoped = Scoped.decoder("MailboxWorker.runScoped")
+
+/**
  * Runs `loop` in the current scope, in the background; closing the scope shuts it down gracefully within
- * `shutdownTimeout` (default 30 s). Bad run options fail here, before anything runs. The loop's death is
- * logged by the loop itself (see `Runnable.run`); nothing else depends on it.
+ * `shutdownTimeout` (default 30 s). Bad options are a `ParseError` naming them, before anything runs. The
+ * loop's death is logged by the loop itself (see `Runnable.run`); nothing else depends on it.
+ *
+ * @category combinators
  */
 export const runScoped = (
   loop: Runnable,
-  options?: {
-    readonly run?: RunOptions | undefined
-    readonly shutdownTimeout?: Duration.DurationInput | undefined
-  }
-): Effect.Effect<void, InvalidParameterError, Scope.Scope> =>
-  Effect.gen(function*() {
-    yield* validateRunOptions(options?.run)
-    yield* loop.run(options?.run).pipe(
-      Effect.catchAll((error) => Effect.logError(`Loop "${loop.name}" could not run`, error)),
-      Effect.catchAllCause(() => Effect.void), // a death: the loop logged it
-      Effect.interruptible,
-      Effect.forkScoped
-    )
-    // Added after the fork, so it runs before the fork is interrupted: a graceful stop, not an interruption.
-    yield* Effect.addFinalizer(() =>
-      Effect.flatMap(
-        loop.shutdown({ timeout: options?.shutdownTimeout ?? Duration.seconds(30) }),
-        (clean) =>
-          clean
-            ? Effect.logInfo(`Loop "${loop.name}" stopped cleanly`)
-            : Effect.logWarning(`Loop "${loop.name}" had to be interrupted; its message was given back`)
-      )
-    )
-  })
+  options?: RunScopedOptions
+): Effect.Effect<void, ParseResult.ParseError, Scope.Scope> =>
+  Effect.flatMap(decodeScoped(options), (decoded) => Scoped.run(loop, decoded))

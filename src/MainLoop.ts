@@ -17,7 +17,6 @@
  */
 import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
-import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as ParseResult from "effect/ParseResult"
@@ -27,14 +26,19 @@ import * as Budget from "./Budget.js"
 import * as Deadline from "./Deadline.js"
 import type * as Errors from "./Errors.js"
 import * as RequestLoop from "./internal/worker/requestLoop.js"
-import type { InvalidParameterError, Mailbox, MailboxResolver, Message } from "./Mailbox.js"
+import * as Scoped from "./internal/worker/scoped.js"
+import type { Mailbox, MailboxResolver, Message } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import type * as Prompt from "./Prompt.js"
 import { PromptEvaluationError, type PromptResponse, type ProviderAdapter } from "./ProviderAdapter.js"
 import * as RunContextModule from "./RunContext.js"
 import * as Session from "./Session.js"
 
-/** A unit of work for the loop. */
+/**
+ * A unit of work for the loop.
+ *
+ * @category models
+ */
 export interface MainLoopRequest<Req> {
   readonly requestId: string
   readonly request: Req
@@ -46,16 +50,28 @@ export interface MainLoopRequest<Req> {
   readonly spanId?: string | undefined
 }
 
-/** Makes a request with a fresh `requestId` unless one is given. */
+/**
+ * Makes a request with a fresh `requestId` unless one is given.
+ *
+ * @category constructors
+ */
 export const request = <Req>(
   body: Req,
   options?: Omit<Partial<MainLoopRequest<Req>>, "request">
 ): MainLoopRequest<Req> => ({ ...options, requestId: options?.requestId ?? randomUUID(), request: body })
 
-/** Who ran an attempt (the leaf module `RunContext` defines it; re-exported here for the loop's users). */
+/**
+ * Who ran an attempt (the leaf module `RunContext` defines it; re-exported here for the loop's users).
+ *
+ * @category models
+ */
 export type RunContext = RunContextModule.RunContext
 
-/** The reply to a request: an output or an error, never both. */
+/**
+ * The reply to a request: an output or an error, never both.
+ *
+ * @category models
+ */
 export class MainLoopResult<Out> {
   readonly requestId: string
   readonly output: Out | undefined
@@ -80,12 +96,18 @@ export class MainLoopResult<Out> {
   }
 }
 
-/** What `execute` receives besides the request: the heartbeat, the deadline, a budget tracker, the run context. */
+/**
+ * What `execute` receives besides the request: the heartbeat, the deadline, a budget tracker, the run context.
+ *
+ * @category models
+ */
 export type ExecuteContext = RequestLoop.Attempt
 
 /**
  * The stored form of `MainLoopRequest<Req>` for a durable mailbox
  * (`MailboxSql.make({ schema: MainLoop.requestSchema(MyRequest) })`).
+ *
+ * @category schemas
  */
 export const requestSchema = <Req, I>(
   request: Schema.Schema<Req, I, never>
@@ -105,6 +127,16 @@ const ErrorInfoSchema = Schema.Struct({
   details: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.Unknown }))
 })
 
+/** The JSON form of a run context, without absent fields (what `RunContextSchema` decodes). */
+const encodeRunContext = (runContext: RunContext): Record<string, unknown> => ({
+  workerId: runContext.workerId,
+  runId: runContext.runId,
+  requestId: runContext.requestId,
+  attempt: runContext.attempt,
+  ...(runContext.traceId === undefined ? {} : { traceId: runContext.traceId }),
+  ...(runContext.spanId === undefined ? {} : { spanId: runContext.spanId })
+})
+
 const encodeError = (error: Errors.ErrorInfo) =>
   error.details === undefined
     ? { tag: error.tag, message: error.message }
@@ -115,6 +147,8 @@ const encodeError = (error: Errors.ErrorInfo) =>
  * Decoding checks every field; encoding builds the envelope by hand around `output`'s own encoding, since
  * a reply is encoded once per request and a generic struct encoding of it costs more than the loop's
  * other per-message work together (the two agree: see the MainLoop tests).
+ *
+ * @category schemas
  */
 export const resultSchema = <Out, I>(
   output: Schema.Schema<Out, I, never>
@@ -141,7 +175,7 @@ export const resultSchema = <Out, I>(
         requestId: result.requestId,
         ...(result.output === undefined ? {} : { output: encodedOutput }),
         ...(result.error === undefined ? {} : { error: encodeError(result.error) }),
-        runContext: RunContextModule.encode(result.runContext),
+        runContext: encodeRunContext(result.runContext),
         completedAt: DateTime.formatIso(result.completedAt)
       })
       return result.output === undefined
@@ -151,13 +185,25 @@ export const resultSchema = <Out, I>(
   }) as unknown as Schema.Schema<MainLoopResult<Out>, unknown>
 }
 
-/** Options of the loop: worker id, lease extender, dead letters, a timeout and a budget for requests without. */
+/**
+ * Options of the loop: worker id, lease extender, dead letters, a timeout and a budget for requests without.
+ *
+ * @category models
+ */
 export type MainLoopConfig<Req> = RequestLoop.Config<MainLoopRequest<Req>>
 
-/** Requests dead-lettered by a MainLoop or an EvalLoop. */
+/**
+ * Requests dead-lettered by a MainLoop or an EvalLoop.
+ *
+ * @category metrics
+ */
 export const deadLettered = RequestLoop.deadLettered
 
-/** The default worker id: `host-pid`. */
+/**
+ * The default worker id: `host-pid`.
+ *
+ * @category utils
+ */
 export const defaultWorkerId = RequestLoop.defaultWorkerId
 
 type Requests<Req, Out> = Mailbox<MainLoopRequest<Req>, MainLoopResult<Out>>
@@ -186,15 +232,31 @@ const replies = <Req, Out>(clock: Clock.Clock) => {
   }
 }
 
-/** Makes a MainLoop over `requests`; bad config fails with a readable `ParseError`. */
-export const make = <Req, Out, E, R>(options: {
-  readonly name?: string
+/**
+ * Options of `make`.
+ *
+ * @category models
+ */
+export interface Options<Req, Out, E, R> {
+  /** The loop's name, in logs and metrics (default `main-loop:<mailbox>`). */
+  readonly name?: string | undefined
   readonly requests: Requests<Req, Out>
+  /** The work for one request; interrupted when its deadline passes. */
   readonly execute: (request: Req, context: ExecuteContext) => Effect.Effect<Out, E, R>
-  readonly config?: MainLoopConfig<Req>
-}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
+  readonly config?: MainLoopConfig<Req> | undefined
+}
+
+/**
+ * Makes a MainLoop over `requests`; bad config fails with a `ParseError` naming it.
+ *
+ * @category constructors
+ */
+export const make = <Req, Out, E, R>(
+  options: Options<Req, Out, E, R>
+): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> =>
   Effect.flatMap(Effect.clock, (clock) =>
     RequestLoop.make<MainLoopRequest<Req>, MainLoopResult<Out>, Out, E, R>({
+      label: "MainLoop.make",
       name: options.name ?? `main-loop:${options.requests.name}`,
       requests: options.requests,
       config: options.config,
@@ -202,22 +264,32 @@ export const make = <Req, Out, E, R>(options: {
       ...replies<Req, Out>(clock)
     }))
 
-/** Options of `layer` besides the loop's: how it runs and how long its graceful stop may take. */
-export interface LayerOptions {
-  readonly run?: MailboxWorker.RunOptions
-  /** How long the in-flight request may take to finish when the layer closes (default 30 s). */
-  readonly shutdownTimeout?: Duration.DurationInput
-}
+/**
+ * Options of `layer` besides the loop's: how it runs and how long its graceful stop may take (default 30 s).
+ *
+ * @category models
+ */
+export type LayerOptions = MailboxWorker.RunScopedOptions
+
+const decodeLayerOptions = Scoped.decoder("MainLoop.layer")
 
 /**
  * Runs a MainLoop for the lifetime of the layer; closing the layer's scope shuts it down gracefully within
- * `shutdownTimeout` (default 30 s) — then the in-flight request is interrupted and given back. The loop's
- * death is logged at error level and counted; to stop the process on it, run a `LoopGroup` as the main effect.
+ * `shutdownTimeout` (default 30 s) — then the in-flight request is interrupted and given back. Bad options,
+ * the loop's and how it runs, are a `ParseError` naming them when the layer is built. The loop's death is
+ * logged at error level and counted; to stop the process on it, run a `LoopGroup` as the main effect.
+ *
+ * @category layers
  */
 export const layer = <Req, Out, E, R>(
-  options: Parameters<typeof make<Req, Out, E, R>>[0] & LayerOptions
-): Layer.Layer<never, ParseResult.ParseError | InvalidParameterError, R | MailboxResolver> =>
-  Layer.scopedDiscard(Effect.flatMap(make(options), (loop) => MailboxWorker.runScoped(loop, options)))
+  options: Options<Req, Out, E, R> & LayerOptions
+): Layer.Layer<never, ParseResult.ParseError, R | MailboxResolver> =>
+  Layer.scopedDiscard(
+    Effect.flatMap(
+      decodeLayerOptions(options),
+      (scoped) => Effect.flatMap(make(options), (loop) => Scoped.run(loop, scoped))
+    )
+  )
 
 /** Where an agent's attempt stands, for a deadline the loop's own timer reports. */
 interface AgentProgress {
@@ -258,6 +330,23 @@ const phaseOf = (
 type Phase = PromptEvaluationError["phase"]
 
 /**
+ * Options of `agent`.
+ *
+ * @category models
+ */
+export interface AgentOptions<Req, O, Out = O, E = never, R = never> {
+  /** The loop's name, in logs and metrics (default `main-loop:<mailbox>`). */
+  readonly name?: string | undefined
+  readonly requests: Requests<Req, Out>
+  readonly adapter: ProviderAdapter["Type"]
+  /** Turns a request into the prompt to evaluate. */
+  readonly prepare: (request: Req, context: ExecuteContext) => Effect.Effect<Prompt.Prompt<O>, E, R>
+  /** Makes the reply from the evaluation's response (default: its output). */
+  readonly finalize?: ((response: PromptResponse<O>, session: Session.Session) => Effect.Effect<Out, E, R>) | undefined
+  readonly config?: MainLoopConfig<Req> | undefined
+}
+
+/**
  * A MainLoop whose `execute` is an agent: `prepare` turns the request into a
  * prompt, the adapter evaluates it with the request's deadline, budget
  * tracker and the loop's heartbeat (so tool beats keep the request leased),
@@ -265,20 +354,18 @@ type Phase = PromptEvaluationError["phase"]
  * ends it as a `PromptEvaluationError` (reason `deadline`) that says where it
  * struck — preparing, waiting for the model, in a tool, finalizing — with
  * `providerPayload.deadline_expires_at`, whichever timer noticed it first.
+ *
+ * @category constructors
  */
-export const agent = <Req, O, Out = O, E = never, R = never>(options: {
-  readonly name?: string
-  readonly requests: Requests<Req, Out>
-  readonly adapter: ProviderAdapter["Type"]
-  readonly prepare: (request: Req, context: ExecuteContext) => Effect.Effect<Prompt.Prompt<O>, E, R>
-  readonly finalize?: (response: PromptResponse<O>, session: Session.Session) => Effect.Effect<Out, E, R>
-  readonly config?: MainLoopConfig<Req>
-}): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> => {
+export const agent = <Req, O, Out = O, E = never, R = never>(
+  options: AgentOptions<Req, O, Out, E, R>
+): Effect.Effect<MailboxWorker.Runnable, ParseResult.ParseError, R | MailboxResolver> => {
   const attempts = new WeakMap<ExecuteContext, AgentProgress>()
   return Effect.flatMap(
     Effect.clock,
     (clock) =>
       RequestLoop.make<MainLoopRequest<Req>, MainLoopResult<Out>, Out, E | PromptEvaluationError, R>({
+        label: "MainLoop.agent",
         name: options.name ?? `main-loop:${options.requests.name}`,
         requests: options.requests,
         config: options.config,

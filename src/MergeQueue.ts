@@ -43,6 +43,7 @@ import * as Database from "./Database.js"
 import { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
 import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
+import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import type { Extendable } from "./LeaseExtender.js"
 
@@ -50,7 +51,11 @@ import type { Extendable } from "./LeaseExtender.js"
 // Statuses
 // ---------------------------------------------------------------------------
 
-/** Where an entry is in its life. */
+/**
+ * Where an entry is in its life.
+ *
+ * @category schemas
+ */
 export const Status = Schema.Literal(
   "pending",
   "claimed",
@@ -63,12 +68,26 @@ export const Status = Schema.Literal(
   "failed_terminal",
   "cancelled"
 )
+
+/**
+ * Where an entry is in its life.
+ *
+ * @category models
+ */
 export type Status = typeof Status.Type
 
-/** Statuses in which an agent works on the entry: it has an agent id and a fencing token. */
+/**
+ * Statuses in which an agent works on the entry: it has an agent id and a fencing token.
+ *
+ * @category constants
+ */
 export const inProgress: ReadonlyArray<Status> = ["claimed", "rebasing", "testing", "ready_to_merge", "merging"]
 
-/** Statuses an entry never leaves. */
+/**
+ * Statuses an entry never leaves.
+ *
+ * @category constants
+ */
 export const terminal: ReadonlyArray<Status> = ["merged", "failed_terminal", "cancelled"]
 
 const failed: ReadonlyArray<Status> = ["failed_retryable", "failed_terminal"]
@@ -87,14 +106,22 @@ const moves: Record<Status, ReadonlyArray<Status>> = {
   cancelled: []
 }
 
-/** Whether `transition` allows `from → to`. */
+/**
+ * Whether `transition` allows `from → to`.
+ *
+ * @category utils
+ */
 export const canTransition = (from: Status, to: Status): boolean => moves[from].includes(to)
 
 // ---------------------------------------------------------------------------
 // Data
 // ---------------------------------------------------------------------------
 
-/** One entry of the queue. */
+/**
+ * One entry of the queue.
+ *
+ * @category models
+ */
 export interface QueueEntry {
   readonly id: number
   readonly workspace: string
@@ -118,17 +145,27 @@ export interface QueueEntry {
  * calls that need the lock (`transition` of an in-progress entry, `extendLock`, `releaseProcessingLock`)
  * take the claim, and are refused once its token is not the lock's any more — whatever the agent id, so an
  * old incarnation of the same agent (a restarted pod with the same name, a second fiber) is refused too.
+ *
+ * @category models
  */
 export interface Claim extends QueueEntry {
   readonly token: number
 }
 
-/** Proof of holding the processing lock: a `Claim`, or what `acquireProcessingLock` returned. */
+/**
+ * Proof of holding the processing lock: a `Claim`, or what `acquireProcessingLock` returned.
+ *
+ * @category models
+ */
 export interface LockHold {
   readonly token: number
 }
 
-/** The single processing lock. */
+/**
+ * The single processing lock.
+ *
+ * @category models
+ */
 export interface ProcessingLock {
   readonly agentId: string
   readonly acquiredAt: DateTime.Utc
@@ -136,14 +173,22 @@ export interface ProcessingLock {
   readonly fencingToken: number
 }
 
-/** What one recovery did (or, from `getRecoveryStats`, would do now). */
+/**
+ * What one recovery did (or, from `getRecoveryStats`, would do now).
+ *
+ * @category models
+ */
 export interface RecoveryStats {
   readonly locksCleaned: number
   readonly entriesReclaimed: number
   readonly recoveryTimestamp: DateTime.Utc
 }
 
-/** Counts by status, the lock, and the age of the oldest pending entry. */
+/**
+ * Counts by status, the lock, and the age of the oldest pending entry.
+ *
+ * @category models
+ */
 export interface QueueStats {
   readonly total: number
   readonly byStatus: Readonly<Record<Status, number>>
@@ -151,7 +196,11 @@ export interface QueueStats {
   readonly oldestPendingAt: Option.Option<DateTime.Utc>
 }
 
-/** One row of the audit log: a claim, transition, release, extension or self-healing action. */
+/**
+ * One row of the audit log: a claim, transition, release, extension or self-healing action.
+ *
+ * @category models
+ */
 export interface AuditRecord {
   readonly id: number
   readonly at: DateTime.Utc
@@ -164,7 +213,11 @@ export interface AuditRecord {
   readonly detail: Option.Option<string>
 }
 
-/** What an audit row records. `lock_expired` and `entry_reclaimed` are self-healing actions. */
+/**
+ * What an audit row records. `lock_expired` and `entry_reclaimed` are self-healing actions.
+ *
+ * @category models
+ */
 export type AuditAction =
   | "enqueued"
   | "lock_acquired"
@@ -179,7 +232,11 @@ export type AuditAction =
 // Errors
 // ---------------------------------------------------------------------------
 
-/** The database failed; the operation changed nothing (its transaction rolled back). */
+/**
+ * The database failed; the operation changed nothing (its transaction rolled back).
+ *
+ * @category errors
+ */
 export class MergeQueueStoreError extends Schema.TaggedError<MergeQueueStoreError>()("MergeQueueStoreError", {
   operation: Schema.String,
   cause: Schema.Defect
@@ -189,7 +246,11 @@ export class MergeQueueStoreError extends Schema.TaggedError<MergeQueueStoreErro
   }
 }
 
-/** No entry has this id. */
+/**
+ * No entry has this id.
+ *
+ * @category errors
+ */
 export class EntryNotFoundError extends Schema.TaggedError<EntryNotFoundError>()("EntryNotFoundError", {
   entryId: Schema.Number
 }) {
@@ -198,7 +259,11 @@ export class EntryNotFoundError extends Schema.TaggedError<EntryNotFoundError>()
   }
 }
 
-/** The state machine does not allow this move. */
+/**
+ * The state machine does not allow this move.
+ *
+ * @category errors
+ */
 export class InvalidTransitionError extends Schema.TaggedError<InvalidTransitionError>()("InvalidTransitionError", {
   entryId: Schema.Number,
   from: Status,
@@ -214,6 +279,8 @@ export class InvalidTransitionError extends Schema.TaggedError<InvalidTransition
 /**
  * The agent no longer owns the entry: its lock expired, was released, or
  * was taken over with a newer fencing token. Nothing was changed.
+ *
+ * @category errors
  */
 export class LockLostError extends Schema.TaggedError<LockLostError>()("LockLostError", {
   entryId: Schema.Number,
@@ -227,7 +294,11 @@ export class LockLostError extends Schema.TaggedError<LockLostError>()("LockLost
   }
 }
 
-/** The workspace already has an entry that is not final. */
+/**
+ * The workspace already has an entry that is not final.
+ *
+ * @category errors
+ */
 export class AlreadyQueuedError extends Schema.TaggedError<AlreadyQueuedError>()("AlreadyQueuedError", {
   workspace: Schema.String,
   entryId: Schema.Number
@@ -241,17 +312,18 @@ export class AlreadyQueuedError extends Schema.TaggedError<AlreadyQueuedError>()
 // Config and metrics
 // ---------------------------------------------------------------------------
 
-/** How the queue behaves. */
+/**
+ * How the queue behaves, decoded from `Options` with its defaults.
+ *
+ * @category models
+ */
 export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/MergeQueueConfig")({
-  /** How long a lock lives without an extension (default 300 s, like the seed). */
-  lockTimeout: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(300) }),
+  /** How long a lock lives without an extension (default 300 s, like the seed; more than zero). */
+  lockTimeout: Schema.optionalWith(Options_.duration({ positive: true }), { default: () => Duration.seconds(300) }),
   /** Table name prefix (default `leasehold_`). */
-  prefix: Schema.optionalWith(
-    Schema.String.pipe(Schema.filter((prefix) => Sql.prefixProblem(prefix) ?? true)),
-    { default: () => "leasehold_" }
-  ),
-  /** Attempts of a claim that meets a busy database or a conflict (default 5). */
-  maxAttempts: Schema.optionalWith(Schema.Int.pipe(Schema.between(1, 100)), { default: () => 5 }),
+  prefix: Sql.Prefix,
+  /** Attempts of a claim that meets a busy database or a conflict (default 5, at most 100). */
+  maxAttempts: Schema.optionalWith(Options_.intBetween(1, 100), { default: () => 5 }),
   /** First retry delay of a claim, doubled each time (default 50 ms). */
   initialBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.millis(50) }),
   /** Longest retry delay of a claim (default 2 s). */
@@ -263,15 +335,44 @@ export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/
   create: Schema.optionalWith(Schema.Boolean, { default: () => true })
 }) {}
 
-/** Options as callers write them. */
-export type MergeQueueOptions = typeof MergeQueueConfig.Encoded
+/**
+ * Options of `make` and `layer`, as callers write them (`MergeQueueConfig`'s encoded side).
+ *
+ * @category models
+ */
+export type Options = typeof MergeQueueConfig.Encoded
 
+const decodeOptions = Options_.classDecoder("MergeQueue.make", MergeQueueConfig)
+
+/**
+ * Entries claimed by `nextWithLock`.
+ *
+ * @category metrics
+ */
 export const claims = counter("leasehold_merge_queue_claims_total", "Entries claimed by nextWithLock")
+
+/**
+ * Expired processing locks cleared by recovery.
+ *
+ * @category metrics
+ */
 export const locksCleaned = counter("leasehold_merge_queue_locks_cleaned_total", "Expired processing locks cleared")
+
+/**
+ * In-progress entries returned to pending by recovery.
+ *
+ * @category metrics
+ */
 export const entriesReclaimed = counter(
   "leasehold_merge_queue_entries_reclaimed_total",
   "In-progress entries returned to pending by recovery"
 )
+
+/**
+ * Best-effort recoveries before a claim that failed (the claim went on).
+ *
+ * @category metrics
+ */
 export const recoveryFailures = counter(
   "leasehold_merge_queue_recovery_failures_total",
   "Best-effort recoveries before a claim that failed (the claim went on)"
@@ -283,7 +384,11 @@ export const recoveryFailures = counter(
 
 type Store<A> = Effect.Effect<A, MergeQueueStoreError>
 
-/** The merge queue's operations. Times come from `Clock`. */
+/**
+ * The merge queue's operations. Times come from `Clock`.
+ *
+ * @category models
+ */
 export interface MergeQueueService {
   readonly config: MergeQueueConfig
   /** Queues `workspace`; fails `AlreadyQueuedError` while an earlier entry for it is not final. */
@@ -366,7 +471,11 @@ export interface MergeQueueService {
   readonly extendable: (claim: Claim) => Extendable
 }
 
-/** The merge queue service. */
+/**
+ * The merge queue service.
+ *
+ * @category services
+ */
 export class MergeQueue extends Context.Tag("leasehold/MergeQueue")<MergeQueue, MergeQueueService>() {}
 
 interface EntryRow {
@@ -492,31 +601,21 @@ const positiveDuration = (parameter: string, input: Duration.DurationInput, allo
         : Either.right(duration)
   )
 
-/** Makes a merge queue on the `SqlClient` in the context, creating its tables if needed. */
+/**
+ * Makes a merge queue on the `SqlClient` in the context, creating its tables if needed. Bad options are a
+ * `ParseError` naming them.
+ *
+ * @category constructors
+ */
 export const make = (
-  options?: MergeQueueOptions
+  options?: Options
 ): Effect.Effect<
   MergeQueueService,
-  MergeQueueStoreError | InvalidParameterError | TablesNotFoundError,
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError,
   SqlClient.SqlClient
 > =>
   Effect.gen(function*() {
-    const config = yield* Schema.decodeUnknown(MergeQueueConfig)(options ?? {}).pipe(
-      Effect.mapError((error) =>
-        new InvalidParameterError({
-          parameter: "MergeQueue options",
-          value: options,
-          reason: ParseResult.TreeFormatter.formatErrorSync(error)
-        })
-      )
-    )
-    if (Duration.isZero(config.lockTimeout)) {
-      return yield* new InvalidParameterError({
-        parameter: "lockTimeout",
-        value: options?.lockTimeout,
-        reason: "must be greater than zero"
-      })
-    }
+    const config = yield* decodeOptions(options)
     const sql = yield* SqlClient.SqlClient
     const pg = Sql.dialectOf(sql) === "pg"
     const writeTransaction = Sql.writeTransaction(sql)
@@ -1037,44 +1136,73 @@ export const make = (
 // Layers
 // ---------------------------------------------------------------------------
 
-/** The merge queue on the `SqlClient` in the context. */
+/**
+ * The merge queue on the `SqlClient` in the context.
+ *
+ * @category layers
+ */
 export const layer = (
-  options?: MergeQueueOptions
-): Layer.Layer<MergeQueue, MergeQueueStoreError | InvalidParameterError | TablesNotFoundError, SqlClient.SqlClient> =>
+  options?: Options
+): Layer.Layer<MergeQueue, MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError, SqlClient.SqlClient> =>
   Layer.effect(MergeQueue, make(options))
 
-/** The merge queue in the SQLite file `filename` (`Database.layerSqlite`); also provides the client. */
-export const layerSqlite = (
-  options: MergeQueueOptions & { readonly filename: string; readonly busyTimeout?: Duration.DurationInput | undefined }
-): Layer.Layer<
-  MergeQueue | SqlClient.SqlClient,
-  MergeQueueStoreError | InvalidParameterError | TablesNotFoundError
-> => {
-  const { busyTimeout, filename, ...rest } = options
-  return Either.match(positiveDuration("busyTimeout", busyTimeout ?? "5 seconds", true), {
-    onLeft: (error) => Layer.fail(error),
-    onRight: (busy) =>
-      Layer.provideMerge(
-        layer(rest),
-        Database.layerSqlite({ filename, busyTimeout: busy }).pipe(
-          Layer.catchAll((error) =>
-            Layer.fail(
-              error._tag === "DatabaseError"
-                ? new MergeQueueStoreError({ operation: `open ${filename}`, cause: error })
-                : error
-            )
-          )
-        )
-      )
-  })
+/**
+ * Options of `layerSqlite`: the queue's and `Database.layerSqlite`'s.
+ *
+ * @category models
+ */
+export interface SqliteOptions extends Options {
+  readonly filename: string
+  /** How long a writer waits for another process's lock (default 5 s, at most 10 min). */
+  readonly busyTimeout?: Duration.DurationInput | undefined
 }
 
-/** The merge queue on PostgreSQL at `url`, else `LEASEHOLD_DATABASE_URL` / `DATABASE_URL` (`Database.layerPg`). */
-export const layerPg = (
-  options?: MergeQueueOptions & { readonly url?: Redacted.Redacted | string | undefined }
+/**
+ * The merge queue in the SQLite file `filename` (`Database.layerSqlite`); also provides the client.
+ *
+ * @category layers
+ */
+export const layerSqlite = (
+  options: SqliteOptions
 ): Layer.Layer<
   MergeQueue | SqlClient.SqlClient,
-  MergeQueueStoreError | InvalidParameterError | TablesNotFoundError | ConfigError.ConfigError
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError
+> => {
+  const { busyTimeout, filename, ...rest } = options
+  return Layer.provideMerge(
+    layer(rest),
+    Database.layerSqlite({ filename, busyTimeout }).pipe(
+      Layer.catchAll((error) =>
+        Layer.fail(
+          error._tag === "DatabaseError"
+            ? new MergeQueueStoreError({ operation: `open ${filename}`, cause: error })
+            : error
+        )
+      )
+    )
+  )
+}
+
+/**
+ * Options of `layerPg`: the queue's and the server's URL.
+ *
+ * @category models
+ */
+export interface PgOptions extends Options {
+  /** The server's URL (default: `LEASEHOLD_DATABASE_URL`, else `DATABASE_URL`). */
+  readonly url?: Redacted.Redacted | string | undefined
+}
+
+/**
+ * The merge queue on PostgreSQL at `url`, else `LEASEHOLD_DATABASE_URL` / `DATABASE_URL` (`Database.layerPg`).
+ *
+ * @category layers
+ */
+export const layerPg = (
+  options?: PgOptions
+): Layer.Layer<
+  MergeQueue | SqlClient.SqlClient,
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError | ConfigError.ConfigError
 > => {
   const { url, ...rest } = options ?? {}
   return Layer.provideMerge(

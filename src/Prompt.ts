@@ -6,7 +6,11 @@
 import type * as Schema from "effect/Schema"
 import type * as Tool from "./Tool.js"
 
-/** One message of a conversation. */
+/**
+ * One message of a conversation.
+ *
+ * @category models
+ */
 export interface ChatMessage {
   readonly role: "system" | "user" | "assistant" | "tool"
   readonly content: string
@@ -17,14 +21,22 @@ export interface ChatMessage {
   readonly toolCalls?: ReadonlyArray<ToolCall> | undefined
 }
 
-/** A tool the model asked for, with its arguments as the model wrote them. */
+/**
+ * A tool the model asked for, with its arguments as the model wrote them.
+ *
+ * @category models
+ */
 export interface ToolCall {
   readonly id: string
   readonly name: string
   readonly params: unknown
 }
 
-/** A prompt whose final output is `Out`. */
+/**
+ * A prompt whose final output is `Out`.
+ *
+ * @category models
+ */
 export interface Prompt<Out = string> {
   readonly name: string
   readonly instructions: string
@@ -34,15 +46,32 @@ export interface Prompt<Out = string> {
   readonly output: Schema.Schema<Out, unknown> | undefined
 }
 
-/** Makes a prompt; `input` is shorthand for a single user message. */
-export const make = <Out = string, I = unknown>(options: {
+/**
+ * Options of `make`.
+ *
+ * @category models
+ */
+export interface Options<Out = string, I = unknown> {
+  /** Names the prompt in sessions, logs and errors. */
   readonly name: string
+  /** The system message. */
   readonly instructions: string
+  /** Shorthand for a single user message, after `messages`. */
   readonly input?: string
+  /** The conversation so far. */
   readonly messages?: ReadonlyArray<ChatMessage>
+  /** Tools the model may call (names unique within the prompt). */
   readonly tools?: ReadonlyArray<Tool.Any>
+  /** The final answer's Schema (the answer is then JSON); without it the output is the final text. */
   readonly output?: Schema.Schema<Out, I>
-}): Prompt<Out> => ({
+}
+
+/**
+ * Makes a prompt; `input` is shorthand for a single user message.
+ *
+ * @category constructors
+ */
+export const make = <Out = string, I = unknown>(options: Options<Out, I>): Prompt<Out> => ({
   name: options.name,
   instructions: options.instructions,
   messages: [

@@ -19,12 +19,25 @@ import type * as Prompt from "./Prompt.js"
 import type { RunContext } from "./RunContext.js"
 import type * as Session from "./Session.js"
 
-/** Where an evaluation stopped. */
+/**
+ * Where an evaluation stopped.
+ *
+ * @category schemas
+ */
 export const Phase = Schema.Literal("preflight", "request", "tool", "response")
-/** Why it stopped. */
+
+/**
+ * Why it stopped.
+ *
+ * @category schemas
+ */
 export const Reason = Schema.Literal("deadline", "budget", "provider", "tool", "output")
 
-/** An evaluation stopped before producing its output. */
+/**
+ * An evaluation stopped before producing its output.
+ *
+ * @category errors
+ */
 export class PromptEvaluationError extends Schema.TaggedError<PromptEvaluationError>()("PromptEvaluationError", {
   phase: Phase,
   reason: Reason,
@@ -37,18 +50,22 @@ export class PromptEvaluationError extends Schema.TaggedError<PromptEvaluationEr
   }
 }
 
-/** The payload of a deadline failure: the cut-off as ISO-8601. */
-export const deadlinePayload = (deadline: Deadline.Deadline | undefined): Record<string, unknown> | undefined =>
-  deadline === undefined ? undefined : { deadline_expires_at: deadline.iso }
-
-/** The result of an evaluation. */
+/**
+ * The result of an evaluation.
+ *
+ * @category models
+ */
 export interface PromptResponse<Out> {
   readonly output: Out
   readonly text: string
   readonly usage: Session.Usage
 }
 
-/** What an evaluation runs with. */
+/**
+ * What an evaluation runs with.
+ *
+ * @category models
+ */
 export interface EvaluateOptions {
   readonly session: Session.Session
   readonly deadline?: Deadline.Deadline | undefined
@@ -57,7 +74,11 @@ export interface EvaluateOptions {
   readonly runContext?: RunContext | undefined
 }
 
-/** Evaluates prompts with a model. */
+/**
+ * Evaluates prompts with a model.
+ *
+ * @category services
+ */
 export class ProviderAdapter extends Context.Tag("leasehold/ProviderAdapter")<ProviderAdapter, {
   readonly name: string
   readonly evaluate: <Out>(

@@ -8,7 +8,11 @@
  */
 import * as Schema from "effect/Schema"
 
-/** Who ran an attempt: stable worker id, fresh run id per attempt, attempt = delivery count. */
+/**
+ * Who ran an attempt: stable worker id, fresh run id per attempt, attempt = delivery count.
+ *
+ * @category models
+ */
 export interface RunContext {
   readonly workerId: string
   readonly runId: string
@@ -18,7 +22,11 @@ export interface RunContext {
   readonly spanId?: string | undefined
 }
 
-/** The stored form of a `RunContext` (in replies and dead letters). */
+/**
+ * The stored form of a `RunContext` (in replies and dead letters).
+ *
+ * @category schemas
+ */
 export const RunContextSchema: Schema.Schema<RunContext> = Schema.Struct({
   workerId: Schema.String,
   runId: Schema.String,
@@ -26,14 +34,4 @@ export const RunContextSchema: Schema.Schema<RunContext> = Schema.Struct({
   attempt: Schema.Number,
   traceId: Schema.optional(Schema.String),
   spanId: Schema.optional(Schema.String)
-})
-
-/** The JSON form of a run context, without absent fields. */
-export const encode = (runContext: RunContext): Record<string, unknown> => ({
-  workerId: runContext.workerId,
-  runId: runContext.runId,
-  requestId: runContext.requestId,
-  attempt: runContext.attempt,
-  ...(runContext.traceId === undefined ? {} : { traceId: runContext.traceId }),
-  ...(runContext.spanId === undefined ? {} : { spanId: runContext.spanId })
 })

@@ -3,18 +3,25 @@
  * tool result with its timing and token usage — kept so evaluators, reports
  * and operators can see what an agent actually did.
  */
-import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Ref from "effect/Ref"
 import { randomUUID } from "node:crypto"
 
-/** Tokens one provider call used. */
+/**
+ * Tokens one provider call used.
+ *
+ * @category models
+ */
 export interface Usage {
   readonly inputTokens: number
   readonly outputTokens: number
 }
 
-/** What happened during an evaluation, in order. */
+/**
+ * What happened during an evaluation, in order.
+ *
+ * @category models
+ */
 export type SessionEvent =
   | {
     readonly _tag: "ProviderCall"
@@ -41,7 +48,11 @@ export type SessionEvent =
     readonly durationMs: number
   }
 
-/** The event log of one evaluation (subagents write to their parent's session). */
+/**
+ * The event log of one evaluation (subagents write to their parent's session).
+ *
+ * @category models
+ */
 export interface Session {
   readonly id: string
   readonly record: (event: SessionEvent) => Effect.Effect<void>
@@ -50,7 +61,11 @@ export interface Session {
   readonly usage: Effect.Effect<Usage>
 }
 
-/** Makes an empty session. */
+/**
+ * Makes an empty session.
+ *
+ * @category constructors
+ */
 export const make: Effect.Effect<Session> = Effect.map(Ref.make<ReadonlyArray<SessionEvent>>([]), (events) => ({
   id: randomUUID(),
   record: (event) => Ref.update(events, (all) => [...all, event]),
@@ -67,6 +82,3 @@ export const make: Effect.Effect<Session> = Effect.map(Ref.make<ReadonlyArray<Se
       { inputTokens: 0, outputTokens: 0 }
     ))
 }))
-
-/** Milliseconds since `start` by `Clock`. */
-export const since = (start: number): Effect.Effect<number> => Effect.map(Clock.currentTimeMillis, (now) => now - start)

@@ -18,7 +18,11 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Runtime from "effect/Runtime"
 
-/** Runs shutdown callbacks when the process is asked to stop. */
+/**
+ * Runs shutdown callbacks when the process is asked to stop.
+ *
+ * @category services
+ */
 export class ShutdownCoordinator extends Context.Tag("leasehold/ShutdownCoordinator")<ShutdownCoordinator, {
   /** Runs `callback` on shutdown; at once if shutdown was already triggered. */
   readonly register: (callback: Effect.Effect<void>) => Effect.Effect<void>
@@ -32,7 +36,11 @@ export class ShutdownCoordinator extends Context.Tag("leasehold/ShutdownCoordina
 const guard = (callback: Effect.Effect<void>) =>
   Effect.catchAllCause(callback, (cause) => Effect.logError("Shutdown callback failed", cause))
 
-/** A coordinator without signal handlers (trigger it yourself). */
+/**
+ * A coordinator without signal handlers (trigger it yourself).
+ *
+ * @category constructors
+ */
 export const make: Effect.Effect<ShutdownCoordinator["Type"]> = Effect.sync(() => {
   let callbacks: ReadonlyArray<Effect.Effect<void>> = []
   let triggered = false
@@ -55,19 +63,37 @@ export const make: Effect.Effect<ShutdownCoordinator["Type"]> = Effect.sync(() =
   }
 })
 
-/** Exit code for a process stopped by a second signal (128 + SIGINT). */
+/**
+ * Exit code for a process stopped by a second signal (128 + SIGINT).
+ *
+ * @category constants
+ */
 export const forcedExitCode = 130
 
-/** The signals `layer` handles unless told otherwise. */
+/**
+ * The signals `layer` handles unless told otherwise.
+ *
+ * @category constants
+ */
 export const defaultSignals: ReadonlyArray<NodeJS.Signals> = ["SIGTERM", "SIGINT"]
+
+/**
+ * Options of `layer`.
+ *
+ * @category models
+ */
+export interface Options {
+  /** The signals that trigger shutdown (default SIGTERM and SIGINT). */
+  readonly signals?: ReadonlyArray<NodeJS.Signals> | undefined
+}
 
 /**
  * The coordinator with handlers for `signals` (default SIGTERM and SIGINT), removed when the layer closes.
  * The first signal triggers shutdown; the second exits at once with `forcedExitCode`.
+ *
+ * @category layers
  */
-export const layer = (
-  options?: { readonly signals?: ReadonlyArray<NodeJS.Signals> | undefined }
-): Layer.Layer<ShutdownCoordinator> =>
+export const layer = (options?: Options): Layer.Layer<ShutdownCoordinator> =>
   Layer.scoped(
     ShutdownCoordinator,
     Effect.gen(function*() {
@@ -98,5 +124,9 @@ export const layer = (
     }).pipe(Effect.annotateLogs({ module: "ShutdownCoordinator" }))
   )
 
-/** A coordinator without signals, for tests and embedding. */
+/**
+ * A coordinator without signals, for tests and embedding.
+ *
+ * @category layers
+ */
 export const layerManual: Layer.Layer<ShutdownCoordinator> = Layer.effect(ShutdownCoordinator, make)

@@ -13,7 +13,11 @@ import type * as Prompt from "./Prompt.js"
 import type { PromptEvaluationError, PromptResponse } from "./ProviderAdapter.js"
 import type { ToolContext } from "./Tool.js"
 
-/** Evaluates `prompt` as a subagent of the tool call that `context` belongs to. */
+/**
+ * Evaluates `prompt` as a subagent of the tool call that `context` belongs to.
+ *
+ * @category utils
+ */
 export const evaluate = <Out>(
   context: ToolContext,
   prompt: Prompt.Prompt<Out>,

@@ -22,7 +22,11 @@ import type * as ProviderAdapter from "./ProviderAdapter.js"
 import type { RunContext } from "./RunContext.js"
 import type * as Session from "./Session.js"
 
-/** What a tool handler receives besides its parameters. */
+/**
+ * What a tool handler receives besides its parameters.
+ *
+ * @category models
+ */
 export interface ToolContext {
   readonly deadline: Deadline.Deadline | undefined
   readonly heartbeat: Heartbeat.Heartbeat | undefined
@@ -36,14 +40,28 @@ export interface ToolContext {
   readonly adapter: ProviderAdapter.ProviderAdapter["Type"]
 }
 
-/** What the model sees of a tool call: its encoded result, or an error message. */
+/**
+ * What the model sees of a tool call: its encoded result, or an error message.
+ *
+ * @category models
+ */
 export type ToolResult = Data.TaggedEnum<{
   Ok: { readonly value: unknown }
   Error: { readonly message: string }
 }>
+
+/**
+ * Makes and matches `ToolResult`s (`ToolResult.Ok({ value })`, `ToolResult.Error({ message })`).
+ *
+ * @category constructors
+ */
 export const ToolResult = Data.taggedEnum<ToolResult>()
 
-/** A tool with parameters `P` and result `S`. */
+/**
+ * A tool with parameters `P` and result `S`.
+ *
+ * @category models
+ */
 export interface Tool<P, S, E = never> {
   readonly name: string
   readonly description: string
@@ -52,7 +70,11 @@ export interface Tool<P, S, E = never> {
   readonly handler: (params: P, context: ToolContext) => Effect.Effect<S, E>
 }
 
-/** Any tool, as a prompt holds them. */
+/**
+ * Any tool, as a prompt holds them.
+ *
+ * @category models
+ */
 export interface Any {
   readonly name: string
   readonly description: string
@@ -61,11 +83,28 @@ export interface Any {
   readonly handler: (params: never, context: ToolContext) => Effect.Effect<unknown, unknown>
 }
 
-/** Makes a tool. Its name must be unique within a prompt. */
-export const make = <P, PI, S, SI, E = never>(options: {
+/**
+ * Options of `make`.
+ *
+ * @category models
+ */
+export interface Options<P, PI, S, SI, E = never> {
+  /** The name the model calls it by: unique within a prompt. */
   readonly name: string
+  /** What the tool does, for the model. */
   readonly description: string
+  /** Decodes the arguments the model wrote (its encoded side is what the model is shown). */
   readonly parameters: Schema.Schema<P, PI>
+  /** Encodes the result for the model. */
   readonly success: Schema.Schema<S, SI>
+  /** The work; a failure becomes a `ToolResult.Error` the model sees. */
   readonly handler: (params: P, context: ToolContext) => Effect.Effect<S, E>
-}): Tool<P, S, E> & Any => options as unknown as Tool<P, S, E> & Any
+}
+
+/**
+ * Makes a tool. Its name must be unique within a prompt.
+ *
+ * @category constructors
+ */
+export const make = <P, PI, S, SI, E = never>(options: Options<P, PI, S, SI, E>): Tool<P, S, E> & Any =>
+  options as unknown as Tool<P, S, E> & Any

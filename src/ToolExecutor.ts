@@ -19,9 +19,9 @@ import * as Schema from "effect/Schema"
 import * as Deadline from "./Deadline.js"
 import * as Errors from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
+import { deadlinePayload, since } from "./internal/agent.js"
 import type * as Prompt from "./Prompt.js"
-import { deadlinePayload, PromptEvaluationError } from "./ProviderAdapter.js"
-import * as Session from "./Session.js"
+import { PromptEvaluationError } from "./ProviderAdapter.js"
 import { type ToolContext, ToolResult } from "./Tool.js"
 
 const isDeadlineFailure = (error: unknown): boolean =>
@@ -29,7 +29,11 @@ const isDeadlineFailure = (error: unknown): boolean =>
   (error._tag === "DeadlineExceededError" ||
     (error instanceof PromptEvaluationError && error.reason === "deadline"))
 
-/** Executes `call` with `context`; fails only when the deadline ends the evaluation. */
+/**
+ * Executes `call` with `context`; fails only when the deadline ends the evaluation.
+ *
+ * @category utils
+ */
 export const execute = (
   call: Prompt.ToolCall,
   context: ToolContext
@@ -103,7 +107,7 @@ export const execute = (
       callId: call.id,
       ok: result._tag === "Ok",
       value: result._tag === "Ok" ? result.value : result.message,
-      durationMs: yield* Session.since(started)
+      durationMs: yield* since(started)
     })
     yield* context.beat
     return result

@@ -22,9 +22,15 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import { recordAge } from "./internal/heartbeat.js"
 import { counter } from "./internal/metrics.js"
+import * as Options_ from "./internal/options.js"
 
-/** When a heartbeat counts as stalled, and how often to look. */
+/**
+ * When a heartbeat counts as stalled, and how often to look.
+ *
+ * @category models
+ */
 export class WatchdogConfig extends Schema.Class<WatchdogConfig>("leasehold/WatchdogConfig")({
   /** A heartbeat older than this is a stall (default 720 s). */
   threshold: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(720) }),
@@ -32,19 +38,35 @@ export class WatchdogConfig extends Schema.Class<WatchdogConfig>("leasehold/Watc
   interval: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(60) })
 }) {}
 
-/** A loop whose heartbeat is older than the threshold. */
+/**
+ * A loop whose heartbeat is older than the threshold.
+ *
+ * @category models
+ */
 export interface Stall {
   readonly name: string
   readonly elapsed: Duration.Duration
 }
 
-/** What to do about stalls. */
+/**
+ * What to do about stalls.
+ *
+ * @category models
+ */
 export type StallAction = (stalls: ReadonlyArray<Stall>) => Effect.Effect<void>
 
-/** Exits the process with code 1 — the default action. */
+/**
+ * Exits the process with code 1 — the default action.
+ *
+ * @category utils
+ */
 export const exitProcess: StallAction = () => Effect.sync(() => process.exit(1))
 
-/** Watches named heartbeats. */
+/**
+ * Watches named heartbeats.
+ *
+ * @category models
+ */
 export interface Watchdog {
   readonly config: WatchdogConfig
   /** Watches `heartbeat` under `name` until the scope closes. */
@@ -57,23 +79,39 @@ export interface Watchdog {
   readonly stalled: Effect.Effect<ReadonlyArray<string>>
 }
 
-/** Stalls detected. */
+/**
+ * Stalls detected.
+ *
+ * @category metrics
+ */
 export const stallsDetected = counter("leasehold_watchdog_stalls_total", "Heartbeat stalls detected by the watchdog")
 
-/** Makes a watchdog; bad config fails with a readable `ParseError`. */
-export const make = (options?: {
-  readonly threshold?: Duration.DurationInput
-  readonly interval?: Duration.DurationInput
+/**
+ * Options of `make`: `WatchdogConfig`'s fields as callers write them, a schedule and a stall action.
+ *
+ * @category models
+ */
+export interface Options {
+  /** A heartbeat older than this is a stall (default 720 s). */
+  readonly threshold?: Duration.DurationInput | undefined
+  /** Time between checks when no schedule is given (default 60 s). */
+  readonly interval?: Duration.DurationInput | undefined
   /** When to check; defaults to `Schedule.spaced(interval)`. */
-  readonly schedule?: Schedule.Schedule<unknown>
+  readonly schedule?: Schedule.Schedule<unknown> | undefined
   /** What to do about new stalls; defaults to `exitProcess`. */
-  readonly onStall?: StallAction
-}): Effect.Effect<Watchdog, ParseResult.ParseError> =>
+  readonly onStall?: StallAction | undefined
+}
+
+const decodeOptions = Options_.classDecoder("Watchdog.make", WatchdogConfig)
+
+/**
+ * Makes a watchdog; bad config fails with a `ParseError` naming it.
+ *
+ * @category constructors
+ */
+export const make = (options?: Options): Effect.Effect<Watchdog, ParseResult.ParseError> =>
   Effect.map(
-    Schema.decodeUnknown(WatchdogConfig)({
-      ...(options?.threshold !== undefined ? { threshold: options.threshold } : {}),
-      ...(options?.interval !== undefined ? { interval: options.interval } : {})
-    }),
+    decodeOptions(options),
     (config): Watchdog => {
       const thresholdMillis = Duration.toMillis(config.threshold)
       const onStall = options?.onStall ?? exitProcess
@@ -99,7 +137,7 @@ export const make = (options?: {
         const fresh: Array<Stall> = []
         for (const [name, heartbeat] of watched) {
           const elapsed = yield* heartbeat.elapsed
-          yield* Heartbeat.recordAge(name, heartbeat)
+          yield* recordAge(name, heartbeat)
           if (Duration.toMillis(elapsed) > thresholdMillis) {
             const stall = { name, elapsed }
             stalls.push(stall)

@@ -33,14 +33,20 @@ import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Order from "effect/Order"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as SortedSet from "effect/SortedSet"
 import * as STM from "effect/STM"
 import * as TMap from "effect/TMap"
 import * as TRef from "effect/TRef"
 import { randomUUID } from "node:crypto"
+import * as Options_ from "./internal/options.js"
 
-/** What `tryAcquire` found. */
+/**
+ * What `tryAcquire` found.
+ *
+ * @category models
+ */
 export type AcquireResult = Data.TaggedEnum<{
   Acquired: { readonly token: string; readonly fencingToken: number }
   AlreadyAcquired: { readonly token: string }
@@ -48,24 +54,54 @@ export type AcquireResult = Data.TaggedEnum<{
   AlreadyProcessed: {}
   AlreadyFailed: {}
 }>
+
+/**
+ * Makes and matches `AcquireResult`s (`AcquireResult.Acquired({ token, fencingToken })`, `$match`…).
+ *
+ * @category constructors
+ */
 export const AcquireResult = Data.taggedEnum<AcquireResult>()
 
-/** What `succeed` leaves for the orchestrator. */
+/**
+ * What `succeed` leaves for the orchestrator.
+ *
+ * @category models
+ */
 export type SucceedResult = Data.TaggedEnum<{
   NoBacklog: {}
   NextHint: { readonly offset: number }
 }>
+
+/**
+ * Makes and matches `SucceedResult`s.
+ *
+ * @category constructors
+ */
 export const SucceedResult = Data.taggedEnum<SucceedResult>()
 
-/** What `fail` did. */
+/**
+ * What `fail` did.
+ *
+ * @category models
+ */
 export type FailResult = Data.TaggedEnum<{
   RetryScheduled: { readonly retryCount: number }
   GiveUpNoBacklog: {}
   GiveUpNextHint: { readonly offset: number }
 }>
+
+/**
+ * Makes and matches `FailResult`s.
+ *
+ * @category constructors
+ */
 export const FailResult = Data.taggedEnum<FailResult>()
 
-/** `tryAcquire` of an offset that is not the backlog head while the domain is idle. */
+/**
+ * `tryAcquire` of an offset that is not the backlog head while the domain is idle.
+ *
+ * @category errors
+ */
 export class BacklogOrderingError extends Schema.TaggedError<BacklogOrderingError>()("BacklogOrderingError", {
   domainId: Schema.String,
   expected: Schema.Number,
@@ -76,7 +112,11 @@ export class BacklogOrderingError extends Schema.TaggedError<BacklogOrderingErro
   }
 }
 
-/** `succeed` / `fail` on a domain without a lease. */
+/**
+ * `succeed` / `fail` on a domain without a lease.
+ *
+ * @category errors
+ */
 export class LeaseNotFoundError extends Schema.TaggedError<LeaseNotFoundError>()("LeaseNotFoundError", {
   domainId: Schema.String
 }) {
@@ -85,7 +125,11 @@ export class LeaseNotFoundError extends Schema.TaggedError<LeaseNotFoundError>()
   }
 }
 
-/** `succeed` / `fail` with a token that is not the current lease's. */
+/**
+ * `succeed` / `fail` with a token that is not the current lease's.
+ *
+ * @category errors
+ */
 export class TokenMismatchError extends Schema.TaggedError<TokenMismatchError>()("TokenMismatchError", {
   domainId: Schema.String
 }) {
@@ -94,7 +138,11 @@ export class TokenMismatchError extends Schema.TaggedError<TokenMismatchError>()
   }
 }
 
-/** A fencing token that is not the current holder's. */
+/**
+ * A fencing token that is not the current holder's.
+ *
+ * @category errors
+ */
 export class StaleFencingTokenError extends Schema.TaggedError<StaleFencingTokenError>()("StaleFencingTokenError", {
   domainId: Schema.String,
   fencingToken: Schema.Number,
@@ -105,7 +153,11 @@ export class StaleFencingTokenError extends Schema.TaggedError<StaleFencingToken
   }
 }
 
-/** Offsets are non-negative safe integers. */
+/**
+ * Offsets are non-negative safe integers.
+ *
+ * @category errors
+ */
 export class InvalidOffsetError extends Schema.TaggedError<InvalidOffsetError>()("InvalidOffsetError", {
   domainId: Schema.String,
   offset: Schema.Unknown
@@ -115,7 +167,11 @@ export class InvalidOffsetError extends Schema.TaggedError<InvalidOffsetError>()
   }
 }
 
-/** The lease of a domain, as `inspect` shows it. */
+/**
+ * The lease of a domain, as `inspect` shows it.
+ *
+ * @category models
+ */
 export interface LeaseView {
   readonly offset: number
   readonly token: string
@@ -124,7 +180,11 @@ export interface LeaseView {
   readonly retryCount: number
 }
 
-/** A domain as `inspect` shows it. */
+/**
+ * A domain as `inspect` shows it.
+ *
+ * @category models
+ */
 export interface DomainSnapshot {
   readonly lease: Option.Option<LeaseView>
   readonly backlog: ReadonlyArray<number>
@@ -134,7 +194,11 @@ export interface DomainSnapshot {
   readonly retainedTerminal: number
 }
 
-/** The contract, whatever the storage; a store that can fail adds its error as `StoreError`. */
+/**
+ * The contract, whatever the storage; a store that can fail adds its error as `StoreError`.
+ *
+ * @category models
+ */
 export interface WorkLease<StoreError = never> {
   readonly tryAcquire: (
     domainId: string,
@@ -229,15 +293,42 @@ const markTerminal = (
 
 const hint = (state: DomainState) => state.backlog[0]
 
-/** Makes an in-memory WorkLease. */
-export const make = (options?: {
-  /** `fail` gives up once `retryCount >= maxRetries` (default 3). */
-  readonly maxRetries?: number
-  readonly retention?: { readonly maxOutOfOrder?: number }
-}): Effect.Effect<WorkLease> =>
+/**
+ * Options of `make`.
+ *
+ * @category models
+ */
+export interface Options {
+  /** `fail` gives up once `retryCount >= maxRetries` (default 3; a non-negative integer). */
+  readonly maxRetries?: number | undefined
+  readonly retention?: {
+    /**
+     * Most processed offsets kept above the low-water mark (a non-negative integer; unbounded by default):
+     * past it the mark rises, and an offset below the mark that was never seen also answers `AlreadyProcessed`.
+     */
+    readonly maxOutOfOrder?: number | undefined
+  } | undefined
+}
+
+const decodeOptions = Options_.decoder("WorkLease.make", {
+  maxRetries: Schema.optionalWith(Options_.NonNegativeInt, { exact: true, default: () => 3 }),
+  retention: Schema.optionalWith(
+    Schema.Struct({ maxOutOfOrder: Schema.optionalWith(Options_.NonNegativeInt, { exact: true }) }).annotations({
+      identifier: "retention"
+    }),
+    { exact: true }
+  )
+})
+
+/**
+ * Makes an in-memory WorkLease. Bad options are a `ParseError` naming them.
+ *
+ * @category constructors
+ */
+export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.ParseError> =>
   Effect.gen(function*() {
-    const maxRetries = options?.maxRetries ?? 3
-    const maxOutOfOrder = options?.retention?.maxOutOfOrder
+    const { maxRetries, retention } = yield* decodeOptions(options)
+    const maxOutOfOrder = retention?.maxOutOfOrder
     const domains = yield* STM.commit(TMap.empty<string, TRef.TRef<DomainState>>())
     // A domain's TRef is created once and never replaced, so this cache is always right.
     const known = new Map<string, TRef.TRef<DomainState>>()

@@ -20,9 +20,10 @@ import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
-import { InvalidParameterError } from "./Errors.js"
+import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import {
   AcquireResult,
@@ -36,7 +37,11 @@ import {
   type WorkLease
 } from "./WorkLease.js"
 
-/** The database failed; the operation did nothing. */
+/**
+ * The database failed; the operation did nothing.
+ *
+ * @category errors
+ */
 export class WorkLeaseStoreError extends Schema.TaggedError<WorkLeaseStoreError>()("WorkLeaseStoreError", {
   operation: Schema.String,
   cause: Schema.Defect
@@ -58,22 +63,42 @@ interface DomainRow {
 
 const num = (value: number | string | null): number => Number(value)
 
-/** The SQL WorkLease: the contract's operations can also fail with `WorkLeaseStoreError`. */
+/**
+ * The SQL WorkLease: the contract's operations can also fail with `WorkLeaseStoreError`.
+ *
+ * @category models
+ */
 export type SqlWorkLease = WorkLease<WorkLeaseStoreError>
 
-/** Makes a SQL WorkLease on the `SqlClient` in the context, creating its tables if needed. */
-export const make = (options?: {
-  readonly maxRetries?: number
-  readonly prefix?: string
-}): Effect.Effect<SqlWorkLease, WorkLeaseStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+/**
+ * Options of `make` and `layer`.
+ *
+ * @category models
+ */
+export interface Options {
+  /** `fail` gives up once `retryCount >= maxRetries` (default 3; a non-negative integer). */
+  readonly maxRetries?: number | undefined
+  /** Table name prefix (default `leasehold_`). */
+  readonly prefix?: string | undefined
+}
+
+const decodeOptions = Options_.decoder("WorkLeaseSql.make", {
+  maxRetries: Schema.optionalWith(Options_.NonNegativeInt, { exact: true, default: () => 3 }),
+  prefix: Sql.Prefix
+})
+
+/**
+ * Makes a SQL WorkLease on the `SqlClient` in the context, creating its tables if needed. Bad options are a
+ * `ParseError` naming them.
+ *
+ * @category constructors
+ */
+export const make = (
+  options?: Options
+): Effect.Effect<SqlWorkLease, WorkLeaseStoreError | ParseResult.ParseError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
+    const { maxRetries, prefix } = yield* decodeOptions(options)
     const sql = yield* SqlClient.SqlClient
-    const maxRetries = options?.maxRetries ?? 3
-    const prefix = options?.prefix ?? "leasehold_"
-    const problem = Sql.prefixProblem(prefix)
-    if (problem !== undefined) {
-      return yield* new InvalidParameterError({ parameter: "prefix", value: prefix, reason: problem })
-    }
     const domains = sql(`${prefix}work_lease_domains`)
     const backlog = sql(`${prefix}work_lease_backlog`)
     const terminal = sql(`${prefix}work_lease_terminal`)
@@ -250,15 +275,20 @@ export const make = (options?: {
     return { tryAcquire, succeed, fail, inspect, assertCurrent }
   })
 
-/** The SQL work leases as a service (`layer`). */
+/**
+ * The SQL work leases as a service (`layer`).
+ *
+ * @category services
+ */
 export class WorkLeaseSql extends Context.Tag("leasehold/WorkLeaseSql")<WorkLeaseSql, SqlWorkLease>() {}
 
 /**
  * The work leases on the `SqlClient` in the context: provide `Database.layerSqlite` / `layerPg` once, and
  * this service shares its pool with the mailboxes and the merge queue.
+ *
+ * @category layers
  */
-export const layer = (options?: {
-  readonly maxRetries?: number
-  readonly prefix?: string
-}): Layer.Layer<WorkLeaseSql, WorkLeaseStoreError | InvalidParameterError, SqlClient.SqlClient> =>
+export const layer = (
+  options?: Options
+): Layer.Layer<WorkLeaseSql, WorkLeaseStoreError | ParseResult.ParseError, SqlClient.SqlClient> =>
   Layer.effect(WorkLeaseSql, make(options))

@@ -14,6 +14,7 @@ import * as Session from "../src/Session.js"
 import * as Subagent from "../src/Subagent.js"
 import * as Tool from "../src/Tool.js"
 import * as ToolExecutor from "../src/ToolExecutor.js"
+import { refusedOptions } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
 
@@ -36,6 +37,15 @@ const evaluate = <Out>(
   )
 
 describe("InnerLoop with the scripted adapter", () => {
+  it.effect("a maxTurns that is not a positive integer is a ParseError when the adapter is made", () =>
+    Effect.gen(function*() {
+      for (const maxTurns of [0, -1, 2.5, Number.NaN]) {
+        const error = yield* Effect.flip(ScriptedAdapter.make([], { maxTurns }))
+        expect(refusedOptions(error)).toEqual(["maxTurns"])
+        expect(error.message).toContain("InnerLoop.makeAdapter options")
+      }
+    }))
+
   it.effect("runs tool calls and returns the final output; the session records calls, params, results and usage", () =>
     Effect.gen(function*() {
       const adapter = yield* ScriptedAdapter.make([

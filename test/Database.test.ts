@@ -13,6 +13,7 @@ import * as Database from "../src/Database.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
+import { refusedOptions } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-database-"))
@@ -32,9 +33,21 @@ describe("Database", () => {
       const busy = yield* Effect.flip(
         build(Database.layerSqlite({ filename: join(directory, "x.db"), busyTimeout: -1 }))
       )
-      expect(busy).toMatchObject({ _tag: "InvalidParameterError", parameter: "busyTimeout" })
+      expect(refusedOptions(busy)).toEqual(["busyTimeout"])
+      expect(busy.message).toContain("Database.layerSqlite options")
+      expect(busy.message).toContain("must not be negative")
+      const long = yield* Effect.flip(
+        build(Database.layerSqlite({ filename: join(directory, "x.db"), busyTimeout: "11 minutes" }))
+      )
+      expect(refusedOptions(long)).toEqual(["busyTimeout"])
+      expect(long.message).toContain("must be at most 10 minutes")
       const pool = yield* Effect.flip(build(Database.layerPg({ url: cluster.url, maxConnections: 0 })))
-      expect(pool).toMatchObject({ _tag: "InvalidParameterError", parameter: "maxConnections" })
+      expect(refusedOptions(pool)).toEqual(["maxConnections"])
+      const fewer = yield* Effect.flip(
+        build(Database.layerPg({ url: cluster.url, maxConnections: 2, minConnections: 3 }))
+      )
+      expect(refusedOptions(fewer)).toEqual(["minConnections"])
+      expect(fewer.message).toContain("must be an integer from 0 to maxConnections (2)")
       const file = yield* Effect.flip(
         build(Database.layerSqlite({ filename: join(directory, "no", "such", "dir.db") }))
       )

@@ -1,6 +1,7 @@
 import { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
 import * as Errors from "../src/Errors.js"
+import { isUnreachable } from "../src/internal/errors.js"
 import { MailboxConnectionError } from "../src/Mailbox.js"
 
 const sqlError = (cause: object) => new SqlError({ cause, message: "Failed to execute statement" })
@@ -21,8 +22,8 @@ describe("Errors", () => {
       { code: "SQLITE_CONSTRAINT_PRIMARYKEY", message: "UNIQUE constraint failed" },
       { code: "42P01", message: "relation \"x\" does not exist" }
     ]
-    for (const cause of unreachable) expect(Errors.isUnreachable(sqlError(cause)), cause.message).toBe(true)
-    for (const cause of refused) expect(Errors.isUnreachable(sqlError(cause)), cause.message).toBe(false)
+    for (const cause of unreachable) expect(isUnreachable(sqlError(cause)), cause.message).toBe(true)
+    for (const cause of refused) expect(isUnreachable(sqlError(cause)), cause.message).toBe(false)
   })
 
   it("a MailboxConnectionError says which it was, with the driver's own words", () => {

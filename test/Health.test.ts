@@ -8,7 +8,7 @@ import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type * as MailboxWorker from "../src/MailboxWorker.js"
 import { messagesProcessed } from "../src/MailboxWorker.js"
-import { spawnBundled } from "./helpers.js"
+import { refusedOptions, spawnBundled } from "./helpers.js"
 
 /** A loop stand-in whose running flag the test sets. */
 const fakeLoop = (name: string) =>
@@ -84,12 +84,18 @@ describe("Health server (real HTTP on a free port)", () => {
 })
 
 describe("Health config", () => {
-  it.effect("a bad staleAfter is a ParseError naming it", () =>
+  it.effect("a bad staleAfter or port is a ParseError naming it", () =>
     Effect.gen(function*() {
       const error = yield* Effect.flip(Layer.build(Health.layerRegistry({ staleAfter: -5 })).pipe(Effect.scoped))
       expect(error._tag).toBe("ParseError")
-      expect(error.message).toContain("staleAfter")
+      expect(refusedOptions(error)).toEqual(["staleAfter"])
       expect(error.message).toContain("must not be negative")
+      // The server's port is checked before anything is loaded or bound.
+      for (const port of [-1, 65_536, 1.5]) {
+        const bad = yield* Effect.flip(Layer.build(Health.layer({ port })).pipe(Effect.scoped))
+        expect(refusedOptions(bad)).toEqual(["port"])
+        expect(bad.message).toContain("must be a port number")
+      }
     }))
 })
 

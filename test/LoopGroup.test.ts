@@ -6,7 +6,7 @@ import { InvalidParameterError, type Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as ShutdownCoordinator from "../src/ShutdownCoordinator.js"
-import { captureLogs } from "./helpers.js"
+import { captureLogs, refusedOptions } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
 
@@ -293,5 +293,19 @@ describe("LoopGroup supervision", () => {
       const group = LoopGroup.make([loop], { supervision: LoopGroup.restart(Schedule.spaced("1 second")) })
       const error = yield* Effect.flip(group.run({ waitTime: "1 minute" }))
       expect(error._tag).toBe("InvalidParameterError")
+    }))
+
+  it.scoped("bad group options fail run with a ParseError naming them, before any loop starts", () =>
+    Effect.gen(function*() {
+      const box = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker("w", box, Effect.void)
+      const error = yield* Effect.flip(LoopGroup.make([loop], { shutdownTimeout: -1 }).run())
+      expect(refusedOptions(error)).toEqual(["shutdownTimeout"])
+      expect(error.message).toContain("LoopGroup.make options")
+      const watchdog = yield* Effect.flip(
+        LoopGroup.make([loop], { watchdog: { threshold: "soon" as "1 second" } }).run()
+      )
+      expect(refusedOptions(watchdog)).toEqual(["threshold"])
+      expect(yield* loop.running).toBe(false)
     }))
 })

@@ -6,7 +6,7 @@ import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 
 import { logSettleFailure } from "../src/internal/worker/settleFailure.js"
-import { captureLogs } from "./helpers.js"
+import { captureLogs, refusedOptions } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
 
@@ -129,6 +129,19 @@ describe("MailboxWorker shutdown", () => {
         "AlreadyRunningError",
         "Loop \"test-worker\" is already running: stop it, or wait for its run to end, before running it again"
       ])
+    }))
+
+  it.scoped("runScoped: the same run options are configuration there, a ParseError naming them before anything runs", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string>({ name: "q" })
+      const loop = yield* worker(mailbox, () => Effect.void)
+      const error = yield* Effect.flip(
+        MailboxWorker.runScoped(loop, { run: { waitTime: "1 minute" }, shutdownTimeout: "forever" as "1 second" })
+      )
+      expect(refusedOptions(error)).toEqual(["run.waitTime", "shutdownTimeout"])
+      expect(error.message).toContain("MailboxWorker.runScoped options")
+      expect(error.message).toContain("must be between 0 and 20s")
+      expect(yield* loop.running).toBe(false)
     }))
 })
 

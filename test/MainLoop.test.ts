@@ -2,10 +2,12 @@ import { describe, expect, it } from "@effect/vitest"
 import { DateTime, Effect, Exit, Fiber, HashMap, Layer, Logger, Ref, Schema, Scope, TestClock } from "effect"
 import * as DeadLetter from "../src/DeadLetter.js"
 import * as Deadline from "../src/Deadline.js"
+import * as Health from "../src/Health.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
+import { refusedOptions } from "./helpers.js"
 
 class ToolBroke extends Error {
   readonly _tag = "ToolBroke"
@@ -444,6 +446,34 @@ describe("MainLoop.layer", () => {
       expect(yield* requests.approximateCount).toBe(0)
     }))
 
+  it.scoped("with Health provided, the loop counts in readiness, which turns 503 before the drain starts", () =>
+    Effect.gen(function*() {
+      const { replies, requests, resolver, send } = yield* setup
+      const health = yield* Health.Health
+      yield* send("slow")
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        MainLoop.layer({
+          requests,
+          execute: (r: string) => Effect.as(Effect.sleep("2 seconds"), r.toUpperCase()),
+          shutdownTimeout: "10 seconds"
+        }).pipe(Layer.provide(Layer.succeed(MailboxResolver, resolver))),
+        scope
+      )
+      yield* settle
+      expect(yield* health.readiness).toEqual({ ready: true, reasons: [] })
+      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      yield* settle
+      // Draining: the request is still in flight, and readiness already says so.
+      expect(yield* replies).toEqual([])
+      expect((yield* health.readiness).reasons).toContain("shutting down")
+      yield* TestClock.adjust("2 seconds")
+      yield* Fiber.join(closing)
+      expect((yield* replies).map((r) => r.output)).toEqual(["SLOW"])
+      // The loop no longer counts once the layer is closed.
+      expect((yield* health.readiness).reasons).toEqual(["shutting down"])
+    }).pipe(Effect.provide(Health.layerRegistry())))
+
   it.scoped("closing the layer's scope with a stuck request: at the timeout it is interrupted and given back", () =>
     Effect.gen(function*() {
       const { replies, requests, resolver, send } = yield* setup
@@ -471,15 +501,37 @@ describe("MainLoop.layer", () => {
       expect((yield* requests.receive()).map((m) => m.deliveryCount)).toEqual([2]) // nacked, not left for an hour
     }))
 
-  it.scoped("bad run options fail the layer when it is built", () =>
+  it.scoped("bad options — how it runs, how it stops, the loop's config — fail the layer with a ParseError", () =>
     Effect.gen(function*() {
       const { requests, resolver } = yield* setup
-      const error = yield* Effect.flip(Layer.build(
-        MainLoop.layer({ requests, execute: Effect.succeed, run: { waitTime: "1 hour" } }).pipe(
+      const refused = (
+        options: MainLoop.LayerOptions & { readonly config?: MainLoop.MainLoopConfig<string> }
+      ) =>
+        Effect.map(
+          Effect.flip(Layer.build(
+            MainLoop.layer({ requests, execute: Effect.succeed, ...options }).pipe(
+              Layer.provide(Layer.succeed(MailboxResolver, resolver))
+            )
+          )),
+          (error) => {
+            expect(error.message).toMatch(/^MainLoop\.(layer|make) options/)
+            return refusedOptions(error)
+          }
+        )
+      expect(yield* refused({ run: { waitTime: "1 hour" } })).toEqual(["run.waitTime"])
+      expect(yield* refused({ run: { maxIterations: -1, visibilityTimeout: "13 hours" } })).toEqual([
+        "run.maxIterations",
+        "run.visibilityTimeout"
+      ])
+      expect(yield* refused({ shutdownTimeout: -5 })).toEqual(["shutdownTimeout"])
+      expect(yield* refused({ config: { timeout: "500 millis" } })).toEqual(["config.timeout"])
+      // The lease extender's config is LeaseExtender.make's.
+      const extender = yield* Effect.flip(Layer.build(
+        MainLoop.layer({ requests, execute: Effect.succeed, config: { leaseExtender: { interval: -1 } } }).pipe(
           Layer.provide(Layer.succeed(MailboxResolver, resolver))
         )
       ))
-      expect(error._tag).toBe("InvalidParameterError")
-      expect(error.message).toContain("waitTime")
+      expect(refusedOptions(extender)).toEqual(["interval"])
+      expect(extender.message).toContain("LeaseExtender.make options")
     }))
 })

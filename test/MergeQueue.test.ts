@@ -28,7 +28,7 @@ import { join } from "node:path"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as MergeQueue from "../src/MergeQueue.js"
-import { captureLogs, skewedClock } from "./helpers.js"
+import { captureLogs, refusedOptions, skewedClock } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-merge-queue-"))
@@ -51,7 +51,7 @@ beforeAll(async () => {
 afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
 
 const TIMEOUT = 300_000
-const queueOn = (sql: SqlClient.SqlClient, options?: MergeQueue.MergeQueueOptions) =>
+const queueOn = (sql: SqlClient.SqlClient, options?: MergeQueue.Options) =>
   MergeQueue.make({ prefix, ...options }).pipe(Effect.provideService(SqlClient.SqlClient, sql))
 
 /** The seed's invariants, checked over every entry. */
@@ -456,12 +456,17 @@ for (const backend of backends) {
         const duplicate = yield* Effect.flip(queue.enqueue("ws"))
         expect(duplicate).toMatchObject({ _tag: "AlreadyQueuedError", entryId: first.id })
         expect(yield* queue.get(12_345)).toEqual(Option.none())
+        // Bad configuration is a ParseError naming the option (operations' arguments, above, are not).
         const badTimeout = yield* Effect.flip(queueOn(backend.client(), { lockTimeout: "0 seconds" }))
-        expect(badTimeout).toMatchObject({ parameter: "lockTimeout" })
+        expect(refusedOptions(badTimeout)).toEqual(["lockTimeout"])
+        expect(badTimeout.message).toContain("must be greater than zero")
         for (const prefix of ["x; DROP", "Queue_", "q".repeat(38)]) {
           const badPrefix = yield* Effect.flip(queueOn(backend.client(), { prefix }))
-          expect(badPrefix.message).toContain("prefix")
+          expect(refusedOptions(badPrefix)).toEqual(["prefix"])
         }
+        const several = yield* Effect.flip(queueOn(backend.client(), { maxAttempts: 0, maxBackoff: -1 }))
+        expect(refusedOptions(several)).toEqual(["maxAttempts", "maxBackoff"])
+        expect(several.message).toContain("MergeQueue.make options")
       }))
   })
 }

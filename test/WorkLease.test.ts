@@ -2,6 +2,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Effect, FastCheck as fc, Option } from "effect"
 import * as WorkLease from "../src/WorkLease.js"
 import { workLeaseContract } from "./contract/WorkLeaseContract.js"
+import { refusedOptions } from "./helpers.js"
 
 workLeaseContract("STM", (options) => WorkLease.make(options))
 
@@ -129,6 +130,21 @@ describe("WorkLease model-based property", () => {
       ),
     300_000
   )
+})
+
+describe("WorkLease options", () => {
+  it.effect("bad options are a ParseError naming them: maxRetries and retention.maxOutOfOrder are counts", () =>
+    Effect.gen(function*() {
+      for (const maxRetries of [-1, 0.5, Number.NaN]) {
+        const error = yield* Effect.flip(WorkLease.make({ maxRetries }))
+        expect(refusedOptions(error)).toEqual(["maxRetries"])
+        expect(error.message).toContain("must be a non-negative integer")
+      }
+      const retention = yield* Effect.flip(WorkLease.make({ retention: { maxOutOfOrder: -3 } }))
+      expect(refusedOptions(retention)).toEqual(["retention.maxOutOfOrder"])
+      expect(retention.message).toContain("WorkLease.make options")
+      yield* WorkLease.make({ maxRetries: 0, retention: { maxOutOfOrder: 0 } })
+    }))
 })
 
 describe("WorkLease retention (bounded memory)", () => {

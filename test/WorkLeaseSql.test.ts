@@ -12,7 +12,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 import { workLeaseContract } from "./contract/WorkLeaseContract.js"
-import { spawnTsx } from "./helpers.js"
+import { refusedOptions, spawnTsx } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 let tables = 0
@@ -87,12 +87,18 @@ describe("WorkLeaseSql across processes", () => {
 })
 
 describe("WorkLeaseSql options", () => {
-  it.scoped("a prefix that breaks the rule (capitals, too long, not an identifier) is an InvalidParameterError", () =>
+  it.scoped("a prefix that breaks the rule (capitals, too long, not an identifier) is a ParseError naming it", () =>
     Effect.gen(function*() {
       const context = yield* Layer.build(SqliteClient.layer({ filename: sqliteFile }))
       for (const bad of ["Lease_", "p".repeat(38), "x; DROP TABLE y"]) {
         const error = yield* Effect.flip(WorkLeaseSql.make({ prefix: bad }).pipe(Effect.provide(context)))
-        expect(error._tag === "InvalidParameterError" && error.parameter).toBe("prefix")
+        expect(refusedOptions(error)).toEqual(["prefix"])
+      }
+      // And maxRetries is a count: `fail` would otherwise never give up (NaN) or give up at once (negative).
+      for (const bad of [-1, 1.5, Number.NaN]) {
+        const error = yield* Effect.flip(WorkLeaseSql.make({ maxRetries: bad }).pipe(Effect.provide(context)))
+        expect(refusedOptions(error)).toEqual(["maxRetries"])
+        expect(error.message).toContain("must be a non-negative integer")
       }
     }))
 })

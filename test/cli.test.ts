@@ -118,6 +118,13 @@ describe("leasehold queue on SQLite", () => {
         const missing = yield* leasehold("queue", "status", "--db", join(directory, "nope.db"))
         expect(missing.code).toBe(1)
         expect(missing.stderr).toContain("no such file")
+        // A --prefix that breaks the prefix rule is configuration the library refuses (a ParseError): bad usage.
+        for (const command of [["queue", "status"], ["mailbox", "stats"]]) {
+          const badPrefix = yield* leasehold(...command, "--db", sqliteFile, "--prefix", "Bad-Prefix")
+          expect(badPrefix.code).toBe(2)
+          expect(badPrefix.stderr).toContain("[\"prefix\"]")
+          expect(badPrefix.stderr).toContain("must be lower-case letters, digits and underscores")
+        }
         const help = yield* leasehold("queue", "recover", "--help")
         expect(help.code).toBe(0)
         expect(help.stdout).toContain("Example: leasehold queue recover")

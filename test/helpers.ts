@@ -1,5 +1,5 @@
 /** Test helpers shared by several test files. */
-import { Clock, Effect, Logger, type LogLevel, TestClock } from "effect"
+import { Clock, Effect, Logger, type LogLevel, ParseResult, TestClock } from "effect"
 import { buildSync } from "esbuild"
 import { execFile, spawn } from "node:child_process"
 import { basename, join } from "node:path"
@@ -148,4 +148,21 @@ export const skewedClock = (skew: number): Clock.Clock => {
     currentTimeNanos: live.currentTimeNanos,
     sleep: (duration) => live.sleep(duration)
   }
+}
+
+/**
+ * The options a constructor refused: every path its `ParseError` names (`"maxSize"`, `"config.timeout"`),
+ * each key checked to appear in the message as Schema writes it (`["maxSize"]`). Anything but a `ParseError` is
+ * reported by its tag, so an assertion on the result fails saying what came instead.
+ */
+export const refusedOptions = (error: unknown): ReadonlyArray<string> | string => {
+  if (!ParseResult.isParseError(error)) {
+    return `not a ParseError: ${(error as { readonly _tag?: unknown } | undefined)?._tag ?? String(error)}`
+  }
+  const paths = ParseResult.ArrayFormatter.formatErrorSync(error).map((issue) => issue.path)
+  for (const key of paths.flat()) {
+    const shown = `[${JSON.stringify(key)}]`
+    if (!error.message.includes(shown)) return `the message does not name ${shown}: ${error.message}`
+  }
+  return paths.map((path) => path.join("."))
 }

@@ -15,6 +15,7 @@ import type * as AiTool from "@effect/ai/Tool"
 import type * as Toolkit from "@effect/ai/Toolkit"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as InnerLoop from "../InnerLoop.js"
 import type * as Prompt from "../Prompt.js"
@@ -86,19 +87,30 @@ const complete = (model: LanguageModel.Service, AiTool: AiToolModule): InnerLoop
     }
   })
 
-/** An adapter over the `LanguageModel` in the context. */
+/**
+ * An adapter over the `LanguageModel` in the context. Bad options are a `ParseError` naming them (see
+ * `InnerLoop.makeAdapter`).
+ *
+ * @category constructors
+ */
 export const make = (
   options?: InnerLoop.Options
-): Effect.Effect<ProviderAdapter["Type"], never, LanguageModel.LanguageModel> =>
+): Effect.Effect<ProviderAdapter["Type"], ParseResult.ParseError, LanguageModel.LanguageModel> =>
   Effect.flatMap(
     Effect.promise(() => Promise.all([import("@effect/ai/LanguageModel"), import("@effect/ai/Tool")])),
     ([LanguageModel, AiTool]) =>
-      Effect.map(
+      Effect.flatMap(
         LanguageModel.LanguageModel,
         (model) => InnerLoop.makeAdapter("effect-ai", complete(model, AiTool), options)
       )
   )
 
-/** The adapter as the `ProviderAdapter` service. */
-export const layer = (options?: InnerLoop.Options): Layer.Layer<ProviderAdapter, never, LanguageModel.LanguageModel> =>
+/**
+ * The adapter as the `ProviderAdapter` service.
+ *
+ * @category layers
+ */
+export const layer = (
+  options?: InnerLoop.Options
+): Layer.Layer<ProviderAdapter, ParseResult.ParseError, LanguageModel.LanguageModel> =>
   Layer.effect(ProviderAdapter, make(options))

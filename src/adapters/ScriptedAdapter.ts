@@ -7,13 +7,18 @@
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import type * as ParseResult from "effect/ParseResult"
 import * as Ref from "effect/Ref"
 import * as InnerLoop from "../InnerLoop.js"
 import { ProviderAdapter } from "../ProviderAdapter.js"
 
 type ProviderAdapterService = ProviderAdapter["Type"]
 
-/** One scripted model turn. */
+/**
+ * One scripted model turn.
+ *
+ * @category models
+ */
 export interface ScriptedTurn {
   /** Tools the model calls this turn (ids default to `call-N`). */
   readonly toolCalls?: ReadonlyArray<{ readonly name: string; readonly params: unknown; readonly id?: string }>
@@ -28,16 +33,25 @@ export interface ScriptedTurn {
   readonly fail?: string
 }
 
-/** A scripted adapter, and the requests it received. */
+/**
+ * A scripted adapter, and the requests it received.
+ *
+ * @category models
+ */
 export interface Scripted extends ProviderAdapterService {
   readonly requests: Effect.Effect<ReadonlyArray<InnerLoop.ModelRequest>>
 }
 
-/** Replays `turns` in order across every evaluation; a request past the end is a provider error. */
+/**
+ * Replays `turns` in order across every evaluation; a request past the end is a provider error. Bad options
+ * are a `ParseError` naming them (see `InnerLoop.makeAdapter`).
+ *
+ * @category constructors
+ */
 export const make = (
   turns: ReadonlyArray<ScriptedTurn>,
   options?: InnerLoop.Options
-): Effect.Effect<Scripted> =>
+): Effect.Effect<Scripted, ParseResult.ParseError> =>
   Effect.gen(function*() {
     const next = yield* Ref.make(0)
     const received = yield* Ref.make<ReadonlyArray<InnerLoop.ModelRequest>>([])
@@ -61,9 +75,15 @@ export const make = (
           usage: { inputTokens: turn.usage?.inputTokens ?? 0, outputTokens: turn.usage?.outputTokens ?? 0 }
         }
       })
-    return { ...InnerLoop.makeAdapter("scripted", complete, options), requests: Ref.get(received) }
+    return { ...yield* InnerLoop.makeAdapter("scripted", complete, options), requests: Ref.get(received) }
   })
 
-/** The scripted adapter as the `ProviderAdapter` service. */
-export const layer = (turns: ReadonlyArray<ScriptedTurn>, options?: InnerLoop.Options): Layer.Layer<ProviderAdapter> =>
-  Layer.effect(ProviderAdapter, make(turns, options))
+/**
+ * The scripted adapter as the `ProviderAdapter` service.
+ *
+ * @category layers
+ */
+export const layer = (
+  turns: ReadonlyArray<ScriptedTurn>,
+  options?: InnerLoop.Options
+): Layer.Layer<ProviderAdapter, ParseResult.ParseError> => Layer.effect(ProviderAdapter, make(turns, options))

@@ -13,6 +13,7 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
+import * as ParseResult from "effect/ParseResult"
 import { MissingDatabaseError } from "../cli/database.js"
 import * as demo from "../cli/demo.js"
 import * as health from "../cli/health.js"
@@ -49,8 +50,11 @@ const runCli = () =>
       return
     }
     const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
+    // Bad arguments: an option out of range (InvalidParameterError), or configuration a constructor refused
+    // (a ParseError: a --prefix that breaks the prefix rule, say).
     const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError ||
-      error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError
+      error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError ||
+      ParseResult.isParseError(error)
     return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`))
       .then(
         () => {

@@ -10,10 +10,11 @@ import * as Options from "@effect/cli/Options"
 import type * as SqlClient from "@effect/sql/SqlClient"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { existsSync } from "node:fs"
 import * as Database from "../Database.js"
-import type { InvalidParameterError } from "../Errors.js"
+import * as Target from "../internal/sql/target.js"
 
 /** No `--db` and no database URL in the environment: a usage error. */
 export class MissingDatabaseError extends Schema.TaggedError<MissingDatabaseError>()("MissingDatabaseError", {}) {
@@ -36,18 +37,18 @@ export const prefix = Options.text("prefix").pipe(
   Options.withDefault("leasehold_")
 )
 
-/** Shows a database target without its secrets (see `Database.redact`). */
-export const redact = Database.redact
+/** Shows a database target without its secrets. */
+export const redact = Target.redact
 
 /** The client for `--db` (falling back to `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`). */
 export const client = (
   target: string | undefined
-): Layer.Layer<SqlClient.SqlClient, Database.DatabaseError | InvalidParameterError | MissingDatabaseError> => {
+): Layer.Layer<SqlClient.SqlClient, Database.DatabaseError | ParseResult.ParseError | MissingDatabaseError> => {
   const resolved = target ?? process.env.LEASEHOLD_DATABASE_URL ?? process.env.DATABASE_URL
   if (resolved === undefined || resolved.trim() === "") {
     return Layer.fail(new MissingDatabaseError())
   }
-  if (Database.isPostgresUrl(resolved)) {
+  if (Target.isPostgresUrl(resolved)) {
     return Database.layerPg({ url: resolved, maxConnections: 2, minConnections: 1 }).pipe(
       // A URL was given, so no configuration is read: a ConfigError cannot happen.
       Layer.catchAll((error) => error._tag === "ConfigError" ? Layer.die(error) : Layer.fail(error))

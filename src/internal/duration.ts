@@ -53,4 +53,10 @@ export const DurationFromInput: Schema.Schema<Duration.Duration, Duration.Durati
       }),
     encode: ParseResult.succeed
   }
-) as unknown as Schema.Schema<Duration.Duration, Duration.DurationInput>
+).annotations({
+  // One line under the option's name ("must not be negative"), not Schema's account of the transformation.
+  message: (issue) => ({
+    message: Either.match(parse(issue.actual), { onLeft: (reason) => reason, onRight: () => "is not a duration" }),
+    override: true
+  })
+}) as unknown as Schema.Schema<Duration.Duration, Duration.DurationInput>

@@ -1,14 +1,17 @@
 /**
  * What every mailbox backend checks the same way: the options of `send`,
- * `receive`, `nack` and `extendVisibility` (SQS's limits), and a queue's
- * name — so each backend refuses the same input with the same
- * `InvalidParameterError`, whatever stores the messages.
+ * `receive`, `nack` and `extendVisibility` (SQS's limits, refused with the
+ * same `InvalidParameterError`), and the options of `make` — a queue's name
+ * and `maxSize`, decoded by the same Schemas (a `ParseError`) — whatever
+ * stores the messages.
  */
 import * as Duration from "effect/Duration"
 import * as Either from "effect/Either"
+import type * as Schema from "effect/Schema"
 import { InvalidParameterError } from "../../Errors.js"
 import type { ReceiveOptions } from "../../Mailbox.js"
 import * as Durations from "../duration.js"
+import * as Options from "../options.js"
 
 /** Limits every backend enforces (SQS's). */
 export const limits = {
@@ -107,19 +110,8 @@ export const queueNameProblem = (name: unknown): string | undefined => {
   return undefined
 }
 
-/** Checks the options every backend's `make` shares: the queue's name and `maxSize`. */
-export const validateMake = (
-  options: { readonly name: unknown; readonly maxSize?: unknown }
-): Either.Either<void, InvalidParameterError> => {
-  const { maxSize, name } = options
-  const nameProblem = queueNameProblem(name)
-  if (nameProblem !== undefined) {
-    return Either.left(new InvalidParameterError({ parameter: "name", value: name, reason: nameProblem }))
-  }
-  if (maxSize !== undefined && !(Number.isSafeInteger(maxSize) && (maxSize as number) > 0)) {
-    return Either.left(
-      new InvalidParameterError({ parameter: "maxSize", value: maxSize, reason: "must be a positive integer" })
-    )
-  }
-  return Either.void
-}
+/** A queue's name, by `queueNameProblem`'s rule: the option every backend's `make` decodes alike. */
+export const QueueName: Schema.Schema<string> = Options.ruledString(queueNameProblem)
+
+/** `maxSize`, the bound on unacknowledged messages every backend's `make` takes. */
+export const MaxSize: Schema.Schema<number> = Options.PositiveInt

@@ -11,7 +11,9 @@ import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
+import * as Schema from "effect/Schema"
 import * as Scope from "effect/Scope"
+import * as Options from "../options.js"
 
 /**
  * The table-prefix rule every SQL service applies. A prefix is spliced into identifiers, so: lower-case
@@ -35,6 +37,12 @@ export const prefixProblem = (prefix: unknown): string | undefined => {
   }
   return undefined
 }
+
+/** The `prefix` option of every SQL service, decoded by the prefix rule (default `leasehold_`). */
+export const Prefix = Schema.optionalWith(Options.ruledString(prefixProblem), {
+  exact: true,
+  default: () => "leasehold_"
+})
 
 /** Turns a driver's `SqlError` into the service's own error, leaving other failures as they are. */
 export const mapSqlError =

@@ -30,11 +30,13 @@ import * as DeadLetter from "../../DeadLetter.js"
 import * as Deadline from "../../Deadline.js"
 import * as Errors from "../../Errors.js"
 import * as Heartbeat from "../../Heartbeat.js"
+import type * as LeaseExtender from "../../LeaseExtender.js"
 import type { Mailbox, MailboxResolver, Message } from "../../Mailbox.js"
 import * as MailboxWorker from "../../MailboxWorker.js"
 import type { RunContext } from "../../RunContext.js"
-import { DurationFromInput } from "../duration.js"
+import { monotonicMillis } from "../heartbeat.js"
 import { counter } from "../metrics.js"
+import * as Options from "../options.js"
 import * as SettleFailure from "./settleFailure.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
@@ -50,7 +52,8 @@ export interface Envelope {
 export interface Config<Body> {
   /** Stable id of this worker (default `host-pid`). */
   readonly workerId?: string | undefined
-  readonly leaseExtender?: MailboxWorker.Options<never, never, never, never, never>["leaseExtender"]
+  /** How the lease of the request in hand is extended (see `LeaseExtender.make`). */
+  readonly leaseExtender?: LeaseExtender.Options | undefined
   /** Dead-letter failed requests by this policy instead of replying an error at once. */
   readonly deadLetters?: DeadLetter.DeadLetterQueue<Body> | undefined
   /** Time limit for a request that carries no deadline, counted from when its execution starts (≥ 1 s). */
@@ -79,12 +82,23 @@ export const deadLettered = counter("leasehold_messages_dead_lettered_total", "M
 /** The default worker id: `host-pid`. */
 export const defaultWorkerId = (): string => `${hostname()}-${process.pid}`
 
-const RequestTimeout = DurationFromInput.pipe(
-  Schema.filter((d) => Duration.greaterThanOrEqualTo(d, Duration.seconds(1)) || "timeout must be at least 1 second")
-).annotations({ identifier: "timeout" })
+/** The part of the config decoded here (the lease extender's is `LeaseExtender.make`'s): `timeout` ≥ 1 s. */
+const configFields = {
+  config: Schema.optionalWith(
+    Schema.Struct({
+      timeout: Schema.optionalWith(
+        Options.duration({ min: Duration.seconds(1), range: "must be at least 1 second" }),
+        { exact: true }
+      )
+    }),
+    { exact: true }
+  )
+}
 
 /** Makes a request loop over `requests`; a bad `timeout` or lease-extender config fails with a `ParseError`. */
 export const make = <Body extends Envelope, Res, Out, E, R>(options: {
+  /** The constructor the loop's options were given to, for what a `ParseError` says (`MainLoop.make`). */
+  readonly label: string
   readonly name: string
   readonly requests: Mailbox<Body, Res>
   readonly config: Config<Body> | undefined
@@ -108,9 +122,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     const { config, requests } = options
     const workerId = config?.workerId ?? defaultWorkerId()
     const deadLetters = config?.deadLetters
-    const timeout = config?.timeout === undefined
-      ? undefined
-      : yield* Schema.decodeUnknown(RequestTimeout)(config.timeout)
+    const timeout = (yield* Options.decoder(options.label, configFields)({ config })).config?.timeout
     const clock: Clock.Clock = yield* Effect.clock
     type Msg = Message<Body, Res>
 
@@ -128,7 +140,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     const outcomeOf = (message: Msg): Outcome =>
       current?.message === message
         ? current
-        : { runContext: runContextOf(message), startedAt: Heartbeat.monotonicMillis(clock) }
+        : { runContext: runContextOf(message), startedAt: monotonicMillis(clock) }
 
     const replyAndAck = (message: Msg, reply: Res) =>
       SettleFailure.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
@@ -197,7 +209,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       // Not suspended: the worker calls `handle` when the message starts, and a throwing `execute` is a defect there.
       const body = message.body
       const runContext = runContextOf(message)
-      current = { message, runContext, startedAt: Heartbeat.monotonicMillis(clock) }
+      current = { message, runContext, startedAt: monotonicMillis(clock) }
       // The request's own budget and deadline override the loop's config.
       const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
       const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext }

@@ -19,7 +19,7 @@ import * as RcMap from "effect/RcMap"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { TablesNotFoundError } from "../../../Errors.js"
-import { InvalidParameterError, MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
+import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
 import * as Sql from "../common.js"
 
 export interface Row {
@@ -350,31 +350,22 @@ export const acquire = (store: Store): Effect.Effect<Store, never, Scope.Scope> 
     )
   })
 
-export const invalid = (parameter: string, value: unknown, reason: string) =>
-  Effect.fail(new InvalidParameterError({ parameter, value, reason }))
-
-/** The store of `prefix` (checked against the prefix rule), its tables created or brought up to date. */
-export const prepare = (prefix: string | undefined) =>
+/** The store of `prefix` (decoded by the caller's options), its tables created or brought up to date. */
+export const prepare = (prefix: string) =>
   Effect.gen(function*() {
-    const resolved = prefix ?? "leasehold_"
-    const problem = Sql.prefixProblem(resolved)
-    if (problem !== undefined) return yield* invalid("prefix", resolved, problem)
-    const store = storeFor(yield* SqlClient.SqlClient, resolved)
+    const store = storeFor(yield* SqlClient.SqlClient, prefix)
     yield* migrate(store).pipe(
-      Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${resolved}mailbox`, cause }))
+      Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${prefix}mailbox`, cause }))
     )
     return store
   })
 
 /** The store of `prefix` for an operator's look: its tables must exist, and nothing is written. */
-export const openExisting = (prefix: string | undefined) =>
+export const openExisting = (prefix: string) =>
   Effect.gen(function*() {
-    const resolved = prefix ?? "leasehold_"
-    const problem = Sql.prefixProblem(resolved)
-    if (problem !== undefined) return yield* invalid("prefix", resolved, problem)
     const sql = yield* SqlClient.SqlClient
-    const missing = yield* Sql.missingTables(sql, [`${resolved}mailbox_messages`, `${resolved}mailbox_dead_letters`])
-      .pipe(Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${resolved}mailbox`, cause })))
-    if (missing.length > 0) return yield* new TablesNotFoundError({ what: "mailbox tables", prefix: resolved, missing })
-    return storeFor(sql, resolved)
+    const missing = yield* Sql.missingTables(sql, [`${prefix}mailbox_messages`, `${prefix}mailbox_dead_letters`])
+      .pipe(Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${prefix}mailbox`, cause })))
+    if (missing.length > 0) return yield* new TablesNotFoundError({ what: "mailbox tables", prefix, missing })
+    return storeFor(sql, prefix)
   })
