@@ -7,7 +7,7 @@
  * its 1 s visibility timeout; a second request, whose deadline passes while the
  * tool runs, is stopped in the middle of it.
  *
- *   npx tsx examples/agent-tools.ts
+ *   npx tsx --conditions=leasehold-source examples/agent-tools.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Metric, Schema, Stream } from "effect"

@@ -3,7 +3,7 @@
  * passes (its cleanup still runs), a nested deadline can only tighten the
  * outer one, and a budget stops an evaluation that used too many tokens.
  *
- *   npx tsx examples/deadline.ts
+ *   npx tsx --conditions=leasehold-source examples/deadline.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Option } from "effect"

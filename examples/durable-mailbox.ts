@@ -4,7 +4,9 @@
  * the dead-letter table (and is redriven), and a stored body that no longer
  * decodes is dead-lettered instead of crashing the worker.
  *
- *   npx tsx examples/durable-mailbox.ts            (switch to PostgreSQL: MailboxSql.layerPg({ url }))
+ *   npx tsx --conditions=leasehold-source examples/durable-mailbox.ts
+ *
+ * Switch to PostgreSQL with MailboxSql.layerPg({ url }).
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { SqlClient } from "@effect/sql"

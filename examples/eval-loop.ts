@@ -1,7 +1,7 @@
 /**
  * EvalLoop: a small dataset run under two experiments, scored, and reported.
  *
- *   npx tsx examples/eval-loop.ts
+ *   npx tsx --conditions=leasehold-source examples/eval-loop.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Schema } from "effect"

@@ -3,7 +3,9 @@
  * shutting down or when a loop's heartbeat is stale) and every Effect metric
  * in Prometheus text.
  *
- *   npx tsx examples/health-server.ts      (then curl the printed URL; here it queries itself and exits)
+ *   npx tsx --conditions=leasehold-source examples/health-server.ts
+ *
+ * It queries its own server, then exits.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"

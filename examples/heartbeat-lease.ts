@@ -2,7 +2,7 @@
  * Heartbeat + lease extension: a worker that keeps beating keeps its message;
  * a worker that hangs loses it to another worker, and its late ack is refused.
  *
- *   npx tsx examples/heartbeat-lease.ts
+ *   npx tsx --conditions=leasehold-source examples/heartbeat-lease.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Clock, Effect, Metric } from "effect"

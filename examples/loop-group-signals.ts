@@ -5,9 +5,11 @@
  * back; a second signal exits at once (code 130, the coordinator's doing).
  * If a loop dies, the group stops and the process exits 1 with the cause.
  *
- *   npx tsx examples/loop-group-signals.ts            # one 1.5 s request, then idle: press Ctrl-C
- *   npx tsx examples/loop-group-signals.ts --idle     # no request: Ctrl-C exits at once
- *   npx tsx examples/loop-group-signals.ts --work-ms 20000
+ *   npx tsx --conditions=leasehold-source examples/loop-group-signals.ts                 # one 1.5 s request, then idle
+ *   npx tsx --conditions=leasehold-source examples/loop-group-signals.ts --idle          # no request
+ *   npx tsx --conditions=leasehold-source examples/loop-group-signals.ts --work-ms 20000
+ *
+ * Then press Ctrl-C.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"

@@ -3,7 +3,7 @@
  * requester's mailbox, a request deadline that interrupts slow work, and a
  * dead-letter queue for a request that keeps failing.
  *
- *   npx tsx examples/main-loop.ts
+ *   npx tsx --conditions=leasehold-source examples/main-loop.ts
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"

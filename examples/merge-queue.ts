@@ -4,7 +4,9 @@
  * loses it after the lock timeout and its entry heals back into the queue,
  * and the crashed agent — were it only paused — can no longer write.
  *
- *   npx tsx examples/merge-queue.ts      (PostgreSQL: MergeQueue.layerPg({ url }); shell: leasehold queue status --db FILE)
+ *   npx tsx --conditions=leasehold-source examples/merge-queue.ts
+ *
+ * PostgreSQL: MergeQueue.layerPg({ url }); from a shell: leasehold queue status --db FILE.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect, Option } from "effect"

@@ -2,7 +2,9 @@
  * WorkLease: one offset per domain at a time, the rest in a FIFO backlog,
  * retries counted, and a fencing token that lets storage refuse a zombie.
  *
- *   npx tsx examples/work-lease.ts        (across processes: WorkLeaseSql.make() on a SqlClient)
+ *   npx tsx --conditions=leasehold-source examples/work-lease.ts
+ *
+ * Across processes: WorkLeaseSql.make() on a SqlClient.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"

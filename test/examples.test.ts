@@ -9,7 +9,8 @@ import { runTsx } from "./helpers.js"
 
 /** Examples that run until signalled are driven by their own test file instead. */
 const drivenElsewhere: Record<string, string> = {
-  "loop-group-signals.ts": "test/signals.test.ts"
+  "loop-group-signals.ts": "test/signals.test.ts",
+  "worker.ts": "test/worker-example.test.ts"
 }
 
 const expectations: Record<string, ReadonlyArray<RegExp>> = {
