@@ -52,9 +52,9 @@ if (cacheFile !== undefined && (cachedData === undefined || script.cachedDataRej
       const temporary = `${cacheFile}.${process.pid}`
       fs.writeFileSync(temporary, script.createCachedData(), { mode: 0o600 })
       fs.renameSync(temporary, cacheFile)
-      // Caches of earlier builds or Node versions are never read again.
+      // This copy's caches of earlier builds or Node versions are never read again.
       for (const name of fs.readdirSync(dir)) {
-        if (name.endsWith(".cache") && path.join(dir, name) !== cacheFile) {
+        if (name.startsWith(`${copy}-`) && path.join(dir, name) !== cacheFile) {
           fs.rmSync(path.join(dir, name), { force: true })
         }
       }
