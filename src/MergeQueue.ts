@@ -42,6 +42,7 @@ import * as Schema from "effect/Schema"
 import * as Database from "./Database.js"
 import { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
 import { DurationFromInput } from "./internal/duration.js"
+import * as Statuses from "./internal/mergeQueue/statuses.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
@@ -56,18 +57,7 @@ import type { Extendable } from "./LeaseExtender.js"
  *
  * @category schemas
  */
-export const Status = Schema.Literal(
-  "pending",
-  "claimed",
-  "rebasing",
-  "testing",
-  "ready_to_merge",
-  "merging",
-  "merged",
-  "failed_retryable",
-  "failed_terminal",
-  "cancelled"
-)
+export const Status = Schema.Literal(...Statuses.statuses)
 
 /**
  * Where an entry is in its life.
@@ -81,7 +71,7 @@ export type Status = typeof Status.Type
  *
  * @category constants
  */
-export const inProgress: ReadonlyArray<Status> = ["claimed", "rebasing", "testing", "ready_to_merge", "merging"]
+export const inProgress: ReadonlyArray<Status> = Statuses.inProgress
 
 /**
  * Statuses an entry never leaves.

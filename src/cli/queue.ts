@@ -10,30 +10,14 @@ import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as Statuses from "../internal/mergeQueue/statuses.js"
 import type * as MergeQueue from "../MergeQueue.js"
 import { db, json, prefix, withDatabase } from "./database.js"
 import { ago, pairs, table } from "./table.js"
 
-/**
- * Every status, in the module's order (a copy, so that `--help` does not load the merge queue: the commands
- * load it when they run). The type below fails to compile if the two lists drift apart.
- */
-const statuses = [
-  "pending",
-  "claimed",
-  "rebasing",
-  "testing",
-  "ready_to_merge",
-  "merging",
-  "merged",
-  "failed_retryable",
-  "failed_terminal",
-  "cancelled"
-] as const satisfies ReadonlyArray<MergeQueue.Status>
-type SameStatuses = [MergeQueue.Status] extends [typeof statuses[number]] ? true : never
-const sameStatuses: SameStatuses = true
-void sameStatuses
-const inProgress: ReadonlyArray<MergeQueue.Status> = ["claimed", "rebasing", "testing", "ready_to_merge", "merging"]
+// Plain data, so that `--help` does not load the merge queue (its commands load it when they run).
+const statuses = Statuses.statuses
+const inProgress = Statuses.inProgress
 
 const iso = (time: DateTime.Utc) => DateTime.formatIso(time)
 const optional = <A, B>(option: Option.Option<A>, f: (a: A) => B) => Option.getOrNull(Option.map(option, f))
