@@ -324,13 +324,32 @@ export const make = <A, R, Out, E, Req>(
       maxIterations: number
     ) =>
       Effect.gen(function*() {
-        const receive = mailbox.receive(receiveOptions).pipe(
+        const attempt = mailbox.receive(receiveOptions).pipe(
           Effect.tapError((error) =>
             error._tag === "MailboxConnectionError"
               ? Effect.logWarning("Receive failed; retrying with backoff", error)
               : Effect.void
+          )
+        )
+        // The retry schedule starts only after a failure, so a receive that succeeds (nearly every one) does not
+        // pay for making a schedule's driver. The retries start from that failure: the first waits the
+        // schedule's first delay, as if the schedule had seen it.
+        const receive = attempt.pipe(
+          Effect.catchIf(
+            (error) => error._tag === "MailboxConnectionError",
+            (failure) => {
+              let seen = false
+              const again = Effect.suspend(() => {
+                if (seen) return attempt
+                seen = true
+                return Effect.fail(failure)
+              })
+              return Effect.retry(again, {
+                schedule: receiveBackoff,
+                while: (e) => e._tag === "MailboxConnectionError"
+              })
+            }
           ),
-          Effect.retry({ schedule: receiveBackoff, while: (error) => error._tag === "MailboxConnectionError" }),
           Effect.orDie // options were validated by `run`: any other failure is a bug, and kills the loop
         )
         for (let iteration = 0; iteration < maxIterations; iteration++) {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Deferred, Effect, Exit, Fiber, HashMap, Logger, Metric, Option, Ref, TestClock, Tracer } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
-import { InvalidParameterError, type Mailbox, type Message } from "../src/Mailbox.js"
+import { InvalidParameterError, type Mailbox, MailboxConnectionError, type Message } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 
@@ -565,5 +565,48 @@ describe("MailboxWorker log annotations", () => {
       expect(of("outer work after the inner run")).not.toHaveProperty("innerId")
       // One wrapper per logger, however deep the nesting: each line is logged once.
       expect(lines.filter((line) => line.message.includes("inner work"))).toHaveLength(1)
+    }))
+})
+
+describe("MailboxWorker when receive fails", () => {
+  it.scoped("a store that cannot be reached is retried with backoff from the failure (100 ms, then 150 ms), logged, and the loop goes on", () =>
+    Effect.gen(function*() {
+      const inner = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* inner.send("after the outage")
+      const attempts = yield* Ref.make<Array<number>>([])
+      let failuresLeft = 3
+      const flaky: Mailbox<string> = {
+        ...inner,
+        receive: (options) =>
+          Effect.gen(function*() {
+            const now = yield* Effect.clockWith((clock) => clock.currentTimeMillis)
+            yield* Ref.update(attempts, (all) => [...all, now])
+            if (failuresLeft-- > 0) {
+              return yield* new MailboxConnectionError({ mailbox: "q", cause: new Error("connect ECONNREFUSED") })
+            }
+            return yield* inner.receive(options)
+          })
+      }
+      const handled = yield* Ref.make<Array<string>>([])
+      const logs = captureLogs()
+      const loop = yield* worker(flaky, (body) => Ref.update(handled, (all) => [...all, body]))
+      const fiber = yield* Effect.fork(loop.run({ maxIterations: 1, waitTime: 0 }).pipe(Effect.provide(logs.layer)))
+      yield* settle
+      expect(yield* Ref.get(attempts)).toEqual([0])
+      yield* TestClock.adjust("99 millis")
+      yield* settle
+      expect(yield* Ref.get(attempts)).toEqual([0]) // no retry before the schedule's first delay
+      yield* TestClock.adjust("1 millis")
+      yield* settle
+      expect(yield* Ref.get(attempts)).toEqual([0, 100])
+      yield* TestClock.adjust("150 millis")
+      yield* settle
+      expect(yield* Ref.get(attempts)).toEqual([0, 100, 250])
+      yield* TestClock.adjust("225 millis")
+      yield* Fiber.join(fiber)
+      expect(yield* Ref.get(attempts)).toEqual([0, 100, 250, 475])
+      expect(yield* Ref.get(handled)).toEqual(["after the outage"])
+      expect(logs.lines.filter((line) => line.message.includes("Receive failed; retrying with backoff")).length)
+        .toBe(3)
     }))
 })
