@@ -40,7 +40,6 @@ import type * as Metric from "effect/Metric"
 import * as MetricLabel from "effect/MetricLabel"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
-import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
@@ -50,6 +49,7 @@ import { validateDuration, validateReceiveOptions } from "./internal/mailbox/val
 import { counter } from "./internal/metrics.js"
 import { exporting } from "./internal/tracing.js"
 import { annotated, type AnnotationCell, makeCell } from "./internal/worker/annotations.js"
+import * as Receive from "./internal/worker/receive.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import * as SettleFailure from "./internal/worker/settleFailure.js"
 import * as Settler from "./internal/worker/settler.js"
@@ -223,8 +223,6 @@ const validateRunOptions = (runOptions: RunOptions | undefined) =>
  */
 export const interruptGrace: Duration.Duration = Duration.seconds(5)
 
-const receiveBackoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
-
 /**
  * Makes a worker; bad lease-extender config fails with a `ParseError` naming it.
  *
@@ -324,34 +322,7 @@ export const make = <A, R, Out, E, Req>(
       maxIterations: number
     ) =>
       Effect.gen(function*() {
-        const attempt = mailbox.receive(receiveOptions).pipe(
-          Effect.tapError((error) =>
-            error._tag === "MailboxConnectionError"
-              ? Effect.logWarning("Receive failed; retrying with backoff", error)
-              : Effect.void
-          )
-        )
-        // The retry schedule starts only after a failure, so a receive that succeeds (nearly every one) does not
-        // pay for making a schedule's driver. The retries start from that failure: the first waits the
-        // schedule's first delay, as if the schedule had seen it.
-        const receive = attempt.pipe(
-          Effect.catchIf(
-            (error) => error._tag === "MailboxConnectionError",
-            (failure) => {
-              let seen = false
-              const again = Effect.suspend(() => {
-                if (seen) return attempt
-                seen = true
-                return Effect.fail(failure)
-              })
-              return Effect.retry(again, {
-                schedule: receiveBackoff,
-                while: (e) => e._tag === "MailboxConnectionError"
-              })
-            }
-          ),
-          Effect.orDie // options were validated by `run`: any other failure is a bug, and kills the loop
-        )
+        const receive = Receive.retrying(mailbox, receiveOptions)
         for (let iteration = 0; iteration < maxIterations; iteration++) {
           if (run.stopping || (yield* mailbox.isClosed)) return
           yield* heartbeat.beat

@@ -423,22 +423,28 @@ describe("MainLoop.resultSchema", () => {
   })
 })
 
+/** A "slow" request (2 s of work) taken by a `MainLoop.layer` built in a scope of its own; the scope's close, forked. */
+const slowRequestUnderLayer = Effect.gen(function*() {
+  const { replies, requests, resolver, send } = yield* setup
+  yield* send("slow")
+  const scope = yield* Scope.make()
+  yield* Layer.buildWithScope(
+    MainLoop.layer({
+      requests,
+      execute: (r: string) => Effect.as(Effect.sleep("2 seconds"), r.toUpperCase()),
+      shutdownTimeout: "10 seconds"
+    }).pipe(Layer.provide(Layer.succeed(MailboxResolver, resolver))),
+    scope
+  )
+  yield* settle
+  return { replies, requests, close: Effect.fork(Scope.close(scope, Exit.void)) }
+})
+
 describe("MainLoop.layer", () => {
   it.scoped("closing the layer's scope is a graceful shutdown: the in-flight request completes and is replied", () =>
     Effect.gen(function*() {
-      const { replies, requests, resolver, send } = yield* setup
-      yield* send("slow")
-      const scope = yield* Scope.make()
-      yield* Layer.buildWithScope(
-        MainLoop.layer({
-          requests,
-          execute: (r: string) => Effect.as(Effect.sleep("2 seconds"), r.toUpperCase()),
-          shutdownTimeout: "10 seconds"
-        }).pipe(Layer.provide(Layer.succeed(MailboxResolver, resolver))),
-        scope
-      )
-      yield* settle
-      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      const { close, replies, requests } = yield* slowRequestUnderLayer
+      const closing = yield* close
       yield* settle
       yield* TestClock.adjust("2 seconds")
       yield* Fiber.join(closing)
@@ -448,21 +454,10 @@ describe("MainLoop.layer", () => {
 
   it.scoped("with Health provided, the loop counts in readiness, which turns 503 before the drain starts", () =>
     Effect.gen(function*() {
-      const { replies, requests, resolver, send } = yield* setup
       const health = yield* Health.Health
-      yield* send("slow")
-      const scope = yield* Scope.make()
-      yield* Layer.buildWithScope(
-        MainLoop.layer({
-          requests,
-          execute: (r: string) => Effect.as(Effect.sleep("2 seconds"), r.toUpperCase()),
-          shutdownTimeout: "10 seconds"
-        }).pipe(Layer.provide(Layer.succeed(MailboxResolver, resolver))),
-        scope
-      )
-      yield* settle
+      const { close, replies } = yield* slowRequestUnderLayer
       expect(yield* health.readiness).toEqual({ ready: true, reasons: [] })
-      const closing = yield* Effect.fork(Scope.close(scope, Exit.void))
+      const closing = yield* close
       yield* settle
       // Draining: the request is still in flight, and readiness already says so.
       expect(yield* replies).toEqual([])

@@ -1,0 +1,47 @@
+/**
+ * A loop's receive: a store that cannot be reached (`MailboxConnectionError`) is logged and retried with
+ * backoff (100 ms, growing 1.5× to at most 10 s) until it answers; any other failure is a bug (the options
+ * were validated when the run started) and dies. The retry schedule starts only after a failure, so a
+ * receive that succeeds — nearly every one, once per message on a busy loop — does not pay for making a
+ * schedule's driver; the retries count from that failure, the first waiting the schedule's first delay.
+ */
+import type * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Schedule from "effect/Schedule"
+import type { Mailbox, Message } from "../../Mailbox.js"
+
+const backoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
+
+/** `mailbox.receive(options)`, retried while the store cannot be reached. */
+export const retrying = <A, R>(
+  mailbox: Mailbox<A, R>,
+  options: {
+    readonly maxMessages: number
+    readonly visibilityTimeout: Duration.Duration
+    readonly waitTime: Duration.Duration
+  }
+): Effect.Effect<ReadonlyArray<Message<A, R>>> => {
+  const attempt = mailbox.receive(options).pipe(
+    Effect.tapError((error) =>
+      error._tag === "MailboxConnectionError"
+        ? Effect.logWarning("Receive failed; retrying with backoff", error)
+        : Effect.void
+    )
+  )
+  return attempt.pipe(
+    Effect.catchIf(
+      (error) => error._tag === "MailboxConnectionError",
+      (failure) => {
+        // The failure already happened: the schedule sees it first, then the attempts that follow.
+        let seen = false
+        const again = Effect.suspend(() => {
+          if (seen) return attempt
+          seen = true
+          return Effect.fail(failure)
+        })
+        return Effect.retry(again, { schedule: backoff, while: (error) => error._tag === "MailboxConnectionError" })
+      }
+    ),
+    Effect.orDie
+  )
+}
