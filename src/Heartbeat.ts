@@ -22,9 +22,10 @@
  * dummy; a beat is optional proof of life, so its absence is not an error.
  * Two loops in one process never cross: each fiber sees its own loop's.
  *
- * State lives in a `Ref` (the last beat on the monotonic clock, the
- * listeners): a beat is one `Ref.modify` that reads the clock, records the
- * beat and calls the listeners, then runs whatever work they asked for. Ages are read on the
+ * State is two plain fields (the last beat on the monotonic clock, the
+ * listeners): a beat is one synchronous step that reads the clock, records the
+ * beat and calls the listeners, then runs whatever work they asked for; it
+ * allocates nothing when no listener asks for work. Ages are read on the
  * monotonic clock (`Clock.currentTimeNanos`), never the wall clock: a
  * wall-clock step (NTP, a VM resumed) must neither make a healthy worker look
  * stuck nor stop its lease extensions. `TestClock` drives both readings.
@@ -40,7 +41,6 @@ import * as FiberRef from "effect/FiberRef"
 import { dual, identity } from "effect/Function"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
-import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { age as ageGauge, currentRef, monotonicMillis } from "./internal/heartbeat.js"
@@ -158,9 +158,9 @@ interface Entry {
 
 /** A heartbeat's state: the last beat on the monotonic clock, and the listeners in registration order. */
 interface State {
-  readonly last: number
+  last: number
   /** Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go. */
-  readonly listeners: ReadonlyArray<Entry>
+  listeners: ReadonlyArray<Entry>
 }
 
 /** What a beat runs after the listeners were called: the work they asked for, in order. */
@@ -176,13 +176,20 @@ const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<voi
  */
 export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) => {
   // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
-  const state = Ref.unsafeMake<State>({ last: monotonicMillis(clock), listeners: [] })
+  // Plain fields, not a `Ref`: a beat comes once per message and per tool call and must allocate nothing;
+  // each step below reads and writes them in one synchronous step, which is all a `Ref` would guarantee.
+  const state: State = { last: monotonicMillis(clock), listeners: [] }
 
   const remove = (entry: Entry) =>
-    Ref.update(state, (s) => ({ last: s.last, listeners: s.listeners.filter((e) => e !== entry) }))
+    Effect.sync(() => {
+      state.listeners = state.listeners.filter((e) => e !== entry)
+    })
   /** Adds `entry` in one step, which returns `then` (built around the removal). */
   const addEntry = <A>(entry: Entry, then: (remove: Effect.Effect<void>) => A) =>
-    Ref.modify(state, (s): [A, State] => [then(remove(entry)), { last: s.last, listeners: [...s.listeners, entry] }])
+    Effect.sync(() => {
+      state.listeners = [...state.listeners, entry]
+      return then(remove(entry))
+    })
   const addListener = (listener: Listener) => addEntry({ call: listener }, identity)
   const onBeatAt = (listener: Listener) =>
     Effect.flatMap(addListener(listener), (remove) => Effect.addFinalizer(() => remove))
@@ -192,17 +199,15 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
   }
 
   // One step records the beat and calls the listeners (synchronous callbacks); the work they ask for runs next.
-  const beat = Effect.flatten(Ref.modify(state, (s): [Effect.Effect<void>, State] => {
-    const now = monotonicMillis(clock)
-    return [
-      runAll(s.listeners.length === 0 ? undefined : collect(s.listeners, now)),
-      { last: now, listeners: s.listeners }
-    ]
-  }))
+  const beat = Effect.suspend(() => {
+    const now = state.last = monotonicMillis(clock)
+    const listeners = state.listeners
+    return listeners.length === 0 ? Effect.void : runAll(collect(listeners, now))
+  })
 
   return {
     beat,
-    elapsed: Effect.map(Ref.get(state), (s) => Duration.millis(Math.max(0, monotonicMillis(clock) - s.last))),
+    elapsed: Effect.sync(() => Duration.millis(Math.max(0, monotonicMillis(clock) - state.last))),
     onBeat: (listener) => onBeatAt(() => listener),
     onBeatAt,
     addListener,

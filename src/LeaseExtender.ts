@@ -18,14 +18,17 @@
  * logged, never raised to the worker: extension is a reliability aid, and the
  * worker settles the message itself.
  */
+import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as FiberId from "effect/FiberId"
 import * as Metric from "effect/Metric"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
 import { DurationFromInput } from "./internal/duration.js"
+import { type Bind, binders } from "./internal/leaseExtender.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
 
@@ -201,6 +204,49 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
           ))
       })
 
+    // One registration on the heartbeat for a loop's run; per message only `state.current` changes. The
+    // heartbeat forks a run for a due beat; the run starts a moment later, on its own fiber, so it extends
+    // the message that was due only if that message is still attached then — a message detached meanwhile
+    // is being settled and must not be touched, and the next one gets its own first extension. `flight` is
+    // the run that started, and the message it extends: `detach` waits for it.
+    const bind: Bind = (heartbeat) => {
+      let due: Attachment | undefined
+      let flight: { readonly attachment: Attachment; readonly done: Deferred.Deferred<void> } | undefined
+      const task: Heartbeat.BeatTask = {
+        due: (now) => {
+          const attachment = state.current
+          if (attachment === undefined || !attachment.due(now)) return false
+          due = attachment
+          return true
+        },
+        run: (now) =>
+          Effect.suspend(() => {
+            const attachment = due
+            due = undefined
+            if (attachment === undefined || state.current !== attachment) return Effect.void
+            const started = flight = { attachment, done: Deferred.unsafeMake<void>(FiberId.none) }
+            return Effect.ensuring(
+              extend(attachment, now),
+              Effect.suspend(() => {
+                if (flight === started) flight = undefined
+                return Deferred.succeed(started.done, undefined)
+              })
+            )
+          })
+      }
+      return Effect.map(heartbeat.forkOnBeat(task), (stop) => ({
+        attach: (message) => {
+          state.current = new Attachment(message, state, extend)
+        },
+        detach: () => {
+          const attachment = state.current
+          state.current = undefined
+          return flight !== undefined && flight.attachment === attachment ? Deferred.await(flight.done) : undefined
+        },
+        stop
+      }))
+    }
+
     const attach = (message: Extendable, heartbeat: Heartbeat.Heartbeat) =>
       Effect.flatMap(attachUnscoped(message, heartbeat), (detach) => Effect.addFinalizer(() => detach))
 
@@ -216,12 +262,17 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
         )
       )
 
-    return {
+    const extender: LeaseExtender = {
       config,
       attach: config.enabled ? attach : () => Effect.void,
       extendWhile: config.enabled ? extendWhile : (_message, _heartbeat, effect) => effect,
       attachUnscoped: config.enabled ? attachUnscoped : () => Effect.succeed(Effect.void)
     }
+    binders.set(
+      extender,
+      config.enabled ? bind : () => Effect.succeed({ attach: () => {}, detach: () => undefined, stop: Effect.void })
+    )
+    return extender
   })
 
 /**

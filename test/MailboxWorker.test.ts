@@ -313,6 +313,51 @@ describe("MailboxWorker leases", () => {
       yield* Fiber.join(fiber)
       expect(yield* mailbox.approximateCount).toBe(0)
     }))
+
+  it.scoped("an extension still in flight when the handler ends is waited for: the message is settled after it, and the next message is not extended by it", () =>
+    Effect.gen(function*() {
+      const inner = yield* MailboxMemory.make<string>({ name: "q" })
+      yield* inner.send("first")
+      yield* inner.send("second")
+      const events: Array<string> = []
+      // Each message's extension takes 1 s (a slow store); its acknowledgement and extensions are recorded.
+      const tracked = (message: Message<string>): Message<string> => ({
+        ...message,
+        extendVisibility: (timeout) =>
+          Effect.sleep("1 second").pipe(
+            Effect.zipRight(message.extendVisibility(timeout)),
+            Effect.ensuring(Effect.sync(() => events.push(`extended ${message.body}`)))
+          ),
+        acknowledge: Effect.zipRight(
+          Effect.sync(() => events.push(`acknowledged ${message.body}`)),
+          message.acknowledge
+        )
+      })
+      const mailbox: Mailbox<string> = {
+        ...inner,
+        receive: (options) => Effect.map(inner.receive(options), (messages) => messages.map(tracked))
+      }
+      const loop = yield* MailboxWorker.make({
+        name: "w",
+        mailbox,
+        // The beat starts an extension (the first beat after the message is attached); the handler ends as soon
+        // as that extension has started.
+        handle: (_message, heartbeat) => Effect.zipRight(heartbeat.beat, Effect.yieldNow()),
+        onSuccess: () => Effect.succeedNone,
+        onFailure: () => Effect.void
+      })
+      const fiber = yield* Effect.fork(loop.run({ maxIterations: 2, waitTime: 0 }))
+      yield* settle
+      expect(events).toEqual([]) // "first" handled, its settle waiting for the extension
+      yield* TestClock.adjust("1 second")
+      yield* settle
+      // Extended, then acknowledged; "second" got an extension of its own, started by its own beat.
+      expect(events.slice(0, 2)).toEqual(["extended first", "acknowledged first"])
+      yield* TestClock.adjust("1 second")
+      yield* Fiber.join(fiber)
+      expect(events).toEqual(["extended first", "acknowledged first", "extended second", "acknowledged second"])
+      expect(yield* inner.approximateCount).toBe(0)
+    }))
 })
 
 /** A tracer that records the spans it is asked for (an exporter, as far as the worker can tell). */

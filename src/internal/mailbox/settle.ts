@@ -30,4 +30,8 @@ export const settleOne = <A, R>(
   )
 
 /** A `GroupSettler` for a mailbox whose settles do not wait on I/O: one after the other. */
-export const settleInTurn: GroupSettler = (settlements) => Effect.forEach(settlements, settleOne)
+export const settleInTurn: GroupSettler = (settlements) =>
+  // A worker settles one message at a time when nothing else is outstanding: no `forEach` for that.
+  settlements.length === 1
+    ? Effect.map(settleOne(settlements[0]!), (outcome) => [outcome])
+    : Effect.forEach(settlements, settleOne)

@@ -21,27 +21,24 @@ export const retrying = <A, R>(
     readonly waitTime: Duration.Duration
   }
 ): Effect.Effect<ReadonlyArray<Message<A, R>>> => {
-  const attempt = mailbox.receive(options).pipe(
-    Effect.tapError((error) =>
-      error._tag === "MailboxConnectionError"
-        ? Effect.logWarning("Receive failed; retrying with backoff", error)
-        : Effect.void
+  const attempt = mailbox.receive(options)
+  type Failure = Effect.Effect.Error<typeof attempt>
+  const logged = (error: Failure): Effect.Effect<never, Failure> =>
+    error._tag === "MailboxConnectionError"
+      ? Effect.zipRight(Effect.logWarning("Receive failed; retrying with backoff", error), Effect.fail(error))
+      : Effect.fail(error)
+  // One handler on the path every receive takes (a `tapError`, a `catchIf` and an `orDie` would be three).
+  return Effect.catchAll(attempt, (failure) => {
+    if (failure._tag !== "MailboxConnectionError") return Effect.die(failure)
+    // The failure already happened: the schedule sees it first, then the attempts that follow.
+    let seen = false
+    const again: Effect.Effect<ReadonlyArray<Message<A, R>>, Failure> = Effect.suspend(() => {
+      if (seen) return Effect.catchAll(attempt, logged)
+      seen = true
+      return logged(failure)
+    })
+    return Effect.orDie(
+      Effect.retry(again, { schedule: backoff, while: (error) => error._tag === "MailboxConnectionError" })
     )
-  )
-  return attempt.pipe(
-    Effect.catchIf(
-      (error) => error._tag === "MailboxConnectionError",
-      (failure) => {
-        // The failure already happened: the schedule sees it first, then the attempts that follow.
-        let seen = false
-        const again = Effect.suspend(() => {
-          if (seen) return attempt
-          seen = true
-          return Effect.fail(failure)
-        })
-        return Effect.retry(again, { schedule: backoff, while: (error) => error._tag === "MailboxConnectionError" })
-      }
-    ),
-    Effect.orDie
-  )
+  })
 }

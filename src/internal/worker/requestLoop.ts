@@ -242,8 +242,11 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       mailbox: requests,
       handle,
       annotations: (message) => ({ requestId: message.body.requestId }),
+      // A request without `replyTo` needs no reply: none is made.
       onSuccess: (message, output) =>
-        Effect.sync(() => Option.some(options.success(message, output, outcomeOf(message)))),
+        Option.isNone(message.replyTo)
+          ? Effect.succeedNone
+          : Effect.sync(() => Option.some(options.success(message, output, outcomeOf(message)))),
       retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
       onFailure,
       ...(config?.leaseExtender !== undefined ? { leaseExtender: config.leaseExtender } : {})

@@ -26,8 +26,11 @@ export interface Settler<A, R> {
   readonly idle: () => boolean
   /** Settles a group now, on the calling fiber; never fails. */
   readonly settleGroup: (batch: ReadonlyArray<Settlement<A, R>>) => Effect.Effect<void, never, MailboxResolver>
-  /** Marks the start of a batch and waits for the settles of the batch before last. */
-  readonly nextBatch: Effect.Effect<void>
+  /**
+   * Marks the start of a batch; returns the wait for the settles of the batch before last, or `undefined`
+   * when they are done already (nearly always: the loop then pays nothing).
+   */
+  readonly nextBatch: () => Effect.Effect<void> | undefined
   /** Waits for every settle queued so far. */
   readonly drained: Effect.Effect<void>
   /** The settler fiber's body: takes and settles what is queued, for ever. Never fails; interrupted when idle. */
@@ -96,11 +99,11 @@ export const make = <A, R>(retryAfter: (message: Settlement<A, R>["message"]) =>
     },
     idle: () => completed === submitted,
     settleGroup,
-    nextBatch: Effect.suspend(() => {
+    nextBatch: () => {
       const older = previousBatchStart
       previousBatchStart = submitted
-      return settledUpTo(older)
-    }),
+      return completed >= older ? undefined : settledUpTo(older)
+    },
     drained: Effect.suspend(() => settledUpTo(submitted)),
     run: Effect.forever(Effect.flatMap(take, settleQueued))
   }
