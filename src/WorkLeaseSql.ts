@@ -2,19 +2,25 @@
  * WorkLeaseSql: the WorkLease contract over `SqlClient`, for workers in
  * several processes or on several machines (SQLite in one file, PostgreSQL).
  *
- * Every operation is one transaction that first locks the domain's row —
- * `SELECT … FOR UPDATE` on PostgreSQL; on SQLite the transaction begins with
- * `BEGIN IMMEDIATE`, which takes the file's write lock at once and waits for
- * it (so two processes never fail upgrading a read lock) — then applies the
- * same rules as the STM version. Fencing tokens
- * come from the domain row, so they grow across every process. Terminal
- * offsets use the same low-water-mark retention: processed offsets below the
- * mark are dropped, failed ones are kept. Tables are created on first use,
- * under `prefix` (default `leasehold_`).
+ * Each call is one round trip, because a worker waits for every round trip
+ * and so does everyone queued on the domain's lock. On PostgreSQL a call is a
+ * PL/pgSQL function (made by the migrations) that locks the domain's row
+ * (`SELECT … FOR UPDATE`) and applies the same rules as the STM version next
+ * to the rows. On SQLite, where better-sqlite3 runs statements synchronously
+ * and their number is the cost, a call is one guarded `UPDATE … RETURNING`
+ * when the common case holds (a statement is a transaction of its own, with
+ * the file's write lock); otherwise the general rules run in a transaction
+ * that begins with `BEGIN IMMEDIATE`, which takes the file's write lock at
+ * once and waits for it (so two processes never fail upgrading a read lock).
+ * Fencing tokens come from the domain row, so they grow across every
+ * process; `acquiredAt` is the database's clock, like every time a shared
+ * database judges (the test's time under `TestClock`). Terminal offsets use
+ * the same low-water-mark retention: processed offsets below the mark are
+ * dropped, failed ones are kept. Tables are created on first use, under
+ * `prefix` (default `leasehold_`).
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
-import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
@@ -25,6 +31,8 @@ import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
+import * as Schema_ from "./internal/sql/workLease/schema.js"
+import * as Statements from "./internal/sql/workLease/statements.js"
 import {
   AcquireResult,
   BacklogOrderingError,
@@ -51,17 +59,7 @@ export class WorkLeaseStoreError extends Schema.TaggedError<WorkLeaseStoreError>
   }
 }
 
-interface DomainRow {
-  readonly lease_offset: number | string | null
-  readonly lease_token: string | null
-  readonly lease_fencing: number | string | null
-  readonly acquired_at: number | string | null
-  readonly retry_count: number | string
-  readonly fencing_token: number | string
-  readonly low_water: number | string
-}
-
-const num = (value: number | string | null): number => Number(value)
+const num = (value: number | string | null | undefined): number => Number(value)
 
 /**
  * The SQL WorkLease: the contract's operations can also fail with `WorkLeaseStoreError`.
@@ -99,178 +97,95 @@ export const make = (
   Effect.gen(function*() {
     const { maxRetries, prefix } = yield* decodeOptions(options)
     const sql = yield* SqlClient.SqlClient
-    const domains = sql(`${prefix}work_lease_domains`)
-    const backlog = sql(`${prefix}work_lease_backlog`)
-    const terminal = sql(`${prefix}work_lease_terminal`)
     const store = (operation: string) => Sql.mapSqlError((cause) => new WorkLeaseStoreError({ operation, cause }))
-
-    // Migrations, recorded in `<prefix>work_lease_migrations` like the other services' (one upgrade path). The
-    // first is the schema as it was before migrations were recorded: `IF NOT EXISTS` adopts those tables.
-    yield* Sql.migrate(sql, `${prefix}work_lease_migrations`, {
-      "1_create_work_lease": Effect.all([
-        sql`CREATE TABLE IF NOT EXISTS ${domains} (
-        domain_id TEXT PRIMARY KEY,
-        lease_offset BIGINT, lease_token TEXT, lease_fencing BIGINT, acquired_at BIGINT,
-        retry_count INTEGER NOT NULL DEFAULT 0,
-        fencing_token BIGINT NOT NULL DEFAULT 0,
-        low_water BIGINT NOT NULL DEFAULT 0)`,
-        sql`CREATE TABLE IF NOT EXISTS ${backlog} (
-        domain_id TEXT NOT NULL, position BIGINT NOT NULL, item BIGINT NOT NULL,
-        PRIMARY KEY (domain_id, item))`,
-        sql`CREATE TABLE IF NOT EXISTS ${terminal} (
-        domain_id TEXT NOT NULL, item BIGINT NOT NULL, kind TEXT NOT NULL,
-        PRIMARY KEY (domain_id, item))`
-      ], { discard: true })
-    }).pipe(Effect.mapError((cause) => new WorkLeaseStoreError({ operation: "setup", cause })))
-
-    const rowLock = Sql.forUpdate(sql)
-    /** Runs `body` in a write transaction holding the domain's row lock (SQLite: the file's write lock). */
-    const locked = <A, E>(domainId: string, body: (row: DomainRow) => Effect.Effect<A, E | SqlError>) =>
-      Sql.writeTransaction(sql)(Effect.gen(function*() {
-        yield* sql`INSERT INTO ${domains} (domain_id) VALUES (${domainId}) ON CONFLICT (domain_id) DO NOTHING`
-        const rows = yield* sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId} ${rowLock}`
-        return yield* body(rows[0]!)
-      }))
-
-    const head = (domainId: string) =>
-      Effect.map(
-        sql<
-          { item: number | string }
-        >`SELECT item FROM ${backlog} WHERE domain_id = ${domainId} ORDER BY position LIMIT 1`,
-        (rows) => rows[0] === undefined ? undefined : num(rows[0].item)
-      )
-
-    const terminalKind = (domainId: string, offset: number, row: DomainRow) =>
-      Effect.map(
-        sql<{ kind: string }>`SELECT kind FROM ${terminal} WHERE domain_id = ${domainId} AND item = ${offset}`,
-        (rows) => rows[0]?.kind ?? (offset < num(row.low_water) ? "processed" : undefined)
-      )
-
-    /** Records `offset` as terminal, then advances the low-water mark over contiguous terminal offsets. */
-    const markTerminal = (domainId: string, offset: number, kind: "processed" | "failed", row: DomainRow) =>
-      Effect.gen(function*() {
-        yield* sql`INSERT INTO ${terminal} (domain_id, item, kind) VALUES (${domainId}, ${offset}, ${kind})`
-        let lowWater = num(row.low_water)
-        for (;;) {
-          const rows = yield* sql<{ kind: string }>`
-            SELECT kind FROM ${terminal} WHERE domain_id = ${domainId} AND item = ${lowWater}`
-          if (rows[0] === undefined) break
-          if (rows[0].kind === "processed") {
-            yield* sql`DELETE FROM ${terminal} WHERE domain_id = ${domainId} AND item = ${lowWater}`
-          }
-          lowWater++
-        }
-        return lowWater
-      })
+    yield* Schema_.migrate(sql, prefix).pipe(
+      Effect.mapError((cause) => new WorkLeaseStoreError({ operation: "setup", cause }))
+    )
+    const statements = Statements.make(sql, prefix, maxRetries)
+    // Under `TestClock` the test's time, else the database's clock (read by the statement as it runs).
+    const testNow = Sql.testTime(yield* Effect.clock)
 
     const tryAcquire: SqlWorkLease["tryAcquire"] = (domainId, offset) =>
-      Effect.gen(function*() {
-        if (!Number.isSafeInteger(offset) || offset < 0) return yield* new InvalidOffsetError({ domainId, offset })
-        const token = randomUUID()
-        const now = yield* Clock.currentTimeMillis
-        return yield* locked(domainId, (row) =>
-          Effect.gen(function*() {
-            const kind = yield* terminalKind(domainId, offset, row)
-            if (kind === "failed") return AcquireResult.AlreadyFailed()
-            if (kind === "processed") return AcquireResult.AlreadyProcessed()
-            if (row.lease_token !== null) {
-              if (num(row.lease_offset) === offset) return AcquireResult.AlreadyAcquired({ token: row.lease_token })
-              yield* sql`INSERT INTO ${backlog} (domain_id, position, item)
-                SELECT ${domainId}, COALESCE(MAX(position), 0) + 1, ${offset} FROM ${backlog} WHERE domain_id = ${domainId}
-                ON CONFLICT (domain_id, item) DO NOTHING`
-              return AcquireResult.Enqueued()
+      Effect.suspend((): Effect.Effect<AcquireResult, InvalidOffsetError | BacklogOrderingError | SqlError> => {
+        if (!Number.isSafeInteger(offset) || offset < 0) {
+          return Effect.fail(new InvalidOffsetError({ domainId, offset }))
+        }
+        return Effect.flatMap(
+          statements.acquire(domainId, offset, randomUUID(), testNow?.()),
+          (outcome): Effect.Effect<AcquireResult, BacklogOrderingError> => {
+            switch (outcome.tag) {
+              case "Acquired":
+                return Effect.succeed(AcquireResult.Acquired({ token: outcome.token!, fencingToken: num(outcome.n) }))
+              case "AlreadyAcquired":
+                return Effect.succeed(AcquireResult.AlreadyAcquired({ token: outcome.token! }))
+              case "Enqueued":
+                return Effect.succeed(AcquireResult.Enqueued())
+              case "AlreadyProcessed":
+                return Effect.succeed(AcquireResult.AlreadyProcessed())
+              case "AlreadyFailed":
+                return Effect.succeed(AcquireResult.AlreadyFailed())
+              default:
+                return Effect.fail(new BacklogOrderingError({ domainId, expected: num(outcome.n), got: offset }))
             }
-            const first = yield* head(domainId)
-            if (first !== undefined && first !== offset) {
-              return yield* new BacklogOrderingError({ domainId, expected: first, got: offset })
-            }
-            if (first !== undefined) {
-              yield* sql`DELETE FROM ${backlog} WHERE domain_id = ${domainId} AND item = ${offset}`
-            }
-            const fencingToken = num(row.fencing_token) + 1
-            yield* sql`UPDATE ${domains} SET lease_offset = ${offset}, lease_token = ${token},
-              lease_fencing = ${fencingToken}, acquired_at = ${now}, retry_count = 0, fencing_token = ${fencingToken}
-              WHERE domain_id = ${domainId}`
-            return AcquireResult.Acquired({ token, fencingToken })
-          }))
+          }
+        )
       }).pipe(store("tryAcquire"))
 
-    const settle = <A>(
-      operation: string,
-      domainId: string,
-      token: string,
-      body: (row: DomainRow, offset: number) => Effect.Effect<A, SqlError>
-    ) =>
-      locked(domainId, (row): Effect.Effect<A, SqlError | LeaseNotFoundError | TokenMismatchError> => {
-        if (row.lease_token === null) return Effect.fail(new LeaseNotFoundError({ domainId }))
-        if (row.lease_token !== token) return Effect.fail(new TokenMismatchError({ domainId }))
-        return body(row, num(row.lease_offset))
-      }).pipe(store(operation))
+    /** Settles the lease: `Released` (with the backlog head, if any) or `RetryScheduled`, after the token checks. */
+    const settle = (operation: "succeed" | "fail", domainId: string, token: string) =>
+      Effect.flatMap(
+        statements.settle(domainId, token, operation === "fail"),
+        (outcome): Effect.Effect<Statements.Outcome, LeaseNotFoundError | TokenMismatchError> => {
+          if (outcome.tag === "LeaseNotFoundError") return Effect.fail(new LeaseNotFoundError({ domainId }))
+          if (outcome.tag === "TokenMismatchError") return Effect.fail(new TokenMismatchError({ domainId }))
+          return Effect.succeed(outcome)
+        }
+      ).pipe(store(operation))
 
-    const clearLease = (domainId: string, lowWater: number) =>
-      sql`UPDATE ${domains} SET lease_offset = NULL, lease_token = NULL, lease_fencing = NULL, acquired_at = NULL,
-        retry_count = 0, low_water = ${lowWater} WHERE domain_id = ${domainId}`
+    const hint = (outcome: Statements.Outcome) =>
+      outcome.n === null || outcome.n === undefined ? undefined : num(outcome.n)
 
     const succeed: SqlWorkLease["succeed"] = (domainId, token) =>
-      settle("succeed", domainId, token, (row, offset) =>
-        Effect.gen(function*() {
-          yield* clearLease(domainId, yield* markTerminal(domainId, offset, "processed", row))
-          const next = yield* head(domainId)
-          return (next === undefined
-            ? SucceedResult.NoBacklog()
-            : SucceedResult.NextHint({ offset: next })) as SucceedResult
-        }))
+      Effect.map(settle("succeed", domainId, token), (outcome): SucceedResult => {
+        const next = hint(outcome)
+        return next === undefined ? SucceedResult.NoBacklog() : SucceedResult.NextHint({ offset: next })
+      })
 
     const fail: SqlWorkLease["fail"] = (domainId, token) =>
-      settle("fail", domainId, token, (row, offset) =>
-        Effect.gen(function*() {
-          const retryCount = num(row.retry_count)
-          if (retryCount >= maxRetries) {
-            yield* clearLease(domainId, yield* markTerminal(domainId, offset, "failed", row))
-            const next = yield* head(domainId)
-            return (next === undefined
-              ? FailResult.GiveUpNoBacklog()
-              : FailResult.GiveUpNextHint({ offset: next })) as FailResult
-          }
-          yield* sql`UPDATE ${domains} SET retry_count = ${retryCount + 1} WHERE domain_id = ${domainId}`
-          return FailResult.RetryScheduled({ retryCount: retryCount + 1 }) as FailResult
-        }))
+      Effect.map(settle("fail", domainId, token), (outcome): FailResult => {
+        if (outcome.tag === "RetryScheduled") return FailResult.RetryScheduled({ retryCount: num(outcome.n) })
+        const next = hint(outcome)
+        return next === undefined ? FailResult.GiveUpNoBacklog() : FailResult.GiveUpNextHint({ offset: next })
+      })
 
     const inspect: SqlWorkLease["inspect"] = (domainId) =>
-      Effect.gen(function*() {
-        const rows = yield* sql<DomainRow>`SELECT * FROM ${domains} WHERE domain_id = ${domainId}`
-        const items = yield* sql<{ item: number | string }>`
-          SELECT item FROM ${backlog} WHERE domain_id = ${domainId} ORDER BY position`
-        const retained = yield* sql<{ n: number | string }>`
-          SELECT COUNT(*) AS n FROM ${terminal} WHERE domain_id = ${domainId}`
-        const row = rows[0]
-        return {
-          lease: row === undefined || row.lease_token === null ? Option.none() : Option.some({
-            offset: num(row.lease_offset),
-            token: row.lease_token,
-            fencingToken: num(row.lease_fencing),
-            acquiredAt: DateTime.unsafeMake(num(row.acquired_at)),
-            retryCount: num(row.retry_count)
-          }),
-          backlog: items.map((r) => num(r.item)),
-          lowWaterMark: row === undefined ? 0 : num(row.low_water),
-          retainedTerminal: num(retained[0]?.n ?? 0)
-        }
-      }).pipe(store("inspect"))
+      Effect.map(statements.inspect(domainId), (row) => ({
+        lease: row.lease_token === null ? Option.none() : Option.some({
+          offset: num(row.lease_offset),
+          token: row.lease_token,
+          fencingToken: num(row.lease_fencing),
+          acquiredAt: DateTime.unsafeMake(num(row.acquired_at)),
+          retryCount: num(row.retry_count)
+        }),
+        backlog: row.backlog === null ? [] : (JSON.parse(row.backlog) as ReadonlyArray<number>),
+        lowWaterMark: num(row.low_water ?? 0),
+        retainedTerminal: num(row.retained)
+      })).pipe(store("inspect"))
 
     const assertCurrent: SqlWorkLease["assertCurrent"] = (domainId, fencingToken) =>
-      Effect.gen(function*() {
-        const rows = yield* sql<{ lease_fencing: number | string | null }>`
-          SELECT lease_fencing FROM ${domains} WHERE domain_id = ${domainId}`
-        const current = rows[0]?.lease_fencing
-        if (current === null || current === undefined || num(current) !== fencingToken) {
-          return yield* new StaleFencingTokenError({
-            domainId,
-            fencingToken,
-            ...(current !== null && current !== undefined ? { current: num(current) } : {})
-          })
-        }
-      }).pipe(store("assertCurrent"))
+      Effect.flatMap(
+        statements.fencing(domainId),
+        (current) =>
+          current === null || current === undefined || num(current) !== fencingToken
+            ? Effect.fail(
+              new StaleFencingTokenError({
+                domainId,
+                fencingToken,
+                ...(current !== null && current !== undefined ? { current: num(current) } : {})
+              })
+            )
+            : Effect.void
+      ).pipe(store("assertCurrent"))
 
     return { tryAcquire, succeed, fail, inspect, assertCurrent }
   })

@@ -1,15 +1,18 @@
 /**
  * The WorkLease contract on SQL: SQLite in a temporary file, and PostgreSQL
- * in a throwaway cluster started for this file.
+ * in a throwaway cluster started for this file. The SQL rules are written
+ * twice (SQLite statements, PL/pgSQL), so random sequences also check both
+ * against the STM version, answer by answer and state by state.
  */
 import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Redacted, Scope } from "effect"
+import { Context, Effect, Either, Exit, FastCheck as fc, Layer, Option, Redacted, Runtime, Scope } from "effect"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as WorkLease from "../src/WorkLease.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 import { workLeaseContract } from "./contract/WorkLeaseContract.js"
 import { refusedOptions, spawnTsx } from "./helpers.js"
@@ -117,9 +120,157 @@ describe("WorkLeaseSql migrations", () => {
       // Opened again: the migration adopts the tables, records itself, and the lease is still there.
       const after = yield* WorkLeaseSql.make({ prefix: table }).pipe(Effect.provide(context))
       const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
-      expect(Number(recorded[0]!.n)).toBe(1)
+      expect(Number(recorded[0]!.n)).toBe(2) // every migration, the adopting one first
       expect(yield* after.tryAcquire("repo", 0)).toMatchObject({ _tag: "AlreadyAcquired" })
       if (held._tag === "Acquired") expect((yield* after.succeed("repo", held.token))._tag).toBe("NoBacklog")
       expect((yield* after.tryAcquire("repo", 0))._tag).toBe("AlreadyProcessed")
     }))
+
+  /** A database as the release before the one-statement calls left it: only the first migration recorded. */
+  const upgrade = (label: string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
+    it.scoped(`${label}: a database at migration 1 (before the one-statement calls) is upgraded, its state carries on`, () =>
+      Effect.gen(function*() {
+        const context = yield* Layer.build(client())
+        const sql = Context.get(context, SqlClient.SqlClient)
+        const table = prefix()
+        const before = yield* WorkLeaseSql.make({ prefix: table, maxRetries: 1 }).pipe(Effect.provide(context))
+        const held = yield* before.tryAcquire("repo", 0)
+        expect((yield* before.tryAcquire("repo", 1))._tag).toBe("Enqueued")
+        // Undo migration 2: what it created goes, and it is no longer recorded.
+        yield* sql.unsafe(`DROP INDEX ${table}work_lease_backlog_head`)
+        yield* sql.onDialectOrElse({
+          pg: () =>
+            sql.unsafe(`DROP FUNCTION ${table}work_lease_acquire(text, bigint, text, bigint);
+              DROP FUNCTION ${table}work_lease_settle(text, text, boolean, integer)`),
+          orElse: () => Effect.void
+        })
+        yield* sql.unsafe(`DELETE FROM ${table}work_lease_migrations WHERE migration_id = 2`)
+        const after = yield* WorkLeaseSql.make({ prefix: table, maxRetries: 1 }).pipe(Effect.provide(context))
+        const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
+        expect(Number(recorded[0]!.n)).toBe(2)
+        if (held._tag !== "Acquired") return expect.fail(held._tag)
+        expect(yield* after.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
+        expect(yield* after.fail("repo", held.token)).toEqual({ _tag: "RetryScheduled", retryCount: 1 })
+        expect(yield* after.fail("repo", held.token)).toEqual({ _tag: "GiveUpNextHint", offset: 1 })
+        const next = yield* after.tryAcquire("repo", 1)
+        expect(next).toMatchObject({ _tag: "Acquired", fencingToken: 2 })
+        if (next._tag === "Acquired") expect(yield* after.succeed("repo", next.token)).toEqual({ _tag: "NoBacklog" })
+        expect((yield* after.tryAcquire("repo", 0))._tag).toBe("AlreadyFailed")
+        expect(yield* after.inspect("repo")).toMatchObject({ backlog: [], lowWaterMark: 2, retainedTerminal: 1 })
+      }))
+  upgrade("SQLite", () => SqliteClient.layer({ filename: sqliteFile }))
+  upgrade("PostgreSQL", () => PgClient.layer({ url: Redacted.make(pgUrl) }))
+})
+
+type Op =
+  | { readonly kind: "acquire"; readonly domain: string; readonly offset: number }
+  | { readonly kind: "succeed" | "fail"; readonly domain: string; readonly stale: boolean }
+  | { readonly kind: "assertCurrent"; readonly domain: string; readonly fencingToken: number }
+
+const opArb: fc.Arbitrary<Op> = fc.oneof(
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      kind: fc.constant("acquire" as const),
+      domain: fc.constantFrom("A", "B"),
+      offset: fc.nat(4)
+    })
+  },
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      kind: fc.constantFrom("succeed" as const, "fail" as const),
+      domain: fc.constantFrom("A", "B"),
+      stale: fc.boolean()
+    })
+  },
+  {
+    weight: 1,
+    arbitrary: fc.record({
+      kind: fc.constant("assertCurrent" as const),
+      domain: fc.constantFrom("A", "B"),
+      fencingToken: fc.nat(4)
+    })
+  }
+)
+
+/** An answer without its token (each backend draws its own) and without an error's message. */
+const comparable = (answer: Either.Either<object, unknown>) => {
+  const { message: _message, token: _token, domainId: _domainId, ...rest } = JSON.parse(
+    JSON.stringify(Either.merge(answer))
+  ) as Record<string, unknown>
+  return { ok: Either.isRight(answer), ...rest }
+}
+
+const snapshot = (lease: WorkLease.WorkLease<unknown>, domainId: string) =>
+  Effect.map(lease.inspect(domainId), (view) => ({
+    ...view,
+    lease: Option.map(view.lease, ({ token: _token, ...rest }) => rest)
+  }))
+
+/** `ops` on the STM version and on `sql`, in domains of their own (`run`): same answers, same states. */
+const sameAsStm = (sql: WorkLease.WorkLease<unknown>, ops: ReadonlyArray<Op>, run: string) =>
+  Effect.gen(function*() {
+    const stm = yield* WorkLease.make({ maxRetries: 2 })
+    const tokens = new Map<string, readonly [string, string]>()
+    for (const op of ops) {
+      const domain = `${run}-${op.domain}`
+      let answers: ReadonlyArray<Either.Either<object, unknown>>
+      if (op.kind === "acquire") {
+        answers = [
+          yield* Effect.either(stm.tryAcquire(domain, op.offset)),
+          yield* Effect.either(sql.tryAcquire(domain, op.offset))
+        ]
+        const [a, b] = answers.map((answer) => Either.getOrUndefined(answer) as WorkLease.AcquireResult | undefined)
+        if (a?._tag === "Acquired" && b?._tag === "Acquired") tokens.set(domain, [a.token, b.token])
+        // A lease taken again answers with the holder's token, each backend its own.
+        if (a?._tag === "AlreadyAcquired" && b?._tag === "AlreadyAcquired") {
+          expect([a.token, b.token]).toEqual(tokens.get(domain))
+        }
+      } else if (op.kind === "assertCurrent") {
+        answers = [
+          yield* Effect.either(Effect.as(stm.assertCurrent(domain, op.fencingToken), {})),
+          yield* Effect.either(Effect.as(sql.assertCurrent(domain, op.fencingToken), {}))
+        ]
+      } else {
+        const [a, b] = op.stale ? ["zombie", "zombie"] : tokens.get(domain) ?? ["none", "none"]
+        const settle = (lease: WorkLease.WorkLease<unknown>, token: string) =>
+          Effect.either(
+            (op.kind === "succeed" ? lease.succeed(domain, token) : lease.fail(domain, token)) as Effect.Effect<
+              object,
+              object
+            >
+          )
+        answers = [yield* settle(stm, a), yield* settle(sql, b)]
+      }
+      expect({ op, answer: comparable(answers[1]!) }).toEqual({ op, answer: comparable(answers[0]!) })
+      for (const name of ["A", "B"]) {
+        expect(yield* snapshot(sql, `${run}-${name}`)).toEqual(yield* snapshot(stm, `${run}-${name}`))
+      }
+    }
+  })
+
+describe("WorkLeaseSql against the STM version", () => {
+  const differential = (label: string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
+    it.scoped(
+      `${label}: random acquire / succeed / fail / stale / assertCurrent sequences answer alike and leave the same state`,
+      () =>
+        Effect.gen(function*() {
+          const context = yield* Layer.build(client())
+          const sql = yield* WorkLeaseSql.make({ prefix: prefix(), maxRetries: 2 }).pipe(Effect.provide(context))
+          // The test's runtime, so both backends read its TestClock.
+          const runtime = yield* Effect.runtime<never>()
+          let run = 0
+          yield* Effect.promise(() =>
+            fc.assert(
+              fc.asyncProperty(fc.array(opArb, { maxLength: 40, size: "max" }), (ops) =>
+                Runtime.runPromise(runtime)(sameAsStm(sql, ops, `r${++run}`))),
+              { numRuns: 50 }
+            )
+          )
+        }),
+      120_000
+    )
+  differential("SQLite", () => SqliteClient.layer({ filename: sqliteFile }))
+  differential("PostgreSQL", () => PgClient.layer({ url: Redacted.make(pgUrl) }))
 })

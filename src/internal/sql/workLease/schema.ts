@@ -1,0 +1,168 @@
+/**
+ * The work leases' tables and, on PostgreSQL, the two functions that make
+ * each coordination call one round trip: the rules run next to the rows, so
+ * the domain's row lock is held while the function runs, not across the
+ * client's round trips.
+ */
+import type * as Migrator from "@effect/sql/Migrator"
+import type * as SqlClient from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
+import * as Effect from "effect/Effect"
+import * as Sql from "../common.js"
+
+/** The tables of `prefix`. */
+export const tables = (prefix: string) => ({
+  domains: `${prefix}work_lease_domains`,
+  backlog: `${prefix}work_lease_backlog`,
+  terminal: `${prefix}work_lease_terminal`,
+  migrations: `${prefix}work_lease_migrations`,
+  acquire: `${prefix}work_lease_acquire`,
+  settle: `${prefix}work_lease_settle`
+})
+
+/** Creates the tables, or brings those of an earlier release up to date (concurrent processes are fine). */
+export const migrate = (
+  sql: SqlClient.SqlClient,
+  prefix: string
+): Effect.Effect<void, SqlError | Migrator.MigrationError> => {
+  const names = tables(prefix)
+  const domains = sql(names.domains)
+  const backlog = sql(names.backlog)
+  const terminal = sql(names.terminal)
+  return Sql.migrate(sql, names.migrations, {
+    // The schema as it was before migrations were recorded: `IF NOT EXISTS` adopts those tables.
+    "1_create_work_lease": Effect.all([
+      sql`CREATE TABLE IF NOT EXISTS ${domains} (
+        domain_id TEXT PRIMARY KEY,
+        lease_offset BIGINT, lease_token TEXT, lease_fencing BIGINT, acquired_at BIGINT,
+        retry_count INTEGER NOT NULL DEFAULT 0,
+        fencing_token BIGINT NOT NULL DEFAULT 0,
+        low_water BIGINT NOT NULL DEFAULT 0)`,
+      sql`CREATE TABLE IF NOT EXISTS ${backlog} (
+        domain_id TEXT NOT NULL, position BIGINT NOT NULL, item BIGINT NOT NULL,
+        PRIMARY KEY (domain_id, item))`,
+      sql`CREATE TABLE IF NOT EXISTS ${terminal} (
+        domain_id TEXT NOT NULL, item BIGINT NOT NULL, kind TEXT NOT NULL,
+        PRIMARY KEY (domain_id, item))`
+    ], { discard: true }),
+    // Every settle reads the backlog's head: by index, not by sorting the domain's whole backlog.
+    "2_one_statement_calls": Effect.all([
+      sql`CREATE INDEX IF NOT EXISTS ${sql(`${names.backlog}_head`)} ON ${backlog} (domain_id, position)`,
+      ...(Sql.dialectOf(sql) === "pg" ? [acquireFunction(sql, prefix), settleFunction(sql, prefix)] : [])
+    ], { discard: true })
+  })
+}
+
+/**
+ * `tryAcquire` (PostgreSQL), the rules of `WorkLease.tryAcquire` in their order. Returns the outcome's tag
+ * and its fields: the token (`Acquired`, `AlreadyAcquired`), the fencing token (`Acquired`) or the backlog
+ * head (`BacklogOrderingError`). PL/pgSQL keeps its statements' plans for the connection.
+ */
+const acquireFunction = (sql: SqlClient.SqlClient, prefix: string) => {
+  const names = tables(prefix)
+  const domains = sql(names.domains)
+  const backlog = sql(names.backlog)
+  const terminal = sql(names.terminal)
+  return sql`CREATE OR REPLACE FUNCTION ${sql(names.acquire)}(
+      p_domain text, p_offset bigint, p_token text, p_now bigint,
+      OUT o_tag text, OUT o_token text, OUT o_number bigint)
+    LANGUAGE plpgsql VOLATILE AS $$
+    DECLARE
+      v_domain record;
+      v_kind text;
+      v_head bigint;
+    BEGIN
+      SELECT * INTO v_domain FROM ${domains} d WHERE d.domain_id = p_domain FOR UPDATE;
+      IF NOT FOUND THEN
+        INSERT INTO ${domains} (domain_id) VALUES (p_domain) ON CONFLICT (domain_id) DO NOTHING;
+        SELECT * INTO v_domain FROM ${domains} d WHERE d.domain_id = p_domain FOR UPDATE;
+      END IF;
+      SELECT t.kind INTO v_kind FROM ${terminal} t WHERE t.domain_id = p_domain AND t.item = p_offset;
+      IF v_kind = 'failed' THEN
+        o_tag := 'AlreadyFailed';
+      ELSIF v_kind = 'processed' OR p_offset < v_domain.low_water THEN
+        o_tag := 'AlreadyProcessed';
+      ELSIF v_domain.lease_token IS NOT NULL AND v_domain.lease_offset = p_offset THEN
+        o_tag := 'AlreadyAcquired';
+        o_token := v_domain.lease_token;
+      ELSIF v_domain.lease_token IS NOT NULL THEN
+        INSERT INTO ${backlog} (domain_id, position, item)
+          SELECT p_domain, COALESCE(max(b.position), 0) + 1, p_offset FROM ${backlog} b WHERE b.domain_id = p_domain
+          ON CONFLICT (domain_id, item) DO NOTHING;
+        o_tag := 'Enqueued';
+      ELSE
+        SELECT b.item INTO v_head FROM ${backlog} b WHERE b.domain_id = p_domain ORDER BY b.position LIMIT 1;
+        IF v_head IS NOT NULL AND v_head <> p_offset THEN
+          o_tag := 'BacklogOrderingError';
+          o_number := v_head;
+          RETURN;
+        END IF;
+        IF v_head IS NOT NULL THEN
+          DELETE FROM ${backlog} b WHERE b.domain_id = p_domain AND b.item = p_offset;
+        END IF;
+        UPDATE ${domains} d SET lease_offset = p_offset, lease_token = p_token, lease_fencing = d.fencing_token + 1,
+          acquired_at = p_now, retry_count = 0, fencing_token = d.fencing_token + 1
+        WHERE d.domain_id = p_domain RETURNING d.fencing_token INTO o_number;
+        o_tag := 'Acquired';
+        o_token := p_token;
+      END IF;
+    END $$`
+}
+
+/**
+ * `succeed` (`p_fail` false) and `fail` (PostgreSQL), after the token checks: a retry counts up and keeps
+ * the lease; otherwise the offset becomes terminal, the low-water mark advances over contiguous terminal
+ * offsets (dropping the processed ones, keeping the failed), and the lease clears. Returns the outcome's
+ * tag (`Released`, `RetryScheduled`, or an error's) and the backlog head or the retry count.
+ */
+const settleFunction = (sql: SqlClient.SqlClient, prefix: string) => {
+  const names = tables(prefix)
+  const domains = sql(names.domains)
+  const backlog = sql(names.backlog)
+  const terminal = sql(names.terminal)
+  return sql`CREATE OR REPLACE FUNCTION ${sql(names.settle)}(
+      p_domain text, p_token text, p_fail boolean, p_max_retries integer,
+      OUT o_tag text, OUT o_number bigint)
+    LANGUAGE plpgsql VOLATILE AS $$
+    DECLARE
+      v_domain record;
+      v_kind text;
+      v_low bigint;
+    BEGIN
+      SELECT * INTO v_domain FROM ${domains} d WHERE d.domain_id = p_domain FOR UPDATE;
+      IF NOT FOUND OR v_domain.lease_token IS NULL THEN
+        o_tag := 'LeaseNotFoundError';
+        RETURN;
+      END IF;
+      IF v_domain.lease_token <> p_token THEN
+        o_tag := 'TokenMismatchError';
+        RETURN;
+      END IF;
+      IF p_fail AND v_domain.retry_count < p_max_retries THEN
+        UPDATE ${domains} d SET retry_count = d.retry_count + 1 WHERE d.domain_id = p_domain
+        RETURNING d.retry_count INTO o_number;
+        o_tag := 'RetryScheduled';
+        RETURN;
+      END IF;
+      v_low := v_domain.low_water;
+      IF NOT p_fail AND v_domain.lease_offset = v_low THEN
+        v_low := v_low + 1; -- in order: the mark moves, nothing is kept
+      ELSE
+        INSERT INTO ${terminal} (domain_id, item, kind)
+        VALUES (p_domain, v_domain.lease_offset, CASE WHEN p_fail THEN 'failed' ELSE 'processed' END);
+      END IF;
+      LOOP
+        SELECT t.kind INTO v_kind FROM ${terminal} t WHERE t.domain_id = p_domain AND t.item = v_low;
+        EXIT WHEN NOT FOUND;
+        IF v_kind = 'processed' THEN
+          DELETE FROM ${terminal} t WHERE t.domain_id = p_domain AND t.item = v_low;
+        END IF;
+        v_low := v_low + 1;
+      END LOOP;
+      UPDATE ${domains} d SET lease_offset = NULL, lease_token = NULL, lease_fencing = NULL, acquired_at = NULL,
+        retry_count = 0, low_water = v_low
+      WHERE d.domain_id = p_domain;
+      SELECT b.item INTO o_number FROM ${backlog} b WHERE b.domain_id = p_domain ORDER BY b.position LIMIT 1;
+      o_tag := 'Released';
+    END $$`
+}
