@@ -16,6 +16,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import { type MailboxResolver, settleAll, type Settlement } from "../../Mailbox.js"
+import { GroupSettle, type GroupSettler, settleInTurn } from "../mailbox/settle.js"
 import { onSettleFailure } from "./settleFailure.js"
 
 /** The settles of one run and how far they got. */
@@ -56,8 +57,28 @@ export const make = <A, R>(retryAfter: (message: Settlement<A, R>["message"]) =>
       waiters.push({ count, resume: () => resume(Effect.void) })
     })
 
-  const settleGroup = (batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void, never, MailboxResolver> =>
-    settleAll(batch).pipe(
+  /**
+   * One message of a mailbox that settles one after the other anyway (no `GroupSettler` of its own, or
+   * `settleInTurn`): its own `acknowledge` / `replyAndAcknowledge`, without the group's arrays and outcomes
+   * — a worker settles most messages this way, one at a time.
+   */
+  const settleAlone = ({ message, reply }: Settlement<A, R>): Effect.Effect<void, never, MailboxResolver> => {
+    const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
+    return Effect.catchAllCause(
+      replied ? message.replyAndAcknowledge(reply.value) : message.acknowledge,
+      (cause) =>
+        cause._tag === "Fail"
+          ? onSettleFailure(message, replied, cause.error, retryAfter(message))
+          : Effect.logError("Settling a handled message failed", cause)
+    )
+  }
+
+  const settleGroup = (batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void, never, MailboxResolver> => {
+    if (batch.length === 1) {
+      const groupSettler = (batch[0]!.message as Partial<Record<typeof GroupSettle, GroupSettler>>)[GroupSettle]
+      if (groupSettler === undefined || groupSettler === settleInTurn) return settleAlone(batch[0]!)
+    }
+    return settleAll(batch).pipe(
       Effect.flatMap((outcomes) =>
         outcomes.every(Either.isRight) ? Effect.void : Effect.forEach(outcomes, (outcome, index) => {
           if (Either.isRight(outcome)) return Effect.void
@@ -68,6 +89,7 @@ export const make = <A, R>(retryAfter: (message: Settlement<A, R>["message"]) =>
       ),
       Effect.catchAllCause((cause) => Effect.logError("Settling handled messages failed", cause))
     )
+  }
 
   const take = Effect.async<ReadonlyArray<Settlement<A, R>>>((resume) => {
     const takeAll = () => {
