@@ -1,11 +1,12 @@
 /**
  * MergeQueue throughput and recovery. A cycle is what a merge worker does
  * per entry: nextWithLock → five transitions (rebasing … merged) →
- * releaseProcessingLock, each a transaction that holds the lock row and
- * writes an audit row. Baseline: the same cycle as bare autocommit
- * statements on an equivalent table — a claim with `UPDATE … RETURNING`
- * and five status updates, with no processing lock, fencing check, audit
- * or recovery — so the ratio is the price of those guarantees.
+ * releaseProcessingLock, each call holding the lock row and writing its
+ * audit rows in one round trip (a PL/pgSQL function on PostgreSQL, one
+ * write transaction on SQLite). Baseline: the same cycle as bare autocommit
+ * statements on an equivalent table — a claim with `UPDATE … RETURNING` and
+ * five status updates, with no processing lock, fencing check, audit or
+ * recovery — so the ratio is the price of those guarantees.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import { Effect, type Layer, Option } from "effect"

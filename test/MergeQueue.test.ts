@@ -2,8 +2,10 @@
  * MergeQueue on SQLite (a temporary file) and PostgreSQL (a throwaway
  * cluster): the seed's named scenarios, the two holes it left (entries stuck
  * in any in-progress status; a live, extended lock never reclaimed),
- * fencing of zombie agents, fault injection through a wrapped `SqlClient`,
- * and bad input. Lock expiry is driven by `TestClock`.
+ * fencing of zombie agents, faults injected inside the database (a trigger
+ * that fails a write, whichever statement or function makes it) and through a
+ * wrapped `SqlClient` (a busy database), the upgrade of a database an earlier
+ * version made, and bad input. Lock expiry is driven by `TestClock`.
  */
 import { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql/SqlError"
@@ -16,6 +18,7 @@ import {
   Exit,
   Fiber,
   Layer,
+  Metric,
   Option,
   Ref,
   Scope,
@@ -83,27 +86,64 @@ const leftBehind = (
     started_at = ${at}, state_changed_at = ${at}, attempt_count = 1 WHERE id = ${id}`
 
 /**
- * A client whose statements fail when their text contains `marker`, as many times as `remaining` says
- * (counting down), with `message` as the driver's error text.
+ * A client whose statements fail when their SQL contains `marker`, as many times as `remaining` says
+ * (counting down), with `message` as the driver's error text: statements run through the client (PostgreSQL's
+ * calls) and statements run on a connection held for a call (SQLite's). Arm it (`remaining`) once the queue is
+ * made: the migration's function bodies contain the statements' text too.
  */
 const failing = (
   sql: SqlClient.SqlClient,
   marker: string,
   remaining: Ref.Ref<number>,
   message = "injected fault"
-): SqlClient.SqlClient =>
-  new Proxy(sql, {
+): SqlClient.SqlClient => {
+  const pg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
+  const fails = (text: string) =>
+    text.includes(marker) && Effect.runSync(Ref.modify(remaining, (n) => [n > 0, Math.max(0, n - 1)]))
+  const fault = () => Effect.fail(new SqlError({ cause: new Error(message), message }))
+  return new Proxy(sql, {
     apply(target, thisArg, args: Array<unknown>) {
+      const statement = Reflect.apply(target, thisArg, args)
       const strings = args[0]
-      if (
-        Array.isArray(strings) && "raw" in strings && strings.join("?").includes(marker) &&
-        Effect.runSync(Ref.modify(remaining, (n) => [n > 0, Math.max(0, n - 1)]))
-      ) {
-        return Effect.fail(new SqlError({ cause: new Error(message), message }))
-      }
-      return Reflect.apply(target, thisArg, args)
+      return pg && Array.isArray(strings) && "raw" in strings && fails(statement.compile()[0]) ? fault() : statement
+    },
+    get(target, property, receiver) {
+      const value = Reflect.get(target, property, receiver)
+      return property !== "reserve" ? value : Effect.map(value as typeof sql.reserve, (connection) => ({
+        ...connection,
+        execute: (text: string, params: ReadonlyArray<unknown>, transform: undefined) =>
+          fails(text) ? fault() : connection.execute(text, params, transform)
+      }))
     }
   })
+}
+
+/**
+ * A fault inside the database: a trigger that makes every write moving an entry to `status` fail, whichever
+ * statement or function does it. The effect it returns removes it.
+ */
+const faultOn = (sql: SqlClient.SqlClient, status: MergeQueue.Status) =>
+  Effect.gen(function*() {
+    const table = `${prefix}merge_queue`
+    const name = `${prefix}fault_${status}`
+    const pg = sql.onDialectOrElse({ pg: () => true, orElse: () => false })
+    if (pg) {
+      yield* sql.unsafe(`CREATE FUNCTION ${name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'injected fault'; END $$`)
+      yield* sql.unsafe(`CREATE TRIGGER ${name} BEFORE UPDATE ON ${table} FOR EACH ROW
+        WHEN (NEW.status = '${status}' AND OLD.status <> '${status}') EXECUTE FUNCTION ${name}()`)
+    } else {
+      yield* sql.unsafe(`CREATE TRIGGER ${name} BEFORE UPDATE OF status ON ${table} FOR EACH ROW
+        WHEN NEW.status = '${status}' AND OLD.status <> '${status}' BEGIN SELECT RAISE(ABORT, 'injected fault'); END`)
+    }
+    return pg
+      ? Effect.zipRight(sql.unsafe(`DROP TRIGGER ${name} ON ${table}`), sql.unsafe(`DROP FUNCTION ${name}()`))
+      : sql.unsafe(`DROP TRIGGER ${name}`)
+  }).pipe(Effect.orDie)
+
+/** The marker of the claim's statement that takes the entry: the SQLite write, the PostgreSQL function call. */
+const claimMarker = (sql: SqlClient.SqlClient) =>
+  sql.onDialectOrElse({ pg: () => `${prefix}merge_queue_claim"(`, orElse: () => "SET status = 'claimed'" })
 
 const backends = [
   { label: "SQLite", client: () => sqlite },
@@ -164,6 +204,25 @@ for (const backend of backends) {
         expect(final.message).toContain("cancelled is final")
         expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("cancelled")
         yield* checkInvariants(queue)
+      }))
+
+    it.effect("a move under a released lock, or of an entry no claim holds, is refused and changes nothing", () =>
+      Effect.gen(function*() {
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
+        const entry = yield* queue.enqueue("ws")
+        const claim = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
+        expect(yield* queue.releaseProcessingLock(claim)).toBe(true)
+        const audit = (yield* queue.auditLog()).length
+        const released = yield* Effect.flip(queue.transition(claim, "rebasing"))
+        expect(released).toMatchObject({ _tag: "LockLostError", entryId: entry.id, token: claim.token })
+        expect(released.message).toContain("its processing lock was released or taken over")
+        // An in-progress entry that lost its token (no claim carries it): refused whatever the token.
+        yield* sql`UPDATE ${sql(`${prefix}merge_queue`)} SET fencing_token = NULL WHERE id = ${entry.id}`
+        const unheld = yield* Effect.flip(queue.transition(claim, "rebasing"))
+        expect(unheld.message).toContain("the entry is claimed and held by no claim")
+        expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("claimed")
+        expect((yield* queue.auditLog()).length).toBe(audit)
       }))
 
     it.effect("automatic recovery on claim: a crashed agent's entry comes back to the next claimer", () => {
@@ -387,38 +446,70 @@ for (const backend of backends) {
         expect(Option.getOrThrow(yield* queue.nextWithLock("rival")).id).toBe(entry.id)
       }))
 
-    it.effect("fault injection: failing recovery statements do not stop claims", () =>
-      Effect.gen(function*() {
-        const queue = yield* queueOn(failing(backend.client(), "COALESCE(started_at", yield* Ref.make(99)))
-        yield* queue.enqueue("ws")
+    it.effect("fault injection: a failing recovery does not stop claims; the next one heals", () => {
+      const logs = captureLogs()
+      return Effect.gen(function*() {
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
+        const stuck = yield* queue.enqueue("ws-1")
+        const other = yield* queue.enqueue("ws-2")
+        const crashed = Option.getOrThrow(yield* queue.nextWithLock("crashed"))
+        expect(crashed.id).toBe(stuck.id)
+        yield* TestClock.adjust(TIMEOUT + 1)
+        // Returning an entry to pending fails inside the database: recovery rolls back.
+        const removeFault = yield* faultOn(sql, "pending")
+        const failures = (yield* Metric.value(MergeQueue.recoveryFailures)).count
         expect(Either.isLeft(yield* Effect.either(queue.detectAndRecoverStale))).toBe(true)
-        const claimed = yield* queue.nextWithLock("agent-a")
-        expect(Option.isSome(claimed)).toBe(true)
-      }))
+        // The claim goes on: it takes the expired lock over and claims what is pending.
+        const claimed = Option.getOrThrow(yield* queue.nextWithLock("agent-b"))
+        expect(claimed.id).toBe(other.id)
+        expect(claimed.token).toBeGreaterThan(crashed.token)
+        expect((yield* Metric.value(MergeQueue.recoveryFailures)).count).toBe(failures + 1)
+        expect(logs.lines.map((line) => line.message)).toContainEqual(
+          expect.stringContaining("Automatic merge queue recovery failed; claiming anyway")
+        )
+        const takeover = (yield* queue.auditLog()).filter((row) => row.action === "lock_expired")
+        expect(takeover.map((row) => Option.getOrThrow(row.detail))).toEqual([
+          expect.stringMatching(/^expired at \d+; taken over by agent-b$/)
+        ])
+        expect(Option.getOrThrow(yield* queue.get(stuck.id)).status).toBe("claimed")
+        // Without the fault, agent-b's next claim heals the stuck entry and gives agent-b its own entry back.
+        yield* removeFault
+        expect(Option.getOrThrow(yield* queue.nextWithLock("agent-b")).id).toBe(other.id)
+        expect(Option.getOrThrow(yield* queue.get(stuck.id)).status).toBe("pending")
+        yield* checkInvariants(queue)
+      }).pipe(Effect.provide(logs.layer))
+    })
 
     it.effect("fault injection: a failure mid-claim leaves nothing half-written", () =>
       Effect.gen(function*() {
-        const armed = yield* Ref.make(99)
-        const queue = yield* queueOn(failing(backend.client(), "SET status = 'claimed'", armed))
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
         const entry = yield* queue.enqueue("ws")
         const auditBefore = (yield* queue.auditLog()).length
+        // Claiming the entry fails inside the database, after the lock was taken and audited.
+        const removeFault = yield* faultOn(sql, "claimed")
         const failure = yield* Effect.flip(queue.nextWithLock("agent-a"))
         expect(failure._tag).toBe("MergeQueueStoreError")
-        // The lock was taken and audited before the failing statement: all of it rolled back.
+        expect(String((failure as MergeQueue.MergeQueueStoreError & { cause: SqlError }).cause.cause)).toContain(
+          "injected fault"
+        )
+        // All of it rolled back.
         expect(yield* queue.getProcessingLock).toEqual(Option.none())
         expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("pending")
         expect((yield* queue.auditLog()).length).toBe(auditBefore)
-        yield* Ref.set(armed, 0)
+        yield* removeFault
         const claimed = Option.getOrThrow(yield* queue.nextWithLock("agent-a"))
         expect(Option.getOrThrow(claimed.fencingToken)).toBe(1)
       }))
 
     it.effect("a claim that meets a busy database is retried with backoff, then succeeds", () =>
       Effect.gen(function*() {
-        const failures = yield* Ref.make(2)
-        const busy = failing(backend.client(), "SET status = 'claimed'", failures, "database is locked")
+        const failures = yield* Ref.make(0)
+        const busy = failing(backend.client(), claimMarker(backend.client()), failures, "database is locked")
         const queue = yield* queueOn(busy)
         yield* queue.enqueue("ws")
+        yield* Ref.set(failures, 2)
         const claim = yield* Effect.fork(queue.nextWithLock("agent-a"))
         // The statements run on real I/O; the backoff sleeps run on the test clock.
         const live = (millis: number) => TestServices.provideLive(Effect.sleep(millis))
@@ -438,9 +529,48 @@ for (const backend of backends) {
         expect(yield* Ref.get(failures)).toBe(0)
         // Not retryable: the error surfaces at once, and nothing was written.
         yield* queue.releaseProcessingLock(got)
-        const always = yield* queueOn(failing(backend.client(), "SET status = 'claimed'", yield* Ref.make(99)))
+        const armed = yield* Ref.make(0)
+        const always = yield* queueOn(failing(backend.client(), claimMarker(backend.client()), armed))
+        yield* Ref.set(armed, 99)
         expect((yield* Effect.flip(always.nextWithLock("agent-b")))._tag).toBe("MergeQueueStoreError")
         expect(yield* always.getProcessingLock).toEqual(Option.none())
+      }))
+
+    it.effect("a database made before the coordination functions is upgraded on open, its work carrying on", () =>
+      Effect.gen(function*() {
+        const sql = backend.client()
+        const before = yield* queueOn(sql)
+        const first = yield* before.enqueue("ws-1")
+        const second = yield* before.enqueue("ws-2")
+        const claim = Option.getOrThrow(yield* before.nextWithLock("old-agent"))
+        // Back to what the earlier version left: its one migration, no functions (the tables are the same).
+        if (sql.onDialectOrElse({ pg: () => true, orElse: () => false })) {
+          for (const name of ["claim", "take_lock", "transition", "release", "extend"]) {
+            yield* sql.unsafe(`DROP FUNCTION ${prefix}merge_queue_${name}`)
+          }
+        }
+        yield* sql`DELETE FROM ${sql(`${prefix}merge_queue_migrations`)} WHERE migration_id > 1`
+        // An operator's look (`create: false`) writes nothing, and its reads and recovery work on it as it is.
+        const look = yield* queueOn(sql, { create: false })
+        expect(yield* look.getRecoveryStats).toMatchObject({ locksCleaned: 0, entriesReclaimed: 0 })
+        expect(yield* look.detectAndRecoverStale).toMatchObject({ locksCleaned: 0, entriesReclaimed: 0 })
+        expect((yield* look.stats).byStatus).toMatchObject({ claimed: 1, pending: 1 })
+        // A worker's open migrates it; the claim made before goes on under its lock.
+        const after = yield* queueOn(sql)
+        const migrations = yield* sql<{ id: number | string }>`SELECT max(migration_id) AS id
+          FROM ${sql(`${prefix}merge_queue_migrations`)}`
+        expect(Number(migrations[0]!.id)).toBe(2)
+        expect(claim.id).toBe(first.id)
+        expect((yield* after.transition(claim, "rebasing")).status).toBe("rebasing")
+        expect(yield* after.extendLock(claim, "1 minute")).toBe(true)
+        expect(yield* after.nextWithLock("new-agent")).toEqual(Option.none())
+        expect(yield* after.releaseProcessingLock(claim)).toBe(true)
+        const next = Option.getOrThrow(yield* after.nextWithLock("new-agent"))
+        // The released entry is still "rebasing" under the old token: recovery returns it, then the queue order.
+        expect(next.id).toBe(first.id)
+        expect(next.token).toBeGreaterThan(claim.token)
+        expect(Option.getOrThrow(yield* after.get(second.id)).status).toBe("pending")
+        yield* checkInvariants(after)
       }))
 
     it.effect("bad input gets a typed error naming what was wrong", () =>
