@@ -1,15 +1,17 @@
 /**
  * Durable mailbox throughput, end to end: requests are sent, then `concurrency`
- * MainLoops with a no-op `execute` receive them, reply to a response queue
- * and acknowledge (reply and acknowledgement commit together). Peers doing
- * the same no-op jobs with the same concurrency on the same PostgreSQL:
- * graphile-worker (defaults; local queue + batched completion) and pg-boss
- * (defaults; largest batch and shortest polling interval). Each run reports
- * enqueue and processing rates separately; processing is timed from the
- * start of the workers until the last job's completion is committed, and the
- * CPU time spent meanwhile is reported per job: this process's (all its
+ * MainLoops with a no-op `execute` receive them and acknowledge — in one of
+ * two modes: "ack only" (the requests carry no `replyTo`, so the loop only
+ * acknowledges: the work every peer does) or "reply + ack" (each reply goes to
+ * a response queue and commits with the acknowledgement). Peers doing the same
+ * no-op jobs with the same concurrency on the same PostgreSQL: graphile-worker
+ * (defaults; local queue + batched completion) and pg-boss (defaults; largest
+ * batch and shortest polling interval); BullMQ is in `bullmq.ts`. Each run
+ * reports enqueue and processing rates separately; processing is timed from
+ * the start of the workers until the last job's completion is committed, and
+ * the CPU time spent meanwhile is reported per job: this process's (all its
  * threads: the event loop, and V8's garbage-collector helpers) and the
- * PostgreSQL server's (its processes' time on CPU, read from Linux `/proc`).
+ * server's (the PostgreSQL processes' time on CPU, read from Linux `/proc`).
  */
 import { Effect, Layer, Schema } from "effect"
 import { Logger, makeWorkerUtils, run as graphileRun } from "graphile-worker"
@@ -24,15 +26,16 @@ export interface Throughput {
   readonly enqueue: number
   readonly process: number
   readonly nodeCpu: number
-  /** `undefined` where `/proc` cannot be read (not Linux). */
-  readonly pgCpu: number | undefined
+  /** The database or queue server's CPU (PostgreSQL, Redis); `undefined` where `/proc` cannot be read (not Linux). */
+  readonly serverCpu: number | undefined
 }
 
-const perSecond = (jobs: number, started: number) => jobs / ((performance.now() - started) / 1000)
+/** Jobs per second since `started` (a `performance.now()` reading). */
+export const perSecond = (jobs: number, started: number) => jobs / ((performance.now() - started) / 1000)
 const now = Effect.sync(() => performance.now())
 
 /** Nanoseconds on CPU of every `postgres` process (Linux `/proc/<pid>/schedstat`), or `undefined`. */
-const postgresCpuNanos = (): number | undefined => {
+export const postgresCpuNanos = (): number | undefined => {
   try {
     let total = 0
     for (const pid of readdirSync("/proc")) {
@@ -50,26 +53,37 @@ const postgresCpuNanos = (): number | undefined => {
   }
 }
 
-/** Starts counting CPU time; the result gives it per job (µs) for `jobs` jobs. Read outside the timed span. */
-const cpuMeter = () => {
+/**
+ * Starts counting CPU time, this process's and the server's (`serverNanos`, PostgreSQL's by default); the
+ * result gives it per job (µs) for `jobs` jobs. Read outside the timed span.
+ */
+export const cpuMeter = (serverNanos: () => number | undefined = postgresCpuNanos) => {
   const node = process.cpuUsage()
-  const pg = postgresCpuNanos()
-  return (jobs: number) => {
+  const server = serverNanos()
+  return (jobs: number): Pick<Throughput, "nodeCpu" | "serverCpu"> => {
     const nodeUsed = process.cpuUsage(node)
-    const pgNow = postgresCpuNanos()
+    const serverNow = serverNanos()
     return {
       nodeCpu: (nodeUsed.user + nodeUsed.system) / jobs,
-      pgCpu: pg === undefined || pgNow === undefined ? undefined : (pgNow - pg) / 1000 / jobs
+      serverCpu: server === undefined || serverNow === undefined ? undefined : (serverNow - server) / 1000 / jobs
     }
   }
 }
 
-/** leasehold: `jobs` requests through `concurrency` MainLoops (maxMessages 10) on a fresh table prefix. */
+/** What a leasehold worker does per request: acknowledge only, or reply and acknowledge (one commit). */
+export type LeaseholdMode = "ack only" | "reply + ack"
+
+/**
+ * leasehold: `jobs` requests through `concurrency` MainLoops (maxMessages 10) on a fresh table prefix. In
+ * "ack only" mode the requests carry no `replyTo`, so the loop only acknowledges; in "reply + ack" mode they
+ * name a response queue, and each reply commits with the acknowledgement.
+ */
 export const leasehold = (
   database: Layer.Layer<MailboxSql.Services, unknown>,
   prefix: string,
   jobs: number,
-  concurrency: number
+  concurrency: number,
+  mode: LeaseholdMode
 ): Effect.Effect<Throughput, unknown> =>
   Effect.gen(function*() {
     const requests = yield* MailboxSql.make({
@@ -78,15 +92,14 @@ export const leasehold = (
       replySchema: MainLoop.resultSchema(Schema.Number),
       prefix
     })
-    const responses = yield* MailboxSql.make({
-      name: "responses",
-      schema: MainLoop.resultSchema(Schema.Number),
-      prefix
-    })
+    const responses = mode === "reply + ack"
+      ? yield* MailboxSql.make({ name: "responses", schema: MainLoop.resultSchema(Schema.Number), prefix })
+      : undefined
+    const sendOptions = responses === undefined ? undefined : { replyTo: responses.name }
     const enqueueStarted = yield* now
     yield* Effect.forEach(
       Array.from({ length: jobs }, (_, i) => i),
-      (i) => requests.send(MainLoop.request(i), { replyTo: "responses" }),
+      (i) => requests.send(MainLoop.request(i), sendOptions),
       { concurrency, discard: true }
     )
     const enqueue = perSecond(jobs, enqueueStarted)
@@ -114,11 +127,14 @@ export const leasehold = (
     const process = perSecond(jobs, processStarted)
     const cpu = meter(jobs)
     yield* Effect.forEach(loops, (loop) => loop.shutdown(), { concurrency: "unbounded", discard: true })
-    if ((yield* responses.approximateCount) !== jobs) return yield* Effect.dieMessage("replies missing")
+    if (responses !== undefined && (yield* responses.approximateCount) !== jobs) {
+      return yield* Effect.dieMessage("replies missing")
+    }
     return { enqueue, process, ...cpu }
   }).pipe(Effect.scoped, Effect.provide(Layer.merge(Layer.fresh(database), Mailbox.MailboxResolver.layer())))
 
-const waitUntil = (check: () => Promise<boolean>): Effect.Effect<void> =>
+/** Polls `check` every 5 ms until it holds. */
+export const waitUntil = (check: () => Promise<boolean>): Effect.Effect<void> =>
   Effect.flatMap(
     Effect.promise(check),
     (done) => done ? Effect.void : Effect.zipRight(Effect.sleep("5 millis"), waitUntil(check))

@@ -1,13 +1,14 @@
 /**
  * WorkLease benchmarks: tryAcquire + succeed pairs per second, STM against a
- * plain Map + Semaphore implementation of the same contract, and the state
- * size after a million sequential offsets.
+ * plain Map + Semaphore implementation of the same contract, the state size
+ * after a million sequential offsets, and the SQL store's pairs (one domain
+ * from one fiber; many domains from 8 fibers).
  */
 import type * as SqlClient from "@effect/sql/SqlClient"
 import { Effect, Layer } from "effect"
 import { WorkLease } from "leasehold"
+import * as WorkLeaseSql from "leasehold/WorkLeaseSql"
 import { randomUUID } from "node:crypto"
-import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 
 /** The baseline: one mutable record and one semaphore per domain. */
 export const makeBaseline = Effect.sync(() => {
@@ -105,14 +106,43 @@ export const retainedAfter = (n: number) =>
   })
 
 const SQL_PAIRS = 2_000
+const SQL_FIBERS = 8
+const SQL_DOMAINS_PER_FIBER = 4
+
+/** One pair on a SQL store: the acquisition must be new (each round works domains of its own). */
+const sqlPair = (lease: WorkLeaseSql.SqlWorkLease, domain: string, offset: number) =>
+  Effect.flatMap(lease.tryAcquire(domain, offset), (result) =>
+    result._tag === "Acquired"
+      ? Effect.asVoid(lease.succeed(domain, result.token))
+      : Effect.dieMessage(`${domain} ${offset}: ${result._tag}`))
 
 /** Sequential tryAcquire + succeed pairs through one domain on a SQL store (one connection's worth). */
 export const sqlPairs = (client: Layer.Layer<SqlClient.SqlClient, unknown>, prefix: string) => () =>
   Effect.gen(function*() {
     const lease = yield* WorkLeaseSql.make({ prefix })
-    for (let offset = 0; offset < SQL_PAIRS; offset++) {
-      const result = yield* lease.tryAcquire("bench", offset)
-      if (result._tag === "Acquired") yield* lease.succeed("bench", result.token)
-    }
+    const domain = `bench-${randomUUID()}`
+    for (let offset = 0; offset < SQL_PAIRS; offset++) yield* sqlPair(lease, domain, offset)
     return SQL_PAIRS
+  }).pipe(Effect.provide(Layer.fresh(client)), Effect.orDie)
+
+/**
+ * Many domains from 8 fibers: each fiber works its own 4 domains in turn (sequential offsets in each), so
+ * calls run side by side on the pool's connections (PostgreSQL) or queue for the file's one (SQLite).
+ */
+export const sqlManyDomains = (client: Layer.Layer<SqlClient.SqlClient, unknown>, prefix: string) => () =>
+  Effect.gen(function*() {
+    const lease = yield* WorkLeaseSql.make({ prefix })
+    const round = randomUUID()
+    const perFiber = (2 * SQL_PAIRS) / SQL_FIBERS
+    yield* Effect.all(
+      Array.from({ length: SQL_FIBERS }, (_, fiber) =>
+        Effect.gen(function*() {
+          for (let i = 0; i < perFiber; i++) {
+            const domain = `bench-${round}-${fiber}-${i % SQL_DOMAINS_PER_FIBER}`
+            yield* sqlPair(lease, domain, Math.floor(i / SQL_DOMAINS_PER_FIBER))
+          }
+        })),
+      { concurrency: "unbounded", discard: true }
+    )
+    return perFiber * SQL_FIBERS
   }).pipe(Effect.provide(Layer.fresh(client)), Effect.orDie)
