@@ -13,9 +13,9 @@
 import { Effect } from "effect"
 import { execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
-import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { freePort } from "../test/support/postgres.js"
 
 /** A running server. */
 export interface Server {
@@ -27,15 +27,6 @@ export interface Server {
   /** Nanoseconds the server (all its threads) spent on CPU so far, from Linux `/proc`; `undefined` elsewhere. */
   readonly cpuNanos: () => number | undefined
 }
-
-const freePort = Effect.async<number>((resume) => {
-  const server = createServer()
-  server.listen(0, "127.0.0.1", () => {
-    const address = server.address()
-    const port = typeof address === "object" && address !== null ? address.port : 0
-    server.close(() => resume(Effect.succeed(port)))
-  })
-})
 
 const versionOf = (): string | undefined => {
   try {

@@ -23,7 +23,8 @@ export interface Cluster {
   readonly start: Effect.Effect<void>
 }
 
-const freePort = Effect.async<number>((resume) => {
+/** A TCP port on loopback that nothing listens on (the bench's Redis takes one too). */
+export const freePort = Effect.async<number>((resume) => {
   const server = createServer()
   server.listen(0, "127.0.0.1", () => {
     const address = server.address()
