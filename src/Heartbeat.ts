@@ -9,6 +9,8 @@
  * registered with `forkOnBeat`: the heartbeat forks it when it is due,
  * keeps at most one in flight (a beat meanwhile is dropped), and its detach
  * step waits for the one in flight, so after detaching nothing runs any more.
+ * Keep a listener's own work short: a worker loop beats on every poll from a
+ * region a stop cannot interrupt (see `MailboxWorker`).
  *
  * **Beat from anywhere.** The heartbeat of the work in progress is carried by
  * a `FiberRef` (as `Deadline.current` is): `MailboxWorker`, and so `MainLoop`
