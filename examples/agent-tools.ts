@@ -7,18 +7,26 @@
  * its 1 s visibility timeout; a second request, whose deadline passes while the
  * tool runs, is stopped in the middle of it.
  *
- *   npx tsx --conditions=leasehold-source examples/agent-tools.ts
+ * `--provider anthropic` or `--provider openai` asks a real model instead of
+ * the script (key from ANTHROPIC_API_KEY / OPENAI_API_KEY, model from
+ * ANTHROPIC_MODEL / OPENAI_MODEL); what it answers is then up to the model.
+ *
+ *   npx tsx --conditions=leasehold-source examples/agent-tools.ts [--provider scripted|anthropic|openai]
  */
+import { FetchHttpClient } from "@effect/platform"
 import { NodeRuntime } from "@effect/platform-node"
-import { Effect, Metric, Schema, Stream } from "effect"
+import { Config, Effect, Layer, Metric, Schema, type Scope, Stream } from "effect"
 import {
+  Anthropic,
   Deadline,
+  EffectAi,
   Heartbeat,
   LeaseExtender,
   Mailbox,
   MailboxMemory,
   MainLoop,
   Prompt,
+  type ProviderAdapter,
   ScriptedAdapter,
   Tool
 } from "leasehold"
@@ -49,16 +57,51 @@ const runTests = Tool.make({
     }).pipe(Effect.onInterrupt(() => Effect.log(`tool: suite ${suite} interrupted at the deadline`)))
 })
 
+// The model: the script by default, or a real provider's (its package loaded only when chosen).
+const providerFlag = process.argv.indexOf("--provider")
+const provider = providerFlag === -1 ? "scripted" : process.argv[providerFlag + 1]
+const chooseModel = (): Effect.Effect<ProviderAdapter.ProviderAdapter["Type"], unknown, Scope.Scope> => {
+  switch (provider) {
+    case "scripted":
+      return ScriptedAdapter.make([
+        {
+          toolCalls: [{ name: "run_tests", params: { suite: "unit" } }],
+          usage: { inputTokens: 120, outputTokens: 15 }
+        },
+        { text: "41 passed, 1 failed: look at test_parser", usage: { inputTokens: 180, outputTokens: 12 } },
+        { toolCalls: [{ name: "run_tests", params: { suite: "e2e" } }] }
+      ])
+    case "anthropic":
+      return Effect.gen(function*() {
+        const model = yield* Config.string("ANTHROPIC_MODEL").pipe(Config.withDefault("claude-sonnet-4-5"))
+        const apiKey = yield* Config.redacted("ANTHROPIC_API_KEY")
+        return yield* Anthropic.make({ model, apiKey })
+      }).pipe(Effect.provide(FetchHttpClient.layer))
+    case "openai":
+      return Effect.gen(function*() {
+        const { OpenAiClient, OpenAiLanguageModel } = yield* Effect.promise(() => import("@effect/ai-openai"))
+        const model = yield* Config.string("OPENAI_MODEL").pipe(Config.withDefault("gpt-4.1-mini"))
+        const apiKey = yield* Config.redacted("OPENAI_API_KEY")
+        return yield* EffectAi.make().pipe(
+          Effect.provide(
+            OpenAiLanguageModel.layer({ model }).pipe(
+              Layer.provide(OpenAiClient.layer({ apiKey })),
+              Layer.provide(FetchHttpClient.layer)
+            )
+          )
+        )
+      })
+    default:
+      return Effect.dieMessage(`--provider must be scripted, anthropic or openai, not ${provider}`)
+  }
+}
+
 Effect.gen(function*() {
   const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<string>>({
     name: "requests"
   })
   const responses = yield* MailboxMemory.make<MainLoop.MainLoopResult<string>>({ name: "responses" })
-  const model = yield* ScriptedAdapter.make([
-    { toolCalls: [{ name: "run_tests", params: { suite: "unit" } }], usage: { inputTokens: 120, outputTokens: 15 } },
-    { text: "41 passed, 1 failed: look at test_parser", usage: { inputTokens: 180, outputTokens: 12 } },
-    { toolCalls: [{ name: "run_tests", params: { suite: "e2e" } }] }
-  ])
+  const model = yield* chooseModel()
   const loop = yield* MainLoop.agent({
     requests,
     adapter: model,

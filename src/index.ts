@@ -2,6 +2,7 @@
  * leasehold — long-running workers on at-least-once queues, in Effect.
  * Each module is one concept; see README.md for a tour.
  */
+export * as Anthropic from "./adapters/Anthropic.js"
 export * as EffectAi from "./adapters/EffectAi.js"
 export * as ScriptedAdapter from "./adapters/ScriptedAdapter.js"
 export * as Budget from "./Budget.js"

@@ -4,9 +4,10 @@
  * offline, from the npm cache, with a lockfile cut from ours so no registry is asked (support/consumer.ts) —
  * then
  *
- * - plain Node ESM imports the root and four subpaths and runs a request/reply through a `MailboxMemory`
+ * - plain Node ESM imports the root and five subpaths and runs a request/reply through a `MailboxMemory`
  *   and a `MainLoop` (so the light core loads without any optional peer installed), and opening SQLite
- *   without its driver says which package to install;
+ *   without its driver, or making the Anthropic adapter without `@effect/ai-anthropic`, says which package
+ *   to install;
  * - `tsc` under `strict` type-checks a consumer file, with `moduleResolution` `nodenext` and `bundler`;
  * - `npx leasehold --help` prints the usage (the bundled command line, no tsx).
  */
@@ -16,14 +17,16 @@ import { readdirSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { install, pack, peersFor, root, run } from "./support/consumer.js"
 
-/** A request/reply through the light core, from plain ESM: the root and three subpaths. */
+/** A request/reply through the light core, from plain ESM: the root and five subpaths. */
 const plainProgram = `
 import { MailboxMemory, MainLoop } from "leasehold"
 import * as Deadline from "leasehold/Deadline"
 import * as Heartbeat from "leasehold/Heartbeat"
 import * as Database from "leasehold/Database"
+import * as Anthropic from "leasehold/Anthropic"
 import { MailboxResolver } from "leasehold/Mailbox"
-import { Effect, Layer } from "effect"
+import { FetchHttpClient } from "@effect/platform"
+import { Effect, Layer, Redacted } from "effect"
 
 const program = Effect.gen(function*() {
   const requests = yield* MailboxMemory.make({ name: "requests" })
@@ -40,6 +43,11 @@ const program = Effect.gen(function*() {
   // No SQLite driver is installed: opening a database says which package to add.
   const missing = yield* Effect.flip(Effect.scoped(Layer.build(Database.layerSqlite({ filename: "app.db" }))))
   console.log(missing.message)
+  // Nor is the Anthropic provider: making its adapter says which package to add.
+  const noProvider = yield* Effect.flip(
+    Anthropic.make({ model: "claude", apiKey: Redacted.make("key") }).pipe(Effect.provide(FetchHttpClient.layer))
+  )
+  console.log(noProvider.message)
 })
 Effect.runPromise(Effect.scoped(program)).catch((error) => {
   console.error(error)
@@ -88,17 +96,20 @@ describe("the package", () => {
         const project = yield* install(yield* pack, "app", peersFor(false))
         const installed = readdirSync(join(project, "node_modules", "@effect"))
         // The light core installs no driver, HTTP server, exporter or model provider.
-        for (const optional of ["sql-pg", "sql-sqlite-node", "platform-node", "opentelemetry", "ai"]) {
+        for (const optional of ["sql-pg", "sql-sqlite-node", "platform-node", "opentelemetry", "ai", "ai-anthropic"]) {
           expect(installed).not.toContain(optional)
         }
 
-        // (a) plain Node ESM: the root and four subpaths, a request answered by a MainLoop.
+        // (a) plain Node ESM: the root and five subpaths, a request answered by a MainLoop.
         writeFileSync(join(project, "plain.mjs"), plainProgram)
         const output = yield* run("node", ["plain.mjs"], project)
         expect(output).toContain("reply r1: HELLO")
         expect(output).toContain(
           "Database.layerSqlite needs the package @effect/sql-sqlite-node, which is not installed: " +
             "npm install @effect/sql-sqlite-node"
+        )
+        expect(output).toContain(
+          "Anthropic.make needs the package @effect/ai-anthropic, which is not installed: npm install @effect/ai-anthropic"
         )
 
         // (b) a strict TypeScript consumer, resolved the way Node resolves it and the way bundlers do.

@@ -1,0 +1,257 @@
+/**
+ * The Anthropic adapter against a small stub of the Messages API (`POST /v1/messages`, non-streaming) started
+ * on a free local port (real HTTP): the stub answers each request from a script, optionally after a delay, and
+ * records what it received.
+ */
+import { FetchHttpClient } from "@effect/platform"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Fiber, Redacted, Schema, TestClock } from "effect"
+import { createServer } from "node:http"
+import type { AddressInfo } from "node:net"
+import * as Anthropic from "../src/adapters/Anthropic.js"
+import * as Budget from "../src/Budget.js"
+import * as Deadline from "../src/Deadline.js"
+import * as Prompt from "../src/Prompt.js"
+import * as Session from "../src/Session.js"
+import * as Tool from "../src/Tool.js"
+
+/** An Anthropic `Message` as the API returns it. */
+const message = (
+  id: string,
+  content: ReadonlyArray<unknown>,
+  stopReason: "end_turn" | "tool_use",
+  usage: { input: number; output: number }
+) => ({
+  id,
+  type: "message",
+  role: "assistant",
+  model: "claude-stub",
+  content,
+  stop_reason: stopReason,
+  stop_sequence: null,
+  usage: { input_tokens: usage.input, output_tokens: usage.output }
+})
+
+interface Reply {
+  readonly body: unknown
+  readonly delayMs?: number
+}
+
+interface Received {
+  readonly method: string | undefined
+  readonly url: string | undefined
+  readonly headers: Record<string, unknown>
+  readonly body: Record<string, unknown>
+}
+
+/** Serves `script` on a free port, one reply per request; records each request. */
+const stubServer = (script: ReadonlyArray<Reply>) =>
+  Effect.acquireRelease(
+    Effect.async<{
+      readonly url: string
+      readonly received: Array<Received>
+      /** Resolves once the first request has arrived. */
+      readonly firstRequest: Promise<void>
+      readonly close: () => void
+    }>(
+      (resume) => {
+        const received: Array<Received> = []
+        let arrived: () => void = () => {}
+        const firstRequest = new Promise<void>((resolve) => (arrived = resolve))
+        const timers = new Set<ReturnType<typeof setTimeout>>()
+        const server = createServer((request, response) => {
+          let raw = ""
+          request.on("data", (chunk) => (raw += chunk))
+          request.on("end", () => {
+            received.push({
+              method: request.method,
+              url: request.url,
+              headers: request.headers,
+              body: JSON.parse(raw || "{}")
+            })
+            arrived()
+            const reply = script[received.length - 1]
+            const send = () => {
+              response.writeHead(reply === undefined ? 500 : 200, { "content-type": "application/json" })
+              response.end(
+                JSON.stringify(reply?.body ?? { type: "error", error: { type: "api_error", message: "script over" } })
+              )
+            }
+            if (reply?.delayMs === undefined) return send()
+            const timer = setTimeout(() => {
+              timers.delete(timer)
+              send()
+            }, reply.delayMs)
+            timers.add(timer)
+          })
+        })
+        server.listen(0, "127.0.0.1", () => {
+          const { port } = server.address() as AddressInfo
+          resume(Effect.succeed({
+            url: `http://127.0.0.1:${port}`,
+            received,
+            firstRequest,
+            close: () => {
+              for (const timer of timers) clearTimeout(timer)
+              server.closeAllConnections()
+              server.close()
+            }
+          }))
+        })
+      }
+    ),
+    (stub) => Effect.sync(() => stub.close())
+  )
+
+const adapterFor = (url: string) =>
+  Anthropic.make({ model: "claude-stub", apiKey: Redacted.make("test-key"), apiUrl: url, maxTokens: 512 }).pipe(
+    Effect.provide(FetchHttpClient.layer)
+  )
+
+const weather = Tool.make({
+  name: "lookup_weather",
+  description: "Current temperature of a city",
+  parameters: Schema.Struct({ city: Schema.String }),
+  success: Schema.Struct({ celsius: Schema.Number }),
+  handler: ({ city }) => Effect.succeed({ celsius: city === "Paris" ? 21 : 0 })
+})
+
+describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
+  it.live("a tool_use round trip: the InnerLoop runs the tool and the model sees its tool_result", () =>
+    Effect.gen(function*() {
+      const stub = yield* stubServer([
+        {
+          body: message(
+            "msg_1",
+            [
+              { type: "text", text: "Let me look that up." },
+              { type: "tool_use", id: "toolu_1", name: "lookup_weather", input: { city: "Paris" } }
+            ],
+            "tool_use",
+            { input: 50, output: 10 }
+          )
+        },
+        {
+          body: message("msg_2", [{ type: "text", text: JSON.stringify({ city: "Paris", celsius: 21 }) }], "end_turn", {
+            input: 80,
+            output: 12
+          })
+        }
+      ])
+      const prompt = Prompt.make({
+        name: "weather",
+        instructions: "Answer with JSON.",
+        input: "How warm is Paris?",
+        tools: [weather],
+        output: Schema.Struct({ city: Schema.String, celsius: Schema.Number })
+      })
+      const session = yield* Session.make
+      const adapter = yield* adapterFor(stub.url)
+      const response = yield* adapter.evaluate(prompt, { session })
+
+      expect(response.output).toEqual({ city: "Paris", celsius: 21 })
+      expect(response.usage).toEqual({ inputTokens: 130, outputTokens: 22 })
+      const events = yield* session.events
+      expect(events.filter((e) => e._tag === "ToolCall")).toMatchObject([{
+        toolName: "lookup_weather",
+        params: { city: "Paris" }
+      }])
+
+      // What the API saw: two Messages requests with the key, the tool's JSON Schema, then the tool's result.
+      expect(stub.received.map((r) => [r.method, r.url?.split("?")[0]])).toEqual([
+        ["POST", "/v1/messages"],
+        ["POST", "/v1/messages"]
+      ])
+      const [first, second] = stub.received
+      expect(first!.headers["x-api-key"]).toBe("test-key")
+      expect(first!.body).toMatchObject({ model: "claude-stub", max_tokens: 512 })
+      expect(first!.body["tools"]).toMatchObject([{
+        name: "lookup_weather",
+        description: "Current temperature of a city",
+        input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] }
+      }])
+      expect(JSON.stringify(first!.body["system"])).toContain("Answer with JSON.")
+      expect(first!.body["messages"]).toMatchObject([{ role: "user" }])
+      const messages = second!.body["messages"] as ReadonlyArray<
+        {
+          readonly role: string
+          readonly content: ReadonlyArray<{ readonly type: string; readonly content?: unknown }>
+        }
+      >
+      expect(messages.map((m) => m.role)).toEqual(["user", "assistant", "user"])
+      expect(messages[1]!.content).toContainEqual(
+        expect.objectContaining({ type: "tool_use", id: "toolu_1", name: "lookup_weather", input: { city: "Paris" } })
+      )
+      const toolResult = messages[2]!.content.find((block) => block.type === "tool_result")
+      expect(toolResult).toMatchObject({ tool_use_id: "toolu_1" })
+      expect(JSON.stringify(toolResult?.content)).toContain("celsius")
+    }).pipe(Effect.scoped))
+
+  it.effect("a deadline that passes while the API is answering fails the call with reason deadline", () =>
+    Effect.gen(function*() {
+      // The stub holds its answer far longer than the test runs; the deadline passes on the TestClock while
+      // the (real) HTTP request is in flight.
+      const stub = yield* stubServer([{
+        body: message("msg_1", [{ type: "text", text: "too late" }], "end_turn", { input: 1, output: 1 }),
+        delayMs: 60_000
+      }])
+      const adapter = yield* adapterFor(stub.url)
+      const session = yield* Session.make
+      const deadline = yield* Deadline.after("1 second")
+      const call = yield* Effect.fork(
+        adapter.evaluate(Prompt.make({ name: "slow", instructions: "", input: "hi" }), { session, deadline })
+      )
+      yield* Effect.promise(() => stub.firstRequest)
+      yield* TestClock.adjust("1 second")
+      const exit = yield* Fiber.await(call)
+      expect(Exit.isFailure(exit)).toBe(true)
+      const error = yield* Effect.flip(exit)
+      expect(error._tag).toBe("PromptEvaluationError")
+      expect([error.phase, error.reason]).toEqual(["request", "deadline"])
+      expect(error.providerPayload).toEqual({ deadline_expires_at: deadline.iso })
+      expect(stub.received.length).toBe(1) // the request was in flight when the deadline passed
+    }).pipe(Effect.scoped))
+
+  it.live("the response's usage is recorded in the budget tracker, and a budget it exceeds stops the call", () =>
+    Effect.gen(function*() {
+      const answer = message("msg_1", [{ type: "text", text: "hello" }], "end_turn", { input: 300, output: 40 })
+      const stub = yield* stubServer([{ body: answer }, { body: answer }])
+      const adapter = yield* adapterFor(stub.url)
+      const prompt = Prompt.make({ name: "greet", instructions: "", input: "hi" })
+
+      const roomy = yield* Budget.makeTracker(yield* Budget.make({ maxTotalTokens: 1_000 }))
+      const response = yield* adapter.evaluate(prompt, { session: yield* Session.make, budgetTracker: roomy })
+      expect(response.text).toBe("hello")
+      expect(yield* roomy.consumed).toMatchObject({ inputTokens: 300, outputTokens: 40, totalTokens: 340 })
+
+      const tight = yield* Budget.makeTracker(yield* Budget.make({ maxTotalTokens: 100 }))
+      const error = yield* Effect.flip(adapter.evaluate(prompt, { session: yield* Session.make, budgetTracker: tight }))
+      expect([error.phase, error.reason]).toEqual(["response", "budget"])
+      expect(yield* tight.consumed).toMatchObject({ totalTokens: 340 })
+    }).pipe(Effect.scoped))
+
+  it.effect("bad options are a ParseError naming the field", () =>
+    Effect.gen(function*() {
+      const badUrl = yield* Effect.flip(
+        Anthropic.make({ model: "claude-stub", apiKey: Redacted.make("k"), apiUrl: "not a url" }).pipe(
+          Effect.provide(FetchHttpClient.layer),
+          Effect.scoped
+        )
+      )
+      expect(badUrl._tag).toBe("ParseError")
+      expect(badUrl.message).toContain("Anthropic.make options")
+      expect(badUrl.message).toContain("[\"apiUrl\"]")
+      expect(badUrl.message).toContain("must be an http(s) URL")
+
+      const plainKey = yield* Effect.flip(
+        Anthropic.make({ model: "", apiKey: "sk-plain" as unknown as Redacted.Redacted<string> }).pipe(
+          Effect.provide(FetchHttpClient.layer),
+          Effect.scoped
+        )
+      )
+      expect(plainKey.message).toContain("[\"apiKey\"]")
+      expect(plainKey.message).toContain("must be a non-empty Redacted string")
+      expect(plainKey.message).toContain("[\"model\"]")
+      expect(plainKey.message).not.toContain("sk-plain")
+    }))
+})
