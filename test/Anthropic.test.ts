@@ -34,7 +34,8 @@ const message = (
 
 interface Reply {
   readonly body: unknown
-  readonly delayMs?: number
+  /** Never answered: the request hangs until the stub closes (the API still thinking when a deadline passes). */
+  readonly hold?: boolean
 }
 
 interface Received {
@@ -58,7 +59,6 @@ const stubServer = (script: ReadonlyArray<Reply>) =>
         const received: Array<Received> = []
         let arrived: () => void = () => {}
         const firstRequest = new Promise<void>((resolve) => (arrived = resolve))
-        const timers = new Set<ReturnType<typeof setTimeout>>()
         const server = createServer((request, response) => {
           let raw = ""
           request.on("data", (chunk) => (raw += chunk))
@@ -77,12 +77,7 @@ const stubServer = (script: ReadonlyArray<Reply>) =>
                 JSON.stringify(reply?.body ?? { type: "error", error: { type: "api_error", message: "script over" } })
               )
             }
-            if (reply?.delayMs === undefined) return send()
-            const timer = setTimeout(() => {
-              timers.delete(timer)
-              send()
-            }, reply.delayMs)
-            timers.add(timer)
+            if (reply?.hold !== true) send()
           })
         })
         server.listen(0, "127.0.0.1", () => {
@@ -92,7 +87,6 @@ const stubServer = (script: ReadonlyArray<Reply>) =>
             received,
             firstRequest,
             close: () => {
-              for (const timer of timers) clearTimeout(timer)
               server.closeAllConnections()
               server.close()
             }
@@ -189,11 +183,10 @@ describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
 
   it.effect("a deadline that passes while the API is answering fails the call with reason deadline", () =>
     Effect.gen(function*() {
-      // The stub holds its answer far longer than the test runs; the deadline passes on the TestClock while
-      // the (real) HTTP request is in flight.
+      // The stub never answers; the deadline passes on the TestClock while the (real) HTTP request is in flight.
       const stub = yield* stubServer([{
         body: message("msg_1", [{ type: "text", text: "too late" }], "end_turn", { input: 1, output: 1 }),
-        delayMs: 60_000
+        hold: true
       }])
       const adapter = yield* adapterFor(stub.url)
       const session = yield* Session.make
