@@ -58,12 +58,13 @@ import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
 import { setCurrent } from "./internal/heartbeat.js"
-import { binders, type Binding } from "./internal/leaseExtender.js"
-import { validateDuration, validateReceiveOptions } from "./internal/mailbox/validation.js"
+import { binders } from "./internal/leaseExtender.js"
+import { validateDuration } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
 import { exporting } from "./internal/tracing.js"
-import { annotated, type AnnotationCell, makeCell } from "./internal/worker/annotations.js"
+import { annotated, makeCell } from "./internal/worker/annotations.js"
 import * as Receive from "./internal/worker/receive.js"
+import { type RunState, validateRunOptions } from "./internal/worker/runState.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import * as SettleFailure from "./internal/worker/settleFailure.js"
 import * as Settler from "./internal/worker/settler.js"
@@ -181,56 +182,6 @@ export interface Options<A, R, Out, E, Req> {
 }
 
 const { logSettleFailure } = SettleFailure
-
-interface RunState<A, R> {
-  readonly done: Deferred.Deferred<void>
-  stopping: boolean
-  /** Work was interrupted (a shutdown's timeout, an interrupted `run`): the stop is not clean. */
-  interruptedWork: boolean
-  /** A stop is interrupting the loop (`stopWithin`): it takes no further message. */
-  interrupting: boolean
-  /** "receiving" while the loop waits on the mailbox: the only time shutdown interrupts it right away. */
-  phase: "receiving" | "processing"
-  /** The batch received last; its messages from `next` on have not started. */
-  pending: ReadonlyArray<Message<A, R>>
-  next: number
-  /** The message being handled or settled: given back if the loop dies before settling it. */
-  inHand: Message<A, R> | undefined
-  /** The fiber running the loop; interrupting it while processing interrupts the handler (and nacks). */
-  fiber: Fiber.RuntimeFiber<void> | undefined
-  /** The lease extender, bound to the loop's heartbeat for the run. */
-  readonly extender: Binding
-  /** Successful messages' replies and acknowledgements, committed in the background. */
-  readonly settler: Settler.Settler<A, R>
-  /** The annotations of the message in hand, which the run's loggers add. */
-  readonly annotations: AnnotationCell
-  /** Whether handled messages are spans: an exporting tracer was installed when the run started. */
-  readonly traced: boolean
-  /** The metric labels of the run (`Effect.tagMetrics`), read once: counters are updated directly. */
-  readonly metricLabels: ReadonlyArray<MetricLabel.MetricLabel>
-}
-
-/** Checks `run`'s options and fills in the defaults. */
-const validateRunOptions = (runOptions: RunOptions | undefined) =>
-  Effect.flatMap(
-    validateReceiveOptions({
-      maxMessages: runOptions?.maxMessages ?? 1,
-      visibilityTimeout: runOptions?.visibilityTimeout ?? Duration.seconds(300),
-      waitTime: runOptions?.waitTime ?? Duration.seconds(20)
-    }),
-    (receiveOptions) => {
-      const maxIterations = runOptions?.maxIterations ?? Number.POSITIVE_INFINITY
-      return maxIterations >= 0
-        ? Effect.succeed({ receiveOptions, maxIterations })
-        : Effect.fail(
-          new InvalidParameterError({
-            parameter: "maxIterations",
-            value: maxIterations,
-            reason: "must be a non-negative number"
-          })
-        )
-    }
-  )
 
 /**
  * How long a stop waits for a loop it interrupted (after a shutdown's timeout, or an interrupted `run`) before
