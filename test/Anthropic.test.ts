@@ -5,7 +5,7 @@
  */
 import { FetchHttpClient } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Redacted, Schema, TestClock } from "effect"
+import { Effect, Exit, Fiber, Redacted, TestClock } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as Anthropic from "../src/adapters/Anthropic.js"
@@ -13,7 +13,7 @@ import * as Budget from "../src/Budget.js"
 import * as Deadline from "../src/Deadline.js"
 import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
-import * as Tool from "../src/Tool.js"
+import { weatherPrompt } from "./support/weather.js"
 
 /** An Anthropic `Message` as the API returns it. */
 const message = (
@@ -102,14 +102,6 @@ const adapterFor = (url: string) =>
     Effect.provide(FetchHttpClient.layer)
   )
 
-const weather = Tool.make({
-  name: "lookup_weather",
-  description: "Current temperature of a city",
-  parameters: Schema.Struct({ city: Schema.String }),
-  success: Schema.Struct({ celsius: Schema.Number }),
-  handler: ({ city }) => Effect.succeed({ celsius: city === "Paris" ? 21 : 0 })
-})
-
 describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
   it.live("a tool_use round trip: the InnerLoop runs the tool and the model sees its tool_result", () =>
     Effect.gen(function*() {
@@ -132,13 +124,7 @@ describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
           })
         }
       ])
-      const prompt = Prompt.make({
-        name: "weather",
-        instructions: "Answer with JSON.",
-        input: "How warm is Paris?",
-        tools: [weather],
-        output: Schema.Struct({ city: Schema.String, celsius: Schema.Number })
-      })
+      const prompt = weatherPrompt
       const session = yield* Session.make
       const adapter = yield* adapterFor(stub.url)
       const response = yield* adapter.evaluate(prompt, { session })

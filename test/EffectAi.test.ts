@@ -6,13 +6,12 @@
 import { OpenAiClient, OpenAiLanguageModel } from "@effect/ai-openai"
 import { FetchHttpClient } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer, Redacted, Schema } from "effect"
+import { Effect, Layer, Redacted } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as EffectAi from "../src/adapters/EffectAi.js"
-import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
-import * as Tool from "../src/Tool.js"
+import { weatherPrompt } from "./support/weather.js"
 
 const responseEnvelope = (id: string, output: ReadonlyArray<unknown>, usage: { input: number; output: number }) => ({
   id,
@@ -85,20 +84,7 @@ describe("EffectAi adapter (OpenAI-compatible server over real HTTP)", () => {
   it.live("a tool call and a final structured output round-trip, with usage in the session", () =>
     Effect.gen(function*() {
       const stub = yield* stubServer
-      const weather = Tool.make({
-        name: "lookup_weather",
-        description: "Current temperature of a city",
-        parameters: Schema.Struct({ city: Schema.String }),
-        success: Schema.Struct({ celsius: Schema.Number }),
-        handler: ({ city }) => Effect.succeed({ celsius: city === "Paris" ? 21 : 0 })
-      })
-      const prompt = Prompt.make({
-        name: "weather",
-        instructions: "Answer with JSON.",
-        input: "How warm is Paris?",
-        tools: [weather],
-        output: Schema.Struct({ city: Schema.String, celsius: Schema.Number })
-      })
+      const prompt = weatherPrompt
       const session = yield* Session.make
       const adapter = yield* EffectAi.make().pipe(
         Effect.provide(

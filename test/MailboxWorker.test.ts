@@ -314,7 +314,7 @@ describe("MailboxWorker leases", () => {
       expect(yield* mailbox.approximateCount).toBe(0)
     }))
 
-  it.scoped("an extension still in flight when the handler ends is waited for: the message is settled after it, and the next message is not extended by it", () =>
+  it.scoped("an extension still in flight when the handler ends is waited for: the message is settled after it, and each message gets an extension of its own", () =>
     Effect.gen(function*() {
       const inner = yield* MailboxMemory.make<string>({ name: "q" })
       yield* inner.send("first")
