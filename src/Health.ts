@@ -19,6 +19,7 @@ import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
+import { createServer } from "node:http"
 import type { MissingPackageError } from "./Errors.js"
 import { DurationFromInput } from "./internal/duration.js"
 import { recordAge } from "./internal/heartbeat.js"
@@ -123,10 +124,10 @@ export const layerRegistry = (
 /**
  * The server's pieces, loaded when `layer` is built so that a worker without a health server loads no HTTP
  * server and no exporter: `@effect/opentelemetry` and `@opentelemetry/exporter-prometheus` are optional peer
- * dependencies.
+ * dependencies. (`node:http` is imported statically: a dynamic import of a built-in stays a real `import()` in
+ * the command line's bundle, which its launcher cannot run once the code cache is used.)
  */
 const serverModules = Effect.all({
-  http: Effect.promise(() => import("node:http")),
   NodeHttpServer: Optional.load(
     ["@effect/platform-node"],
     "Health.layer",
@@ -189,7 +190,7 @@ export const layer = (
       const { host, port, staleAfter } = yield* decodeOptions(options)
       const modules = yield* serverModules
       const { HttpServerRequest, HttpServerResponse, NodeHttpServer } = modules
-      const node = modules.http.createServer({
+      const node = createServer({
         headersTimeout: headersTimeoutMillis,
         requestTimeout: requestTimeoutMillis,
         // How often Node looks for connections past those timeouts (its default is 30 s).

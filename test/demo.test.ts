@@ -3,7 +3,8 @@
  * accounted for, the killed worker's requests come back and finish
  * elsewhere, exactly one request ends with a deadline error and one
  * undecodable request is dead-lettered; and a run
- * interrupted with SIGINT drains its workers and exits 0.
+ * interrupted with SIGINT drains its workers and exits 0. It runs the command line as `npm start` does (the
+ * launcher over the CommonJS bundle), which is where a dynamic import once failed.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
@@ -11,11 +12,11 @@ import { spawn } from "node:child_process"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { bundle } from "./helpers.js"
+import { commandLine } from "./helpers.js"
 
 const demo = (args: ReadonlyArray<string>, interruptWhen?: RegExp) =>
   Effect.async<{ readonly code: number | null; readonly stdout: string; readonly stderr: string }>((resume) => {
-    const child = spawn("node", [bundle("src/bin/leasehold.ts"), "demo", ...args], {
+    const child = spawn("node", [commandLine(), "demo", ...args], {
       env: { ...process.env, NO_COLOR: "1" },
       stdio: ["ignore", "pipe", "pipe"]
     })

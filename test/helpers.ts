@@ -1,7 +1,7 @@
 /** Test helpers shared by several test files. */
 import { Clock, Effect, Logger, type LogLevel, ParseResult, TestClock } from "effect"
 import { buildSync } from "esbuild"
-import { execFile, spawn } from "node:child_process"
+import { execFile, execFileSync, spawn } from "node:child_process"
 import { basename, join } from "node:path"
 
 /** A logger that records level and message, and the layer that installs it. */
@@ -69,6 +69,21 @@ export const bundle = (file: string): string => {
     bundles.set(file, out)
   }
   return out
+}
+
+let commandLineBuilt: string | undefined
+
+/**
+ * The `leasehold` command line as the package ships it (scripts/build-cli.mjs: one CommonJS bundle run by the
+ * code-cache launcher), built once per test process; run it with `node`.
+ */
+export const commandLine = (): string => {
+  if (commandLineBuilt === undefined) {
+    const out = join("node_modules", ".cache", "leasehold-tests", `cli-${process.pid}`)
+    execFileSync("node", ["scripts/build-cli.mjs", out])
+    commandLineBuilt = join(out, "leasehold.cjs")
+  }
+  return commandLineBuilt
 }
 
 /** Spawns `node bundle(file) args`, killed when the scope closes if still running. */
