@@ -375,10 +375,14 @@ export interface MergeQueueService {
     readonly limit?: number | undefined
   }) => Store<ReadonlyArray<QueueEntry>>
   readonly stats: Store<QueueStats>
-  /** Audit rows in the order they happened, optionally for one entry. */
+  /**
+   * Audit rows in the order they happened, optionally for one entry: the first `limit`, or with `last` the
+   * newest `last` (the log's tail, still oldest first; `limit` is then ignored).
+   */
   readonly auditLog: (options?: {
     readonly entryId?: number | undefined
     readonly limit?: number | undefined
+    readonly last?: number | undefined
   }) => Store<ReadonlyArray<AuditRecord>>
   /**
    * A claim's lock as something `LeaseExtender` can extend: attach it with

@@ -243,6 +243,10 @@ for (const backend of backends) {
         const actions = (yield* queue.auditLog()).map((row) => row.action)
         expect(actions).toContain("lock_expired")
         expect(actions).toContain("entry_reclaimed")
+        // The tail: the newest rows, still in the order they happened.
+        const all = yield* queue.auditLog()
+        expect((yield* queue.auditLog({ last: 3 })).map((row) => row.id)).toEqual(all.slice(-3).map((row) => row.id))
+        expect((yield* queue.auditLog({ limit: 2 })).map((row) => row.id)).toEqual(all.slice(0, 2).map((row) => row.id))
         yield* checkInvariants(queue)
         // The healing is logged at warning level, saying who held what and for how long.
         const warnings = logs.lines.filter((line) => line.level === "WARN").map((line) => line.message)

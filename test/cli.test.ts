@@ -223,6 +223,30 @@ describe("leasehold health", () => {
     }).pipe(Effect.provide(Health.layer({ port: 0, host: "127.0.0.1" }))), 60_000)
 })
 
+describe("leasehold console's arguments", () => {
+  it.live(
+    "--help shows an example; a bad port is a usage error; a missing or unreachable database exits 1",
+    () =>
+      Effect.gen(function*() {
+        const help = yield* leasehold("console", "--help")
+        expect(help.code).toBe(0)
+        expect(help.stdout).toContain("Example: leasehold console --db ./.leasehold/demo.db")
+        expect(help.stdout).toContain("--read-only")
+        const port = yield* leasehold("console", "--db", sqliteFile, "--port", "70000")
+        expect(port.code).toBe(2)
+        expect(port.stderr).toContain("--port")
+        const missing = yield* leasehold("console", "--db", join(directory, "nope.db"))
+        expect(missing.code).toBe(1)
+        expect(missing.stderr).toContain("no such file")
+        const unreachable = yield* leasehold("console", "--db", "postgres://postgres:secret@127.0.0.1:1/x")
+        expect(unreachable.code).toBe(1)
+        expect(unreachable.stderr).toContain("127.0.0.1:1")
+        expect(unreachable.stderr).not.toContain("secret")
+      }),
+    60_000
+  )
+})
+
 describe("operator commands change nothing", () => {
   it.live(
     "queue and mailbox commands on a SQLite file that is not leasehold's: exit 1, and the file is unchanged",

@@ -66,6 +66,7 @@ describe("leasehold demo", () => {
         expect(summary.redelivered).toBeGreaterThanOrEqual(1)
         expect(summary.healthUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
         expect(run.stderr).toContain("killed worker-1")
+        expect(summary.consoleCommand).toBe(`npx leasehold console --db ${summary.database}`)
       }),
     180_000
   )
@@ -78,6 +79,7 @@ describe("leasehold demo", () => {
       expect(run.stdout).toContain("interrupted: draining the workers")
       expect(run.stdout).toMatch(/lost\s+0/)
       expect(run.stdout).not.toContain("did not exit cleanly")
+      expect(run.stdout).toContain("Look inside in a browser: npx leasehold console --db ")
       const left = Number(/left queued\s+(\d+)/.exec(run.stdout)?.[1])
       const answered = Number(/answered\s+(\d+)/.exec(run.stdout)?.[1])
       expect(left).toBeGreaterThan(0)

@@ -14,6 +14,7 @@ import * as Exit from "effect/Exit"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
 import * as ParseResult from "effect/ParseResult"
+import * as operatorConsole from "../cli/console.js"
 import { MissingDatabaseError } from "../cli/database.js"
 import * as demo from "../cli/demo.js"
 import * as health from "../cli/health.js"
@@ -23,10 +24,10 @@ import { InvalidParameterError } from "../Errors.js"
 
 const root = Command.make("leasehold").pipe(
   Command.withDescription(
-    "Operate leasehold workers: merge queues, mailboxes and health, on SQLite or PostgreSQL.\n" +
+    "Operate leasehold workers: merge queues, mailboxes, health and a browser console, on SQLite or PostgreSQL.\n" +
       "Example: leasehold queue status --db ./.leasehold/demo.db"
   ),
-  Command.withSubcommands([demo.command, queue.command, mailbox.command, health.command])
+  Command.withSubcommands([demo.command, queue.command, mailbox.command, health.command, operatorConsole.command])
 )
 
 const cli = Command.run(root, { name: "leasehold", version: "0.1.0" })

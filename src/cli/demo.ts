@@ -53,10 +53,16 @@ export const command = Command.make("demo", { size, workers, workMs, dir, json }
       live: !options.json && process.stderr.isTTY === true,
       print: (line) => void (options.json ? process.stderr : process.stdout).write(line + "\n")
     }).pipe(Effect.scoped)
+    // How to look inside what the demo left: from a checkout (`npm start`) through the script, else the bin.
+    const consoleCommand = `${
+      process.env.npm_lifecycle_event === "start" ? "npm run leasehold --" : "npx leasehold"
+    } console --db ${summary.database}`
     if (options.json) {
-      yield* Console.log(JSON.stringify({ ...summary, killed: Option.getOrNull(summary.killed) }, null, 2))
+      yield* Console.log(
+        JSON.stringify({ ...summary, killed: Option.getOrNull(summary.killed), consoleCommand }, null, 2)
+      )
     } else {
-      yield* Console.log(`\n${Demo.format(summary)}`)
+      yield* Console.log(`\n${Demo.format(summary)}\n\nLook inside in a browser: ${consoleCommand}`)
     }
     if (summary.lost > 0) return yield* Effect.fail(new Error(`${summary.lost} requests were lost`))
   })).pipe(

@@ -139,7 +139,7 @@ const workLeasePhase = Effect.gen(function*() {
 
 /** A merge queue drains while one agent crashes holding the lock: its entry heals back after the lock timeout. */
 const mergeQueuePhase = Effect.gen(function*() {
-  const queue = yield* MergeQueue.make({ lockTimeout: "1 second", prefix: "demo_" })
+  const queue = yield* MergeQueue.make({ lockTimeout: "1 second" })
   const entries = 5
   for (let i = 1; i <= entries; i++) yield* queue.enqueue(`feature/${i}`, { priority: i === 3 ? 0 : 2 })
   const crashed = Option.getOrThrow(yield* queue.nextWithLock("merger-1"))

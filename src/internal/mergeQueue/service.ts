@@ -337,9 +337,14 @@ export const make = (
       Effect.map(
         sql<AuditRow>`SELECT * FROM ${db.audit}
           ${options?.entryId === undefined ? sql`` : sql`WHERE entry_id = ${options.entryId}`}
-          ORDER BY id
-          ${options?.limit === undefined ? sql`` : sql`LIMIT ${options.limit}`}`,
-        (rows): ReadonlyArray<AuditRecord> => rows.map(toAudit)
+          ORDER BY id ${
+          options?.last !== undefined
+            ? sql`DESC LIMIT ${options.last}`
+            : options?.limit !== undefined
+            ? sql`LIMIT ${options.limit}`
+            : sql``
+        }`,
+        (rows): ReadonlyArray<AuditRecord> => (options?.last === undefined ? rows : [...rows].reverse()).map(toAudit)
       ).pipe(store("auditLog"))
 
     const extendable: MergeQueueService["extendable"] = (claim) => ({

@@ -1,0 +1,307 @@
+/**
+ * The console's HTML, rendered on the server from a `Snapshot`: `page` is
+ * the whole document, `live` the part the browser fetches again every
+ * second (`script` swaps it in and counts leases down between fetches;
+ * without JavaScript the page reloads itself every 5 s). Every value from
+ * the database is escaped. Actions are plain forms posting the process's
+ * token; a read-only console renders none.
+ */
+import * as Option from "effect/Option"
+import { ago } from "../../cli/table.js"
+import type * as MergeQueue from "../../MergeQueue.js"
+import * as Snapshot from "./snapshot.js"
+
+export interface View {
+  /** The database, its secrets redacted. */
+  readonly database: string
+  readonly token: string
+  readonly readOnly: boolean
+  /** What the last action did (shown once, after its redirect). */
+  readonly notice?: string | undefined
+}
+
+const escapes: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }
+
+/** Text made safe for HTML content and attribute values. */
+export const escape = (value: unknown): string => String(value).replace(/[&<>"']/g, (c) => escapes[c]!)
+
+/** A time the script keeps current: "in 12 s" counting down, "4 s ago" counting up. */
+const clock = (millis: number | undefined, now: number) =>
+  millis === undefined ?
+    "–" :
+    `<time data-at="${millis}" title="${new Date(millis).toISOString()}">${escape(ago(millis, now))}</time>`
+
+const table = (headers: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>, empty: string, id = "") =>
+  rows.length === 0
+    ? `<p class="empty">${escape(empty)}</p>`
+    : `<table${id === "" ? "" : ` id="${id}"`}><thead><tr>${
+      headers.map((header) => `<th>${escape(header)}</th>`).join("")
+    }</tr></thead><tbody>${
+      rows.map((row) => `<tr>${row.map((cell) => `<td>${cell}</td>`).join("")}</tr>`).join("")
+    }</tbody></table>`
+
+/** A form posting `action` with the token and `fields`; nothing on a read-only console. */
+const button = (view: View, action: string, label: string, fields: Record<string, string> = {}, danger = false) =>
+  view.readOnly ?
+    "" :
+    `<form method="post" action="${action}" class="action">${
+      Object.entries({ token: view.token, ...fields }).map(([name, value]) =>
+        `<input type="hidden" name="${name}" value="${escape(value)}">`
+      ).join("")
+    }<button type="submit"${danger ? " class=\"danger\"" : ""}>${escape(label)}</button></form>`
+
+const preview = (body: string) =>
+  `<code class="body">${escape(body.length > 120 ? `${body.slice(0, 120)}…` : body)}</code>`
+
+const sparkline = (values: ReadonlyArray<number>) => {
+  if (values.length === 0) return ""
+  const max = Math.max(1, ...values)
+  const bars = values.slice(-30).map((value, i) =>
+    `<rect x="${i * 4}" y="${20 - Math.round((value / max) * 20)}" width="3" height="${
+      Math.max(value > 0 ? 1 : 0, Math.round((value / max) * 20))
+    }"/>`
+  ).join("")
+  return `<svg class="spark" viewBox="0 0 120 20" width="120" height="20" aria-hidden="true">${bars}</svg>`
+}
+
+const rate = (perMinute: number) => perMinute >= 10 ? Math.round(perMinute).toString() : perMinute.toFixed(1)
+
+const failedOrAbsent = (part: Snapshot.Section<unknown>) =>
+  part._tag === "Failed"
+    ? `<p class="error" role="alert">Could not read: ${escape(part.error)}</p>`
+    : part._tag === "Absent"
+    ? `<p class="empty">${escape(part.reason)}</p>`
+    : ""
+
+const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: number) => {
+  if (part._tag !== "Present") return `<section id="mailboxes"><h2>Mailboxes</h2>${failedOrAbsent(part)}</section>`
+  const { deadLetters, inFlight, queues, totalPerMinute } = part.value
+  const inFlightTotal = queues.reduce((sum, queue) => sum + queue.inFlight, 0)
+  return `<section id="mailboxes"><h2>Mailboxes</h2>
+    ${
+    table(
+      ["queue", "queued", "in flight", "delayed", "dead letters", "oldest visible", "done / min", "last 5 min"],
+      queues.map((queue) => [
+        `<a href="#in-flight">${escape(queue.queue)}</a>`,
+        `<span data-queue="${escape(queue.queue)}" data-count="queued">${queue.queued}</span>`,
+        `<span data-queue="${escape(queue.queue)}" data-count="inFlight">${queue.inFlight}</span>`,
+        `<span data-queue="${escape(queue.queue)}" data-count="delayed">${queue.delayed}</span>`,
+        `<span data-queue="${escape(queue.queue)}" data-count="deadLetters">${queue.deadLetters}</span>`,
+        clock(queue.oldestVisibleAt, now),
+        rate(queue.perMinute),
+        sparkline(queue.recent)
+      ]),
+      "No messages and no dead letters yet.",
+      "queues"
+    )
+  }
+    <p class="note">Done / min: messages that left the queue (acknowledged or dead-lettered), as seen by samples every
+    2 s${
+    totalPerMinute === undefined ? "" : `; all queues, exact: <b id="total-rate">${rate(totalPerMinute)}</b> / min`
+  }.</p>
+    <h3 id="in-flight">In flight${
+    inFlightTotal > inFlight.length
+      ? ` <small>(the ${inFlight.length} whose leases end first, of ${inFlightTotal})</small>`
+      : ""
+  }</h3>
+    ${
+    table(
+      ["id", "queue", "deliveries", "lease ends", "enqueued", "body"],
+      inFlight.map((message) => [
+        escape(message.id),
+        escape(message.queue),
+        String(message.deliveryCount),
+        clock(message.leaseUntil, now),
+        clock(message.enqueuedAt, now),
+        preview(message.body)
+      ]),
+      "Nothing in flight.",
+      "in-flight-table"
+    )
+  }
+    <h3 id="dead-letters">Dead letters</h3>
+    ${
+    deadLetters.length === 0 ?
+      "" :
+      `<div class="actions">${button(view, "/actions/dead-letters/redrive", "Redrive all", {})}${
+        button(view, "/actions/dead-letters/delete", "Delete all", {}, true)
+      }</div>`
+  }
+    ${
+    table(
+      ["id", "queue", "deliveries", "dead-lettered", "error", "body", ""],
+      deadLetters.map((letter) => [
+        escape(letter.id),
+        escape(letter.queue),
+        String(letter.deliveryCount),
+        clock(Snapshot.millis(letter.deadLetteredAt), now),
+        `<b>${escape(letter.errorTag)}</b> <span title="${escape(letter.error)}">${
+          escape(letter.error.length > 300 ? `${letter.error.slice(0, 300)}…` : letter.error)
+        }</span>`,
+        preview(letter.body),
+        `${button(view, "/actions/dead-letters/redrive", "Redrive", { id: letter.id })}${
+          button(view, "/actions/dead-letters/delete", "Delete", { id: letter.id }, true)
+        }`
+      ]),
+      "No dead letters.",
+      "dead-letters-table"
+    )
+  }
+  </section>`
+}
+
+const lock = (held: Option.Option<MergeQueue.ProcessingLock>, now: number) =>
+  Option.match(held, {
+    onNone: () => `<p id="lock">Processing lock: <b>free</b></p>`,
+    onSome: (lock) => {
+      const expires = Snapshot.millis(lock.expiresAt)
+      return `<p id="lock">Processing lock: <b>${
+        escape(lock.agentId)
+      }</b>, fencing token <b>${lock.fencingToken}</b>, ${
+        expires < now ? `<span class="stale">STALE</span> expired` : "expires"
+      } ${clock(expires, now)} (taken ${clock(Snapshot.millis(lock.acquiredAt), now)})</p>`
+    }
+  })
+
+const mergeQueue = (part: Snapshot.Section<Snapshot.MergeQueueView>, view: View, now: number) => {
+  if (part._tag !== "Present") {
+    return `<section id="merge-queue"><h2>Merge queue</h2>${failedOrAbsent(part)}</section>`
+  }
+  const { audit, entries, stats } = part.value
+  const some = <A>(option: Option.Option<A>) => Option.match(option, { onNone: () => "–", onSome: escape })
+  return `<section id="merge-queue"><h2>Merge queue</h2>
+    ${lock(stats.lock, now)}
+    <div class="actions">${button(view, "/actions/merge-queue/recover", "Recover now")}</div>
+    <p class="counts">${
+    Object.entries(stats.byStatus).filter(([, n]) => n > 0).map(([status, n]) =>
+      `<span class="status">${escape(status)} <b data-status="${escape(status)}">${n}</b></span>`
+    ).join(" ") || "No entries."
+  }</p>
+    ${
+    table(
+      ["id", "workspace", "status", "agent", "fencing token", "attempts", "changed", "last error"],
+      entries.map((entry) => [
+        String(entry.id),
+        escape(entry.workspace),
+        escape(entry.status),
+        some(entry.agentId),
+        some(entry.fencingToken),
+        String(entry.attemptCount),
+        clock(Snapshot.millis(entry.stateChangedAt), now),
+        some(entry.lastError)
+      ]),
+      "Nothing pending or in progress.",
+      "entries"
+    )
+  }
+    <h3>Audit log (newest last)</h3>
+    ${
+    table(
+      ["when", "action", "agent", "entry", "token", "change", "detail"],
+      audit.map((row) => [
+        clock(Snapshot.millis(row.at), now),
+        escape(row.action),
+        some(row.agentId),
+        some(row.entryId),
+        some(row.fencingToken),
+        Option.isSome(row.toStatus) ? `${some(row.fromStatus)} → ${some(row.toStatus)}` : "",
+        some(row.detail)
+      ]),
+      "No audit rows.",
+      "audit"
+    )
+  }
+  </section>`
+}
+
+const workLeases = (part: Snapshot.Section<ReadonlyArray<Snapshot.DomainView>>, now: number) =>
+  `<section id="work-leases"><h2>Work leases</h2>${
+    part._tag !== "Present" ? failedOrAbsent(part) : table(
+      ["domain", "held at offset", "fencing token", "acquired", "retries", "backlog", "processed below"],
+      part.value.map((domain) => [
+        escape(domain.domainId),
+        domain.leaseOffset === undefined ? "free" : String(domain.leaseOffset),
+        String(domain.leaseFencing ?? domain.fencingToken),
+        clock(domain.acquiredAt, now),
+        String(domain.retryCount),
+        String(domain.backlog),
+        String(domain.lowWater)
+      ]),
+      "No domains.",
+      "domains"
+    )
+  }</section>`
+
+/** The part refreshed live. */
+export const live = (snapshot: Snapshot.Snapshot, view: View): string =>
+  `<div id="snapshot" data-now="${snapshot.at}">
+  <p class="updated">Updated ${escape(new Date(snapshot.at).toISOString())}</p>
+  ${mailboxes(snapshot.mailboxes, view, snapshot.at)}
+  ${mergeQueue(snapshot.mergeQueue, view, snapshot.at)}
+  ${workLeases(snapshot.workLeases, snapshot.at)}
+  </div>`
+
+const style = `
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:16px;align-items:baseline}
+header h1{font-size:18px;margin:0}header .db{font-family:ui-monospace,monospace;opacity:.8}
+.badge{background:#e0a100;color:#1d2330;border-radius:4px;padding:1px 6px;font-weight:600}
+main{padding:8px 20px 40px}section{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:4px 16px 12px;margin:14px 0}
+h2{font-size:16px;margin:10px 0}h3{font-size:14px;margin:14px 0 6px}
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eef0f3;vertical-align:top}
+th{font-weight:600;color:#5a6272;font-size:12px}
+.body{font-size:12px;color:#3b4456;word-break:break-all}.empty,.note,.updated{color:#6b7384;font-size:12px}
+.error{color:#a4161a;background:#fde8e8;padding:6px 10px;border-radius:4px}.notice{background:#e6f4ea;color:#14532d;padding:6px 10px;border-radius:4px}
+.stale{color:#fff;background:#a4161a;border-radius:3px;padding:0 5px;font-weight:600}
+.actions{display:flex;gap:8px;margin:6px 0}form.action{display:inline}
+button{font:inherit;font-size:12px;padding:2px 10px;border:1px solid #9aa3b2;border-radius:4px;background:#fff;cursor:pointer}
+button.danger{border-color:#d08a8c;color:#a4161a}.status{margin-right:14px}
+.spark rect{fill:#3a6ea5}`
+
+/** The whole document. */
+export const page = (snapshot: Snapshot.Snapshot, view: View): string =>
+  `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>leasehold console</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<noscript><meta http-equiv="refresh" content="5"></noscript>
+<style>${style}</style></head>
+<body><header><h1>leasehold console</h1><span class="db">${escape(view.database)}</span>${
+    view.readOnly ? `<span class="badge">read-only</span>` : ""
+  }</header>
+<main>${view.notice === undefined ? "" : `<p class="notice" role="status">${escape(view.notice)}</p>`}
+<div id="live">${live(snapshot, view)}</div></main>
+<script src="/console.js" defer></script></body></html>`
+
+/** Fetches the live part every second and keeps the times current between fetches. */
+export const script = `"use strict";
+(() => {
+  const live = document.getElementById("live");
+  let offset = 0;
+  // The same words as the server's \`ago\` (src/cli/table.ts).
+  const ago = (millis, now) => {
+    const delta = Math.abs(now - millis);
+    const text = delta < 1000 ? delta + " ms"
+      : delta < 120000 ? Math.round(delta / 1000) + " s"
+      : delta < 7200000 ? Math.round(delta / 60000) + " min"
+      : Math.round(delta / 3600000) + " h";
+    return millis <= now ? text + " ago" : "in " + text;
+  };
+  const tick = () => {
+    const now = Date.now() + offset;
+    for (const time of live.querySelectorAll("time[data-at]")) time.textContent = ago(Number(time.dataset.at), now);
+  };
+  const sync = () => {
+    const snapshot = document.getElementById("snapshot");
+    if (snapshot) offset = Number(snapshot.dataset.now) - Date.now();
+  };
+  const refresh = async () => {
+    try {
+      const response = await fetch("/live", { cache: "no-store" });
+      if (response.ok) { live.innerHTML = await response.text(); sync(); tick(); }
+    } catch {}
+  };
+  sync();
+  setInterval(refresh, 1000);
+  setInterval(tick, 250);
+})();
+`

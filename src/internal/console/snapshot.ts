@@ -1,0 +1,341 @@
+/**
+ * What the operator's console shows, read from the database in one go: the
+ * mailboxes (counts, in-flight leases, dead letters), the merge queue (lock,
+ * entries, audit tail) and the work-lease domains. Nothing is ever created:
+ * a part whose tables are not there is `Absent` (workers may make them
+ * later; the next snapshot looks again), and a part whose read failed — a
+ * dead database — is `Failed` with the error's message, so the page still
+ * renders and says what is wrong.
+ *
+ * Throughput comes from `Sampler`: every `sampleEvery` it counts each
+ * queue's rows and how many of the rows it saw last time are still there.
+ * Rows that left (acknowledged or dead-lettered) are exact for messages that
+ * lived across a sample; a message sent and finished between two samples is
+ * not seen by its queue's rate, so the page also gives the exact total for
+ * all queues, from the messages' sequence.
+ */
+import * as SqlClient from "@effect/sql/SqlClient"
+import * as Clock from "effect/Clock"
+import * as DateTime from "effect/DateTime"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as Ref from "effect/Ref"
+import type * as MailboxSqlAdmin from "../../MailboxSqlAdmin.js"
+import * as MergeQueue from "../../MergeQueue.js"
+import * as Sql from "../sql/common.js"
+import { openExisting } from "../sql/mailbox/store.js"
+import * as WorkLeaseTables from "../sql/workLease/schema.js"
+
+/** A part of the page: its data, or why there is none. */
+export type Section<A> =
+  | { readonly _tag: "Present"; readonly value: A }
+  | { readonly _tag: "Absent"; readonly reason: string }
+  | { readonly _tag: "Failed"; readonly error: string }
+
+export interface QueueView {
+  readonly queue: string
+  readonly queued: number
+  readonly inFlight: number
+  readonly delayed: number
+  readonly deadLetters: number
+  /** When the longest-waiting visible message became visible (epoch millis). */
+  readonly oldestVisibleAt: number | undefined
+  /** Messages that left the queue per minute, over the last `window` (observed by the sampler). */
+  readonly perMinute: number
+  /** Messages that left per sampling bucket, oldest first (the sparkline). */
+  readonly recent: ReadonlyArray<number>
+}
+
+export interface InFlightView {
+  readonly id: string
+  readonly queue: string
+  readonly deliveryCount: number
+  /** When the lease ends unless extended (epoch millis). */
+  readonly leaseUntil: number
+  readonly enqueuedAt: number
+  readonly body: string
+}
+
+export interface Mailboxes {
+  readonly queues: ReadonlyArray<QueueView>
+  readonly inFlight: ReadonlyArray<InFlightView>
+  readonly deadLetters: ReadonlyArray<MailboxSqlAdmin.StoredDeadLetter>
+  /** Messages that left any queue per minute, exact (from the sequence); undefined until two samples exist. */
+  readonly totalPerMinute: number | undefined
+}
+
+export interface MergeQueueView {
+  readonly stats: MergeQueue.QueueStats
+  readonly entries: ReadonlyArray<MergeQueue.QueueEntry>
+  readonly audit: ReadonlyArray<MergeQueue.AuditRecord>
+}
+
+export interface DomainView {
+  readonly domainId: string
+  readonly leaseOffset: number | undefined
+  readonly leaseFencing: number | undefined
+  readonly acquiredAt: number | undefined
+  readonly retryCount: number
+  readonly fencingToken: number
+  readonly lowWater: number
+  readonly backlog: number
+}
+
+export interface Snapshot {
+  readonly at: number
+  readonly mailboxes: Section<Mailboxes>
+  readonly mergeQueue: Section<MergeQueueView>
+  readonly workLeases: Section<ReadonlyArray<DomainView>>
+}
+
+/** How many dead letters, entries and domains a page shows at most. */
+export const pageLimit = 50
+
+/** How many in-flight messages a page shows at most (those whose leases end first). */
+export const inFlightLimit = 20
+
+const num = (value: number | string | bigint | null | undefined) =>
+  value === null || value === undefined ? undefined : Number(value)
+
+/** Runs a part's read: a `TablesNotFoundError` is `Absent`, any other failure `Failed`. */
+const section = <A, E extends { readonly _tag: string; readonly message: string }, R>(
+  read: Effect.Effect<A, E, R>
+): Effect.Effect<Section<A>, never, R> =>
+  read.pipe(
+    Effect.map((value): Section<A> => ({ _tag: "Present", value })),
+    Effect.catchAll((error) =>
+      Effect.succeed<Section<A>>(
+        error._tag === "TablesNotFoundError"
+          ? { _tag: "Absent", reason: error.message }
+          : { _tag: "Failed", error: error.message }
+      )
+    ),
+    Effect.catchAllDefect((defect) => Effect.succeed<Section<A>>({ _tag: "Failed", error: String(defect) }))
+  )
+
+// ---------------------------------------------------------------------------
+// Throughput
+// ---------------------------------------------------------------------------
+
+interface Sample {
+  readonly at: number
+  /** Rows per queue when sampled. */
+  readonly rows: ReadonlyMap<string, number>
+  /** The highest sequence number handed out so far (every message, every queue). */
+  readonly sequence: number
+}
+
+interface Rates {
+  /** The last sample, which the next one compares with. */
+  readonly last: Sample | undefined
+  /** Per bucket, oldest first: when it ended, what left each queue, what left in all. */
+  readonly buckets: ReadonlyArray<
+    { readonly at: number; readonly left: ReadonlyMap<string, number>; readonly total: number }
+  >
+}
+
+/** The sampler's buckets cover this long. */
+export const window = 5 * 60_000
+
+/** Counts what leaves each queue (see the module comment). */
+export interface Sampler {
+  readonly sample: Effect.Effect<void>
+  readonly rates: Effect.Effect<Rates>
+}
+
+export const makeSampler = (sql: SqlClient.SqlClient, prefix: string): Effect.Effect<Sampler> =>
+  Effect.map(Ref.make<Rates>({ last: undefined, buckets: [] }), (ref) => ({
+    rates: Ref.get(ref),
+    sample: Effect.gen(function*() {
+      const store = yield* openExisting(prefix)
+      const messages = sql(store.messages)
+      const { last } = yield* Ref.get(ref)
+      const seen = last?.sequence ?? 0
+      const rows = yield* sql<{ queue: string; n: number | string; survivors: number | string }>`SELECT queue,
+          count(*) AS n, SUM(CASE WHEN seq <= ${seen} THEN 1 ELSE 0 END) AS survivors
+        FROM ${messages} GROUP BY queue`
+      const sequence = yield* sequenceOf(sql, store.messages)
+      const at = yield* Clock.currentTimeMillis
+      const now: Sample = { at, rows: new Map(rows.map((row) => [row.queue, Number(row.n)])), sequence }
+      yield* Ref.update(ref, (rates): Rates => {
+        if (rates.last === undefined) return { last: now, buckets: [] }
+        const survivors = new Map(rows.map((row) => [row.queue, Number(row.survivors)]))
+        const left = new Map<string, number>()
+        for (const [queue, before] of rates.last.rows) left.set(queue, before - (survivors.get(queue) ?? 0))
+        const before = [...rates.last.rows.values()].reduce((a, b) => a + b, 0)
+        const after = [...now.rows.values()].reduce((a, b) => a + b, 0)
+        // Everything sent since, less what is still there: what left, in every queue.
+        const total = Math.max(0, now.sequence - rates.last.sequence + before - after)
+        return {
+          last: now,
+          buckets: [...rates.buckets, { at, left, total }].filter((bucket) => bucket.at > at - window)
+        }
+      })
+    }).pipe(Effect.ignore, Effect.provideService(SqlClient.SqlClient, sql))
+  }))
+
+/** The last sequence number given to a message (0 before the first). */
+const sequenceOf = (sql: SqlClient.SqlClient, table: string) =>
+  Effect.map(
+    sql.onDialectOrElse({
+      pg: () =>
+        sql<{ n: string | number | null }>`SELECT pg_sequence_last_value(
+          pg_get_serial_sequence(${table}, 'seq')::regclass) AS n`,
+      orElse: () => sql<{ n: string | number | null }>`SELECT seq AS n FROM sqlite_sequence WHERE name = ${table}`
+    }),
+    (rows) => num(rows[0]?.n) ?? 0
+  )
+
+// ---------------------------------------------------------------------------
+// The snapshot
+// ---------------------------------------------------------------------------
+
+const mailboxes = (
+  sql: SqlClient.SqlClient,
+  prefix: string,
+  admin: typeof MailboxSqlAdmin,
+  rates: Rates,
+  now: number
+) =>
+  Effect.gen(function*() {
+    const store = yield* openExisting(prefix)
+    const messages = sql(store.messages)
+    const letters = yield* admin.deadLetters({ prefix, create: false })
+    const [counts, dead, inFlight, deadLetters] = yield* Effect.all([
+      sql<{
+        queue: string
+        queued: number | string
+        in_flight: number | string
+        delayed: number | string
+        oldest_visible: number | string | null
+      }>`SELECT queue,
+          SUM(CASE WHEN visible_at <= ${now} THEN 1 ELSE 0 END) AS queued,
+          SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NOT NULL THEN 1 ELSE 0 END) AS in_flight,
+          SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NULL THEN 1 ELSE 0 END) AS delayed,
+          MIN(CASE WHEN visible_at <= ${now} THEN visible_at END) AS oldest_visible
+        FROM ${messages} GROUP BY queue`,
+      sql<{ queue: string; n: number | string }>`SELECT queue, count(*) AS n
+        FROM ${sql(store.deadLetters)} GROUP BY queue`,
+      sql<{
+        seq: number | string
+        queue: string
+        delivery_count: number | string
+        visible_at: number | string
+        enqueued_at: number | string
+        body: string
+      }>`SELECT seq, queue, delivery_count, visible_at, enqueued_at, substr(body, 1, 200) AS body
+        FROM ${messages} WHERE receipt_handle IS NOT NULL AND visible_at > ${now}
+        ORDER BY visible_at LIMIT ${inFlightLimit}`,
+      letters.list({ limit: pageLimit })
+    ])
+    const minutes = Math.max(1, Math.min(window, now - (rates.buckets[0]?.at ?? now))) / 60_000
+    const leftOf = (queue: string) => rates.buckets.map((bucket) => bucket.left.get(queue) ?? 0)
+    // A queue stays on the page while it had traffic in the window, even once it is empty.
+    const names = [
+      ...new Set([
+        ...counts.map((row) => row.queue),
+        ...dead.map((row) => row.queue),
+        ...rates.buckets.flatMap((bucket) => [...bucket.left.keys()])
+      ])
+    ].sort()
+    const queues = names.map((queue): QueueView => {
+      const row = counts.find((candidate) => candidate.queue === queue)
+      const recent = leftOf(queue)
+      return {
+        queue,
+        queued: Number(row?.queued ?? 0),
+        inFlight: Number(row?.in_flight ?? 0),
+        delayed: Number(row?.delayed ?? 0),
+        deadLetters: Number(dead.find((candidate) => candidate.queue === queue)?.n ?? 0),
+        oldestVisibleAt: num(row?.oldest_visible),
+        perMinute: rates.buckets.length === 0 ? 0 : recent.reduce((a, b) => a + b, 0) / minutes,
+        recent
+      }
+    })
+    return {
+      queues,
+      inFlight: inFlight.map((row): InFlightView => ({
+        id: String(row.seq),
+        queue: row.queue,
+        deliveryCount: Number(row.delivery_count),
+        leaseUntil: Number(row.visible_at),
+        enqueuedAt: Number(row.enqueued_at),
+        body: row.body
+      })),
+      deadLetters,
+      totalPerMinute: rates.buckets.length === 0
+        ? undefined
+        : rates.buckets.reduce((sum, bucket) => sum + bucket.total, 0) / minutes
+    } satisfies Mailboxes
+  })
+
+const mergeQueue = (prefix: string) =>
+  Effect.gen(function*() {
+    const queue = yield* MergeQueue.make({ prefix, create: false })
+    const [stats, entries, audit] = yield* Effect.all([
+      queue.stats,
+      queue.list({ status: [...MergeQueue.inProgress, "pending"], limit: pageLimit }),
+      queue.auditLog({ last: 15 })
+    ])
+    return { stats, entries, audit } satisfies MergeQueueView
+  })
+
+const workLeases = (sql: SqlClient.SqlClient, prefix: string) =>
+  Effect.gen(function*() {
+    const names = WorkLeaseTables.tables(prefix)
+    const missing = yield* Sql.missingTables(sql, [names.domains, names.backlog])
+    if (missing.length > 0) {
+      return yield* Effect.fail({
+        _tag: "TablesNotFoundError",
+        message: `no work-lease tables with prefix "${prefix}" (missing: ${missing.join(", ")})`
+      })
+    }
+    const rows = yield* sql<{
+      domain_id: string
+      lease_offset: number | string | null
+      lease_fencing: number | string | null
+      acquired_at: number | string | null
+      retry_count: number | string
+      fencing_token: number | string
+      low_water: number | string
+      backlog: number | string
+    }>`SELECT d.domain_id, d.lease_offset, d.lease_fencing, d.acquired_at, d.retry_count, d.fencing_token,
+        d.low_water, (SELECT count(*) FROM ${sql(names.backlog)} b WHERE b.domain_id = d.domain_id) AS backlog
+      FROM ${sql(names.domains)} d ORDER BY d.domain_id LIMIT ${pageLimit}`
+    return rows.map((row): DomainView => ({
+      domainId: row.domain_id,
+      leaseOffset: num(row.lease_offset),
+      leaseFencing: num(row.lease_fencing),
+      acquiredAt: num(row.acquired_at),
+      retryCount: Number(row.retry_count),
+      fencingToken: Number(row.fencing_token),
+      lowWater: Number(row.low_water),
+      backlog: Number(row.backlog)
+    }))
+  })
+
+/** Reads every part; never fails (a failed part says why). */
+export const snapshot = (
+  sql: SqlClient.SqlClient,
+  prefix: string,
+  sampler: Sampler
+): Effect.Effect<Snapshot> =>
+  Effect.gen(function*() {
+    const admin = yield* Effect.promise(() => import("../../MailboxSqlAdmin.js"))
+    // The database's clock judges leases, so the page counts down from it too (a dead database: ours).
+    const at = yield* databaseTime(sql).pipe(Effect.orElse(() => Clock.currentTimeMillis))
+    const rates = yield* sampler.rates
+    const [mailboxesPart, mergeQueuePart, workLeasesPart] = yield* Effect.all([
+      section(mailboxes(sql, prefix, admin, rates, at)),
+      section(mergeQueue(prefix)),
+      section(workLeases(sql, prefix))
+    ])
+    return { at, mailboxes: mailboxesPart, mergeQueue: mergeQueuePart, workLeases: workLeasesPart }
+  }).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+
+const databaseTime = (sql: SqlClient.SqlClient) =>
+  Effect.map(sql<{ now: number | string }>`SELECT ${Sql.databaseNow(sql)} AS now`, (rows) => Number(rows[0]!.now))
+
+/** Milliseconds of a `DateTime`, for the page. */
+export const millis = (time: DateTime.Utc) => DateTime.toEpochMillis(time)
+export const optionalMillis = (time: Option.Option<DateTime.Utc>) => Option.getOrUndefined(Option.map(time, millis))

@@ -1,0 +1,274 @@
+/**
+ * `leasehold console` in a real browser (headless Chromium through playwright-core), run as the command line
+ * ships (a child process), over a SQLite file and a throwaway PostgreSQL that live workers of this process
+ * use: the page shows the counts changing without a reload, a dead letter is redriven from the page and
+ * reaches the worker, a stale merge-queue lock is recovered from the page, the work-lease domains are shown;
+ * a POST without the page's token, or from another origin, is refused and changes nothing; `--read-only`
+ * offers and accepts no action. With LEASEHOLD_SCREENSHOTS=1 the views are saved under docs/ (the README's).
+ */
+import { SqlClient } from "@effect/sql"
+import { SqliteClient } from "@effect/sql-sqlite-node"
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scope } from "effect"
+import { spawn } from "node:child_process"
+import { mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import type { Browser, Page } from "playwright-core"
+import * as DeadLetter from "../src/DeadLetter.js"
+import * as MailboxSql from "../src/MailboxSql.js"
+import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
+import * as MainLoop from "../src/MainLoop.js"
+import * as MergeQueue from "../src/MergeQueue.js"
+import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
+import { commandLine } from "./helpers.js"
+import * as Browsers from "./support/browser.js"
+import * as Postgres from "./support/postgres.js"
+
+const screenshots = process.env.LEASEHOLD_SCREENSHOTS === "1"
+const directory = mkdtempSync(join(tmpdir(), "leasehold-console-"))
+
+/** A failure the request's work declares permanent: dead-lettered at once. */
+class Poison extends Schema.TaggedError<Poison>()("Poison", { text: Schema.String }) {}
+
+const Request = Schema.Struct({ text: Schema.String })
+
+/** `leasehold console …` as a child process; its URL once it listens. Stopped with the scope. */
+const startConsole = (args: ReadonlyArray<string>) =>
+  Effect.acquireRelease(
+    Effect.async<{ readonly url: string; readonly kill: () => void }, Error>((resume) => {
+      let resumed = false
+      const once: typeof resume = (effect) => {
+        if (!resumed) resume(effect)
+        resumed = true
+      }
+      const child = spawn("node", [commandLine(), "console", ...args], {
+        env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" },
+        stdio: ["ignore", "pipe", "pipe"]
+      })
+      let output = ""
+      const seen = (chunk: Buffer) => {
+        output += chunk.toString()
+        const url = /http:\/\/\S+\//.exec(output)?.[0]
+        if (url !== undefined) once(Effect.succeed({ url, kill: () => child.kill("SIGTERM") }))
+      }
+      child.stdout.on("data", seen)
+      child.stderr.on("data", seen)
+      child.on("exit", (code) => once(Effect.fail(new Error(`console exited ${code}: ${output}`))))
+      return Effect.sync(() => child.kill("SIGKILL"))
+    }),
+    (running) => Effect.sync(running.kill)
+  )
+
+const open = (browser: Browser, url: string) =>
+  Effect.acquireRelease(
+    Effect.promise(async () => {
+      const page = await browser.newPage({ viewport: { width: 1280, height: 900 } })
+      const errors: Array<string> = []
+      page.on("pageerror", (error) => errors.push(error.message))
+      await page.goto(url)
+      return { page, errors }
+    }),
+    ({ page }) => Effect.promise(() => page.close())
+  )
+
+/** Waits (a browser-side poll, at most 15 s) until the text of `selector` satisfies `predicate`. */
+const until = (page: Page, selector: string, predicate: (text: string) => boolean, what: string) => {
+  let last = ""
+  return Effect.promise(() => page.locator(selector).allTextContents()).pipe(
+    Effect.map((texts) => (last = texts.join(" | "))),
+    Effect.repeat({ until: predicate, schedule: Schedule.spaced("100 millis") }),
+    Effect.timeoutFail({ duration: "15 seconds", onTimeout: () => new Error(`${what}: still "${last}"`) }),
+    Effect.map(() => last)
+  )
+}
+
+/** Everything one backend's run needs: workers of this process on `layer`, the console on `db`. */
+const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, unknown>, db: () => string) =>
+  describe(`leasehold console on ${name}`, () => {
+    it.live(
+      "live counts, redrive a dead letter to a worker, recover a stale lock, refuse forged POSTs, read-only",
+      () =>
+        Effect.gen(function*() {
+          // A merge queue whose agent "crashed" under a 1 ms lock, and a work-lease domain with a backlog.
+          const merges = yield* MergeQueue.make({ lockTimeout: 1 })
+          for (const workspace of ["ws-a", "ws-b", "ws-c"]) yield* merges.enqueue(workspace)
+          yield* merges.nextWithLock("agent-crashed")
+          const leases = yield* WorkLeaseSql.make()
+          yield* leases.tryAcquire("tenant-42", 0)
+          yield* leases.tryAcquire("tenant-42", 1)
+          yield* leases.tryAcquire("tenant-42", 2)
+
+          // A live worker: each request takes a moment; "poison" fails permanently while `poisoned` holds.
+          const requests = yield* MailboxSql.make({
+            name: "jobs",
+            schema: MainLoop.requestSchema(Request),
+            replySchema: MainLoop.resultSchema(Schema.String)
+          })
+          yield* MailboxSql.make({ name: "answers", schema: MainLoop.resultSchema(Schema.String) })
+          const letters = yield* MailboxSqlAdmin.deadLetters()
+          const poisoned = yield* Ref.make(true)
+          const healed = yield* Deferred.make<string>()
+          const loop = yield* MainLoop.make({
+            requests,
+            execute: ({ text }: { readonly text: string }) =>
+              Effect.gen(function*() {
+                if (text === "poison") {
+                  if (yield* Ref.get(poisoned)) return yield* new Poison({ text })
+                  yield* Deferred.succeed(healed, text)
+                }
+                yield* Effect.sleep("150 millis")
+                return text.toUpperCase()
+              }),
+            config: {
+              deadLetters: {
+                mailbox: letters.sink(MainLoop.requestSchema(Request)),
+                policy: yield* DeadLetter.policy({ includeErrors: ["Poison"] })
+              }
+            }
+          })
+          yield* loop.run({ waitTime: "200 millis" }).pipe(Effect.forkScoped)
+
+          const browser = yield* Browsers.browser
+          const { url } = yield* startConsole(["--db", db()])
+          const { errors, page } = yield* open(browser, url)
+
+          // Counts change on the page without a reload.
+          yield* requests.send(MainLoop.request({ text: "poison" }, { requestId: "the-poison" }))
+          for (let i = 0; i < 12; i++) {
+            yield* requests.send(MainLoop.request({ text: `job ${i}` }), { replyTo: "answers" })
+          }
+          yield* until(page, `[data-queue="jobs"][data-count="queued"]`, (text) => Number(text) > 0, "jobs queued")
+          yield* until(page, `[data-queue="jobs"][data-count="inFlight"]`, (text) => Number(text) > 0, "in flight")
+          yield* until(page, "#in-flight-table", (text) => text.includes("job "), "an in-flight body")
+          yield* until(page, `[data-queue="jobs"][data-count="deadLetters"]`, (text) => text === "1", "dead letter")
+          if (screenshots) {
+            yield* Effect.promise(() => page.screenshot({ path: "docs/console.png", fullPage: true }))
+          }
+          yield* until(page, `[data-queue="answers"][data-count="queued"]`, (text) => text === "12", "answers")
+          yield* until(page, `[data-queue="jobs"][data-count="queued"]`, (text) => text === "0", "all taken")
+          yield* until(page, "#dead-letters-table", (text) => text.includes("Poison"), "the letter's error")
+          yield* until(page, "#lock", (text) => text.includes("STALE") && text.includes("agent-crashed"), "stale lock")
+          yield* until(page, "#domains", (text) => /tenant-42\s*0\s*1\s*/.test(text), "the domain's holder")
+
+          // A forged POST — no token, or the right form from another origin — is refused and deletes nothing.
+          const letter = (yield* letters.list())[0]!
+          const forged = yield* Effect.promise(() =>
+            fetch(`${url}actions/dead-letters/delete`, {
+              method: "POST",
+              headers: { "content-type": "application/x-www-form-urlencoded" },
+              body: `id=${letter.id}`
+            })
+          )
+          expect(forged.status).toBe(403)
+          expect(yield* Effect.promise(() => forged.text())).toContain("token is missing or wrong")
+          const token = yield* Effect.promise(() => page.locator("input[name=token]").first().inputValue())
+          const crossSite = yield* Effect.promise(() =>
+            fetch(`${url}actions/dead-letters/delete`, {
+              method: "POST",
+              headers: { "content-type": "application/x-www-form-urlencoded", origin: "http://evil.example" },
+              body: `token=${token}&id=${letter.id}`
+            })
+          )
+          expect(crossSite.status).toBe(403)
+          expect(yield* letters.count()).toBe(1)
+
+          // Redrive from the page: the letter goes back to "jobs" and the (now healthy) worker runs it.
+          yield* Ref.set(poisoned, false)
+          yield* Effect.promise(() =>
+            page.locator("#dead-letters-table tr", { hasText: "Poison" }).getByRole("button", { name: "Redrive" })
+              .click()
+          )
+          yield* until(page, ".notice", (text) => text.includes("Redrove 1 dead letter"), "the redrive's notice")
+          expect(yield* Deferred.await(healed).pipe(Effect.timeout("15 seconds"))).toBe("poison")
+          yield* until(page, "#mailboxes", (text) => text.includes("No dead letters"), "no dead letters")
+
+          // Recover now: the crashed agent's lock is cleared and its entry is pending again.
+          yield* Effect.promise(() => page.getByRole("button", { name: "Recover now" }).click())
+          yield* until(page, ".notice", (text) => text.includes("1 stale lock cleared, 1 entry back"), "recovery")
+          yield* until(page, "#lock", (text) => text.includes("free"), "a free lock")
+          expect(yield* merges.getProcessingLock).toEqual(Option.none())
+          expect((yield* merges.stats).byStatus.pending).toBe(3)
+          if (screenshots) {
+            yield* Effect.promise(() => page.screenshot({ path: "docs/console-actions.png", fullPage: true }))
+          }
+          expect(errors).toEqual([])
+
+          // Read-only: no action on the page, and a POST carrying a real token is refused.
+          const readOnly = yield* startConsole(["--db", db(), "--read-only"])
+          const view = yield* open(browser, readOnly.url)
+          yield* until(view.page, "#queues", (text) => text.includes("answers"), "the read-only view")
+          expect(yield* Effect.promise(() => view.page.locator("button").count())).toBe(0)
+          expect(yield* Effect.promise(() => view.page.locator(".badge").textContent())).toBe("read-only")
+          const refused = yield* Effect.promise(() =>
+            fetch(`${readOnly.url}actions/merge-queue/recover`, {
+              method: "POST",
+              headers: { "content-type": "application/x-www-form-urlencoded" },
+              body: `token=${token}`
+            })
+          )
+          expect(refused.status).toBe(403)
+        }).pipe(Effect.scoped, Effect.provide(layer())),
+      120_000
+    )
+  })
+
+const suiteScope = Effect.runSync(Scope.make())
+let pg: Postgres.Cluster
+let pgUrl = ""
+beforeAll(async () => {
+  pg = await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))
+  pgUrl = pg.url
+}, 120_000)
+afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
+
+const sqliteFile = join(directory, "console.db")
+scenario("SQLite", () => MailboxSql.layerSqlite({ filename: sqliteFile }), () => sqliteFile)
+scenario("PostgreSQL", () => MailboxSql.layerPg({ url: pgUrl }), () => pgUrl)
+
+describe("leasehold console when things are wrong", () => {
+  it.live(
+    "over someone else's SQLite file: says which tables are missing, and the file is unchanged",
+    () =>
+      Effect.gen(function*() {
+        const foreign = join(directory, "foreign.db")
+        yield* Effect.provide(
+          Effect.flatMap(SqlClient.SqlClient, (sql) =>
+            Effect.zipRight(
+              sql`CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)`,
+              sql`INSERT INTO notes (text) VALUES ('x')`
+            )),
+          SqliteClient.layer({ filename: foreign, disableWAL: true })
+        ).pipe(Effect.scoped)
+        const before = readFileSync(foreign)
+        const { url } = yield* startConsole(["--db", foreign])
+        const page = yield* Effect.promise(() => fetch(url).then((response) => response.text()))
+        expect(page).toContain(`no mailbox tables with prefix &quot;leasehold_&quot;`)
+        expect(page).toContain(`no merge queue tables with prefix &quot;leasehold_&quot;`)
+        expect(page).toContain(`no work-lease tables with prefix &quot;leasehold_&quot;`)
+        yield* Effect.sleep("2500 millis") // a throughput sample or two
+        expect(readFileSync(foreign).equals(before)).toBe(true)
+      }).pipe(Effect.scoped),
+    60_000
+  )
+
+  it.live(
+    "PostgreSQL going away: the page says it cannot read, and shows the queues again once it is back",
+    () =>
+      Effect.gen(function*() {
+        const { url } = yield* startConsole(["--db", pgUrl])
+        const live = Effect.promise(() => fetch(`${url}live`).then((response) => response.text()))
+        expect(yield* live).not.toContain("Could not read")
+        yield* pg.stop
+        const down = yield* live.pipe(Effect.ensuring(pg.start))
+        expect(down).toContain("Could not read")
+        yield* live.pipe(
+          Effect.repeat({ until: (text) => !text.includes("Could not read"), schedule: Schedule.spaced("200 millis") }),
+          Effect.timeout("20 seconds")
+        )
+        const back = yield* live
+        expect(back).toContain(`<section id="mailboxes">`)
+      }).pipe(Effect.scoped),
+    60_000
+  )
+})
