@@ -16,6 +16,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Browser, Page } from "playwright-core"
 import * as DeadLetter from "../src/DeadLetter.js"
+import * as ConsolePage from "../src/internal/console/page.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MainLoop from "../src/MainLoop.js"
@@ -271,4 +272,35 @@ describe("leasehold console when things are wrong", () => {
       }).pipe(Effect.scoped),
     60_000
   )
+})
+
+describe("the console's page", () => {
+  it("escapes everything that comes from the database", () => {
+    const hostile = `<img src=x onerror="alert(1)">&'`
+    const html = ConsolePage.live({
+      at: 0,
+      mailboxes: {
+        _tag: "Present",
+        value: {
+          queues: [{
+            queue: hostile,
+            queued: 1,
+            inFlight: 1,
+            delayed: 0,
+            deadLetters: 0,
+            oldestVisibleAt: 0,
+            perMinute: 0,
+            recent: []
+          }],
+          inFlight: [{ id: "1", queue: hostile, deliveryCount: 1, leaseUntil: 1000, enqueuedAt: 0, body: hostile }],
+          deadLetters: [],
+          totalPerMinute: undefined
+        }
+      },
+      mergeQueue: { _tag: "Failed", error: hostile },
+      workLeases: { _tag: "Absent", reason: hostile }
+    }, { database: "db", token: "t", readOnly: false })
+    expect(html).not.toContain("<img")
+    expect(html).toContain("&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;&#39;")
+  })
 })
