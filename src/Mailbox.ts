@@ -17,6 +17,10 @@
  * `internal/mailbox`, with the front end the backends share): SQS's limits,
  * written on `SendOptions` and `ReceiveOptions`. A backend's `make` refuses
  * a bad name or `maxSize` alike, with a `ParseError` naming it.
+ *
+ * Traces cross the mailbox: `send` (and a reply) stores the W3C trace context of the span current where it
+ * runs with the message, and a receiver reads it as `traceparent` (`parentSpan` makes it a parent for
+ * `Effect.withSpan`; `MailboxWorker` does so). See docs/tracing.md.
  */
 import * as Context from "effect/Context"
 import type * as DateTime from "effect/DateTime"
@@ -26,9 +30,11 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
+import type * as Tracer from "effect/Tracer"
 import { InvalidParameterError } from "./Errors.js"
 import { causeText, isUnreachable } from "./internal/errors.js"
 import { GroupSettle, type GroupSettler, settleOne } from "./internal/mailbox/settle.js"
+import { parseTraceparent } from "./internal/tracing.js"
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -233,6 +239,12 @@ export interface Message<A, R = never> {
   readonly deliveryCount: number
   readonly enqueuedAt: DateTime.Utc
   readonly replyTo: Option.Option<string>
+  /**
+   * The W3C trace context of the span current where the message was sent
+   * (`00-<trace id>-<span id>-<flags>`); absent when no span was current, or when the stored value is
+   * malformed (never a reason to refuse the message). `parentSpan` turns it into a span parent.
+   */
+  readonly traceparent?: string | undefined
   /** Deletes the message: it will not be delivered again. */
   readonly acknowledge: Effect.Effect<void, SettleError>
   /** Gives the message back, visible again after `visibilityTimeout` (0..12 h, default 0); kills this handle. */
@@ -264,6 +276,11 @@ export interface Message<A, R = never> {
 export interface Settlement<A, R> {
   readonly message: Message<A, R>
   readonly reply: Option.Option<R>
+  /**
+   * The span the reply continues: its trace context is stored with the reply. By default the span current
+   * where the settle runs; a worker that settles in the background names the span the message was handled in.
+   */
+  readonly span?: Tracer.AnySpan | undefined
 }
 
 /**
@@ -291,6 +308,15 @@ export const settleAll = <A, R>(
     ? settler(settlements)
     : Effect.forEach(settlements, settleOne, { concurrency: "unbounded" })
 }
+
+/**
+ * The span `message` was sent in, as a `parent` for `Effect.withSpan` (the worker's span is its child, and a
+ * sender reading a reply continues the worker's trace); none without a well-formed `traceparent`.
+ *
+ * @category utils
+ */
+export const parentSpan = <A, R>(message: Message<A, R>): Option.Option<Tracer.ExternalSpan> =>
+  Option.fromNullable(parseTraceparent(message.traceparent))
 
 /**
  * An at-least-once queue of `A` whose replies carry `R`.

@@ -49,6 +49,8 @@ interface Entry<A> {
   readonly body: A
   readonly enqueuedAtMillis: number
   readonly replyTo: string | undefined
+  /** The sender's W3C trace context (formatted from a span by the front end, so well-formed). */
+  readonly traceparent: string | undefined
   deliveryCount: number
   state: "ready" | "hidden" | "deleted"
   /** While hidden: when it becomes visible again (epoch ms). */
@@ -176,6 +178,9 @@ class MemoryMessage<A, R> implements Message<A, R> {
   get replyTo(): Option.Option<string> {
     return Option.fromNullable(this.entry.replyTo)
   }
+  get traceparent(): string | undefined {
+    return this.entry.traceparent
+  }
   /** Settles never wait here, so a group settles one message after the other, on one fiber. */
   get [GroupSettle](): GroupSettler {
     return settleInTurn
@@ -286,7 +291,12 @@ export const make = <A, R = never>(
       const idPrefix = randomUUID().slice(0, 18)
       let nextId = 0
 
-      const insert = (body: A, delayMillis: number, replyTo: string | undefined) => {
+      const insert = (
+        body: A,
+        delayMillis: number,
+        replyTo: string | undefined,
+        traceparent: string | undefined
+      ) => {
         if (maxSize !== undefined && store.live >= maxSize) {
           return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
         }
@@ -296,6 +306,7 @@ export const make = <A, R = never>(
           body,
           enqueuedAtMillis: now,
           replyTo,
+          traceparent,
           deliveryCount: 0,
           state: "ready",
           visibleAt: now,

@@ -36,6 +36,9 @@
  * across processes PostgreSQL sends `NOTIFY` (with a bounded polling
  * fallback) and SQLite receivers poll with backoff.
  *
+ * A message keeps its sender's W3C trace context in a nullable `traceparent`
+ * column (migration 6); a value that is not well-formed reads as none.
+ *
  * A stored body that no longer decodes with the mailbox's Schema is moved to
  * `<prefix>mailbox_dead_letters` with the decode error; it never reaches the
  * worker. `MailboxSqlAdmin.deadLetters` lists, counts, redrives and purges that
@@ -90,6 +93,7 @@ import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/
 import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
 import { acquire, connectionError, prepare, type Row, storeFor } from "./internal/sql/mailbox/store.js"
+import { validTraceparent } from "./internal/tracing.js"
 import {
   type Mailbox,
   MailboxConnectionError,
@@ -211,10 +215,18 @@ export const make = <A, I, R = never, IR = never>(
     }
     const withStore = connectionError(name)
 
-    const insert = (body: A, delayMillis: number, replyTo: string | undefined): Effect.Effect<string, SendError> => {
+    const insert = (
+      body: A,
+      delayMillis: number,
+      replyTo: string | undefined,
+      traceparent: string | undefined
+    ): Effect.Effect<string, SendError> => {
       const encoded = encode(body)
       if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
-      return sender.submit({ body: encoded.right, delayMillis, replyTo: replyTo ?? null }).pipe(
+      const item: SendItem = traceparent === undefined
+        ? { body: encoded.right, delayMillis, replyTo: replyTo ?? null }
+        : { body: encoded.right, delayMillis, replyTo: replyTo ?? null, traceparent }
+      return sender.submit(item).pipe(
         withStore,
         Effect.flatMap((id) =>
           id === undefined
@@ -249,7 +261,9 @@ export const make = <A, I, R = never, IR = never>(
               row.receipt_handle,
               Number(row.delivery_count),
               DateTime.unsafeMake(Number(row.enqueued_at)),
-              Option.fromNullable(row.reply_to)
+              Option.fromNullable(row.reply_to),
+              // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
+              validTraceparent(row.traceparent)
             )
           )
         }

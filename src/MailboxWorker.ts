@@ -35,6 +35,10 @@
  * per message) a loop cost 5–6× a bare receive → acknowledge loop; now about
  * 2–2.5× (MainLoop about 3×: its run context, deadline and result).
  *
+ * Traced (an exporting tracer installed), a message is handled in a span
+ * `MailboxWorker.handle`, a child of the span it was sent in (`traceparent`),
+ * and its reply, however settled, carries that span's context back.
+ *
  * A loop never dies silently: when its fiber fails (a receive that fails with
  * an unexpected error, a defect while settling), `run` logs the cause at
  * error level with the loop's name, counts it (`leasehold_loop_failures_total`)
@@ -61,7 +65,7 @@ import { setCurrent } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
-import { exporting } from "./internal/tracing.js"
+import { exporting, parseTraceparent } from "./internal/tracing.js"
 import { annotated, makeCell } from "./internal/worker/annotations.js"
 import * as Receive from "./internal/worker/receive.js"
 import { type RunState, validateRunOptions } from "./internal/worker/runState.js"
@@ -237,10 +241,14 @@ export const make = <A, R, Out, E, Req>(
         onSuccess: (output) => afterDetach(run, settleSuccess(run, message, output)),
         onFailure: (cause) => afterDetach(run, settleFailure(run, message, cause))
       })
+      // A child of the sender's span, not a link: handling a request continues the sender's operation (which
+      // awaits the reply), so the two and the reply make one trace. A link suits a span gathering many senders'
+      // messages (a batch); here each message has its own. No (well-formed) context: a new trace, as before.
       return run.traced
         ? Effect.withSpan(handling, "MailboxWorker.handle", {
           attributes: { worker: name, messageId: message.id },
-          captureStackTrace: false
+          captureStackTrace: false,
+          parent: parseTraceparent(message.traceparent)
         })
         : handling
     }
@@ -267,6 +275,7 @@ export const make = <A, R, Out, E, Req>(
         if (run.next >= run.pending.length && run.settler.idle()) {
           return run.settler.settleGroup([{ message, reply }])
         }
+        if (run.traced) return run.settler.queueInSpan({ message, reply })
         run.settler.queue({ message, reply })
         return Effect.void
       })

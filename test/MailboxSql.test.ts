@@ -26,7 +26,7 @@ import {
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { MailboxResolver, settleAll } from "../src/Mailbox.js"
+import { MailboxResolver, parentSpan, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
@@ -106,6 +106,61 @@ for (const backend of backends) {
         expect(truncated!.error).toContain("Not JSON")
         expect(yield* jobs.approximateCount).toBe(1)
       }).pipe(onDb))
+
+    it.scoped("a stored traceparent that is not well-formed reads as none; the message is delivered", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        const stored = [
+          valid,
+          "not a traceparent",
+          "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01", // upper case
+          "00-00000000000000000000000000000000-b7ad6b7169203331-01", // trace id all zeros
+          "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", // span id all zeros
+          "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", // version ff
+          `${valid}-more`, // version 00 with a suffix
+          ""
+        ]
+        for (const [n, traceparent] of stored.entries()) {
+          const id = yield* jobs.send({ n })
+          yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET traceparent = ${traceparent}
+            WHERE seq = ${Number(id)}`
+        }
+        const received = yield* jobs.receive({ maxMessages: 10 })
+        expect(received.map((m) => [m.body.n, m.traceparent])).toEqual(
+          stored.map((_, n) => [n, n === 0 ? valid : undefined])
+        )
+        expect(Option.isNone(parentSpan(received[1]!))).toBe(true)
+      }).pipe(onDb))
+
+    it.scoped("a database made before migration 6 gains the traceparent column: old rows read without one", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const messages = sql(`${prefix}mailbox_messages`)
+        yield* Effect.scoped(MailboxSql.make({ name: "jobs", schema: Job, prefix }))
+        // Back to how migration 5 left a database: no column, migration 6 not recorded, and on PostgreSQL no
+        // settle overload that takes trace contexts.
+        yield* sql`DELETE FROM ${sql(`${prefix}mailbox_migrations`)} WHERE migration_id >= 6`
+        if (backend.label === "PostgreSQL") {
+          yield* sql`DROP FUNCTION ${
+            sql(`${prefix}mailbox_settle`)
+          }(bigint[], text[], text[], text[], bigint, text, text[])`
+        }
+        yield* sql`ALTER TABLE ${messages} DROP COLUMN traceparent`
+        yield* sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+          VALUES ('jobs', ${JSON.stringify({ n: 1 })}, 0, 0, 'done')`
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix })
+        const done = yield* MailboxSql.make({ name: "done", schema: Job, prefix })
+        const [old] = yield* jobs.receive()
+        expect([old?.body, old?.traceparent]).toEqual([{ n: 1 }, undefined])
+        const traceparent = yield* Effect.zipLeft(
+          Effect.map(Effect.currentSpan, (span) => `00-${span.traceId}-${span.spanId}-01`),
+          old!.replyAndAcknowledge({ n: 2 })
+        ).pipe(Effect.withSpan("upgraded"))
+        const [reply] = yield* done.receive()
+        expect([reply?.body, reply?.traceparent]).toEqual([{ n: 2 }, traceparent])
+      }).pipe(onDb, Effect.provide(MailboxResolver.layer())))
 
     it.scoped("dead letters: a loop's sink stores them; list, count, redrive and purge", () =>
       Effect.gen(function*() {
@@ -662,6 +717,8 @@ describe("MailboxSql migrations on PostgreSQL", () => {
       yield* MailboxSql.make({ name: "jobs", schema: Job, prefix: old })
       // Back to how migration 3 left a database: its functions in plain SQL, migrations 4 and 5 not recorded.
       yield* sql`DELETE FROM upgraded_mailbox_migrations WHERE migration_id >= 4`
+      yield* sql`DROP FUNCTION upgraded_mailbox_settle(bigint[], text[], text[], text[], bigint, text, text[])`
+      yield* sql`ALTER TABLE upgraded_mailbox_messages DROP COLUMN traceparent`
       yield* sql`CREATE OR REPLACE FUNCTION upgraded_mailbox_claim(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer)
         RETURNS SETOF upgraded_mailbox_messages LANGUAGE sql VOLATILE
@@ -669,14 +726,18 @@ describe("MailboxSql migrations on PostgreSQL", () => {
       expect((yield* language).map((row) => row.language)).toEqual(["sql", "plpgsql"])
       const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix: old })
       yield* MailboxSql.make({ name: "done", schema: Job, prefix: old })
+      // Two settles: 5's, which a process of the previous version still calls, and 6's, which stores each
+      // reply's trace context.
       expect(yield* language).toEqual([
         { name: "upgraded_mailbox_claim", language: "plpgsql" },
+        { name: "upgraded_mailbox_settle", language: "plpgsql" },
         { name: "upgraded_mailbox_settle", language: "plpgsql" }
       ])
-      // Migration 5's settle: one NOTIFY per reply queue.
-      const [settle] = yield* sql<{ source: string }>`SELECT prosrc AS source FROM pg_proc
-        WHERE proname = ${old + "mailbox_settle"}`
-      expect(settle!.source).toContain("DISTINCT unnest(p_reply_queues)")
+      // Migration 5's settle: one NOTIFY per reply queue (6's too).
+      const settles = yield* sql<{ source: string; args: number }>`SELECT prosrc AS source, pronargs AS args
+        FROM pg_proc WHERE proname = ${old + "mailbox_settle"} ORDER BY pronargs`
+      expect(settles.map((settle) => Number(settle.args))).toEqual([6, 7])
+      for (const settle of settles) expect(settle.source).toContain("DISTINCT unnest(p_reply_queues)")
       yield* jobs.send({ n: 1 }, { replyTo: "done" })
       const [message] = yield* jobs.receive({ waitTime: 0 })
       expect(message?.body).toEqual({ n: 1 })

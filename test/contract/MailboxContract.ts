@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Duration, Effect, Either, Exit, Fiber, Option, type Scope, TestClock } from "effect"
-import { type Mailbox, MailboxResolver, settleAll } from "../../src/Mailbox.js"
+import { type Mailbox, MailboxResolver, parentSpan, settleAll } from "../../src/Mailbox.js"
 import { refusedOptions } from "../helpers.js"
 
 /** Builds an empty mailbox of string bodies and string replies, removed when the scope closes. */
@@ -500,6 +500,76 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           expect(error.message).toContain("nowhere")
           // The request is untouched and can still be settled.
           yield* message!.acknowledge
+        }))
+    })
+
+    describe("trace context", () => {
+      /** The W3C `traceparent` of the span current where this runs. */
+      const traceparentHere = Effect.map(
+        Effect.currentSpan,
+        (span) => `00-${span.traceId}-${span.spanId}-${span.sampled ? "01" : "00"}`
+      )
+
+      it.scoped("send stores the current span's W3C traceparent; without a span, none", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const sent = yield* Effect.zipLeft(traceparentHere, mailbox.send("traced")).pipe(Effect.withSpan("sender"))
+          yield* mailbox.send("untraced")
+          expect(sent).toMatch(/^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/)
+          const [traced, untraced] = yield* mailbox.receive({ maxMessages: 2 })
+          expect(traced!.traceparent).toBe(sent)
+          expect(untraced!.traceparent).toBeUndefined()
+          // A parent for the receiver's span: the sender's trace and span.
+          const parent = Option.getOrThrow(parentSpan(traced!))
+          expect([parent.traceId, parent.spanId, parent.sampled]).toEqual([sent.slice(3, 35), sent.slice(36, 52), true])
+          expect(Option.isNone(parentSpan(untraced!))).toBe(true)
+          // Redelivered, it keeps it.
+          yield* traced!.nack()
+          const [again] = yield* mailbox.receive()
+          expect(again!.traceparent).toBe(sent)
+        }))
+
+      it.scoped("a reply stores the span current where it is sent, or the span its settlement names", () =>
+        Effect.gen(function*() {
+          const requests = yield* make({ name: "requests" })
+          const responses = yield* make({ name: "responses" })
+          const resolve = Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests, responses))
+          for (const body of ["reply", "replyAndAcknowledge", "group-1", "group-2", "untraced"]) {
+            yield* requests.send(body, { replyTo: "responses" })
+          }
+          const received = yield* requests.receive({ maxMessages: 10 })
+          const byBody = new Map(received.map((message) => [message.body, message]))
+          const expected = new Map<string, string | undefined>()
+          expected.set(
+            "reply",
+            yield* Effect.zipLeft(traceparentHere, resolve(byBody.get("reply")!.reply("reply"))).pipe(
+              Effect.withSpan("a")
+            )
+          )
+          yield* byBody.get("reply")!.acknowledge
+          expected.set(
+            "replyAndAcknowledge",
+            yield* Effect.zipLeft(
+              traceparentHere,
+              resolve(byBody.get("replyAndAcknowledge")!.replyAndAcknowledge("replyAndAcknowledge"))
+            ).pipe(Effect.withSpan("b"))
+          )
+          // A group settled in one span, one settlement naming a span of its own (a worker's background settle).
+          const own = yield* Effect.currentSpan.pipe(Effect.withSpan("own"))
+          const group = yield* Effect.zipLeft(
+            traceparentHere,
+            resolve(settleAll([
+              { message: byBody.get("group-1")!, reply: Option.some("group-1") },
+              { message: byBody.get("group-2")!, reply: Option.some("group-2"), span: own }
+            ]))
+          ).pipe(Effect.withSpan("group"))
+          expected.set("group-1", group)
+          expected.set("group-2", `00-${own.traceId}-${own.spanId}-01`)
+          yield* resolve(byBody.get("untraced")!.replyAndAcknowledge("untraced"))
+          expected.set("untraced", undefined)
+          const replies = yield* responses.receive({ maxMessages: 10 })
+          expect(new Map(replies.map((reply) => [reply.body, reply.traceparent]))).toEqual(expected)
+          expect(new Set(expected.values()).size).toBe(5)
         }))
     })
 

@@ -4,7 +4,8 @@
  * `Driver` of one queue (insert, claim, next visible time, count, purge,
  * wake-up). `MailboxMemory` drives it with synchronous steps on a heap,
  * `MailboxSql` with statements; neither re-implements the behaviour a user
- * sees, so the two cannot drift.
+ * sees, so the two cannot drift. `send` hands the driver the W3C trace
+ * context of the sender's span, if there is one, to store with the message.
  *
  * The long poll: arm the queue's wake-up signal, then look (so a send that
  * lands between the look and the sleep still wakes the receiver), then sleep
@@ -30,13 +31,21 @@ import {
   ReplyNotAvailableError,
   type SendError
 } from "../../Mailbox.js"
-import { perMessage } from "../tracing.js"
+import { perMessage, traceparentOf } from "../tracing.js"
 import { validateDelay, validateReceiveOptions } from "./validation.js"
 
 /** One queue's storage, as the front end uses it. */
 export interface Driver<A, R> {
-  /** Stores a message visible `delayMillis` from now; its id, or why it was refused (full, unencodable, …). */
-  readonly insert: (body: A, delayMillis: number, replyTo: string | undefined) => Effect.Effect<string, SendError>
+  /**
+   * Stores a message visible `delayMillis` from now, with the sender's W3C trace context if it had a span;
+   * its id, or why it was refused (full, unencodable, …).
+   */
+  readonly insert: (
+    body: A,
+    delayMillis: number,
+    replyTo: string | undefined,
+    traceparent: string | undefined
+  ) => Effect.Effect<string, SendError>
   /** One look: up to `max` visible messages, each hidden for `visibilityMillis` under a fresh receipt handle. */
   readonly claim: (
     max: number,
@@ -66,8 +75,10 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
   const { claim, poll } = driver
   const maxPollMillis = poll?.maxMillis ?? Infinity
 
+  // The fiber's current span is a field of the fiber: read where `suspend` would have run, it costs no step,
+  // and the trace context is formatted only when there is a span.
   const send: Mailbox<A, R>["send"] = (body, options) =>
-    Effect.suspend((): Effect.Effect<string, SendError> => {
+    Effect.withFiberRuntime((fiber): Effect.Effect<string, SendError> => {
       let delayMillis = 0
       if (options?.delay !== undefined) {
         const delay = validateDelay(options.delay)
@@ -75,7 +86,7 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
         delayMillis = Duration.toMillis(delay.right)
       }
       if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-      return driver.insert(body, delayMillis, options?.replyTo)
+      return driver.insert(body, delayMillis, options?.replyTo, traceparentOf(fiber.currentSpan))
     })
 
   const longPoll = (

@@ -19,15 +19,19 @@ export type GroupSettler = <A, R>(
 /** Where a message carries its mailbox's `GroupSettler`. */
 export const GroupSettle: unique symbol = Symbol.for("leasehold/GroupSettle")
 
-/** Settles one message: `replyAndAcknowledge` with a reply and a `replyTo`, else `acknowledge`. */
+/**
+ * Settles one message: `replyAndAcknowledge` with a reply and a `replyTo`, else `acknowledge` — under the
+ * settlement's `span`, when it names one, so the reply stores that span's trace context.
+ */
 export const settleOne = <A, R>(
-  { message, reply }: Settlement<A, R>
-): Effect.Effect<SettleOutcome, never, MailboxResolver> =>
-  Effect.either(
-    Option.isSome(reply) && Option.isSome(message.replyTo)
-      ? message.replyAndAcknowledge(reply.value)
-      : Effect.as(message.acknowledge, undefined)
-  )
+  { message, reply, span }: Settlement<A, R>
+): Effect.Effect<SettleOutcome, never, MailboxResolver> => {
+  if (Option.isNone(reply) || Option.isNone(message.replyTo)) {
+    return Effect.either(Effect.as(message.acknowledge, undefined))
+  }
+  const replied = Effect.either(message.replyAndAcknowledge(reply.value))
+  return span === undefined ? replied : Effect.withParentSpan(replied, span)
+}
 
 /** A `GroupSettler` for a mailbox whose settles do not wait on I/O: one after the other. */
 export const settleInTurn: GroupSettler = (settlements) =>

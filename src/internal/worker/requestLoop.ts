@@ -37,6 +37,7 @@ import type { RunContext } from "../../RunContext.js"
 import { monotonicMillis } from "../heartbeat.js"
 import { counter } from "../metrics.js"
 import * as Options from "../options.js"
+import { perMessage } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
@@ -125,6 +126,12 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     const timeout = (yield* Options.decoder(options.label, configFields)({ config })).config?.timeout
     const clock: Clock.Clock = yield* Effect.clock
     type Msg = Message<Body, Res>
+    // `MainLoop.execute`, `EvalLoop.execute`: a child of the worker's `MailboxWorker.handle`, the parent of
+    // the work's own spans (tool calls); only with an exporting tracer, like the worker's span.
+    const executeSpan = perMessage(`${options.label.split(".")[0]}.execute`, {
+      attributes: { loop: options.name },
+      captureStackTrace: false
+    })
 
     const runContextOf = (message: Msg): RunContext => ({
       workerId,
@@ -213,7 +220,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       // The request's own budget and deadline override the loop's config.
       const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
       const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext }
-      const work = options.execute(body, attempt)
+      const work = executeSpan(options.execute(body, attempt))
       if (deadline === undefined) return work
       const bounded = Deadline.within(work, deadline)
       return onDeadline === undefined

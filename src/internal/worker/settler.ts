@@ -23,6 +23,11 @@ import { onSettleFailure } from "./settleFailure.js"
 export interface Settler<A, R> {
   /** Queues a success's settle for the settler fiber. */
   readonly queue: (settlement: Settlement<A, R>) => void
+  /**
+   * `queue`, with the span current here (the one the message was handled in): the settler's fiber has
+   * another, and the reply must continue this one. Only traced loops call it, so others make no closure.
+   */
+  readonly queueInSpan: (settlement: Settlement<A, R>) => Effect.Effect<void>
   /** Nothing queued or in progress: a settle made now would have nothing to overlap. */
   readonly idle: () => boolean
   /** Settles a group now, on the calling fiber; never fails. */
@@ -62,15 +67,17 @@ export const make = <A, R>(retryAfter: (message: Settlement<A, R>["message"]) =>
    * `settleInTurn`): its own `acknowledge` / `replyAndAcknowledge`, without the group's arrays and outcomes
    * — a worker settles most messages this way, one at a time.
    */
-  const settleAlone = ({ message, reply }: Settlement<A, R>): Effect.Effect<void, never, MailboxResolver> => {
+  const settleAlone = ({ message, reply, span }: Settlement<A, R>): Effect.Effect<void, never, MailboxResolver> => {
     const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
-    return Effect.catchAllCause(
+    const settled = Effect.catchAllCause(
       replied ? message.replyAndAcknowledge(reply.value) : message.acknowledge,
       (cause) =>
         cause._tag === "Fail"
           ? onSettleFailure(message, replied, cause.error, retryAfter(message))
           : Effect.logError("Settling a handled message failed", cause)
     )
+    // Settled on the settler's fiber, whose current span is not the message's: the reply continues `span`.
+    return span === undefined || !replied ? settled : Effect.withParentSpan(settled, span)
   }
 
   const settleGroup = (batch: ReadonlyArray<Settlement<A, R>>): Effect.Effect<void, never, MailboxResolver> => {
@@ -113,12 +120,19 @@ export const make = <A, R>(retryAfter: (message: Settlement<A, R>["message"]) =>
       Effect.uninterruptible
     )
 
+  const queue = (settlement: Settlement<A, R>) => {
+    queued.push(settlement)
+    submitted++
+    wake?.()
+  }
+
   return {
-    queue: (settlement) => {
-      queued.push(settlement)
-      submitted++
-      wake?.()
-    },
+    queue,
+    queueInSpan: (settlement) =>
+      Effect.withFiberRuntime(({ currentSpan }) => {
+        queue(currentSpan === undefined ? settlement : { ...settlement, span: currentSpan })
+        return Effect.void
+      }),
     idle: () => completed === submitted,
     settleGroup,
     nextBatch: () => {

@@ -30,6 +30,7 @@ import {
 import * as FrontEnd from "../../mailbox/frontEnd.js"
 import { GroupSettle, type GroupSettler, settleOne } from "../../mailbox/settle.js"
 import { validateVisibility } from "../../mailbox/validation.js"
+import { currentTraceparent, traceparentOf } from "../../tracing.js"
 import type { SettleBatcher, SettleExit } from "./batching.js"
 import type { Encoder } from "./codec.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
@@ -67,6 +68,15 @@ export type ReplyRoute =
   | { readonly _tag: "Local"; readonly queue: string; readonly body: string }
   | { readonly _tag: "Remote"; readonly target: ReplyTarget }
 
+/** A reply to a queue of this database, with the trace context it continues (the key only when there is one). */
+const localReply = (
+  route: { readonly queue: string; readonly body: string },
+  traceparent: string | undefined
+): NonNullable<SettleItem["reply"]> =>
+  traceparent === undefined
+    ? { queue: route.queue, body: route.body }
+    : { queue: route.queue, body: route.body, traceparent }
+
 /** How a group settle handles one delivery (see `SqlMessage.prepare`). */
 export type Prepared =
   | { readonly _tag: "Item"; readonly item: SettleItem }
@@ -78,30 +88,36 @@ export type Prepared =
  */
 export const groupSettler =
   (settler: SettleBatcher): GroupSettler => <A, R>(settlements: ReadonlyArray<Settlement<A, R>>) =>
-    Effect.flatMap(MailboxResolver, (resolver) => {
-      const outcomes = new Array<SettleOutcome>(settlements.length)
-      const items: Array<SettleItem> = []
-      const itemIndexes: Array<number> = []
-      const alone: Array<number> = []
-      settlements.forEach(({ message, reply }, index) => {
-        const step = (message as SqlMessage<A, R>).prepare(resolver, reply)
-        if (step === undefined) alone.push(index)
-        else if (step._tag === "Item") {
-          items.push(step.item)
-          itemIndexes.push(index)
-        } else outcomes[index] = step.outcome
-      })
-      const grouped = Effect.map(settler.submitAll(items), (results) =>
-        results.forEach((result, k) => {
-          const index = itemIndexes[k]!
-          outcomes[index] = (settlements[index]!.message as SqlMessage<A, R>).settled(result, items[k]!.reply)
-        }))
-      const single = Effect.forEach(alone, (index) =>
-        Effect.map(settleOne(settlements[index]!), (outcome) => {
-          outcomes[index] = outcome
-        }), { concurrency: "unbounded", discard: true })
-      return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
-    })
+    Effect.flatMap(MailboxResolver, (resolver) =>
+      // The span current here is the one the replies continue, unless a settlement names its own.
+      currentTraceparent((traceparent) => {
+        const outcomes = new Array<SettleOutcome>(settlements.length)
+        const items: Array<SettleItem> = []
+        const itemIndexes: Array<number> = []
+        const alone: Array<number> = []
+        settlements.forEach(({ message, reply, span }, index) => {
+          const step = (message as SqlMessage<A, R>).prepare(
+            resolver,
+            reply,
+            span === undefined ? traceparent : traceparentOf(span)
+          )
+          if (step === undefined) alone.push(index)
+          else if (step._tag === "Item") {
+            items.push(step.item)
+            itemIndexes.push(index)
+          } else outcomes[index] = step.outcome
+        })
+        const grouped = Effect.map(settler.submitAll(items), (results) =>
+          results.forEach((result, k) => {
+            const index = itemIndexes[k]!
+            outcomes[index] = (settlements[index]!.message as SqlMessage<A, R>).settled(result, items[k]!.reply)
+          }))
+        const single = Effect.forEach(alone, (index) =>
+          Effect.map(settleOne(settlements[index]!), (outcome) => {
+            outcomes[index] = outcome
+          }), { concurrency: "unbounded", discard: true })
+        return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
+      }))
 
 export class SqlMessage<A, R> implements Message<A, R> {
   private finalized = false
@@ -112,7 +128,8 @@ export class SqlMessage<A, R> implements Message<A, R> {
     readonly receiptHandle: string,
     readonly deliveryCount: number,
     readonly enqueuedAt: DateTime.Utc,
-    readonly replyTo: Option.Option<string>
+    readonly replyTo: Option.Option<string>,
+    readonly traceparent: string | undefined
   ) {}
 
   private expired(): ReceiptHandleExpiredError {
@@ -155,7 +172,11 @@ export class SqlMessage<A, R> implements Message<A, R> {
    * `replyAndAcknowledge` must settle it on its own: a reply to another store, or to a queue this
    * resolver has not been asked about yet (the first reply resolves it, later ones find it cached).
    */
-  prepare(resolver: MailboxResolver["Type"], reply: Option.Option<R>): Prepared | undefined {
+  prepare(
+    resolver: MailboxResolver["Type"],
+    reply: Option.Option<R>,
+    traceparent: string | undefined
+  ): Prepared | undefined {
     // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
     if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
       return { _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } }
@@ -167,7 +188,7 @@ export class SqlMessage<A, R> implements Message<A, R> {
     if (route._tag === "Remote") return undefined
     return {
       _tag: "Item",
-      item: { seq: this.id, handle: this.receiptHandle, reply: { queue: route.queue, body: route.body } }
+      item: { seq: this.id, handle: this.receiptHandle, reply: localReply(route, traceparent) }
     }
   }
 
@@ -280,14 +301,18 @@ export class SqlMessage<A, R> implements Message<A, R> {
     return Effect.flatMap(this.route(body), (route) => {
       if (route._tag === "Remote") return route.target.send(body)
       const { statements, store } = this.mailbox
-      return Effect.suspend(() => {
-        return statements.insert(
+      return currentTraceparent((traceparent) =>
+        statements.insert(
           route.queue,
-          [{ body: route.body, delayMillis: 0, replyTo: null }],
+          [
+            traceparent === undefined
+              ? { body: route.body, delayMillis: 0, replyTo: null }
+              : { body: route.body, delayMillis: 0, replyTo: null, traceparent }
+          ],
           this.mailbox.now(),
           undefined
         )
-      }).pipe(
+      ).pipe(
         Effect.map((ids) => {
           store.wake(route.queue)
           return ids[0]!
@@ -306,7 +331,9 @@ export class SqlMessage<A, R> implements Message<A, R> {
           Effect.zipLeft(this.acknowledge)
         )
       }
-      return Effect.map(this.settle({ queue: route.queue, body: route.body }), (replyId) => replyId!)
+      return currentTraceparent((traceparent) =>
+        Effect.map(this.settle(localReply(route, traceparent)), (replyId) => replyId!)
+      )
     })
   }
 }

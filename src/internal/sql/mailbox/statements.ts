@@ -71,18 +71,20 @@ export interface Statements {
   readonly at: (now: Now) => Statement.Fragment
 }
 
-/** A message to insert: its encoded body, how long it stays invisible, where its replies go. */
+/** A message to insert: its encoded body, how long it stays invisible, where its replies go, its trace. */
 export interface SendItem {
   readonly body: string
   readonly delayMillis: number
   readonly replyTo: string | null
+  /** The sender's W3C trace context; absent (not even the key) without a span, to keep the batch's JSON lean. */
+  readonly traceparent?: string
 }
 
 /** A delivery to acknowledge, with the reply to insert in the same transaction. */
 export interface SettleItem {
   readonly seq: string
   readonly handle: string
-  readonly reply: { readonly queue: string; readonly body: string } | undefined
+  readonly reply: { readonly queue: string; readonly body: string; readonly traceparent?: string } | undefined
 }
 
 /** The statement set of the store's dialect. */
@@ -97,6 +99,12 @@ const atOf = (store: Store) => {
 }
 
 const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
+
+/** Each reply's trace context for PostgreSQL's settle, or `null` (no array) when none has one: the usual case. */
+const traceparentsOf = (items: ReadonlyArray<SettleItem>): Array<string | null> | null =>
+  items.some((item) => item.reply?.traceparent !== undefined)
+    ? items.map((item) => item.reply?.traceparent ?? null)
+    : null
 
 /** The statements both dialects run alike, on the store's client. */
 const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
@@ -161,7 +169,7 @@ const sqlite = (store: Store): Statements => {
             receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
             ORDER BY visible_at, seq LIMIT ${max})
-          RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to`
+          RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent`
       ),
     insert: (queue, items, now, maxSize) => {
       // One statement for the batch, like PostgreSQL's; the items go in in order, so their ids ascend in it.
@@ -169,10 +177,16 @@ const sqlite = (store: Store): Statements => {
         ? sql``
         : sql`WHERE key < ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
       return Effect.map(
-        sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
+        sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent)
         SELECT ${queue}, json_extract(value, '$[0]'), ${at(now)} + json_extract(value, '$[1]'), ${at(now)},
-          json_extract(value, '$[2]')
-        FROM json_each(${JSON.stringify(items.map((item) => [item.body, item.delayMillis, item.replyTo]))}) ${room}
+          json_extract(value, '$[2]'), json_extract(value, '$[3]')
+        FROM json_each(${
+          JSON.stringify(items.map((item) =>
+            item.traceparent === undefined
+              ? [item.body, item.delayMillis, item.replyTo]
+              : [item.body, item.delayMillis, item.replyTo, item.traceparent]
+          ))
+        }) ${room}
         ORDER BY key
         RETURNING seq`,
         (rows) => {
@@ -193,7 +207,9 @@ const sqlite = (store: Store): Statements => {
           RETURNING seq, receipt_handle`
         const current = new Set(acked.map((row) => `${row.seq} ${row.receipt_handle}`))
         const settled = new Map<string, string | undefined>()
-        const replying: Array<{ readonly seq: string; readonly queue: string; readonly body: string }> = []
+        const replying: Array<
+          { readonly seq: string; readonly queue: string; readonly body: string; readonly traceparent?: string }
+        > = []
         for (const item of items) {
           // Only the deliveries whose handle was current (a message is once per statement: `settleRounds`).
           if (!current.has(`${item.seq} ${item.handle}`)) continue
@@ -202,9 +218,17 @@ const sqlite = (store: Store): Statements => {
         }
         if (replying.length === 0) return settled
         // Inserted in the array's order, so the new ids ascend in that order (RETURNING's order is unspecified).
-        const replies = yield* sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at)
-          SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ${at(now)}, ${at(now)}
-          FROM json_each(${JSON.stringify(replying.map((reply) => [reply.queue, reply.body]))}) ORDER BY key
+        const replies = yield* sql<{ seq: number }>`INSERT INTO ${messages}
+            (queue, body, visible_at, enqueued_at, traceparent)
+          SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), ${at(now)}, ${at(now)},
+            json_extract(value, '$[2]')
+          FROM json_each(${
+          JSON.stringify(
+            replying.map((reply) =>
+              reply.traceparent === undefined ? [reply.queue, reply.body] : [reply.queue, reply.body, reply.traceparent]
+            )
+          )
+        }) ORDER BY key
           RETURNING seq`
         const ids = replies.map((row) => row.seq).sort((a, b) => a - b)
         replying.forEach((reply, index) => settled.set(reply.seq, String(ids[index])))
@@ -237,7 +261,7 @@ const pg = (store: Store): Statements => {
     ...shared(store, at),
     claim: (queue, now, visibilityMillis, max) =>
       store.onLane((lane) =>
-        lane<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to
+        lane<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent
         FROM ${claimFunction}(${queue}::text, ${at(now)}::bigint, (${at(now)} + ${visibilityMillis})::bigint,
           ${max}::integer)`
       ),
@@ -253,13 +277,14 @@ const pg = (store: Store): Statements => {
           SELECT nextval((SELECT pg_get_serial_sequence(${
             sql.literal(`'${store.messages}'`)
           }, 'seq')::regclass)) AS seq,
-            v.body, v.delay, v.reply_to, v.n
+            v.body, v.delay, v.reply_to, v.traceparent, v.n
           FROM ROWS FROM (json_to_recordset(${JSON.stringify(items)}::json)
-            AS (body text, "delayMillis" bigint, "replyTo" text)) WITH ORDINALITY AS v(body, delay, reply_to, n)
+            AS (body text, "delayMillis" bigint, "replyTo" text, traceparent text))
+            WITH ORDINALITY AS v(body, delay, reply_to, traceparent, n)
           ${room}),
         ins AS (
-          INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to)
-          SELECT seq, ${queue}::text, body, ${at(now)} + delay, ${at(now)}, reply_to FROM input)
+          INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to, traceparent)
+          SELECT seq, ${queue}::text, body, ${at(now)} + delay, ${at(now)}, reply_to, traceparent FROM input)
         SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`
         ),
         (rows) => items.map((_, index) => rows[index]?.seq)
@@ -278,7 +303,8 @@ const pg = (store: Store): Statements => {
           }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
           ARRAY(SELECT body::text FROM json_array_elements(${`[${
             items.map((item) => item.reply?.body ?? "null").join(",")
-          }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${at(now)}::bigint, ${store.channel}::text)`
+          }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${at(now)}::bigint, ${store.channel}::text,
+          ${traceparentsOf(items)}::text[])`
         ),
         (rows) =>
           new Map(rows.map((row) => [

@@ -29,6 +29,8 @@ export interface Row {
   readonly delivery_count: number | string
   readonly enqueued_at: number | string
   readonly reply_to: string | null
+  /** The sender's W3C trace context, as stored (checked when read: see `validTraceparent`). */
+  readonly traceparent?: string | null | undefined
 }
 
 export class Store {
@@ -246,19 +248,30 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.M
       : Effect.void,
     // The settle notifies once per reply queue, not once per reply (about a tenth of a settle of 80 rows on an
     // idle cluster: 2.1-2.9 ms without the per-row notify against 2.5-3.1 ms with it).
-    "5_settle_notifies_once_per_queue": store.dialect === "pg" ? createSettleFunction(store) : Effect.void
+    "5_settle_notifies_once_per_queue": store.dialect === "pg" ? createSettleFunction(store) : Effect.void,
+    // The sender's W3C trace context, NULL for messages sent without a span (and for every message stored
+    // before). PostgreSQL's settle gets an overload that stores each reply's context; the one it replaces
+    // stays, so a process still on the previous version settles as it did while others upgrade.
+    "6_traceparent": Effect.zipRight(
+      store.dialect === "pg"
+        ? sql`ALTER TABLE ${sql(messages)} ADD COLUMN IF NOT EXISTS traceparent TEXT`
+        : sql`ALTER TABLE ${sql(messages)} ADD COLUMN traceparent TEXT`,
+      store.dialect === "pg" ? createSettleFunction(store, { traceparents: true }) : Effect.void
+    )
   })
 }
 
 /**
  * The grouped acknowledgement (PostgreSQL): deletes each delivery whose handle is current and inserts
- * its reply in the same statement, then wakes each reply queue once.
+ * its reply in the same statement, then wakes each reply queue once. With `traceparents` (migration 6 on),
+ * an overload that also takes each reply's trace context (the array may be NULL: no reply has one).
  */
-export const createSettleFunction = (store: Store) => {
+export const createSettleFunction = (store: Store, options?: { readonly traceparents: boolean }) => {
   const { messages, sql } = store
+  const traced = options?.traceparents === true
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_settle`)}(
           p_seqs bigint[], p_handles text[], p_reply_queues text[], p_reply_bodies text[], p_now bigint,
-          p_channel text)
+          p_channel text${traced ? sql`, p_reply_traceparents text[]` : sql``})
         RETURNS TABLE (settled_seq bigint, settled_reply_seq bigint, notified boolean) LANGUAGE plpgsql VOLATILE
         SET enable_seqscan = off
         AS $$
@@ -267,17 +280,26 @@ export const createSettleFunction = (store: Store) => {
         BEGIN
           RETURN QUERY
           WITH input AS MATERIALIZED (
-            SELECT v.seq, v.handle, v.reply_queue, v.reply_body,
+            SELECT v.seq, v.handle, v.reply_queue, v.reply_body,${traced ? sql` v.reply_traceparent,` : sql``}
               CASE WHEN v.reply_queue IS NULL THEN NULL ELSE nextval(v_sequence) END AS reply_seq
-            FROM unnest(p_seqs, p_handles, p_reply_queues, p_reply_bodies) AS v (seq, handle, reply_queue, reply_body)),
+            FROM ${
+    traced
+      ? sql`unnest(p_seqs, p_handles, p_reply_queues, p_reply_bodies, p_reply_traceparents)
+              AS v (seq, handle, reply_queue, reply_body, reply_traceparent)),`
+      : sql`unnest(p_seqs, p_handles, p_reply_queues, p_reply_bodies) AS v (seq, handle, reply_queue, reply_body)),`
+  }
           acked AS (
             DELETE FROM ${sql(messages)} m USING input
             WHERE m.seq = ANY(p_seqs) AND m.seq = input.seq AND m.receipt_handle = input.handle
               AND m.visible_at > p_now
             RETURNING m.seq),
           replies AS (
-            INSERT INTO ${sql(messages)} (seq, queue, body, visible_at, enqueued_at)
-            SELECT input.reply_seq, input.reply_queue, input.reply_body, p_now, p_now
+            INSERT INTO ${sql(messages)} (seq, queue, body, visible_at, enqueued_at${
+    traced ? sql`, traceparent` : sql``
+  })
+            SELECT input.reply_seq, input.reply_queue, input.reply_body, p_now, p_now${
+    traced ? sql`, input.reply_traceparent` : sql``
+  }
             FROM input JOIN acked ON acked.seq = input.seq WHERE input.reply_queue IS NOT NULL)
           SELECT input.seq, input.reply_seq, input.reply_queue IS NOT NULL
           FROM input JOIN acked ON acked.seq = input.seq;
