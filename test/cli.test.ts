@@ -5,7 +5,6 @@
  * missing or unreachable database (exit 1, naming the fix).
  */
 import { SqlClient } from "@effect/sql"
-import { SqliteClient } from "@effect/sql-sqlite-node"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Scope } from "effect"
 import { Schema } from "effect"
@@ -17,7 +16,7 @@ import { redact } from "../src/cli/database.js"
 import * as Health from "../src/Health.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
-import { bundle } from "./helpers.js"
+import { bundle, foreignSqlite } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-cli-"))
@@ -254,14 +253,7 @@ describe("operator commands change nothing", () => {
       Effect.gen(function*() {
         // Someone else's database, in rollback-journal mode.
         const foreign = join(directory, "foreign.db")
-        yield* Effect.provide(
-          Effect.flatMap(SqlClient.SqlClient, (sql) =>
-            Effect.zipRight(
-              sql`CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)`,
-              sql`INSERT INTO notes (text) VALUES ('x')`
-            )),
-          SqliteClient.layer({ filename: foreign, disableWAL: true })
-        ).pipe(Effect.scoped)
+        yield* foreignSqlite(foreign)
         const before = readFileSync(foreign)
         for (
           const args of [["queue", "status"], ["queue", "recover"], ["mailbox", "stats"], ["mailbox", "dlq", "list"]]

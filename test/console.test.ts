@@ -6,8 +6,6 @@
  * a POST without the page's token, or from another origin, is refused and changes nothing; `--read-only`
  * offers and accepts no action. With LEASEHOLD_SCREENSHOTS=1 the views are saved under docs/ (the README's).
  */
-import { SqlClient } from "@effect/sql"
-import { SqliteClient } from "@effect/sql-sqlite-node"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scope } from "effect"
 import { spawn } from "node:child_process"
@@ -22,7 +20,7 @@ import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
-import { commandLine } from "./helpers.js"
+import { commandLine, foreignSqlite } from "./helpers.js"
 import * as Browsers from "./support/browser.js"
 import * as Postgres from "./support/postgres.js"
 
@@ -233,14 +231,7 @@ describe("leasehold console when things are wrong", () => {
     () =>
       Effect.gen(function*() {
         const foreign = join(directory, "foreign.db")
-        yield* Effect.provide(
-          Effect.flatMap(SqlClient.SqlClient, (sql) =>
-            Effect.zipRight(
-              sql`CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)`,
-              sql`INSERT INTO notes (text) VALUES ('x')`
-            )),
-          SqliteClient.layer({ filename: foreign, disableWAL: true })
-        ).pipe(Effect.scoped)
+        yield* foreignSqlite(foreign)
         const before = readFileSync(foreign)
         const { url } = yield* startConsole(["--db", foreign])
         const page = yield* Effect.promise(() => fetch(url).then((response) => response.text()))

@@ -1,4 +1,6 @@
 /** Test helpers shared by several test files. */
+import { SqlClient } from "@effect/sql"
+import { SqliteClient } from "@effect/sql-sqlite-node"
 import { Clock, Effect, Logger, type LogLevel, ParseResult, TestClock } from "effect"
 import { buildSync } from "esbuild"
 import { execFile, execFileSync, spawn } from "node:child_process"
@@ -181,3 +183,14 @@ export const refusedOptions = (error: unknown): ReadonlyArray<string> | string =
   }
   return paths.map((path) => path.join("."))
 }
+
+/** Someone else's SQLite database at `file`: a table of its own, one row, rollback-journal mode. */
+export const foreignSqlite = (file: string) =>
+  Effect.provide(
+    Effect.flatMap(SqlClient.SqlClient, (sql) =>
+      Effect.zipRight(
+        sql`CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)`,
+        sql`INSERT INTO notes (text) VALUES ('x')`
+      )),
+    SqliteClient.layer({ filename: file, disableWAL: true })
+  ).pipe(Effect.scoped)
