@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scope } from "effect"
 import { spawn } from "node:child_process"
 import { mkdtempSync, readFileSync } from "node:fs"
+import * as http from "node:http"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Browser, Page } from "playwright-core"
@@ -240,6 +241,41 @@ describe("leasehold console when things are wrong", () => {
         expect(page).toContain(`no work-lease tables with prefix &quot;leasehold_&quot;`)
         yield* Effect.sleep("2500 millis") // a throughput sample or two
         expect(readFileSync(foreign).equals(before)).toBe(true)
+      }).pipe(Effect.scoped),
+    60_000
+  )
+
+  it.live(
+    "a request addressed to another name (DNS rebinding), or from an opaque origin, is refused",
+    () =>
+      Effect.gen(function*() {
+        const file = join(directory, "rebinding.db")
+        yield* foreignSqlite(file)
+        const { url } = yield* startConsole(["--db", file])
+        const { port } = new URL(url)
+        const get = (host: string) =>
+          Effect.async<{ readonly status: number; readonly body: string }>((resume) => {
+            const request = http.get({ host: "127.0.0.1", port, path: "/", headers: { host } }, (response) => {
+              let body = ""
+              response.on("data", (chunk) => (body += chunk))
+              response.on("end", () => resume(Effect.succeed({ status: response.statusCode ?? 0, body })))
+            })
+            request.on("error", (error) => resume(Effect.die(error)))
+          })
+        const rebound = yield* get(`attacker.example:${port}`)
+        expect(rebound.status).toBe(403)
+        expect(rebound.body).toContain("answers to 127.0.0.1 or localhost")
+        expect(rebound.body).not.toContain("leasehold console")
+        expect((yield* get(`localhost:${port}`)).status).toBe(200)
+        const opaque = yield* Effect.promise(() =>
+          fetch(`${url}actions/merge-queue/recover`, {
+            method: "POST",
+            headers: { "content-type": "application/x-www-form-urlencoded", origin: "null" },
+            body: "token=x"
+          })
+        )
+        expect(opaque.status).toBe(403)
+        expect(yield* Effect.promise(() => opaque.text())).toContain("a request from null, not from this console")
       }).pipe(Effect.scoped),
     60_000
   )

@@ -50,7 +50,12 @@ export const command = Command.make(
         Promise.all([import("@effect/platform-node/NodeHttpServer"), import("../internal/console/server.js")])
       )
       const served = Layer.scopedDiscard(Effect.gen(function*() {
-        const app = yield* Server.make({ prefix: options.prefix, readOnly: options.readOnly, database })
+        const app = yield* Server.make({
+          prefix: options.prefix,
+          readOnly: options.readOnly,
+          database,
+          loopbackOnly: loopback(options.host)
+        })
         yield* HttpServer.serveEffect(app)
         const address = yield* HttpServer.addressWith((address) => Effect.succeed(address))
         const url = address._tag === "TcpAddress"

@@ -7,7 +7,9 @@
  *
  * Actions are guarded against cross-site requests: the form must carry the token this process drew at start
  * (it is only in the console's own page, which no other site can read), and a request whose `Origin` is another
- * host is refused whatever it carries. Responses forbid framing and inline scripts. A read-only console renders
+ * host (or `null`) is refused whatever it carries. A console bound to loopback answers only requests addressed
+ * to a loopback name (`Host`): a page of another site whose name was re-pointed at 127.0.0.1 (DNS rebinding)
+ * would otherwise read the page, token included. Responses forbid framing and inline scripts. A read-only console renders
  * no action and refuses every POST. Nothing here creates a table: a part whose tables are missing says so.
  */
 import * as HttpRouter from "@effect/platform/HttpRouter"
@@ -31,6 +33,8 @@ export interface Options {
   readonly readOnly: boolean
   /** The database as the page names it (secrets redacted). */
   readonly database: string
+  /** Answer only requests whose `Host` is a loopback name (the server is bound to loopback). */
+  readonly loopbackOnly: boolean
   /** How often throughput is sampled (default 2 s). */
   readonly sampleEvery?: Duration.DurationInput | undefined
 }
@@ -40,7 +44,8 @@ const headers = {
     "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
   "x-frame-options": "DENY",
   "x-content-type-options": "nosniff",
-  "referrer-policy": "no-referrer",
+  // Not no-referrer: under it a browser sends `Origin: null` with the page's own forms, which the guard refuses.
+  "referrer-policy": "same-origin",
   "cache-control": "no-store"
 }
 
@@ -92,7 +97,7 @@ export const make = (options: Options) =>
         if (options.readOnly) return yield* refused(403, "This console is read-only (started with --read-only).")
         const request = yield* HttpServerRequest.HttpServerRequest
         const origin = request.headers["origin"]
-        if (origin !== undefined && origin !== "null" && hostOf(origin) !== request.headers["host"]) {
+        if (origin !== undefined && hostOf(origin) !== request.headers["host"]) {
           return yield* refused(403, `Refused: a request from ${origin}, not from this console's page.`)
         }
         const form = yield* HttpServerRequest.schemaBodyUrlParams(ActionForm).pipe(Effect.option)
@@ -111,7 +116,7 @@ export const make = (options: Options) =>
 
     const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
 
-    return HttpRouter.empty.pipe(
+    const router = HttpRouter.empty.pipe(
       HttpRouter.get(
         "/",
         Effect.gen(function*() {
@@ -163,15 +168,27 @@ export const make = (options: Options) =>
       HttpRouter.catchAllCause((cause) =>
         Effect.zipRight(
           Effect.logError("leasehold console: a request failed", cause),
-          refused(
-            500,
-            `The console failed: ${
-              Cause.squash(cause) instanceof Error ? (Cause.squash(cause) as Error).message : "see its log"
-            }`
-          )
+          refused(500, `The console failed: ${errorMessage(Cause.squash(cause))}`)
         )
       )
     )
+    return options.loopbackOnly
+      ? Effect.flatMap(
+        HttpServerRequest.HttpServerRequest,
+        (request) =>
+          isLoopbackHost(request.headers["host"])
+            ? router
+            : refused(403, `Refused: this console answers to 127.0.0.1 or localhost, not ${request.headers["host"]}.`)
+      )
+      : router
   })
 
+const errorMessage = (error: unknown) => error instanceof Error ? error.message : "see its log"
+
 const hostOf = (origin: string): string | undefined => URL.canParse(origin) ? new URL(origin).host : undefined
+
+/** Whether a `Host` header names this machine's loopback (any port). */
+export const isLoopbackHost = (host: string | undefined): boolean => {
+  const name = host === undefined || !URL.canParse(`http://${host}`) ? undefined : new URL(`http://${host}`).hostname
+  return name === "localhost" || name === "[::1]" || (name !== undefined && /^127\.\d+\.\d+\.\d+$/.test(name))
+}
