@@ -8,6 +8,7 @@
 import { SqlClient, Statement } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
 import {
+  Clock,
   ConfigProvider,
   Context,
   DateTime,
@@ -24,7 +25,7 @@ import {
   TestClock
 } from "effect"
 import { mkdtempSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { hostname, tmpdir } from "node:os"
 import { join } from "node:path"
 import { MailboxResolver, parentSpan, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -139,15 +140,18 @@ for (const backend of backends) {
         const sql = yield* SqlClient.SqlClient
         const messages = sql(`${prefix}mailbox_messages`)
         yield* Effect.scoped(MailboxSql.make({ name: "jobs", schema: Job, prefix }))
-        // Back to how migration 5 left a database: no column, migration 6 not recorded, and on PostgreSQL no
-        // settle overload that takes trace contexts.
+        // Back to how migration 5 left a database: no columns, migrations 6 and 7 not recorded, and on
+        // PostgreSQL no settle overload that takes trace contexts nor claim overload that takes the receiver.
         yield* sql`DELETE FROM ${sql(`${prefix}mailbox_migrations`)} WHERE migration_id >= 6`
         if (backend.label === "PostgreSQL") {
           yield* sql`DROP FUNCTION ${
             sql(`${prefix}mailbox_settle`)
           }(bigint[], text[], text[], text[], bigint, text, text[])`
+          yield* sql`DROP FUNCTION ${sql(`${prefix}mailbox_claim`)}(text, bigint, bigint, integer, text)`
         }
         yield* sql`ALTER TABLE ${messages} DROP COLUMN traceparent`
+        yield* sql`ALTER TABLE ${messages} DROP COLUMN received_by`
+        yield* sql`ALTER TABLE ${messages} DROP COLUMN extended_at`
         yield* sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
           VALUES ('jobs', ${JSON.stringify({ n: 1 })}, 0, 0, 'done')`
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix })
@@ -161,6 +165,29 @@ for (const backend of backends) {
         const [reply] = yield* done.receive()
         expect([reply?.body, reply?.traceparent]).toEqual([{ n: 2 }, traceparent])
       }).pipe(onDb, Effect.provide(MailboxResolver.layer())))
+
+    it.scoped("a delivery records the receiving process; an extension when it happened, a new claim clears it", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const row = (id: string) =>
+          Effect.map(
+            sql<{ received_by: string | null; extended_at: number | string | null }>`SELECT received_by,
+              extended_at FROM ${sql(`${prefix}mailbox_messages`)} WHERE seq = ${Number(id)}`,
+            (rows) => ({ receivedBy: rows[0]!.received_by, extendedAt: rows[0]!.extended_at })
+          )
+        const id = yield* jobs.send({ n: 1 })
+        expect(yield* row(id)).toEqual({ receivedBy: null, extendedAt: null })
+        const [first] = yield* jobs.receive({ visibilityTimeout: "30 seconds" })
+        expect(yield* row(id)).toEqual({ receivedBy: `${hostname()}:${process.pid}`, extendedAt: null })
+        yield* TestClock.adjust("10 seconds")
+        yield* first!.extendVisibility("30 seconds")
+        const extended = yield* row(id)
+        expect(Number(extended.extendedAt)).toBe(yield* Clock.currentTimeMillis)
+        yield* first!.nack()
+        yield* jobs.receive()
+        expect((yield* row(id)).extendedAt).toBeNull()
+      }).pipe(onDb))
 
     it.scoped("dead letters: a loop's sink stores them; list, count, redrive and purge", () =>
       Effect.gen(function*() {
@@ -715,10 +742,12 @@ describe("MailboxSql migrations on PostgreSQL", () => {
         FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
         WHERE p.proname IN (${old + "mailbox_claim"}, ${old + "mailbox_settle"}) ORDER BY p.proname`
       yield* MailboxSql.make({ name: "jobs", schema: Job, prefix: old })
-      // Back to how migration 3 left a database: its functions in plain SQL, migrations 4 and 5 not recorded.
+      // Back to how migration 3 left a database: its functions in plain SQL, migrations 4 to 7 not recorded.
       yield* sql`DELETE FROM upgraded_mailbox_migrations WHERE migration_id >= 4`
       yield* sql`DROP FUNCTION upgraded_mailbox_settle(bigint[], text[], text[], text[], bigint, text, text[])`
-      yield* sql`ALTER TABLE upgraded_mailbox_messages DROP COLUMN traceparent`
+      yield* sql`DROP FUNCTION upgraded_mailbox_claim(text, bigint, bigint, integer, text)`
+      yield* sql`ALTER TABLE upgraded_mailbox_messages DROP COLUMN traceparent, DROP COLUMN received_by,
+        DROP COLUMN extended_at`
       yield* sql`CREATE OR REPLACE FUNCTION upgraded_mailbox_claim(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer)
         RETURNS SETOF upgraded_mailbox_messages LANGUAGE sql VOLATILE
@@ -727,8 +756,9 @@ describe("MailboxSql migrations on PostgreSQL", () => {
       const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix: old })
       yield* MailboxSql.make({ name: "done", schema: Job, prefix: old })
       // Two settles: 5's, which a process of the previous version still calls, and 6's, which stores each
-      // reply's trace context.
+      // reply's trace context; two claims likewise: 4's, and 7's, which records the receiver.
       expect(yield* language).toEqual([
+        { name: "upgraded_mailbox_claim", language: "plpgsql" },
         { name: "upgraded_mailbox_claim", language: "plpgsql" },
         { name: "upgraded_mailbox_settle", language: "plpgsql" },
         { name: "upgraded_mailbox_settle", language: "plpgsql" }

@@ -11,7 +11,7 @@ import { Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scop
 import { spawn } from "node:child_process"
 import { mkdtempSync, readFileSync } from "node:fs"
 import * as http from "node:http"
-import { tmpdir } from "node:os"
+import { hostname, tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Browser, Page } from "playwright-core"
 import * as DeadLetter from "../src/DeadLetter.js"
@@ -134,6 +134,11 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           const { errors, page } = yield* open(browser, url)
 
           // Counts change on the page without a reload.
+          // A long job held by this process, its lease extended once.
+          const held = yield* MailboxSql.make({ name: "held", schema: Schema.String })
+          yield* held.send("a long job")
+          const [holding] = yield* held.receive({ visibilityTimeout: "10 minutes" })
+          yield* holding!.extendVisibility("10 minutes")
           yield* requests.send(MainLoop.request({ text: "poison" }, { requestId: "the-poison" }))
           for (let i = 0; i < 12; i++) {
             yield* requests.send(MainLoop.request({ text: `job ${i}` }), { replyTo: "answers" })
@@ -141,6 +146,9 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           yield* until(page, `[data-queue="jobs"][data-count="queued"]`, (text) => Number(text) > 0, "jobs queued")
           yield* until(page, `[data-queue="jobs"][data-count="inFlight"]`, (text) => Number(text) > 0, "in flight")
           yield* until(page, "#in-flight-table", (text) => text.includes("job "), "an in-flight body")
+          const longJob = page.locator("#in-flight-table tr", { hasText: "a long job" }).locator("td")
+          yield* until(page, "#in-flight-table", (text) => text.includes(`${hostname()}:${process.pid}`), "holder")
+          expect(yield* Effect.promise(() => longJob.nth(4).textContent())).toMatch(/ago$/) // last extended
           yield* until(page, `[data-queue="jobs"][data-count="deadLetters"]`, (text) => text === "1", "dead letter")
           if (screenshots) {
             yield* Effect.promise(() => page.screenshot({ path: "docs/console.png", fullPage: true }))
@@ -319,7 +327,16 @@ describe("the console's page", () => {
             perMinute: 0,
             recent: []
           }],
-          inFlight: [{ id: "1", queue: hostile, deliveryCount: 1, leaseUntil: 1000, enqueuedAt: 0, body: hostile }],
+          inFlight: [{
+            id: "1",
+            queue: hostile,
+            deliveryCount: 1,
+            leaseUntil: 1000,
+            enqueuedAt: 0,
+            receivedBy: hostile,
+            extendedAt: undefined,
+            body: hostile
+          }],
           deadLetters: [],
           totalPerMinute: undefined
         }

@@ -106,12 +106,14 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
   }</h3>
     ${
     table(
-      ["id", "queue", "deliveries", "lease ends", "enqueued", "body"],
+      ["id", "queue", "deliveries", "lease ends", "last extended", "held by", "enqueued", "body"],
       inFlight.map((message) => [
         escape(message.id),
         escape(message.queue),
         String(message.deliveryCount),
         clock(message.leaseUntil, now),
+        clock(message.extendedAt, now),
+        message.receivedBy === undefined ? "–" : `<code>${escape(message.receivedBy)}</code>`,
         clock(message.enqueuedAt, now),
         preview(message.body)
       ]),

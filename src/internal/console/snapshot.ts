@@ -53,6 +53,10 @@ export interface InFlightView {
   /** When the lease ends unless extended (epoch millis). */
   readonly leaseUntil: number
   readonly enqueuedAt: number
+  /** The process that received it (`host:pid`), where the workers record it (mailbox migration 7). */
+  readonly receivedBy: string | undefined
+  /** When its lease was last extended (epoch millis); undefined when it was not, or is not recorded. */
+  readonly extendedAt: number | undefined
   readonly body: string
 }
 
@@ -201,6 +205,8 @@ const mailboxes = (
     const store = yield* openExisting(prefix)
     const messages = sql(store.messages)
     const letters = yield* admin.deadLetters({ prefix, create: false })
+    // Workers of a version before mailbox migration 7 record neither: the console reads what is there.
+    const recorded = (yield* columnsOf(sql, store.messages)).has("received_by")
     const [counts, dead, inFlight, deadLetters] = yield* Effect.all([
       sql<{
         queue: string
@@ -222,8 +228,11 @@ const mailboxes = (
         delivery_count: number | string
         visible_at: number | string
         enqueued_at: number | string
+        received_by: string | null
+        extended_at: number | string | null
         body: string
-      }>`SELECT seq, queue, delivery_count, visible_at, enqueued_at, substr(body, 1, 200) AS body
+      }>`SELECT seq, queue, delivery_count, visible_at, enqueued_at, substr(body, 1, 200) AS body,
+          ${recorded ? sql`received_by, extended_at` : sql`NULL AS received_by, NULL AS extended_at`}
         FROM ${messages} WHERE receipt_handle IS NOT NULL AND visible_at > ${now}
         ORDER BY visible_at LIMIT ${inFlightLimit}`,
       letters.list({ limit: pageLimit })
@@ -260,6 +269,8 @@ const mailboxes = (
         deliveryCount: Number(row.delivery_count),
         leaseUntil: Number(row.visible_at),
         enqueuedAt: Number(row.enqueued_at),
+        receivedBy: row.received_by ?? undefined,
+        extendedAt: num(row.extended_at),
         body: row.body
       })),
       deadLetters,
@@ -268,6 +279,18 @@ const mailboxes = (
         : rates.buckets.reduce((sum, bucket) => sum + bucket.total, 0) / minutes
     } satisfies Mailboxes
   })
+
+/** The columns `table` has. */
+const columnsOf = (sql: SqlClient.SqlClient, table: string) =>
+  Effect.map(
+    sql.onDialectOrElse({
+      pg: () =>
+        sql<{ name: string }>`SELECT column_name AS name FROM information_schema.columns
+          WHERE table_schema = current_schema() AND table_name = ${table}`,
+      orElse: () => sql<{ name: string }>`SELECT name FROM pragma_table_info(${table})`
+    }),
+    (rows) => new Set(rows.map((row) => row.name))
+  )
 
 const mergeQueue = (prefix: string) =>
   Effect.gen(function*() {

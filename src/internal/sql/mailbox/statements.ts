@@ -166,7 +166,8 @@ const sqlite = (store: Store): Statements => {
       // A write transaction (the file's lock first), so the time is read once the claim has the file.
       Sql.writeTransaction(sql)(
         sql<Row>`UPDATE ${messages} SET visible_at = ${at(now)} + ${visibilityMillis},
-            receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1
+            receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
+            received_by = ${store.receiver}, extended_at = NULL
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
             ORDER BY visible_at, seq LIMIT ${max})
           RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent`
@@ -237,7 +238,7 @@ const sqlite = (store: Store): Statements => {
     setVisibility: (seq, handle, now, timeoutMillis, keepHandle) =>
       Effect.map(
         sql`UPDATE ${messages} SET visible_at = ${at(now)} + ${timeoutMillis}${
-          keepHandle ? sql`` : sql`, receipt_handle = NULL`
+          keepHandle ? sql`, extended_at = ${at(now)}` : sql`, receipt_handle = NULL`
         }
           WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)} RETURNING seq`,
         one
@@ -263,7 +264,7 @@ const pg = (store: Store): Statements => {
       store.onLane((lane) =>
         lane<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent
         FROM ${claimFunction}(${queue}::text, ${at(now)}::bigint, (${at(now)} + ${visibilityMillis})::bigint,
-          ${max}::integer)`
+          ${max}::integer, ${store.receiver}::text)`
       ),
     insert: (queue, items, now, maxSize) => {
       // The first `maxSize - count` items go in; ids are drawn up front so each item learns its own.
@@ -316,7 +317,8 @@ const pg = (store: Store): Statements => {
     // keep a working message from proving it is alive, or a given-up one from coming back.
     setVisibility: (seq, handle, now, timeoutMillis, keepHandle, queue) => {
       const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)}`
-      const handleColumn = keepHandle ? sql`` : sql`, receipt_handle = NULL`
+      // An extension records when it happened (for the operator); a nack gives the message up.
+      const handleColumn = keepHandle ? sql`, extended_at = ${at(now)}` : sql`, receipt_handle = NULL`
       const visibleAt = sql`${at(now)} + ${timeoutMillis}`
       return store.onLane((lane) =>
         Effect.map(

@@ -18,6 +18,7 @@ import * as Layer from "effect/Layer"
 import * as RcMap from "effect/RcMap"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import { hostname } from "node:os"
 import { TablesNotFoundError } from "../../../Errors.js"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
 import * as Sql from "../common.js"
@@ -37,6 +38,8 @@ export class Store {
   readonly messages: string
   readonly deadLetters: string
   readonly channel: string
+  /** This process, as a claim records it in `received_by` (`host:pid`). */
+  readonly receiver = `${hostname()}:${process.pid}`
   private readonly signals = new Map<string, Deferred.Deferred<void>>()
   /** Mailboxes open on this store, by queue name (the resolver's view). */
   readonly open = new Map<string, Set<ReplyTarget>>()
@@ -230,19 +233,7 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.M
     //   up once per call, not once per reply.
     "4_claim_and_settle_functions": store.dialect === "pg"
       ? Effect.all([
-        sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_claim`)}(
-          p_queue text, p_now bigint, p_visible_at bigint, p_max integer)
-        RETURNS SETOF ${sql(messages)} LANGUAGE plpgsql VOLATILE
-        SET enable_bitmapscan = off SET enable_sort = off
-        AS $$ BEGIN
-          RETURN QUERY
-          UPDATE ${sql(messages)} m SET visible_at = p_visible_at, receipt_handle = gen_random_uuid()::text,
-            delivery_count = m.delivery_count + 1
-          WHERE m.seq = ANY(ARRAY(
-            SELECT c.seq FROM ${sql(messages)} c WHERE c.queue = p_queue AND c.visible_at <= p_now
-            ORDER BY c.visible_at, c.seq LIMIT p_max FOR UPDATE SKIP LOCKED))
-          RETURNING m.*;
-        END $$`,
+        createClaimFunction(store),
         createSettleFunction(store)
       ], { discard: true })
       : Effect.void,
@@ -257,8 +248,47 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.M
         ? sql`ALTER TABLE ${sql(messages)} ADD COLUMN IF NOT EXISTS traceparent TEXT`
         : sql`ALTER TABLE ${sql(messages)} ADD COLUMN traceparent TEXT`,
       store.dialect === "pg" ? createSettleFunction(store, { traceparents: true }) : Effect.void
+    ),
+    // Who holds a delivery and when it was last extended, for the operator (`leasehold console`): a claim
+    // records the receiving process (`host:pid`, one for all its workers: claims are batched per process) and
+    // clears the extension time, an extension sets it. PostgreSQL's claim gets an overload taking the receiver;
+    // the one it replaces stays, so a process still on the previous version claims as it did while others
+    // upgrade (its claims leave the receiver as it was).
+    "7_receiver_and_extension": Effect.zipRight(
+      store.dialect === "pg"
+        ? sql`ALTER TABLE ${sql(messages)} ADD COLUMN IF NOT EXISTS received_by TEXT,
+            ADD COLUMN IF NOT EXISTS extended_at BIGINT`
+        : Effect.zipRight(
+          sql`ALTER TABLE ${sql(messages)} ADD COLUMN received_by TEXT`,
+          sql`ALTER TABLE ${sql(messages)} ADD COLUMN extended_at BIGINT`
+        ),
+      store.dialect === "pg" ? createClaimFunction(store, { receiver: true }) : Effect.void
     )
   })
+}
+
+/**
+ * The claim (PostgreSQL): up to `p_max` visible messages of a queue in index order, skipping rows another claim
+ * holds. With `receiver` (migration 7 on), an overload that also records who received them.
+ */
+const createClaimFunction = (store: Store, options?: { readonly receiver: boolean }) => {
+  const { messages, sql } = store
+  const receiver = options?.receiver === true
+  return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_claim`)}(
+          p_queue text, p_now bigint, p_visible_at bigint, p_max integer${receiver ? sql`, p_receiver text` : sql``})
+        RETURNS SETOF ${sql(messages)} LANGUAGE plpgsql VOLATILE
+        SET enable_bitmapscan = off SET enable_sort = off
+        AS $$ BEGIN
+          RETURN QUERY
+          UPDATE ${sql(messages)} m SET visible_at = p_visible_at, receipt_handle = gen_random_uuid()::text,
+            delivery_count = m.delivery_count + 1${
+    receiver ? sql`, received_by = p_receiver, extended_at = NULL` : sql``
+  }
+          WHERE m.seq = ANY(ARRAY(
+            SELECT c.seq FROM ${sql(messages)} c WHERE c.queue = p_queue AND c.visible_at <= p_now
+            ORDER BY c.visible_at, c.seq LIMIT p_max FOR UPDATE SKIP LOCKED))
+          RETURNING m.*;
+        END $$`
 }
 
 /**
