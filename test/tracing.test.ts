@@ -161,6 +161,8 @@ for (const backend of backends) {
           expect(parentOf(tool)).toBe(ids(inner).spanId)
           // The reply carries the worker's span back; the client's next span is its child.
           expect(reply!.traceparent).toBe(`00-${trace}-${ids(handle).spanId}-01`)
+          // The reply's run context names the trace the request crossed the mailbox in, and the sender's span.
+          expect(reply!.body.runContext).toMatchObject({ traceId: trace, spanId: client.spanId })
           expect(parentOf(clientReply)).toBe(ids(handle).spanId)
           // One trace holds all of them (the receives' own spans are the loop's, not the request's; the SQL
           // driver's statements, `sql.execute`, join the trace where they run).

@@ -78,3 +78,12 @@ export const parseTraceparent = (value: string | null | undefined): Tracer.Exter
 /** `value` when it is a well-formed `traceparent`, else `undefined` (what a received message exposes). */
 export const validTraceparent = (value: string | null | undefined): string | undefined =>
   partsOf(value) === undefined ? undefined : value!
+
+/**
+ * The trace and span ids of a received message's `traceparent` (already checked: see `validTraceparent`), for
+ * a run context: `undefined` each without one.
+ */
+export const idsOf = (traceparent: string | undefined) =>
+  traceparent === undefined
+    ? undefined
+    : { traceId: traceparent.slice(3, 35), spanId: traceparent.slice(36, 52) }

@@ -37,7 +37,7 @@ import type { RunContext } from "../../RunContext.js"
 import { monotonicMillis } from "../heartbeat.js"
 import { counter } from "../metrics.js"
 import * as Options from "../options.js"
-import { perMessage } from "../tracing.js"
+import { idsOf, perMessage } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
@@ -133,14 +133,18 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       captureStackTrace: false
     })
 
-    const runContextOf = (message: Msg): RunContext => ({
-      workerId,
-      runId: randomUUID(),
-      requestId: message.body.requestId,
-      attempt: message.deliveryCount,
-      traceId: message.body.traceId,
-      spanId: message.body.spanId
-    })
+    // A trace the request names itself wins; else the one its message crossed the mailbox in (the sender's span).
+    const runContextOf = (message: Msg): RunContext => {
+      const crossed = message.body.traceId === undefined ? idsOf(message.traceparent) : undefined
+      return {
+        workerId,
+        runId: randomUUID(),
+        requestId: message.body.requestId,
+        attempt: message.deliveryCount,
+        traceId: crossed?.traceId ?? message.body.traceId,
+        spanId: crossed?.spanId ?? message.body.spanId
+      }
+    }
     // The attempt in flight, for its reply: a loop handles one message at a time and settles it
     // (onSuccess / onFailure) before it starts the next.
     let current: (Outcome & { readonly message: Msg }) | undefined
@@ -165,7 +169,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           deadLetteredAt: yield* DateTime.now,
           requestId: message.body.requestId,
           replyTo: Option.getOrUndefined(message.replyTo),
-          traceId: message.body.traceId
+          traceId: message.body.traceId ?? idsOf(message.traceparent)?.traceId
         }
         const stored = yield* Effect.either(queue.mailbox.send(letter))
         if (stored._tag === "Left") {
