@@ -22,6 +22,7 @@ import * as Sql from "./internal/sql/common.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
+import { currentTraceparent } from "./internal/tracing.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
 /**
@@ -96,6 +97,8 @@ interface DeadLetterRow {
   readonly dead_lettered_at: number | string
   readonly error_tag: string
   readonly error: string
+  /** The message's trace context (mailbox migration 8; absent before). */
+  readonly traceparent?: string | null | undefined
 }
 
 /**
@@ -191,9 +194,11 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
               sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
               (gone) =>
                 gone.length === 0 ? Effect.succeed(gone) : Effect.as(
-                  sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to) VALUES ${
+                  sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent) VALUES ${
                     sql.csv(gone.map((row) =>
-                      sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to})`
+                      sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
+                        row.traceparent ?? null
+                      })`
                     ))
                   }`,
                   gone
@@ -216,15 +221,19 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
                 Effect.fail(
                   new SerializationError({ mailbox: store.deadLetters, messageId: letter.messageId, reason })
                 ),
+              // Sent by a worker in the span it handled the message in: a redrive continues that trace.
               onRight: (body) =>
-                sql`INSERT INTO ${table}
-                    (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+                currentTraceparent((traceparent) =>
+                  sql`INSERT INTO ${table} (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at,
+                    error_tag, error, traceparent)
                   VALUES (${letter.messageId}, ${letter.sourceMailbox}, ${body}, ${letter.replyTo ?? null},
                     ${letter.deliveryCount}, ${DateTime.toEpochMillis(letter.enqueuedAt)},
-                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${letter.lastErrorTag}, ${letter.lastError})
+                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${letter.lastErrorTag}, ${letter.lastError},
+                    ${traceparent ?? null})
                   ON CONFLICT (id) DO UPDATE SET delivery_count = excluded.delivery_count,
                     dead_lettered_at = excluded.dead_lettered_at, error_tag = excluded.error_tag,
-                    error = excluded.error`.pipe(Effect.as(letter.messageId), withStore)
+                    error = excluded.error, traceparent = excluded.traceparent`
+                ).pipe(Effect.as(letter.messageId), withStore)
             })
         }
       }

@@ -152,6 +152,7 @@ for (const backend of backends) {
         yield* sql`ALTER TABLE ${messages} DROP COLUMN traceparent`
         yield* sql`ALTER TABLE ${messages} DROP COLUMN received_by`
         yield* sql`ALTER TABLE ${messages} DROP COLUMN extended_at`
+        yield* sql`ALTER TABLE ${sql(`${prefix}mailbox_dead_letters`)} DROP COLUMN traceparent`
         yield* sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to)
           VALUES ('jobs', ${JSON.stringify({ n: 1 })}, 0, 0, 'done')`
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix })
@@ -187,6 +188,43 @@ for (const backend of backends) {
         yield* first!.nack()
         yield* jobs.receive()
         expect((yield* row(id)).extendedAt).toBeNull()
+      }).pipe(onDb))
+
+    it.scoped("a dead letter keeps its message's trace context, and a redrive puts it back", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        const current = Effect.map(Effect.currentSpan, (span) => `00-${span.traceId}-${span.spanId}-01`)
+        // A message that no longer decodes is dead-lettered by the receive, with the context it was sent in.
+        const [id, sent] = yield* Effect.zip(jobs.send({ n: 1 }), current).pipe(Effect.withSpan("sender"))
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET body = ${`{"n":"one"}`} WHERE seq = ${Number(id)}`
+        expect(yield* jobs.receive()).toEqual([])
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_dead_letters`)} SET body = ${`{"n":1}`}`
+        expect(yield* letters.redrive()).toBe(1)
+        const [redriven] = yield* jobs.receive()
+        expect([redriven?.body, redriven?.traceparent]).toEqual([{ n: 1 }, sent])
+        yield* redriven!.acknowledge
+        // A loop's dead letter is stored in the span it handled the message in.
+        const handled = yield* Effect.zipLeft(
+          current,
+          letters.sink(Job).send({
+            messageId: "m1",
+            body: { n: 2 },
+            sourceMailbox: "jobs",
+            deliveryCount: 5,
+            lastError: "boom",
+            lastErrorTag: "Boom",
+            enqueuedAt: DateTime.unsafeMake(0),
+            deadLetteredAt: DateTime.unsafeMake(0),
+            requestId: undefined,
+            replyTo: undefined,
+            traceId: undefined
+          })
+        ).pipe(Effect.withSpan("handle"))
+        expect(yield* letters.redrive()).toBe(1)
+        const [fromLoop] = yield* jobs.receive()
+        expect([fromLoop?.body, fromLoop?.traceparent]).toEqual([{ n: 2 }, handled])
       }).pipe(onDb))
 
     it.scoped("dead letters: a loop's sink stores them; list, count, redrive and purge", () =>
@@ -748,6 +786,7 @@ describe("MailboxSql migrations on PostgreSQL", () => {
       yield* sql`DROP FUNCTION upgraded_mailbox_claim(text, bigint, bigint, integer, text)`
       yield* sql`ALTER TABLE upgraded_mailbox_messages DROP COLUMN traceparent, DROP COLUMN received_by,
         DROP COLUMN extended_at`
+      yield* sql`ALTER TABLE upgraded_mailbox_dead_letters DROP COLUMN traceparent`
       yield* sql`CREATE OR REPLACE FUNCTION upgraded_mailbox_claim(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer)
         RETURNS SETOF upgraded_mailbox_messages LANGUAGE sql VOLATILE

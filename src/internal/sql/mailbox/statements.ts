@@ -125,10 +125,10 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
     deadLetter: (seq, handle, now, errorTag, error) =>
       Sql.writeTransaction(sql)(Effect.zipRight(
         sql`INSERT INTO ${deadLetters}
-            (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+            (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error, traceparent)
           SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${
           at(now)
-        }, ${errorTag}, ${error}
+        }, ${errorTag}, ${error}, traceparent
           FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
           ON CONFLICT (id) DO NOTHING`,
         sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`

@@ -263,7 +263,12 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.M
           sql`ALTER TABLE ${sql(messages)} ADD COLUMN extended_at BIGINT`
         ),
       store.dialect === "pg" ? createClaimFunction(store, { receiver: true }) : Effect.void
-    )
+    ),
+    // A dead letter keeps its message's trace context, and a redrive puts it back, so a redriven message
+    // continues the trace it was sent in.
+    "8_dead_letter_traceparent": store.dialect === "pg"
+      ? sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN IF NOT EXISTS traceparent TEXT`
+      : sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN traceparent TEXT`
   })
 }
 
