@@ -16,6 +16,7 @@ import { join } from "node:path"
 import type { Browser, Page } from "playwright-core"
 import * as DeadLetter from "../src/DeadLetter.js"
 import * as ConsolePage from "../src/internal/console/page.js"
+import * as Snapshot from "../src/internal/console/snapshot.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MainLoop from "../src/MainLoop.js"
@@ -36,8 +37,9 @@ const Request = Schema.Struct({ text: Schema.String })
 /** `leasehold console …` as a child process; its URL once it listens. Stopped with the scope. */
 const startConsole = (args: ReadonlyArray<string>) =>
   Effect.acquireRelease(
-    Effect.async<{ readonly url: string; readonly kill: () => void }, Error>((resume) => {
+    Effect.async<{ readonly url: string; readonly stop: Effect.Effect<void> }, Error>((resume) => {
       let resumed = false
+      let exited = false
       const once: typeof resume = (effect) => {
         if (!resumed) resume(effect)
         resumed = true
@@ -50,14 +52,29 @@ const startConsole = (args: ReadonlyArray<string>) =>
       const seen = (chunk: Buffer) => {
         output += chunk.toString()
         const url = /http:\/\/\S+\//.exec(output)?.[0]
-        if (url !== undefined) once(Effect.succeed({ url, kill: () => child.kill("SIGTERM") }))
+        if (url !== undefined) {
+          once(Effect.succeed({
+            url,
+            // SIGTERM, and wait for the exit (SIGKILL after 5 s): no console outlives its test.
+            stop: Effect.suspend(() => {
+              if (exited) return Effect.void
+              const gone = Effect.async<void>((done) => void child.once("exit", () => done(Effect.void)))
+              child.kill("SIGTERM")
+              return gone.pipe(
+                Effect.timeout("5 seconds"),
+                Effect.orElse(() => Effect.sync(() => void child.kill("SIGKILL")))
+              )
+            })
+          }))
+        }
       }
       child.stdout.on("data", seen)
       child.stderr.on("data", seen)
+      child.on("exit", () => (exited = true))
       child.on("exit", (code) => once(Effect.fail(new Error(`console exited ${code}: ${output}`))))
       return Effect.sync(() => child.kill("SIGKILL"))
     }),
-    (running) => Effect.sync(running.kill)
+    (running) => running.stop
   )
 
 const open = (browser: Browser, url: string) =>
@@ -109,6 +126,8 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           const letters = yield* MailboxSqlAdmin.deadLetters()
           const poisoned = yield* Ref.make(true)
           const healed = yield* Deferred.make<string>()
+          // The jobs wait for this, so the page is looked at while one is in flight and others are queued.
+          const go = yield* Deferred.make<void>()
           const loop = yield* MainLoop.make({
             requests,
             execute: ({ text }: { readonly text: string }) =>
@@ -117,7 +136,8 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
                   if (yield* Ref.get(poisoned)) return yield* new Poison({ text })
                   yield* Deferred.succeed(healed, text)
                 }
-                yield* Effect.sleep("150 millis")
+                yield* Deferred.await(go)
+                yield* Effect.sleep("50 millis")
                 return text.toUpperCase()
               }),
             config: {
@@ -153,6 +173,7 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           if (screenshots) {
             yield* Effect.promise(() => page.screenshot({ path: "docs/console.png", fullPage: true }))
           }
+          yield* Deferred.succeed(go, undefined)
           yield* until(page, `[data-queue="answers"][data-count="queued"]`, (text) => text === "12", "answers")
           yield* until(page, `[data-queue="jobs"][data-count="queued"]`, (text) => text === "0", "all taken")
           yield* until(page, "#dead-letters-table", (text) => text.includes("Poison"), "the letter's error")
@@ -216,6 +237,7 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
             })
           )
           expect(refused.status).toBe(403)
+          expect(yield* Effect.promise(() => refused.text())).toContain("read-only")
         }).pipe(Effect.scoped, Effect.provide(layer())),
       120_000
     )
@@ -272,9 +294,25 @@ describe("leasehold console when things are wrong", () => {
           })
         const rebound = yield* get(`attacker.example:${port}`)
         expect(rebound.status).toBe(403)
-        expect(rebound.body).toContain("answers to 127.0.0.1 or localhost")
-        expect(rebound.body).not.toContain("leasehold console")
+        expect(rebound.body).toContain("answers to 127.0.0.1, localhost, not attacker.example")
+        expect(rebound.body).not.toContain("<section")
         expect((yield* get(`localhost:${port}`)).status).toBe(200)
+        expect((yield* get(`[::ffff:127.0.0.1]:${port}`)).status).toBe(200)
+        // A name it is told of is answered too (--allow-host, for a console reached by the machine's name).
+        const named = yield* startConsole(["--db", file, "--allow-host", "console.example"])
+        const namedPort = new URL(named.url).port
+        const byName = yield* Effect.async<number>((resume) => {
+          http.get(
+            { host: "127.0.0.1", port: namedPort, path: "/", headers: { host: `console.example:${namedPort}` } },
+            (
+              response
+            ) => {
+              response.resume()
+              resume(Effect.succeed(response.statusCode ?? 0))
+            }
+          )
+        })
+        expect(byName).toBe(200)
         const opaque = yield* Effect.promise(() =>
           fetch(`${url}actions/merge-queue/recover`, {
             method: "POST",
@@ -346,5 +384,27 @@ describe("the console's page", () => {
     }, { database: "db", token: "t", readOnly: false })
     expect(html).not.toContain("<img")
     expect(html).toContain("&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;&#39;")
+  })
+})
+
+describe("the console's throughput", () => {
+  it("is per minute over the sampler's own clock, and the sparkline's bars cover the window", () => {
+    const bucket = (start: number, end: number, left: number, total: number) => ({
+      start,
+      end,
+      left: new Map([["q", left]]),
+      total
+    })
+    const buckets = [bucket(0, 2_000, 4, 6), bucket(2_000, 4_000, 2, 2), bucket(290_000, 300_000, 3, 3)]
+    const leftOfQ = (b: Snapshot.Bucket) => b.left.get("q") ?? 0
+    // 9 left over 300 s: 1.8 a minute; however the database's clock differs, it is not in the sum.
+    expect(Snapshot.perMinute(buckets, leftOfQ)).toBeCloseTo(1.8)
+    expect(Snapshot.perMinute(buckets, (b) => b.total)).toBeCloseTo(2.2)
+    expect(Snapshot.perMinute([], leftOfQ)).toBe(0)
+    const bars = Snapshot.recent(buckets, leftOfQ)
+    expect(bars).toHaveLength(30)
+    expect(bars[29]).toBe(3) // the last 10 s
+    expect(bars[0]).toBe(6) // the first 10 s of the window
+    expect(bars.reduce((a, b) => a + b, 0)).toBe(9)
   })
 })

@@ -25,15 +25,27 @@ const host = Options.text("host").pipe(
   ),
   Options.withDefault("127.0.0.1")
 )
+const allowHost = Options.text("allow-host").pipe(
+  Options.withDescription(
+    "A name or address the console may be reached by besides loopback's (repeatable), e.g. the machine's name when\n" +
+      "--host binds every interface. Requests addressed to any other name are refused (DNS rebinding)."
+  ),
+  Options.repeated
+)
 const readOnly = Options.boolean("read-only").pipe(
   Options.withDescription("Show everything, change nothing: no action is offered or accepted.")
 )
 
-const loopback = (address: string) => address === "localhost" || address === "::1" || address.startsWith("127.")
+/** The host as a URL names it (IPv6 in brackets), for the allow list. */
+const urlHostname = (host: string) => {
+  const url = `http://${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}`
+  return URL.canParse(url) ? new URL(url).hostname : host
+}
+const wildcard = (host: string) => host === "0.0.0.0" || host === "::" || host === "[::]"
 
 export const command = Command.make(
   "console",
-  { db, prefix, port, host, readOnly },
+  { db, prefix, port, host, allowHost, readOnly },
   (options) =>
     Effect.gen(function*() {
       if (!Number.isSafeInteger(options.port) || options.port < 0 || options.port > 65_535) {
@@ -54,7 +66,13 @@ export const command = Command.make(
           prefix: options.prefix,
           readOnly: options.readOnly,
           database,
-          loopbackOnly: loopback(options.host)
+          // The address it binds is a name it may be reached by, unless that is every interface's.
+          allowedHosts: [
+            ...(wildcard(options.host) || Server.isLoopback(urlHostname(options.host))
+              ? []
+              : [urlHostname(options.host)]),
+            ...options.allowHost.map(urlHostname)
+          ]
         })
         yield* HttpServer.serveEffect(app)
         const address = yield* HttpServer.addressWith((address) => Effect.succeed(address))
@@ -64,10 +82,10 @@ export const command = Command.make(
         yield* Console.log(
           `leasehold console: ${url} (${database}${options.readOnly ? ", read-only" : ""}). Ctrl-C stops it.`
         )
-        if (!loopback(options.host)) {
+        if (!Server.isLoopback(urlHostname(options.host))) {
           yield* Console.error(
             `leasehold console: listening on ${options.host}, not loopback: whoever reaches it can act on the ` +
-              "queues (add --read-only to only show them)."
+              "queues (the token only keeps other sites' pages out; add --read-only to only show them)."
           )
         }
       }))

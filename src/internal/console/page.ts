@@ -25,9 +25,13 @@ const escapes: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;"
 /** Text made safe for HTML content and attribute values. */
 export const escape = (value: unknown): string => String(value).replace(/[&<>"']/g, (c) => escapes[c]!)
 
+/** Whether `millis` is a time a `Date` can show (a damaged row's can be anything). */
+const showable = (millis: number | undefined): millis is number =>
+  millis !== undefined && Number.isFinite(millis) && Math.abs(millis) <= 8.64e15
+
 /** A time the script keeps current: "in 12 s" counting down, "4 s ago" counting up. */
 const clock = (millis: number | undefined, now: number) =>
-  millis === undefined ?
+  !showable(millis) ?
     "–" :
     `<time data-at="${millis}" title="${new Date(millis).toISOString()}">${escape(ago(millis, now))}</time>`
 
@@ -95,9 +99,12 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
       "queues"
     )
   }
-    <p class="note">Done / min: messages that left the queue (acknowledged or dead-lettered), as seen by samples every
-    2 s${
-    totalPerMinute === undefined ? "" : `; all queues, exact: <b id="total-rate">${rate(totalPerMinute)}</b> / min`
+    <p class="note">Done / min: messages that left the queue (acknowledged or dead-lettered), as seen by the console's
+    samples${
+    totalPerMinute === undefined
+      ? ""
+      : `; all queues, from the messages' sequence (which also counts those sent and done between two samples):
+    <b id="total-rate">${rate(totalPerMinute)}</b> / min`
   }.</p>
     <h3 id="in-flight">In flight${
     inFlightTotal > inFlight.length
@@ -237,7 +244,7 @@ const workLeases = (part: Snapshot.Section<ReadonlyArray<Snapshot.DomainView>>, 
 /** The part refreshed live. */
 export const live = (snapshot: Snapshot.Snapshot, view: View): string =>
   `<div id="snapshot" data-now="${snapshot.at}">
-  <p class="updated">Updated ${escape(new Date(snapshot.at).toISOString())}</p>
+  <p class="updated">Updated ${showable(snapshot.at) ? escape(new Date(snapshot.at).toISOString()) : "–"}</p>
   ${mailboxes(snapshot.mailboxes, view, snapshot.at)}
   ${mergeQueue(snapshot.mergeQueue, view, snapshot.at)}
   ${workLeases(snapshot.workLeases, snapshot.at)}
@@ -296,14 +303,20 @@ export const script = `"use strict";
     const snapshot = document.getElementById("snapshot");
     if (snapshot) offset = Number(snapshot.dataset.now) - Date.now();
   };
+  // One fetch at a time, the next a second after the last ends (a slow server gets no pile-up, and an old
+  // answer never replaces a newer one); one that takes over 10 s is given up.
   const refresh = async () => {
+    const abort = new AbortController();
+    const limit = setTimeout(() => abort.abort(), 10000);
     try {
-      const response = await fetch("/live", { cache: "no-store" });
+      const response = await fetch("/live", { cache: "no-store", signal: abort.signal });
       if (response.ok) { live.innerHTML = await response.text(); sync(); tick(); }
     } catch {}
+    clearTimeout(limit);
+    setTimeout(refresh, 1000);
   };
   sync();
-  setInterval(refresh, 1000);
+  setTimeout(refresh, 1000);
   setInterval(tick, 250);
 })();
 `

@@ -7,9 +7,9 @@
  *
  * Actions are guarded against cross-site requests: the form must carry the token this process drew at start
  * (it is only in the console's own page, which no other site can read), and a request whose `Origin` is another
- * host (or `null`) is refused whatever it carries. A console bound to loopback answers only requests addressed
- * to a loopback name (`Host`): a page of another site whose name was re-pointed at 127.0.0.1 (DNS rebinding)
- * would otherwise read the page, token included. Responses forbid framing and inline scripts. A read-only console renders
+ * host (or `null`) is refused whatever it carries. The console answers only requests addressed (`Host`) to a
+ * loopback name or to one it was told of (`allowedHosts`): a page of another site whose name was re-pointed at
+ * the console's address (DNS rebinding) would otherwise be same-origin with it and read the page, token included. Responses forbid framing and inline scripts. A read-only console renders
  * no action and refuses every POST. Nothing here creates a table: a part whose tables are missing says so.
  */
 import * as HttpRouter from "@effect/platform/HttpRouter"
@@ -33,8 +33,8 @@ export interface Options {
   readonly readOnly: boolean
   /** The database as the page names it (secrets redacted). */
   readonly database: string
-  /** Answer only requests whose `Host` is a loopback name (the server is bound to loopback). */
-  readonly loopbackOnly: boolean
+  /** Names (or addresses) besides loopback's that requests may be addressed to (`Host`, without the port). */
+  readonly allowedHosts: ReadonlyArray<string>
   /** How often throughput is sampled (default 2 s). */
   readonly sampleEvery?: Duration.DurationInput | undefined
 }
@@ -172,23 +172,29 @@ export const make = (options: Options) =>
         )
       )
     )
-    return options.loopbackOnly
-      ? Effect.flatMap(
-        HttpServerRequest.HttpServerRequest,
-        (request) =>
-          isLoopbackHost(request.headers["host"])
-            ? router
-            : refused(403, `Refused: this console answers to 127.0.0.1 or localhost, not ${request.headers["host"]}.`)
-      )
-      : router
+    const allowed = new Set(options.allowedHosts.map((host) => host.toLowerCase()))
+    return Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
+      const name = hostnameOf(request.headers["host"])
+      return name !== undefined && (isLoopback(name) || allowed.has(name))
+        ? router
+        : refused(
+          403,
+          `Refused: this console answers to 127.0.0.1, localhost${
+            allowed.size === 0 ? "" : `, ${[...allowed].join(", ")}`
+          }, not ${request.headers["host"]} (leasehold console --allow-host NAME adds a name).`
+        )
+    })
   })
 
 const errorMessage = (error: unknown) => error instanceof Error ? error.message : "see its log"
 
 const hostOf = (origin: string): string | undefined => URL.canParse(origin) ? new URL(origin).host : undefined
 
-/** Whether a `Host` header names this machine's loopback (any port). */
-export const isLoopbackHost = (host: string | undefined): boolean => {
-  const name = host === undefined || !URL.canParse(`http://${host}`) ? undefined : new URL(`http://${host}`).hostname
-  return name === "localhost" || name === "[::1]" || (name !== undefined && /^127\.\d+\.\d+\.\d+$/.test(name))
-}
+/** The name a `Host` header addresses, without its port (IPv6 in brackets, as URLs write it). */
+const hostnameOf = (host: string | undefined): string | undefined =>
+  host === undefined || !URL.canParse(`http://${host}`) ? undefined : new URL(`http://${host}`).hostname
+
+/** Whether a host name or address (as `URL` normalises it) is this machine's loopback. */
+export const isLoopback = (name: string): boolean =>
+  name === "localhost" || name === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(name) ||
+  /^\[::ffff:7f[0-9a-f]{2}:[0-9a-f]{1,4}\]$/.test(name)

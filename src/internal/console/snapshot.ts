@@ -11,10 +11,15 @@
  * queue's rows and how many of the rows it saw last time are still there.
  * Rows that left (acknowledged or dead-lettered) are exact for messages that
  * lived across a sample; a message sent and finished between two samples is
- * not seen by its queue's rate, so the page also gives the exact total for
- * all queues, from the messages' sequence.
+ * not seen by its queue's rate, so the page also gives the total for all
+ * queues from the messages' sequence, which counts those too (and, on
+ * PostgreSQL, also the numbers a rolled-back send or a stale
+ * acknowledgement's reply drew: a sequence has gaps). Every read has a
+ * time limit, so a database that hangs is a failed part, not a page that
+ * never comes.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
+import * as Cause from "effect/Cause"
 import * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
@@ -101,11 +106,18 @@ export const inFlightLimit = 20
 const num = (value: number | string | bigint | null | undefined) =>
   value === null || value === undefined ? undefined : Number(value)
 
+/** How long a part's read may take before the page says the database did not answer. */
+export const readLimit = "5 seconds"
+
 /** Runs a part's read: a `TablesNotFoundError` is `Absent`, any other failure `Failed`. */
 const section = <A, E extends { readonly _tag: string; readonly message: string }, R>(
   read: Effect.Effect<A, E, R>
 ): Effect.Effect<Section<A>, never, R> =>
   read.pipe(
+    Effect.timeoutFail({
+      duration: readLimit,
+      onTimeout: () => ({ _tag: "Timeout", message: `the database did not answer within ${readLimit}` })
+    }),
     Effect.map((value): Section<A> => ({ _tag: "Present", value })),
     Effect.catchAll((error) =>
       Effect.succeed<Section<A>>(
@@ -122,24 +134,34 @@ const section = <A, E extends { readonly _tag: string; readonly message: string 
 // ---------------------------------------------------------------------------
 
 interface Sample {
+  /** When it was taken, on the console's clock (only ever compared with the console's clock). */
   readonly at: number
-  /** Rows per queue when sampled. */
+  /** Rows per queue with a sequence number up to `sequence`. */
   readonly rows: ReadonlyMap<string, number>
-  /** The highest sequence number handed out so far (every message, every queue). */
+  /** The highest sequence number handed out when the sample began (every message, every queue). */
   readonly sequence: number
 }
 
-interface Rates {
+/** Between two samples: what left each queue, and what left in all. */
+export interface Bucket {
+  readonly start: number
+  readonly end: number
+  readonly left: ReadonlyMap<string, number>
+  readonly total: number
+}
+
+export interface Rates {
   /** The last sample, which the next one compares with. */
   readonly last: Sample | undefined
-  /** Per bucket, oldest first: when it ended, what left each queue, what left in all. */
-  readonly buckets: ReadonlyArray<
-    { readonly at: number; readonly left: ReadonlyMap<string, number>; readonly total: number }
-  >
+  /** Oldest first, covering at most `window`. */
+  readonly buckets: ReadonlyArray<Bucket>
 }
 
 /** The sampler's buckets cover this long. */
 export const window = 5 * 60_000
+
+/** How many bars the sparkline has (each a tenth of a minute over `window`). */
+export const bars = 30
 
 /** Counts what leaves each queue (see the module comment). */
 export interface Sampler {
@@ -147,6 +169,11 @@ export interface Sampler {
   readonly rates: Effect.Effect<Rates>
 }
 
+/**
+ * One sample: the sequence first, then each queue's rows up to it and how many of those the last sample saw
+ * are still there (a row sent after the sequence was read waits for the next sample, so nothing is counted as
+ * having been there that was not).
+ */
 export const makeSampler = (sql: SqlClient.SqlClient, prefix: string): Effect.Effect<Sampler> =>
   Effect.map(Ref.make<Rates>({ last: undefined, buckets: [] }), (ref) => ({
     rates: Ref.get(ref),
@@ -155,28 +182,63 @@ export const makeSampler = (sql: SqlClient.SqlClient, prefix: string): Effect.Ef
       const messages = sql(store.messages)
       const { last } = yield* Ref.get(ref)
       const seen = last?.sequence ?? 0
-      const rows = yield* sql<{ queue: string; n: number | string; survivors: number | string }>`SELECT queue,
-          count(*) AS n, SUM(CASE WHEN seq <= ${seen} THEN 1 ELSE 0 END) AS survivors
-        FROM ${messages} GROUP BY queue`
       const sequence = yield* sequenceOf(sql, store.messages)
+      const rows = yield* sql<{ queue: string; n: number | string; survivors: number | string }>`SELECT queue,
+          SUM(CASE WHEN seq <= ${sequence} THEN 1 ELSE 0 END) AS n,
+          SUM(CASE WHEN seq <= ${seen} THEN 1 ELSE 0 END) AS survivors
+        FROM ${messages} GROUP BY queue`
       const at = yield* Clock.currentTimeMillis
       const now: Sample = { at, rows: new Map(rows.map((row) => [row.queue, Number(row.n)])), sequence }
       yield* Ref.update(ref, (rates): Rates => {
         if (rates.last === undefined) return { last: now, buckets: [] }
         const survivors = new Map(rows.map((row) => [row.queue, Number(row.survivors)]))
         const left = new Map<string, number>()
-        for (const [queue, before] of rates.last.rows) left.set(queue, before - (survivors.get(queue) ?? 0))
+        for (const [queue, before] of rates.last.rows) {
+          left.set(queue, Math.max(0, before - (survivors.get(queue) ?? 0)))
+        }
         const before = [...rates.last.rows.values()].reduce((a, b) => a + b, 0)
         const after = [...now.rows.values()].reduce((a, b) => a + b, 0)
         // Everything sent since, less what is still there: what left, in every queue.
         const total = Math.max(0, now.sequence - rates.last.sequence + before - after)
         return {
           last: now,
-          buckets: [...rates.buckets, { at, left, total }].filter((bucket) => bucket.at > at - window)
+          buckets: [...rates.buckets, { start: rates.last.at, end: at, left, total }].filter((bucket) =>
+            bucket.start >= at - window
+          )
         }
       })
-    }).pipe(Effect.ignore, Effect.provideService(SqlClient.SqlClient, sql))
+    }).pipe(
+      // No tables yet is how a console over a new database starts; anything else is worth a line.
+      Effect.catchAllCause((cause) =>
+        Cause.failureOption(cause).pipe(
+          Option.filter((error) => error._tag === "TablesNotFoundError"),
+          Option.match({
+            onNone: () => Effect.logWarning("leasehold console: a throughput sample failed", cause),
+            onSome: () => Effect.void
+          })
+        )
+      ),
+      Effect.provideService(SqlClient.SqlClient, sql)
+    )
   }))
+
+/** Per minute over the buckets, on the sampler's own clock; 0 before the first bucket. */
+export const perMinute = (buckets: ReadonlyArray<Bucket>, count: (bucket: Bucket) => number): number =>
+  buckets.length === 0
+    ? 0
+    : buckets.reduce((sum, bucket) => sum + count(bucket), 0) /
+      (Math.max(1, buckets[buckets.length - 1]!.end - buckets[0]!.start) / 60_000)
+
+/** What left in each tenth of the window, oldest first (a bucket counts in the bar where it ended). */
+export const recent = (buckets: ReadonlyArray<Bucket>, count: (bucket: Bucket) => number): ReadonlyArray<number> => {
+  const counts = new Array<number>(bars).fill(0)
+  const end = buckets[buckets.length - 1]?.end ?? 0
+  for (const bucket of buckets) {
+    const bar = bars - 1 - Math.floor((end - bucket.end) / (window / bars))
+    if (bar >= 0) counts[bar]! += count(bucket)
+  }
+  return counts
+}
 
 /** The last sequence number given to a message (0 before the first). */
 const sequenceOf = (sql: SqlClient.SqlClient, table: string) =>
@@ -237,8 +299,6 @@ const mailboxes = (
         ORDER BY visible_at LIMIT ${inFlightLimit}`,
       letters.list({ limit: pageLimit })
     ])
-    const minutes = Math.max(1, Math.min(window, now - (rates.buckets[0]?.at ?? now))) / 60_000
-    const leftOf = (queue: string) => rates.buckets.map((bucket) => bucket.left.get(queue) ?? 0)
     // A queue stays on the page while it had traffic in the window, even once it is empty.
     const names = [
       ...new Set([
@@ -249,7 +309,7 @@ const mailboxes = (
     ].sort()
     const queues = names.map((queue): QueueView => {
       const row = counts.find((candidate) => candidate.queue === queue)
-      const recent = leftOf(queue)
+      const leftOf = (bucket: Bucket) => bucket.left.get(queue) ?? 0
       return {
         queue,
         queued: Number(row?.queued ?? 0),
@@ -257,8 +317,8 @@ const mailboxes = (
         delayed: Number(row?.delayed ?? 0),
         deadLetters: Number(dead.find((candidate) => candidate.queue === queue)?.n ?? 0),
         oldestVisibleAt: num(row?.oldest_visible),
-        perMinute: rates.buckets.length === 0 ? 0 : recent.reduce((a, b) => a + b, 0) / minutes,
-        recent
+        perMinute: perMinute(rates.buckets, leftOf),
+        recent: recent(rates.buckets, leftOf)
       }
     })
     return {
@@ -274,9 +334,7 @@ const mailboxes = (
         body: row.body
       })),
       deadLetters,
-      totalPerMinute: rates.buckets.length === 0
-        ? undefined
-        : rates.buckets.reduce((sum, bucket) => sum + bucket.total, 0) / minutes
+      totalPerMinute: rates.buckets.length === 0 ? undefined : perMinute(rates.buckets, (bucket) => bucket.total)
     } satisfies Mailboxes
   })
 
@@ -346,7 +404,10 @@ export const snapshot = (
   Effect.gen(function*() {
     const admin = yield* Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     // The database's clock judges leases, so the page counts down from it too (a dead database: ours).
-    const at = yield* databaseTime(sql).pipe(Effect.orElse(() => Clock.currentTimeMillis))
+    const at = yield* databaseTime(sql).pipe(
+      Effect.timeout(readLimit),
+      Effect.orElse(() => Clock.currentTimeMillis)
+    )
     const rates = yield* sampler.rates
     const [mailboxesPart, mergeQueuePart, workLeasesPart] = yield* Effect.all([
       section(mailboxes(sql, prefix, admin, rates, at)),
