@@ -6,6 +6,7 @@
  * a POST without the page's token, or from another origin, is refused and changes nothing; `--read-only`
  * offers and accepts no action. With LEASEHOLD_SCREENSHOTS=1 the views are saved under docs/ (the README's).
  */
+import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scope } from "effect"
 import { spawn } from "node:child_process"
@@ -216,6 +217,8 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           yield* Effect.promise(() => page.getByRole("button", { name: "Recover now" }).click())
           yield* until(page, ".notice", (text) => text.includes("1 stale lock cleared, 1 entry back"), "recovery")
           yield* until(page, "#lock", (text) => text.includes("free"), "a free lock")
+          // The jobs that left show in their queue's rate once the console has sampled after them.
+          yield* until(page, `[data-queue="jobs"][data-count="perMinute"]`, (text) => Number(text) > 0, "jobs' rate")
           expect(yield* merges.getProcessingLock).toEqual(Option.none())
           expect((yield* merges.stats).byStatus.pending).toBe(3)
           if (screenshots) {
@@ -407,4 +410,23 @@ describe("the console's throughput", () => {
     expect(bars[0]).toBe(6) // the first 10 s of the window
     expect(bars.reduce((a, b) => a + b, 0)).toBe(9)
   })
+})
+
+describe("the console's sampler", () => {
+  it.live("counts what left each queue between two samples, and the total from the sequence", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number })
+      yield* jobs.send(0)
+      const sampler = yield* Snapshot.makeSampler(sql, "leasehold_")
+      yield* sampler.sample
+      for (let i = 1; i <= 4; i++) yield* jobs.send(i)
+      yield* sampler.sample // sees 5 rows
+      for (const message of yield* jobs.receive({ maxMessages: 10 })) yield* message.acknowledge
+      yield* jobs.send(5) // sent and done between two samples: only in the total
+      for (const message of yield* jobs.receive({ maxMessages: 10 })) yield* message.acknowledge
+      yield* sampler.sample
+      const { buckets } = yield* sampler.rates
+      expect(buckets.map((bucket) => [bucket.left.get("jobs") ?? 0, bucket.total])).toEqual([[0, 0], [5, 6]])
+    }).pipe(Effect.scoped, Effect.provide(MailboxSql.layerSqlite({ filename: join(directory, "sampler.db") }))))
 })

@@ -92,7 +92,7 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
         `<span data-queue="${escape(queue.queue)}" data-count="delayed">${queue.delayed}</span>`,
         `<span data-queue="${escape(queue.queue)}" data-count="deadLetters">${queue.deadLetters}</span>`,
         clock(queue.oldestVisibleAt, now),
-        rate(queue.perMinute),
+        `<span data-queue="${escape(queue.queue)}" data-count="perMinute">${rate(queue.perMinute)}</span>`,
         sparkline(queue.recent)
       ]),
       "No messages and no dead letters yet.",

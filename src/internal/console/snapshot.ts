@@ -304,7 +304,8 @@ const mailboxes = (
       ...new Set([
         ...counts.map((row) => row.queue),
         ...dead.map((row) => row.queue),
-        ...rates.buckets.flatMap((bucket) => [...bucket.left.keys()])
+        ...rates.buckets.flatMap((bucket) => [...bucket.left.keys()]),
+        ...(rates.last?.rows.keys() ?? [])
       ])
     ].sort()
     const queues = names.map((queue): QueueView => {
