@@ -281,7 +281,11 @@ export const page = (snapshot: Snapshot.Snapshot, view: View): string =>
 <div id="live">${live(snapshot, view)}</div></main>
 <script src="/console.js" defer></script></body></html>`
 
-/** Fetches the live part every second and keeps the times current between fetches. */
+/**
+ * Fetches the live part every second and keeps the times current between fetches. Browser code, served as
+ * /console.js: its timers and `Date.now()` are the browser's own (the server's time reaches it as `data-now`,
+ * and the server side reads time only through Effect's `Clock` and the database).
+ */
 export const script = `"use strict";
 (() => {
   const live = document.getElementById("live");
