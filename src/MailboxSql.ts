@@ -68,6 +68,7 @@ import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
@@ -79,6 +80,7 @@ import * as Database from "./Database.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
 import * as Validation from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
+import { storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import { GroupCommit } from "./internal/sql/groupCommit.js"
@@ -159,8 +161,20 @@ export const defaultMaxBodyBytes = 4 * 1024 * 1024
  */
 export const maxQueueNameLength = Validation.maxQueueNameLength
 
+/** The longest reason a dead letter keeps for a body that no longer decodes (the decode error can quote the body). */
+const maxReasonLength = 16 * 1024
+
+/** A Schema option: required by the types, checked for callers in plain JavaScript (a `TypeError` before). */
+const SchemaOption: Schema.Schema<Schema.Schema.Any> = Options_.worded(
+  Schema.declare((input: unknown): input is Schema.Schema.Any => Schema.isSchema(input)),
+  () => "must be a Schema (effect/Schema)"
+)
+
 const decodeOptions = Options_.decoder("MailboxSql.make", {
   name: Validation.QueueName,
+  // Required by the type; checked for callers in plain JavaScript, where a missing one was a `TypeError`.
+  schema: SchemaOption,
+  replySchema: Schema.optionalWith(SchemaOption, { exact: true }),
   maxSize: Schema.optionalWith(Validation.MaxSize, { exact: true }),
   prefix: Sql.Prefix,
   pollInterval: Schema.optionalWith(Options_.duration({ max: Duration.minutes(1) }), { exact: true }),
@@ -201,7 +215,7 @@ export const make = <A, I, R = never, IR = never>(
           if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
           return ids
         }),
-      { ...batchLimits, sizeOf: (item) => 64 + item.body.length }
+      { ...batchLimits, sizeOf: (item) => 64 + item.body.length, retryAlone: Sql.isDataError }
     )
     const context: MailboxContext = {
       name,
@@ -236,7 +250,11 @@ export const make = <A, I, R = never, IR = never>(
       )
     }
 
-    /** Turns claimed rows into messages; a row whose body no longer decodes goes to the dead-letter table. */
+    /**
+     * Turns claimed rows into messages; a row whose body no longer decodes (whatever the reason: a schema
+     * error, a transformation that throws, a stack overflow) goes to the dead-letter table alone, and the
+     * others are delivered.
+     */
     const toMessages = (rows: ReadonlyArray<Row>, now: Now) =>
       Effect.gen(function*() {
         const received: Array<Message<A, R>> = []
@@ -244,7 +262,7 @@ export const make = <A, I, R = never, IR = never>(
           const id = String(row.seq)
           const body = decode(row.body)
           if (Either.isLeft(body)) {
-            const reason = body.left
+            const reason = storableText(body.left, maxReasonLength)
             yield* statements_.deadLetter(id, row.receipt_handle, now, "SerializationError", reason)
             yield* Metric.increment(undecodableDeadLettered)
             yield* Effect.logWarning(
@@ -299,7 +317,11 @@ export const make = <A, I, R = never, IR = never>(
             Effect.flatMap(({ now, rows }) => toMessages(rows, now))
           )
         ).pipe(
-          Effect.onInterrupt(() => claimed === undefined ? Effect.void : releaseRows(claimed.rows, claimed.now)),
+          // Interrupted, or the store failed while the rows were being set aside: they go back (a row already
+          // dead-lettered is not released: its handle no longer matches), when the store lets them.
+          Effect.onExit((exit) =>
+            Exit.isSuccess(exit) || claimed === undefined ? Effect.void : releaseRows(claimed.rows, claimed.now)
+          ),
           withStore,
           Effect.tapError(() => Effect.sync(() => store.relisten()))
         )

@@ -332,6 +332,11 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
               ["name", "must be a non-empty string", { name: "" }],
               ["name", "must not contain control characters", { name: "a\u0000b" }],
               ["name", "must be at most 200 characters", { name: "x".repeat(201) }],
+              ["name", "must not contain control characters", { name: "a\u0085b" }],
+              // A lone surrogate has no UTF-8 form: PostgreSQL's driver sent U+FFFD for each, merging queues.
+              ["name", "must be well-formed Unicode", { name: "\ud800" }],
+              ["name", "must be well-formed Unicode", { name: "\udc00" }],
+              ["name", "must be well-formed Unicode", { name: "a\ud83d" }],
               ["maxSize", "must be a positive integer", { name: "ok", maxSize: 0 }],
               ["maxSize", "must be a positive integer", { name: "ok", maxSize: -1 }],
               ["maxSize", "must be a positive integer", { name: "ok", maxSize: 1.5 }]
@@ -343,6 +348,44 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
             expect((error as Error).message).toContain(reason)
           }
           expect((yield* make({ name: "x".repeat(200) })).name).toHaveLength(200)
+        }))
+
+      it.scoped("names that differ are different queues: U+FFFD, an emoji's pair and their neighbours", () =>
+        Effect.gen(function*() {
+          const names = ["\ufffd", "\ud83d\ude00", "\ud83d\ude01", "x\ufffd"]
+          const mailboxes = yield* Effect.forEach(names, (name) => make({ name }))
+          yield* Effect.forEach(mailboxes, (mailbox, index) => mailbox.send(`to ${index}`))
+          for (const [index, mailbox] of mailboxes.entries()) {
+            expect(mailbox.name).toBe(names[index])
+            expect(bodies(yield* mailbox.receive({ maxMessages: 10 }))).toEqual([`to ${index}`])
+          }
+        }))
+
+      it.scoped("send: replyTo keeps the name rule, refused before anything is stored", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          for (const replyTo of ["", "a\u0000b", "tab\there", "x".repeat(100_000), "\ud800", "\udc00x"]) {
+            const refused = yield* invalid(mailbox.send("hi", { replyTo }))
+            expect(refused.parameter).toBe("replyTo")
+          }
+          expect(yield* mailbox.approximateCount).toBe(0)
+          yield* mailbox.send("ok", { replyTo: "\ud83d\ude00 replies" })
+          const [message] = yield* mailbox.receive()
+          expect(message!.replyTo).toEqual(Option.some("\ud83d\ude00 replies"))
+        }))
+
+      it.scoped("one bad replyTo among concurrent sends fails only its own send", () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh()
+          const outcomes = yield* Effect.all(
+            ["first", "a\u0000b", "third", "\udc00", "fifth"].map((replyTo, index) =>
+              Effect.either(mailbox.send(`m${index}`, { replyTo }))
+            ),
+            { concurrency: "unbounded" }
+          )
+          expect(outcomes.map(Either.isRight)).toEqual([true, false, true, false, true])
+          const received = yield* mailbox.receive({ maxMessages: 10 })
+          expect(bodies(received).sort()).toEqual(["m0", "m2", "m4"])
         }))
 
       it.scoped("receive: visibilityTimeout 0..12 h and waitTime 0..20 s", () =>

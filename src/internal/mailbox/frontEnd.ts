@@ -32,7 +32,7 @@ import {
   type SendError
 } from "../../Mailbox.js"
 import { perMessage, traceparentOf } from "../tracing.js"
-import { validateDelay, validateReceiveOptions } from "./validation.js"
+import { validateDelay, validateReceiveOptions, validateReplyTo } from "./validation.js"
 
 /** One queue's storage, as the front end uses it. */
 export interface Driver<A, R> {
@@ -85,8 +85,13 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
         if (Either.isLeft(delay)) return Effect.fail(delay.left)
         delayMillis = Duration.toMillis(delay.right)
       }
+      const replyTo = options?.replyTo
+      if (replyTo !== undefined) {
+        const valid = validateReplyTo(replyTo)
+        if (Either.isLeft(valid)) return Effect.fail(valid.left)
+      }
       if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-      return driver.insert(body, delayMillis, options?.replyTo, traceparentOf(fiber.currentSpan))
+      return driver.insert(body, delayMillis, replyTo, traceparentOf(fiber.currentSpan))
     })
 
   const longPoll = (

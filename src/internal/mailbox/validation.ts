@@ -11,6 +11,7 @@ import type * as Schema from "effect/Schema"
 import { InvalidParameterError } from "../../Errors.js"
 import type { ReceiveOptions } from "../../Mailbox.js"
 import * as Durations from "../duration.js"
+import * as Names from "../names.js"
 import * as Options from "../options.js"
 
 /** Limits every backend enforces (SQS's). */
@@ -95,19 +96,21 @@ export const validateVisibility = (
 ): Either.Either<Duration.Duration, InvalidParameterError> =>
   validateDuration(parameter, timeout, Duration.zero, limits.maxVisibilityTimeout)
 
-/** The longest queue name: a PostgreSQL notification (its payload is the queue's name) carries it easily. */
-export const maxQueueNameLength = 200
+/** The longest queue name (the name rule's: `internal/names.ts`). */
+export const maxQueueNameLength = Names.maxNameLength
 
-/**
- * Why `name` cannot name a queue, or `undefined`. One rule for every backend, so a name that works in
- * memory works on a database: it is stored as text and, on PostgreSQL, sent as a notification's payload,
- * which holds no control character (NUL in particular) and at most 8000 bytes.
- */
-export const queueNameProblem = (name: unknown): string | undefined => {
-  if (typeof name !== "string" || name.length === 0) return "must be a non-empty string"
-  if (name.length > maxQueueNameLength) return `must be at most ${maxQueueNameLength} characters`
-  if (/[\u0000-\u001f\u007f]/.test(name)) return "must not contain control characters"
-  return undefined
+/** Why `name` cannot name a queue, or `undefined`: the name rule every backend applies alike. */
+export const queueNameProblem = Names.nameProblem
+
+/** Validates the `replyTo` of `send` by the name rule, before the message is stored or joins a batch. */
+export const validateReplyTo = (
+  replyTo: string | undefined
+): Either.Either<string | undefined, InvalidParameterError> => {
+  if (replyTo === undefined) return Either.right(undefined)
+  const problem = Names.nameProblem(replyTo)
+  return problem === undefined
+    ? Either.right(replyTo)
+    : Either.left(new InvalidParameterError({ parameter: "replyTo", value: replyTo, reason: problem }))
 }
 
 /** A queue's name, by `queueNameProblem`'s rule: the option every backend's `make` decodes alike. */

@@ -6,13 +6,16 @@
  */
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
+import type { Connection } from "@effect/sql/SqlConnection"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
+import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
-import * as Scope from "effect/Scope"
 import * as Options from "../options.js"
 
 /**
@@ -44,15 +47,50 @@ export const Prefix = Schema.optionalWith(Options.ruledString(prefixProblem), {
   default: () => "leasehold_"
 })
 
-/** Turns a driver's `SqlError` into the service's own error, leaving other failures as they are. */
+/** Whether `value` is a driver's `SqlError` (by tag: the class may come from another copy of the package). */
+export const isSqlError = (value: unknown): value is SqlError =>
+  (value as { readonly _tag?: unknown } | undefined)?._tag === "SqlError"
+
+/**
+ * Turns a driver's `SqlError` into the service's own error, leaving other failures as they are. A `SqlError`
+ * that arrives as a defect is wrapped too: `@effect/sql` dies when a COMMIT or a ROLLBACK fails (a full disk, a
+ * dropped connection) and the migrator commits through it; a sick store is a failure to retry, never the
+ * death of the loop that met it.
+ */
 export const mapSqlError =
   <F>(wrap: (cause: SqlError) => F) =>
   <A, E, R>(effect: Effect.Effect<A, E | SqlError, R>): Effect.Effect<A, Exclude<E, SqlError> | F, R> =>
-    Effect.catchIf(
-      effect,
-      (error): error is SqlError => (error as { readonly _tag?: unknown } | undefined)?._tag === "SqlError",
-      (cause) => Effect.fail(wrap(cause))
-    ) as Effect.Effect<A, Exclude<E, SqlError> | F, R>
+    Effect.catchAllCause(effect, (cause): Effect.Effect<never, Exclude<E, SqlError> | F> => {
+      // One branch per shape rather than `Cause.failureOrCause`: this runs on every failed statement only.
+      if (cause._tag === "Fail" && isSqlError(cause.error)) return Effect.fail(wrap(cause.error))
+      if (cause._tag === "Die" && isSqlError(cause.defect)) return Effect.fail(wrap(cause.defect))
+      const failure = Cause.find(
+        cause,
+        (reason) =>
+          (reason._tag === "Fail" && isSqlError(reason.error)) || (reason._tag === "Die" && isSqlError(reason.defect))
+            ? Option.some(reason._tag === "Fail" ? reason.error as SqlError : reason.defect as SqlError)
+            : Option.none()
+      )
+      // Interruption stays interruption (a composite cause with a store error in it is that store error).
+      return Option.isSome(failure) && !Cause.isInterruptedOnly(cause)
+        ? Effect.fail(wrap(failure.value))
+        : Effect.failCause(cause as Cause.Cause<Exclude<E, SqlError>>)
+    }) as Effect.Effect<A, Exclude<E, SqlError> | F, R>
+
+/**
+ * Whether the database refused a statement for its data — what one item of a batched statement can cause, and
+ * what nothing of the statement was written after — so its items are worth trying one by one: PostgreSQL's data,
+ * integrity, syntax-or-access, limit and PL/pgSQL errors (SQLSTATE classes 22, 23, 42, 54, P0: "unsupported
+ * Unicode escape sequence" is 22P05); SQLite's constraint, type, size and generic errors. Never a store that
+ * is down, full, busy or locked (one by one would only repeat the wait, or the timeout, per item), nor a
+ * connection lost mid-statement (its outcome is unknown: trying again could write twice).
+ */
+export const isDataError = (error: SqlError): boolean => {
+  const code = (error.cause as { readonly code?: unknown } | undefined)?.code
+  if (typeof code !== "string") return false
+  if (code.startsWith("SQLITE_")) return /^SQLITE_(CONSTRAINT|MISMATCH|TOOBIG|RANGE|ERROR)(_|$)/.test(code)
+  return /^(22|23|42|54|P0)[0-9A-Z]{3}$/.test(code)
+}
 
 /**
  * Several processes running `CREATE … IF NOT EXISTS` at once can still collide in PostgreSQL's catalog
@@ -86,10 +124,15 @@ export const dialectOf = (sql: SqlClient.SqlClient): Dialect =>
 export const forUpdate = (sql: SqlClient.SqlClient): Statement.Fragment =>
   dialectOf(sql) === "pg" ? sql`FOR UPDATE` : sql``
 
-const immediateTransactions = new WeakMap<
-  SqlClient.SqlClient,
-  <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | SqlError, R>
->()
+/** The statements that open, close and undo a transaction (`depth` 0) or a savepoint inside one. */
+const transactionStatements = (dialect: Dialect, depth: number) =>
+  depth === 0
+    ? { begin: dialect === "pg" ? "BEGIN" : "BEGIN IMMEDIATE", commit: "COMMIT", undo: ["ROLLBACK"] }
+    : {
+      begin: `SAVEPOINT leasehold_${depth}`,
+      commit: `RELEASE SAVEPOINT leasehold_${depth}`,
+      undo: [`ROLLBACK TO SAVEPOINT leasehold_${depth}`, `RELEASE SAVEPOINT leasehold_${depth}`]
+    }
 
 /**
  * Runs `effect` in a transaction that is going to write. On SQLite it begins with `BEGIN IMMEDIATE`: the
@@ -97,28 +140,40 @@ const immediateTransactions = new WeakMap<
  * fails at once ("database is locked") when another process holds the lock by the time it writes — SQLite
  * does not wait to upgrade a read lock. On PostgreSQL a transaction as usual (the statements lock rows).
  * Nested calls become savepoints, as with `withTransaction`.
+ *
+ * Unlike `withTransaction`, a COMMIT that fails (a full disk, an I/O error, the connection gone) is the
+ * transaction's failure, a `SqlError` — `@effect/sql` makes it a defect, which killed whatever loop met it —
+ * and a ROLLBACK is sent after it: SQLite may leave the transaction open after a failed COMMIT, and on its one
+ * connection every later statement would then join a transaction nobody commits. A ROLLBACK that fails
+ * itself (the transaction was rolled back already, the connection is gone) changes nothing and is ignored.
  */
 export const writeTransaction =
   (sql: SqlClient.SqlClient) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
-    if (dialectOf(sql) === "pg") return sql.withTransaction(effect)
-    let immediate = immediateTransactions.get(sql)
-    if (immediate === undefined) {
-      immediate = SqlClient.makeWithTransaction({
-        transactionTag: SqlClient.TransactionConnection,
-        spanAttributes: [],
-        acquireConnection: Effect.flatMap(
-          Scope.make(),
-          (scope) => Effect.map(Scope.extend(sql.reserve, scope), (conn) => [scope, conn] as const)
-        ),
-        begin: (conn) => conn.executeUnprepared("BEGIN IMMEDIATE", [], undefined),
-        savepoint: (conn, id) => conn.executeUnprepared(`SAVEPOINT effect_sql_${id}`, [], undefined),
-        commit: (conn) => conn.executeUnprepared("COMMIT", [], undefined),
-        rollback: (conn) => conn.executeUnprepared("ROLLBACK", [], undefined),
-        rollbackSavepoint: (conn, id) => conn.executeUnprepared(`ROLLBACK TO SAVEPOINT effect_sql_${id}`, [], undefined)
-      })
-      immediateTransactions.set(sql, immediate)
+    const dialect = dialectOf(sql)
+    const inTransaction = (connection: Connection, depth: number): Effect.Effect<A, E | SqlError, R> => {
+      const { begin, commit, undo } = transactionStatements(dialect, depth)
+      const run = (text: string) => connection.executeUnprepared(text, [], undefined)
+      const rollback = Effect.ignore(Effect.forEach(undo, run, { discard: true }))
+      return Effect.uninterruptibleMask((restore) =>
+        Effect.zipRight(
+          run(begin),
+          Effect.flatMap(
+            Effect.exit(restore(Effect.provideService(effect, SqlClient.TransactionConnection, [connection, depth]))),
+            (exit): Effect.Effect<A, E | SqlError> =>
+              Exit.isSuccess(exit)
+                ? Effect.as(Effect.tapError(run(commit), () => rollback), exit.value)
+                : Effect.zipRight(rollback, exit)
+          )
+        )
+      )
     }
-    return immediate(effect)
+    return Effect.flatMap(
+      Effect.serviceOption(SqlClient.TransactionConnection),
+      (outer): Effect.Effect<A, E | SqlError, R> =>
+        Option.isSome(outer)
+          ? inTransaction(outer.value[0], outer.value[1] + 1)
+          : Effect.scoped(Effect.flatMap(sql.reserve, (connection) => inTransaction(connection, 0)))
+    )
   }
 
 /**
@@ -184,8 +239,13 @@ export const migrate = (
     Effect.map((rows) => Number(rows[0]?.id ?? 0)),
     Effect.orElseSucceed(() => 0)
   )
+  // The migrator commits through `withTransaction`, which dies when the COMMIT fails: a failure here.
+  const migrated = Effect.catchSomeDefect(
+    Effect.provideService(run, SqlClient.SqlClient, sql),
+    (defect) => isSqlError(defect) ? Option.some(Effect.fail(defect)) : Option.none()
+  )
   return Effect.zipRight(
-    retryCreateRace(Effect.provideService(run, SqlClient.SqlClient, sql)),
+    retryCreateRace(migrated),
     Effect.flatMap(latest, (id) => id >= expected ? Effect.void : Effect.fail("pending" as const)).pipe(
       Effect.retry({ times: 50, schedule: Schedule.spaced("100 millis") }),
       Effect.orElse(() => Effect.void)

@@ -9,10 +9,13 @@
  *
  * A batch holds at most `maxItems` items and `maxBytes` of them (an item
  * larger than that goes alone), so the statement that carries a batch is
- * never too large to build. Whatever goes wrong with one batch — the store
- * fails it, or building its statement throws — ends that batch's waiters with
- * it and nothing else: the committer goes on with the next batch, and a later
- * submit starts a new one if none is running.
+ * never too large to build. One bad item must not fail the others: when a
+ * batch of several fails in a way one item can cause (`retryAlone` says which:
+ * the database refused the data, or building the statement threw), its items
+ * are committed again one by one, and only the one at fault fails. Whatever
+ * else goes wrong with one batch — the store is down — ends that batch's
+ * waiters with it and nothing else: the committer goes on with the next batch,
+ * and a later submit starts a new one if none is running.
  */
 import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
@@ -24,11 +27,17 @@ interface Pending<I, O, E> {
 }
 
 /** Limits of one batch. */
-export interface Limits<I> {
+export interface Limits<I, E = never> {
   readonly maxItems: number
   readonly maxBytes: number
   /** An item's share of the statement, in bytes (roughly: its encoded body's length). */
   readonly sizeOf: (item: I) => number
+  /**
+   * Whether a batch that failed with `error` is worth committing again item by item: one item could have
+   * caused it, and nothing of the batch was written. A batch whose statement threw while being built always
+   * is. Without it, a failed batch fails all its items.
+   */
+  readonly retryAlone?: ((error: E) => boolean) | undefined
 }
 
 export class GroupCommit<I, O, E> {
@@ -38,7 +47,7 @@ export class GroupCommit<I, O, E> {
   /** `commit` writes a batch and gives each item's result, in order. */
   constructor(
     private readonly commit: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<O>, E>,
-    private readonly limits: Limits<I>
+    private readonly limits: Limits<I, E>
   ) {}
 
   /** Resolves with the item's result once its batch has committed. */
@@ -89,6 +98,19 @@ export class GroupCommit<I, O, E> {
     return batch
   }
 
+  /** Commits `items`; suspended, so a statement that throws while it is built fails them, not the committer. */
+  private attempt(items: ReadonlyArray<I>): Effect.Effect<Exit.Exit<ReadonlyArray<O>, E>> {
+    return Effect.exit(Effect.suspend(() => this.commit(items)))
+  }
+
+  /** Whether one item could have failed the batch (see `Limits.retryAlone`). */
+  private oneItemCouldCause(cause: Cause.Cause<E>): boolean {
+    const retryAlone = this.limits.retryAlone
+    if (retryAlone === undefined || Cause.isInterrupted(cause)) return false
+    const failure = Cause.failureOption(cause)
+    return failure._tag === "Some" ? retryAlone(failure.value) : true
+  }
+
   private flush(): Effect.Effect<void> {
     const loop: Effect.Effect<void> = Effect.suspend(() => {
       if (this.pending.length === 0) {
@@ -96,13 +118,26 @@ export class GroupCommit<I, O, E> {
         return Effect.void
       }
       const batch = this.take()
-      // Suspended, so a statement that throws while it is built fails this batch instead of the committer.
-      return Effect.exit(Effect.suspend(() => this.commit(batch.map((entry) => entry.item)))).pipe(
-        Effect.flatMap((committed) => {
-          batch.forEach((entry, index) => entry.done(Exit.map(committed, (results) => results[index]!)))
-          return loop
-        })
-      )
+      return Effect.flatMap(this.attempt(batch.map((entry) => entry.item)), (committed) => {
+        if (Exit.isFailure(committed) && batch.length > 1 && this.oneItemCouldCause(committed.cause)) {
+          return Effect.zipRight(
+            Effect.forEach(
+              batch,
+              (entry) =>
+                Effect.map(
+                  this.attempt([entry.item]),
+                  (alone) => entry.done(Exit.map(alone, (results) => results[0]!))
+                ),
+              {
+                discard: true
+              }
+            ),
+            loop
+          )
+        }
+        batch.forEach((entry, index) => entry.done(Exit.map(committed, (results) => results[index]!)))
+        return loop
+      })
     })
     return Effect.zipRight(Effect.yieldNow(), loop).pipe( // let fibers that are ready in this tick join the batch
       Effect.onExit((exit) => {

@@ -9,6 +9,7 @@ import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as FiberId from "effect/FiberId"
+import * as Sql from "../common.js"
 import { GroupCommit } from "../groupCommit.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
 import type { Row } from "./store.js"
@@ -160,7 +161,8 @@ export const batchLimits = { maxItems: 200, maxBytes: 16 * 1024 * 1024 } as cons
 export const settleBatcher = (statements: Statements, now: () => Now): SettleBatcher =>
   new GroupCommit((items) => settleRounds(statements, now, items), {
     ...batchLimits,
-    sizeOf: (item) => 64 + (item.reply?.body.length ?? 0)
+    sizeOf: (item) => 64 + (item.reply?.body.length ?? 0),
+    retryAlone: Sql.isDataError
   })
 
 /**

@@ -1,7 +1,10 @@
 /**
  * Bodies as stored text: encoded with the mailbox's Schema, then JSON, refused
- * when JSON cannot hold them exactly (NaN, ±Infinity) or when they exceed the
- * mailbox's `maxBodyBytes`; decoded the other way, a failure explained in words.
+ * when JSON cannot hold them exactly (NaN, ±Infinity, an invalid `Date`, even
+ * behind a `toJSON`) or when they exceed the mailbox's `maxBodyBytes`; decoded
+ * the other way, a failure explained in words. Whatever the schema throws —
+ * a stack overflow on a body nested deeper than it can recurse included — is
+ * that one body's failure, never a defect.
  */
 import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
@@ -19,19 +22,24 @@ export type Encoder = (body: unknown) => Either.Either<string, string>
 export const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>, maxBytes: number): Encoder => {
   const encode = Schema.encodeEither(schema)
   return (body) => {
-    const encoded = encode(body as A)
-    if (Either.isLeft(encoded)) return Either.left(ParseResult.TreeFormatter.formatErrorSync(encoded.left))
     let text: string | undefined
+    let encoded: unknown
+    // The schema is the caller's: a transformation that throws, or a recursive schema given a body nested
+    // deeper than the stack (a `RangeError`), is this body's failure to encode, not a defect.
     try {
-      text = JSON.stringify(encoded.right)
+      const result = encode(body as A)
+      if (Either.isLeft(result)) return Either.left(ParseResult.TreeFormatter.formatErrorSync(result.left))
+      encoded = result.right
+      text = JSON.stringify(encoded)
     } catch (error) {
-      return Either.left(`Not JSON: ${String(error)}`)
+      return Either.left(`Not JSON: ${describeThrown(error)}`)
     }
     // `undefined` (a `Schema.Void` body, say) has no JSON text.
-    if (text === undefined) return Either.left(`Not JSON: ${String(encoded.right)}`)
-    // JSON writes NaN and ±Infinity as null: the stored body would not be what was sent. A `null` in the
-    // text is rare enough that looking for the number behind it costs nothing on the usual path.
-    const inexact = text.includes("null") ? nonFinite(encoded.right, "") : undefined
+    if (text === undefined) return Either.left(`Not JSON: ${String(encoded)}`)
+    // JSON writes NaN, ±Infinity and an invalid Date (through its `toJSON`) as null: the stored body would not
+    // be what was sent. A `null` in the text is rare enough that looking for what is behind it costs nothing
+    // on the usual path.
+    const inexact = text.includes("null") ? nullWithoutJson(encoded) : undefined
     if (inexact !== undefined) return Either.left(inexact)
     // A UTF-8 byte is at least a third of a UTF-16 unit: only a long text needs counting.
     if (text.length * 3 > maxBytes) {
@@ -44,26 +52,52 @@ export const encoderOf = <A, I>(schema: Schema.Schema<A, I, never>, maxBytes: nu
   }
 }
 
-/** Where `value` holds a number JSON cannot write exactly (NaN, ±Infinity), described; else undefined. */
-export const nonFinite = (value: unknown, path: string): string | undefined => {
-  if (typeof value === "number") {
-    return Number.isFinite(value) ? undefined : `${value} at ${path === "" ? "the body" : path} has no JSON form`
+/** What was thrown, in words (a thrown value need not be an `Error`, nor printable). */
+export const describeThrown = (error: unknown): string => {
+  try {
+    return error instanceof Error ? `${error.name}: ${error.message}` : String(error)
+  } catch {
+    return "a value that cannot be printed was thrown"
   }
-  if (typeof value !== "object" || value === null) return undefined
-  if (Array.isArray(value)) {
-    for (let i = 0; i < value.length; i++) {
-      const found = nonFinite(value[i], `${path}[${i}]`)
-      if (found !== undefined) return found
+}
+
+/**
+ * Where `value` holds something JSON writes as `null` though it is not null — NaN, ±Infinity, an invalid
+ * `Date`, or `undefined`, a function or a symbol in an array — described with its path; else undefined.
+ * It asks `JSON.stringify` itself, whose replacer sees every value after `toJSON` (so `{ toJSON: () => NaN }`
+ * is caught) with its holder (so a `Date` whose `toJSON` gave null is seen as the invalid `Date` it was),
+ * and walks no deeper than `JSON.stringify` could.
+ */
+export const nullWithoutJson = (value: unknown): string | undefined => {
+  const paths = new WeakMap<object, string>()
+  let found: string | undefined
+  const replacer = function(this: unknown, key: string, written: unknown): unknown {
+    if (found !== undefined) return undefined
+    const holder = this as Record<string, unknown>
+    const parent = typeof holder === "object" && holder !== null ? paths.get(holder) : undefined
+    const path = parent === undefined ? "" : Array.isArray(holder) ? `${parent}[${key}]` : `${parent}.${key}`
+    const where = path === "" ? "the body" : path
+    const original = holder?.[key]
+    if (original instanceof Date && Number.isNaN(original.getTime())) {
+      found = `an invalid Date at ${where} has no JSON form`
+    } else if (typeof written === "number" && !Number.isFinite(written)) {
+      found = `${written} at ${where} has no JSON form`
+    } else if (
+      Array.isArray(holder) &&
+      (written === undefined || typeof written === "function" || typeof written === "symbol")
+    ) {
+      found = `${typeof written} at ${where} has no JSON form in an array (it would be written as null)`
+    } else if (typeof written === "object" && written !== null) {
+      paths.set(written, path)
     }
-    return undefined
+    return written
   }
-  // What JSON.stringify writes: an object with toJSON is written as what it returns (a Date as a string).
-  if (typeof (value as { toJSON?: unknown }).toJSON === "function") return undefined
-  for (const key of Object.keys(value)) {
-    const found = nonFinite((value as Record<string, unknown>)[key], `${path}.${key}`)
-    if (found !== undefined) return found
+  try {
+    JSON.stringify(value, replacer)
+  } catch (error) {
+    return `Not JSON: ${describeThrown(error)}`
   }
-  return undefined
+  return found
 }
 
 /** Decodes a stored body; the error is the reason a row that fails is dead-lettered with. */
@@ -74,8 +108,14 @@ export const decoderOf = <A, I>(schema: Schema.Schema<A, I, never>): (text: stri
     try {
       json = JSON.parse(text)
     } catch (error) {
-      return Either.left(`Not JSON: ${String(error)}`)
+      return Either.left(`Not JSON: ${describeThrown(error)}`)
     }
-    return Either.mapLeft(decode(json), (error) => ParseResult.TreeFormatter.formatErrorSync(error))
+    // Whatever the schema does with this body — fail, throw, or recurse past the stack on a body nested deep
+    // (a `RangeError`) — is this body's failure to decode: the row is set aside, the others are delivered.
+    try {
+      return Either.mapLeft(decode(json), (error) => ParseResult.TreeFormatter.formatErrorSync(error))
+    } catch (error) {
+      return Either.left(`Could not be decoded: ${describeThrown(error)}`)
+    }
   }
 }
