@@ -21,6 +21,7 @@ import type * as ConfigError from "effect/ConfigError"
 import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
 import * as Redacted from "effect/Redacted"
@@ -28,7 +29,7 @@ import * as Schema from "effect/Schema"
 import { causeText } from "./internal/errors.js"
 import * as Optional from "./internal/optional.js"
 import * as Options from "./internal/options.js"
-import { isPostgresUrl, redact } from "./internal/sql/target.js"
+import * as Target from "./internal/sql/target.js"
 
 /**
  * The drivers, loaded when a layer is built: they are optional peer dependencies (install the one you use),
@@ -45,7 +46,8 @@ const driver = <M>(
   )
 
 /**
- * The database could not be opened or reached. `database` is the file, or the URL without its password.
+ * The database could not be opened or reached, or the target names none leasehold opens. `database` is the
+ * target without its secrets (the message redacts it again, whoever built the error).
  *
  * @category errors
  */
@@ -55,9 +57,13 @@ export class DatabaseError extends Schema.TaggedError<DatabaseError>()("Database
   cause: Schema.Defect
 }) {
   override get message(): string {
-    return `Cannot use database ${this.database}: ${this.reason}`
+    return `Cannot use database ${Target.redact(this.database)}: ${this.reason}`
   }
 }
+
+/** A target that names nothing leasehold opens: `reason` says why, never quoting it. */
+const refused = (target: string, reason: string) =>
+  new DatabaseError({ database: Target.redact(target), reason, cause: undefined })
 
 /**
  * The environment variables `layerPg` reads when no `url` is given, and `layerFromEnv` reads.
@@ -110,8 +116,9 @@ const sqlite = (options: {
   readonly busyTimeout: Duration.Duration
   readonly keepJournalMode: boolean
 }): Layer.Layer<SqlClient.SqlClient, DatabaseError> => {
+  const shown = Target.redact(options.filename)
   const sqliteDriver = driver(
-    options.filename,
+    shown,
     ["@effect/sql-sqlite-node", "better-sqlite3"],
     "Database.layerSqlite",
     () => import("@effect/sql-sqlite-node/SqliteClient")
@@ -133,8 +140,8 @@ const sqlite = (options: {
             const error = Cause.squash(cause)
             return Layer.fail(
               new DatabaseError({
-                database: options.filename,
-                reason: `SQLite could not open it (${causeText(error)})`,
+                database: shown,
+                reason: `SQLite could not open it (${Target.scrub(causeText(error), options.filename)})`,
                 cause: error
               })
             )
@@ -175,7 +182,9 @@ const decodePgOptions = Options.decoder(
 
 /**
  * PostgreSQL at `url`, else at `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`. Bad options are a `ParseError`
- * naming them.
+ * naming them. The URL must be `postgres://`, `postgresql://` or `pg://` and read alike by the driver and by
+ * the redaction: percent-encode `/ ? #`, spaces and `%` in the user and password, and `@` after the host; any
+ * other URL, or a key=value connection string, is a `DatabaseError` saying so before anything connects.
  *
  * @category layers
  */
@@ -201,7 +210,18 @@ const pg = (options: {
     : Config.succeed(typeof options.url === "string" ? Redacted.make(options.url) : options.url)
   return Layer.unwrapEffect(Effect.gen(function*() {
     const resolved = yield* url
-    const shown = redact(Redacted.value(resolved))
+    const target = Redacted.value(resolved)
+    const shown = Target.redact(target)
+    const parsed = Target.parse(target)
+    if (Either.isLeft(parsed) || parsed.right._tag !== "Postgres") {
+      return yield* refused(
+        target,
+        Either.isLeft(parsed)
+          ? parsed.left
+          : "not a PostgreSQL URL: give postgres://user:password@host:port/database (a SQLite file opens with " +
+            "Database.layerSqlite)"
+      )
+    }
     const PgClient = yield* driver(
       shown,
       ["@effect/sql-pg", "pg"],
@@ -209,7 +229,8 @@ const pg = (options: {
       () => import("@effect/sql-pg/PgClient")
     )
     return PgClient.layerConfig({
-      url: Config.succeed(resolved),
+      // The URL as checked (without surrounding whitespace).
+      url: Config.succeed(Redacted.make(parsed.right.url)),
       maxConnections: Config.succeed(maxConnections),
       minConnections: Config.succeed(minConnections)
     }).pipe(
@@ -225,7 +246,7 @@ const pg = (options: {
         Layer.fail(
           error._tag === "ConfigError" ? error : new DatabaseError({
             database: shown,
-            reason: `the PostgreSQL server did not answer (${causeText(error)}). ` +
+            reason: `the PostgreSQL server did not answer (${Target.scrub(causeText(error), target)}). ` +
               "Check the host, port and credentials, and that the server is running.",
             cause: error
           })
@@ -236,17 +257,33 @@ const pg = (options: {
 }
 
 /**
- * The database `LEASEHOLD_DATABASE_URL` (else `DATABASE_URL`) names: a PostgreSQL URL, or the path of a SQLite
- * file, with the default settings. Without either, a `ConfigError` naming them.
+ * The database `LEASEHOLD_DATABASE_URL` (else `DATABASE_URL`) names, with the default settings (surrounding
+ * whitespace ignored):
+ *
+ * - `postgres://…`, `postgresql://…`, `pg://…`: PostgreSQL (as `layerPg` takes it);
+ * - `sqlite:PATH` or `sqlite://PATH`: the SQLite file PATH as written — `sqlite:app.db` and `sqlite://app.db`
+ *   are `app.db` in the working directory, `sqlite:///var/lib/app.db` is `/var/lib/app.db`;
+ * - `file:PATH`, `file:///PATH`, `file://localhost/PATH` (RFC 8089): the SQLite file PATH;
+ * - in both URL forms PATH is percent-decoded (`%20` is a space); a query (`?mode=ro`) or fragment, a
+ *   malformed escape, an empty PATH and a `file://` URL naming another host are refused;
+ * - anything without a scheme: the path of a SQLite file, as it is (`./backup:1.db` for a name with a colon).
+ *
+ * Another scheme (`mysql://`, `http://`), a key=value connection string (`host=… password=…`) or a malformed
+ * URL is a `DatabaseError` naming the problem (the scheme, say) and never the password. Without either
+ * variable, a `ConfigError` naming them.
  *
  * @category layers
  */
 export const layerFromEnv: Layer.Layer<SqlClient.SqlClient, DatabaseError | ConfigError.ConfigError> = Layer
   .unwrapEffect(
     Effect.map(databaseUrl, (target) => {
-      const value = Redacted.value(target).trim()
-      return isPostgresUrl(value)
-        ? pg({ url: target, maxConnections: 10, minConnections: 4 })
-        : sqlite({ filename: value, busyTimeout: Duration.seconds(5), keepJournalMode: false })
+      const value = Redacted.value(target)
+      return Either.match(Target.parse(value), {
+        onLeft: (reason) => Layer.fail(refused(value, reason)),
+        onRight: (parsed) =>
+          parsed._tag === "Postgres"
+            ? pg({ url: Redacted.make(parsed.url), maxConnections: 10, minConnections: 4 })
+            : sqlite({ filename: parsed.filename, busyTimeout: Duration.seconds(5), keepJournalMode: false })
+      })
     })
   )
