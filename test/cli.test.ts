@@ -6,18 +6,18 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Scope } from "effect"
+import { Effect, Exit, FastCheck as fc, Layer, Scope } from "effect"
 import { Schema } from "effect"
 import { execFile } from "node:child_process"
 import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { redact } from "../src/cli/database.js"
 import * as Health from "../src/Health.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import { bundle, foreignSqlite } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
+import { expectNoPassword, password } from "./support/secrets.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-cli-"))
 const sqliteFile = join(directory, "queue.db")
@@ -306,19 +306,102 @@ describe("operator commands change nothing", () => {
       // A limit the database would misread is a bad argument, not "cannot reach its store".
       const badLimit = yield* leasehold("mailbox", "peek", "raw", "--db", file, "--limit", "-1")
       expect(badLimit.code).toBe(2)
-      expect(badLimit.stderr).toContain("Invalid limit -1: must be an integer in 1..100000")
+      expect(badLimit.stderr).toContain("--limit must be an integer from 1 to 100000, got -1")
     }), 60_000)
+})
 
-  it("redacts the password of every URL form", () => {
-    expect(redact("postgres://me:secret@db:5432/x")).toBe("postgres://me:***@db:5432/x")
-    expect(redact("postgres://:secret@db/x")).toBe("postgres://:***@db/x")
-    expect(redact("POSTGRESQL://me:secret@db/x")).toBe("POSTGRESQL://me:***@db/x")
-    expect(redact("pg://me:secret@db/x")).toBe("pg://me:***@db/x")
-    expect(redact("postgres://db/x?user=me&password=secret&sslmode=require")).toBe(
-      "postgres://db/x?user=me&password=***&sslmode=require"
-    )
-    expect(redact("postgres://db/x?PASSWORD=secret")).toBe("postgres://db/x?PASSWORD=***")
-    expect(redact("postgres://me@db/x")).toBe("postgres://me@db/x")
-    expect(redact("./queue.db")).toBe("./queue.db")
-  })
+describe("leasehold's numeric options", () => {
+  it.live(
+    "every --limit out of 1..100000 is a usage error (exit 2) naming the option, before any database is opened",
+    () =>
+      Effect.gen(function*() {
+        for (
+          const args of [
+            ["queue", "list", "--limit", "0"],
+            ["queue", "list", "--limit", "-1"],
+            ["queue", "list", "--limit", "100001"],
+            ["mailbox", "peek", "jobs", "--limit", "0"],
+            ["mailbox", "dlq", "list", "--limit", "-5"]
+          ]
+        ) {
+          // The database does not exist: the limit is refused first.
+          const run = yield* leasehold(...args, "--db", join(directory, "never.db"))
+          expect(run.code, args.join(" ")).toBe(2)
+          expect(run.stdout + run.stderr, args.join(" ")).toContain(
+            `--limit must be an integer from 1 to 100000, got ${args.at(-1)}`
+          )
+        }
+        const ok = yield* leasehold("queue", "list", "--db", sqliteFile, "--limit", "1", "--json")
+        expect(ok.code).toBe(0)
+        expect(JSON.parse(ok.stdout)).toHaveLength(1)
+      }),
+    60_000
+  )
+})
+
+describe("leasehold --db", () => {
+  it.live(
+    "takes a path, sqlite:PATH, sqlite://PATH, file:PATH and file:///PATH; a missing file is 'no such file'",
+    () =>
+      Effect.gen(function*() {
+        for (const target of [sqliteFile, `sqlite:${sqliteFile}`, `sqlite://${sqliteFile}`, `file://${sqliteFile}`]) {
+          const run = yield* leasehold("queue", "stats", "--db", target, "--json")
+          expect(run.code, target).toBe(0)
+          expect(JSON.parse(run.stdout), target).toMatchObject({ total: 5 })
+        }
+        const missing = yield* leasehold("queue", "stats", "--db", `sqlite:${join(directory, "nope.db")}`)
+        expect(missing.code).toBe(1)
+        expect(missing.stderr).toContain(`Cannot use database sqlite:${join(directory, "nope.db")}: no such file`)
+      }),
+    60_000
+  )
+
+  it.live(
+    "an unsupported scheme, a key=value string or a malformed URL is a usage error saying so",
+    () =>
+      Effect.gen(function*() {
+        for (
+          const [target, reason] of [
+            ["mysql://root:hunter22@127.0.0.1/app", `unsupported scheme "mysql:"`],
+            ["host=127.0.0.1 password=hunter22", "key=value connection string"],
+            ["postgres://me:hunter22@127.0.0.1:port/app", "not a valid URL"],
+            ["postgres://me:hunter/22@127.0.0.1/app", "percent-encode"]
+          ] as const
+        ) {
+          const run = yield* leasehold("mailbox", "stats", "--db", target)
+          expect(run.code, target).toBe(2)
+          expect(run.stderr, target).toContain(reason)
+          expect(run.stderr, target).not.toContain("no such file")
+          expect(run.stderr + run.stdout, target).not.toContain("hunter")
+        }
+      }),
+    60_000
+  )
+
+  it.live(
+    "never prints a password, whatever it holds (a few random ones, through every kind of failure)",
+    () =>
+      Effect.gen(function*() {
+        for (const secret of fc.sample(password, { numRuns: 3 })) {
+          const encoded = encodeURIComponent(secret)
+          for (
+            const [written, target, command] of [
+              [secret, `postgres://me:${secret}@127.0.0.1:1/app`, ["queue", "status"]],
+              [encoded, `postgres://me:${encoded}@127.0.0.1:1/app`, ["mailbox", "stats"]],
+              [secret, `mysql://root:${secret}@127.0.0.1/app`, ["queue", "list"]],
+              [secret, `host=127.0.0.1 password=${secret}`, ["mailbox", "dlq", "list"]],
+              [encoded, `postgres://127.0.0.1:1/app?password=${encoded}`, ["console"]],
+              [encoded, `http://me:${encoded}@127.0.0.1:1`, ["health", "--url"]]
+            ] as const
+          ) {
+            const run = command[0] === "health"
+              ? yield* leasehold(...command, target)
+              : yield* leasehold(...command, "--db", target)
+            expect(run.code, target).not.toBe(0)
+            expectNoPassword(run.stdout + run.stderr, target, written, secret)
+          }
+        }
+      }),
+    120_000
+  )
 })

@@ -15,12 +15,13 @@ import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
 import * as ParseResult from "effect/ParseResult"
 import * as operatorConsole from "../cli/console.js"
-import { MissingDatabaseError } from "../cli/database.js"
+import { InvalidDatabaseError, MissingDatabaseError } from "../cli/database.js"
 import * as demo from "../cli/demo.js"
 import * as health from "../cli/health.js"
 import * as mailbox from "../cli/mailbox.js"
 import * as queue from "../cli/queue.js"
 import { InvalidParameterError } from "../Errors.js"
+import * as Target from "../internal/sql/target.js"
 
 const root = Command.make("leasehold").pipe(
   Command.withDescription(
@@ -41,6 +42,24 @@ const program = Effect.suspend(() => cli(process.argv)).pipe(
   Logger.withMinimumLogLevel(LogLevel.Warning)
 )
 
+/** The targets this run was given (`--db`, `--url`, the database URL variables): what may hold a password. */
+const targets = (argv: ReadonlyArray<string>): ReadonlyArray<string> => [
+  ...argv.flatMap((arg, i) =>
+    arg === "--db" || arg === "--url"
+      ? argv.slice(i + 1, i + 2)
+      : arg.startsWith("--db=") || arg.startsWith("--url=")
+      ? [arg.slice(arg.indexOf("=") + 1)]
+      : []
+  ),
+  ...[process.env.LEASEHOLD_DATABASE_URL, process.env.DATABASE_URL].filter((value) => value !== undefined)
+]
+
+/**
+ * An error's text without any password of this run's targets: every message that names a database already
+ * redacts it, and this catches a message that quotes a target some other way (a driver's, a URL's).
+ */
+const scrubbed = (text: string) => targets(process.argv).reduce((shown, target) => Target.scrub(shown, target), text)
+
 const runCli = () =>
   Effect.runPromiseExit(program).then((exit) => {
     if (Exit.isSuccess(exit)) return
@@ -53,10 +72,13 @@ const runCli = () =>
     const error = failure._tag === "Some" ? failure.value : Cause.squash(exit.cause)
     // Bad arguments: an option out of range (InvalidParameterError), or configuration a constructor refused
     // (a ParseError: a --prefix that breaks the prefix rule, say).
-    const usage = error instanceof MissingDatabaseError || error instanceof demo.DemoArgumentError ||
+    const usage = error instanceof MissingDatabaseError || error instanceof InvalidDatabaseError ||
+      error instanceof demo.DemoArgumentError ||
       error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError ||
       ParseResult.isParseError(error)
-    return Effect.runPromise(Console.error(`leasehold: ${error instanceof Error ? error.message : String(error)}`))
+    return Effect.runPromise(
+      Console.error(`leasehold: ${scrubbed(error instanceof Error ? error.message : String(error))}`)
+    )
       .then(
         () => {
           process.exitCode = usage ? 2 : 1

@@ -13,7 +13,7 @@ import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
-import { db, json, prefix, withDatabase } from "./database.js"
+import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
 import { ago, table } from "./table.js"
 
 /** A destructive command run without `--yes`: a usage error. */
@@ -75,7 +75,7 @@ const stats = Command.make("stats", common, (options) =>
     )
   )
 
-const limit = Options.integer("limit").pipe(Options.withDescription("At most this many."), Options.withDefault(10))
+const limit = limitOption("At most this many").pipe(Options.withDefault(10))
 
 /** A stored body for `--json`: its JSON, or — stored by something else, or damaged — the raw text as it is. */
 const storedBody = (text: string): { readonly body: unknown; readonly bodyIsJson: boolean } => {

@@ -12,7 +12,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Statuses from "../internal/mergeQueue/statuses.js"
 import type * as MergeQueue from "../MergeQueue.js"
-import { db, json, prefix, withDatabase } from "./database.js"
+import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
 import { ago, pairs, table } from "./table.js"
 
 // Plain data, so that `--help` does not load the merge queue (its commands load it when they run).
@@ -125,7 +125,7 @@ const statusFilter = Options.choice("status", statuses).pipe(
   Options.withDescription("Only entries in this status (repeatable)."),
   Options.repeated
 )
-const limit = Options.integer("limit").pipe(Options.withDescription("At most this many entries."), Options.optional)
+const limit = limitOption("At most this many entries").pipe(Options.optional)
 
 const list = Command.make(
   "list",
