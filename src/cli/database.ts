@@ -75,8 +75,8 @@ export const limit = (description: string) =>
 /** Shows a database target without its secrets. */
 export const redact = Target.redact
 
-/** The first of `--db`, `LEASEHOLD_DATABASE_URL`, `DATABASE_URL` that is not blank. */
-const targetOf = (target: string | undefined) =>
+/** The first of `--db`, `LEASEHOLD_DATABASE_URL`, `DATABASE_URL` that is not blank: the target `client` opens. */
+export const targetOf = (target: string | undefined): string | undefined =>
   [target, process.env.LEASEHOLD_DATABASE_URL, process.env.DATABASE_URL].find((value) =>
     value !== undefined && value.trim() !== ""
   )?.trim()
