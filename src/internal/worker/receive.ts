@@ -1,7 +1,8 @@
 /**
- * A loop's receive: a store that cannot be reached (`MailboxConnectionError`) is logged and retried with
- * backoff (100 ms, growing 1.5× to at most 10 s) until it answers; any other failure is a bug (the options
- * were validated when the run started) and dies. The retry schedule starts only after a failure, so a
+ * A loop's receive: a store that cannot be reached or refuses to write (`MailboxConnectionError`: the server
+ * down, the connection dropped, a full disk, a failed COMMIT) is logged and retried with backoff (100 ms,
+ * growing 1.5× to at most 10 s) until it answers, and its recovery is logged; any other failure is a bug (the
+ * options were validated when the run started) and dies. The retry schedule starts only after a failure, so a
  * receive that succeeds — nearly every one, once per message on a busy loop — does not pay for making a
  * schedule's driver; the retries count from that failure, the first waiting the schedule's first delay.
  */
@@ -23,10 +24,22 @@ export const retrying = <A, R>(
 ): Effect.Effect<ReadonlyArray<Message<A, R>>> => {
   const attempt = mailbox.receive(options)
   type Failure = Effect.Effect.Error<typeof attempt>
-  const logged = (error: Failure): Effect.Effect<never, Failure> =>
-    error._tag === "MailboxConnectionError"
-      ? Effect.zipRight(Effect.logWarning("Receive failed; retrying with backoff", error), Effect.fail(error))
-      : Effect.fail(error)
+  // One line per failure (what the store said, not a stack per retry: a full disk can last hours), with the
+  // number of failures in a row; the first one also carries the whole cause, for whoever debugs it.
+  let failures = 0
+  const logged = (error: Failure): Effect.Effect<never, Failure> => {
+    if (error._tag !== "MailboxConnectionError") return Effect.fail(error)
+    failures++
+    const line = `Receive failed; retrying with backoff (${error.message})`
+    return Effect.zipRight(
+      Effect.annotateLogs(
+        failures === 1 ? Effect.logWarning(line, error) : Effect.logWarning(line),
+        "failuresInARow",
+        failures
+      ),
+      Effect.fail(error)
+    )
+  }
   // One handler on the path every receive takes (a `tapError`, a `catchIf` and an `orDie` would be three).
   return Effect.catchAll(attempt, (failure) => {
     if (failure._tag !== "MailboxConnectionError") return Effect.die(failure)
@@ -37,8 +50,12 @@ export const retrying = <A, R>(
       seen = true
       return logged(failure)
     })
-    return Effect.orDie(
-      Effect.retry(again, { schedule: backoff, while: (error) => error._tag === "MailboxConnectionError" })
+    return Effect.retry(again, { schedule: backoff, while: (error) => error._tag === "MailboxConnectionError" }).pipe(
+      Effect.tap(() => Effect.logInfo(`Receive works again after ${failures} failures`)),
+      Effect.ensuring(Effect.sync(() => {
+        failures = 0
+      })),
+      Effect.orDie
     )
   })
 }
