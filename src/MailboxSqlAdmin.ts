@@ -17,6 +17,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
+import { nameProblem, storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
@@ -51,6 +52,12 @@ export interface Selection {
   readonly queue?: string | undefined
   readonly ids?: ReadonlyArray<string> | undefined
 }
+
+/**
+ * The longest error a stored dead letter keeps (a handler's error message is the user's: it may be long, hold a
+ * NUL or a lone surrogate — stored as U+FFFD, so the letter is stored and the request leaves the queue).
+ */
+const maxErrorLength = 64 * 1024
 
 /** A `limit` of the operator's queries: a positive integer (the database would take a negative one as none). */
 const checkLimit = (limit: number | undefined): Either.Either<undefined, InvalidParameterError> =>
@@ -151,7 +158,12 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
       ]
       return conditions.length === 0 ? sql`` : sql`WHERE ${sql.and(conditions)}`
     }
-    const empty = (selection: Selection | undefined) => selection?.ids !== undefined && selection.ids.length === 0
+    // Nothing to select: no ids, or a queue name or id no message can have (the name rule: a NUL would be a
+    // failed statement on PostgreSQL, a lone surrogate would match U+FFFD's letters there).
+    const empty = (selection: Selection | undefined) =>
+      (selection?.ids !== undefined &&
+        (selection.ids.length === 0 || selection.ids.some((id) => nameProblem(id) !== undefined))) ||
+      (selection?.queue !== undefined && nameProblem(selection.queue) !== undefined)
 
     return {
       list: (selection) =>
@@ -228,7 +240,8 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
                     error_tag, error, traceparent)
                   VALUES (${letter.messageId}, ${letter.sourceMailbox}, ${body}, ${letter.replyTo ?? null},
                     ${letter.deliveryCount}, ${DateTime.toEpochMillis(letter.enqueuedAt)},
-                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${letter.lastErrorTag}, ${letter.lastError},
+                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${storableText(letter.lastErrorTag, 200)},
+                    ${storableText(letter.lastError, maxErrorLength)},
                     ${traceparent ?? null})
                   ON CONFLICT (id) DO UPDATE SET delivery_count = excluded.delivery_count,
                     dead_lettered_at = excluded.dead_lettered_at, error_tag = excluded.error_tag,
@@ -346,6 +359,10 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
           (): Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError> => {
             const limit = checkLimit(peekOptions?.limit)
             if (Either.isLeft(limit)) return Effect.fail(limit.left)
+            const problem = nameProblem(queue)
+            if (problem !== undefined) {
+              return Effect.fail(new InvalidParameterError({ parameter: "queue", value: queue, reason: problem }))
+            }
             const now = statements_.at(nowOf(clock)())
             return sql<Row & { visible_at: number | string; visible: number | boolean }>`SELECT seq, body,
               receipt_handle, delivery_count, enqueued_at, reply_to, visible_at,
@@ -366,6 +383,6 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
             )
           }
         ),
-      purge: (queue) => withStore(statements_.purge(queue))
+      purge: (queue) => nameProblem(queue) === undefined ? withStore(statements_.purge(queue)) : Effect.succeed(0)
     }
   })

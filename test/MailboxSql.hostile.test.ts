@@ -6,7 +6,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Either, Exit, FastCheck, Layer, ParseResult, Schema, Scope } from "effect"
+import { Context, DateTime, Effect, Either, Exit, FastCheck, Layer, ParseResult, Schema, Scope } from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -211,6 +211,54 @@ for (const backend of backends) {
         expect(outcomes.map(Either.isRight)).toEqual([true, false, true])
         expect((yield* replies.receive({ maxMessages: 10 })).map((message) => message.body)).toEqual(["re a", "re c"])
         // The refused one was not acknowledged: it stays in flight, to come back.
+        expect(yield* jobs.approximateCount).toBe(1)
+      }).pipe(onDb))
+  })
+
+  describe(`stored text and operator filters on ${backend.label}`, () => {
+    it.scoped("a dead letter whose error holds a NUL and a lone surrogate is stored (as U+FFFD), once", () =>
+      Effect.gen(function*() {
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        const sink = letters.sink(Schema.String)
+        const letter = {
+          messageId: "m1",
+          body: "body",
+          sourceMailbox: "jobs",
+          deliveryCount: 5,
+          lastError: "bad \u0000 byte and \ud800 half",
+          lastErrorTag: "Bo\u0000om",
+          enqueuedAt: DateTime.unsafeMake(0),
+          deadLetteredAt: DateTime.unsafeMake(1),
+          requestId: undefined,
+          replyTo: undefined,
+          traceId: undefined
+        }
+        yield* sink.send(letter)
+        yield* sink.send({ ...letter, lastError: "x".repeat(200_000) })
+        const [stored, ...others] = yield* letters.list()
+        expect(others).toEqual([])
+        expect(stored!.errorTag).toBe("Bo\ufffdom")
+        expect(stored!.error.length).toBe(64 * 1024)
+        yield* sink.send(letter)
+        expect((yield* letters.list())[0]!.error).toBe("bad \ufffd byte and \ufffd half")
+      }).pipe(onDb))
+
+    it.scoped("a filter no queue name or id can match selects nothing, and peek names the bad queue", () =>
+      Effect.gen(function*() {
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        const queues = yield* MailboxSqlAdmin.queues({ prefix })
+        const jobs = yield* MailboxSql.make({ name: "\ufffd", schema: Schema.String, prefix })
+        yield* jobs.send("kept")
+        for (const queue of ["\ud800", "a\u0000b"]) {
+          expect(yield* letters.count({ queue })).toBe(0)
+          expect(yield* letters.redrive({ queue })).toBe(0)
+          expect(yield* letters.purge({ queue })).toBe(0)
+          expect(yield* queues.purge(queue)).toBe(0)
+          const refused = yield* Effect.flip(queues.peek(queue))
+          expect(refused._tag).toBe("InvalidParameterError")
+        }
+        expect(yield* letters.purge({ ids: ["1\u0000"] })).toBe(0)
+        // The queue whose name a lone surrogate would have become on PostgreSQL is untouched.
         expect(yield* jobs.approximateCount).toBe(1)
       }).pipe(onDb))
   })
