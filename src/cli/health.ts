@@ -4,8 +4,9 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
+import { redact, scrub } from "../internal/sql/target.js"
 
-/** The worker did not answer, or answered that it is not ready. */
+/** The worker did not answer, or answered that it is not ready. `url` is shown without its password. */
 export class NotHealthyError extends Schema.TaggedError<NotHealthyError>()("NotHealthyError", {
   url: Schema.String,
   reason: Schema.String
@@ -28,10 +29,12 @@ const get = (base: string, path: string) =>
       const response = await fetch(new URL(path, base), { signal: AbortSignal.timeout(5000) })
       return { status: response.status, body: await response.text() }
     },
+    // Node's own error text can quote the whole URL, password and all.
     catch: (cause) =>
       new NotHealthyError({
-        url: base,
-        reason: `no answer (${(cause as Error).message}). Is the worker running with Health.layer on this port?`
+        url: redact(base),
+        reason: `no answer (${scrub(String((cause as Error).message), base)}). ` +
+          "Is the worker running with Health.layer on this port?"
       })
   })
 
@@ -69,7 +72,7 @@ export const command = Command.make("health", { url, metrics, json }, (options) 
     }
     if (ready.status !== 200) {
       return yield* new NotHealthyError({
-        url: options.url,
+        url: redact(options.url),
         reason: `not ready: ${(readiness.reasons ?? []).join("; ") || `status ${ready.status}`}`
       })
     }
