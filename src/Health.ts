@@ -10,7 +10,6 @@
  * with each registered loop's `leasehold_heartbeat_age_seconds` as of the
  * scrape. Anything else is 404.
  */
-import type * as HttpServer from "@effect/platform/HttpServer"
 import type { ServeError } from "@effect/platform/HttpServerError"
 import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
@@ -19,10 +18,9 @@ import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
-import { createServer } from "node:http"
 import type { MissingPackageError } from "./Errors.js"
-import { DurationFromInput } from "./internal/duration.js"
 import { recordAge } from "./internal/heartbeat.js"
+import * as HttpServers from "./internal/httpServer.js"
 import * as Optional from "./internal/optional.js"
 import * as Options_ from "./internal/options.js"
 import type * as MailboxWorker from "./MailboxWorker.js"
@@ -92,19 +90,31 @@ const makeRegistry = (
 export interface Options {
   /** The port to serve on: 0..65535, 0 picks a free one (see `url`). */
   readonly port: number
-  /** The interface to listen on (default `127.0.0.1`; `0.0.0.0` for probes from outside the machine). */
+  /**
+   * The address to listen on, an IP address or a host name (default `127.0.0.1`; `0.0.0.0` for probes from
+   * outside the machine).
+   */
   readonly host?: string | undefined
-  /** How old a heartbeat may be in a ready worker (default 720 s, the watchdog's default threshold). */
+  /**
+   * How old a heartbeat may be in a ready worker: more than 0, at most 24 hours (default 720 s, the watchdog's
+   * default threshold).
+   */
   readonly staleAfter?: Duration.DurationInput | undefined
 }
 
-const StaleAfter = Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(720) })
+/** The longest `staleAfter`: a loop that may go a day without a beat is not being watched. */
+const maxStaleAfter = Duration.hours(24)
+
+const StaleAfter = Schema.optionalWith(
+  Options_.duration({ positive: true, max: maxStaleAfter, range: "must be more than 0 and at most 24 hours" }),
+  { default: () => Duration.seconds(720) }
+)
 
 const decodeRegistryOptions = Options_.decoder("Health.layerRegistry", { staleAfter: StaleAfter })
 
 const decodeOptions = Options_.decoder("Health.layer", {
   port: Options_.intBetween(0, 65535, "must be a port number: an integer in 0..65535"),
-  host: Schema.optionalWith(Options_.NonEmptyString, { default: () => "127.0.0.1" }),
+  host: Schema.optionalWith(Options_.ruledString(HttpServers.listenAddressProblem), { default: () => "127.0.0.1" }),
   staleAfter: StaleAfter
 })
 
@@ -124,8 +134,9 @@ export const layerRegistry = (
 /**
  * The server's pieces, loaded when `layer` is built so that a worker without a health server loads no HTTP
  * server and no exporter: `@effect/opentelemetry` and `@opentelemetry/exporter-prometheus` are optional peer
- * dependencies. (`node:http` is imported statically: a dynamic import of a built-in stays a real `import()` in
- * the command line's bundle, which its launcher cannot run once the code cache is used.)
+ * dependencies. (`node:http` is imported statically, by `internal/httpServer.ts`: a dynamic import of a
+ * built-in stays a real `import()` in the command line's bundle, which its launcher cannot run once the code
+ * cache is used.)
  */
 const serverModules = Effect.all({
   NodeHttpServer: Optional.load(
@@ -163,10 +174,6 @@ const prometheusText = (
     )
   })
 
-/** How long a client has to send a request's headers, and the whole request. */
-const headersTimeoutMillis = 5_000
-const requestTimeoutMillis = 10_000
-
 /**
  * Serves health and metrics on `port` (0 picks a free one; see `url`) until
  * the layer closes. `host` defaults to `127.0.0.1`: a probe from outside the
@@ -174,10 +181,11 @@ const requestTimeoutMillis = 10_000
  * `staleAfter` (default 720 s, the watchdog's default threshold) is how old a
  * heartbeat may be in a ready worker.
  *
- * The server never holds a stopping process: a client has `headersTimeout`
- * to send its headers and the whole request must arrive within
- * `requestTimeout`, and when the layer closes every connection still open —
- * idle, half-sent or waiting — is closed at once.
+ * The server never holds a stopping process, nor gives its sockets to clients
+ * that do not use them: the limits of every leasehold server
+ * (`internal/httpServer.ts`) cut a client that does not finish its request or
+ * idles after one, cap the open connections, and close every connection still
+ * open when the layer closes.
  *
  * @category layers
  */
@@ -190,21 +198,7 @@ export const layer = (
       const { host, port, staleAfter } = yield* decodeOptions(options)
       const modules = yield* serverModules
       const { HttpServerRequest, HttpServerResponse, NodeHttpServer } = modules
-      const node = createServer({
-        headersTimeout: headersTimeoutMillis,
-        requestTimeout: requestTimeoutMillis,
-        // How often Node looks for connections past those timeouts (its default is 30 s).
-        connectionsCheckingInterval: 1_000
-      })
-      const server: HttpServer.HttpServer = yield* NodeHttpServer.make(() => node, { port, host })
-      // Runs before the platform's own close (finalizers run in reverse), which would wait for every open
-      // connection: a client that sent half a request would keep the process alive.
-      yield* Effect.addFinalizer(() =>
-        Effect.sync(() => {
-          node.close()
-          node.closeAllConnections()
-        })
-      )
+      const server = yield* HttpServers.serve(NodeHttpServer, { port, host })
       const address = server.address
       const url = address._tag === "TcpAddress"
         ? `http://${

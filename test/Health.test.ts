@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Duration, Effect, Layer } from "effect"
 import { mkdtempSync } from "node:fs"
 import { connect } from "node:net"
 import { networkInterfaces, tmpdir } from "node:os"
@@ -91,10 +91,45 @@ describe("Health config", () => {
       expect(refusedOptions(error)).toEqual(["staleAfter"])
       expect(error.message).toContain("must not be negative")
       // The server's port is checked before anything is loaded or bound.
-      for (const port of [-1, 65_536, 1.5]) {
+      for (const port of [-1, 65_536, 1.5, Number.NaN, Infinity]) {
         const bad = yield* Effect.flip(Layer.build(Health.layer({ port })).pipe(Effect.scoped))
         expect(refusedOptions(bad)).toEqual(["port"])
         expect(bad.message).toContain("must be a port number")
+      }
+    }))
+
+  it.effect("staleAfter must be a positive finite duration, on layer and layerRegistry alike", () =>
+    Effect.gen(function*() {
+      const refused = [
+        [0, "must be more than 0 and at most 24 hours"],
+        ["0 seconds", "must be more than 0 and at most 24 hours"],
+        [Duration.zero, "must be more than 0 and at most 24 hours"],
+        [Number.NaN, "is not a number"],
+        [Infinity, "must be more than 0 and at most 24 hours"],
+        [Duration.infinity, "must be more than 0 and at most 24 hours"],
+        ["25 hours", "must be more than 0 and at most 24 hours"],
+        ["soon", "is not a duration"],
+        ["-1 seconds", "must not be negative"]
+      ] as ReadonlyArray<readonly [Duration.DurationInput, string]>
+      for (const [staleAfter, message] of refused) {
+        for (const layer of [Health.layerRegistry({ staleAfter }), Health.layer({ port: 0, staleAfter })]) {
+          const error = yield* Effect.flip(Layer.build(layer).pipe(Effect.scoped))
+          expect([staleAfter, error._tag, refusedOptions(error)]).toEqual([staleAfter, "ParseError", ["staleAfter"]])
+          expect(error.message).toContain(message)
+        }
+      }
+      // The bounds themselves are fine.
+      for (const staleAfter of [1, "24 hours"] as ReadonlyArray<Duration.DurationInput>) {
+        yield* Layer.build(Health.layerRegistry({ staleAfter })).pipe(Effect.scoped)
+      }
+    }))
+
+  it.effect("host must be an address or a name to listen on", () =>
+    Effect.gen(function*() {
+      for (const host of ["", "127.0.0.1:9090", "http://127.0.0.1", "[::1]", "local host"]) {
+        const error = yield* Effect.flip(Layer.build(Health.layer({ port: 0, host })).pipe(Effect.scoped))
+        expect([host, refusedOptions(error)]).toEqual([host, ["host"]])
+        expect(error.message).toContain("must be an IP address or a host name")
       }
     }))
 })
