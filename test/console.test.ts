@@ -8,8 +8,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scope } from "effect"
-import { spawn } from "node:child_process"
+import { DateTime, Deferred, Effect, Exit, type Layer, Option, Ref, Schedule, Schema, Scope } from "effect"
 import { mkdtempSync, readFileSync } from "node:fs"
 import * as http from "node:http"
 import { hostname, tmpdir } from "node:os"
@@ -23,8 +22,9 @@ import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
-import { commandLine, foreignSqlite } from "./helpers.js"
+import { foreignSqlite } from "./helpers.js"
 import * as Browsers from "./support/browser.js"
+import { startConsole } from "./support/console.js"
 import * as Postgres from "./support/postgres.js"
 
 const screenshots = process.env.LEASEHOLD_SCREENSHOTS === "1"
@@ -34,49 +34,6 @@ const directory = mkdtempSync(join(tmpdir(), "leasehold-console-"))
 class Poison extends Schema.TaggedError<Poison>()("Poison", { text: Schema.String }) {}
 
 const Request = Schema.Struct({ text: Schema.String })
-
-/** `leasehold console …` as a child process; its URL once it listens. Stopped with the scope. */
-const startConsole = (args: ReadonlyArray<string>) =>
-  Effect.acquireRelease(
-    Effect.async<{ readonly url: string; readonly stop: Effect.Effect<void> }, Error>((resume) => {
-      let resumed = false
-      let exited = false
-      const once: typeof resume = (effect) => {
-        if (!resumed) resume(effect)
-        resumed = true
-      }
-      const child = spawn("node", [commandLine(), "console", ...args], {
-        env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" },
-        stdio: ["ignore", "pipe", "pipe"]
-      })
-      let output = ""
-      const seen = (chunk: Buffer) => {
-        output += chunk.toString()
-        const url = /http:\/\/\S+\//.exec(output)?.[0]
-        if (url !== undefined) {
-          once(Effect.succeed({
-            url,
-            // SIGTERM, and wait for the exit (SIGKILL after 5 s): no console outlives its test.
-            stop: Effect.suspend(() => {
-              if (exited) return Effect.void
-              const gone = Effect.async<void>((done) => void child.once("exit", () => done(Effect.void)))
-              child.kill("SIGTERM")
-              return gone.pipe(
-                Effect.timeout("5 seconds"),
-                Effect.orElse(() => Effect.sync(() => void child.kill("SIGKILL")))
-              )
-            })
-          }))
-        }
-      }
-      child.stdout.on("data", seen)
-      child.stderr.on("data", seen)
-      child.on("exit", () => (exited = true))
-      child.on("exit", (code) => once(Effect.fail(new Error(`console exited ${code}: ${output}`))))
-      return Effect.sync(() => child.kill("SIGKILL"))
-    }),
-    (running) => running.stop
-  )
 
 const open = (browser: Browser, url: string) =>
   Effect.acquireRelease(
@@ -164,19 +121,19 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           for (let i = 0; i < 12; i++) {
             yield* requests.send(MainLoop.request({ text: `job ${i}` }), { replyTo: "answers" })
           }
-          yield* until(page, `[data-queue="jobs"][data-count="queued"]`, (text) => Number(text) > 0, "jobs queued")
-          yield* until(page, `[data-queue="jobs"][data-count="inFlight"]`, (text) => Number(text) > 0, "in flight")
+          yield* until(page, `[data-queue="jobs"] [data-count="queued"]`, (text) => Number(text) > 0, "jobs queued")
+          yield* until(page, `[data-queue="jobs"] [data-count="inFlight"]`, (text) => Number(text) > 0, "in flight")
           yield* until(page, "#in-flight-table", (text) => text.includes("job "), "an in-flight body")
           const longJob = page.locator("#in-flight-table tr", { hasText: "a long job" }).locator("td")
           yield* until(page, "#in-flight-table", (text) => text.includes(`${hostname()}:${process.pid}`), "holder")
           expect(yield* Effect.promise(() => longJob.nth(4).textContent())).toMatch(/ago$/) // last extended
-          yield* until(page, `[data-queue="jobs"][data-count="deadLetters"]`, (text) => text === "1", "dead letter")
+          yield* until(page, `[data-queue="jobs"] [data-count="deadLetters"]`, (text) => text === "1", "dead letter")
           if (screenshots) {
             yield* Effect.promise(() => page.screenshot({ path: "docs/console.png", fullPage: true }))
           }
           yield* Deferred.succeed(go, undefined)
-          yield* until(page, `[data-queue="answers"][data-count="queued"]`, (text) => text === "12", "answers")
-          yield* until(page, `[data-queue="jobs"][data-count="queued"]`, (text) => text === "0", "all taken")
+          yield* until(page, `[data-queue="answers"] [data-count="queued"]`, (text) => text === "12", "answers")
+          yield* until(page, `[data-queue="jobs"] [data-count="queued"]`, (text) => text === "0", "all taken")
           yield* until(page, "#dead-letters-table", (text) => text.includes("Poison"), "the letter's error")
           yield* until(page, "#lock", (text) => text.includes("STALE") && text.includes("agent-crashed"), "stale lock")
           yield* until(page, "#domains", (text) => /tenant-42\s*0\s*1\s*/.test(text), "the domain's holder")
@@ -218,7 +175,7 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           yield* until(page, ".notice", (text) => text.includes("1 stale lock cleared, 1 entry back"), "recovery")
           yield* until(page, "#lock", (text) => text.includes("free"), "a free lock")
           // The jobs that left show in their queue's rate once the console has sampled after them.
-          yield* until(page, `[data-queue="jobs"][data-count="perMinute"]`, (text) => Number(text) > 0, "jobs' rate")
+          yield* until(page, `[data-queue="jobs"] [data-count="perMinute"]`, (text) => Number(text) > 0, "jobs' rate")
           expect(yield* merges.getProcessingLock).toEqual(Option.none())
           expect((yield* merges.stats).byStatus.pending).toBe(3)
           if (screenshots) {
@@ -226,11 +183,26 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           }
           expect(errors).toEqual([])
 
+          // A search keeps its queues through the live refresh (the script fetches the page's own /live?q=…).
+          const searched = yield* open(browser, `${url}?q=ANSW`)
+          yield* until(searched.page, "#queues", (text) => text.includes("answers"), "the searched queue")
+          const updated = yield* Effect.promise(() => searched.page.locator(".updated").textContent())
+          yield* until(searched.page, ".updated", (text) => text !== updated, "a live refresh")
+          const rows = yield* Effect.promise(() => searched.page.locator("#queues tbody tr").allTextContents())
+          expect(rows).toHaveLength(1)
+          expect(rows[0]).toContain("answers")
+          expect(yield* Effect.promise(() => searched.page.locator("#queue-pages").textContent())).toContain(
+            "1 of 3 queues match “ANSW”"
+          )
+          expect(searched.errors).toEqual([])
+
           // Read-only: no action on the page, and a POST carrying a real token is refused.
           const readOnly = yield* startConsole(["--db", db(), "--read-only"])
           const view = yield* open(browser, readOnly.url)
           yield* until(view.page, "#queues", (text) => text.includes("answers"), "the read-only view")
-          expect(yield* Effect.promise(() => view.page.locator("button").count())).toBe(0)
+          // No action: no form that posts, and no button but the search's.
+          expect(yield* Effect.promise(() => view.page.locator("form[method=post]").count())).toBe(0)
+          expect(yield* Effect.promise(() => view.page.locator("button").allTextContents())).toEqual(["Search"])
           expect(yield* Effect.promise(() => view.page.locator(".badge").textContent())).toBe("read-only")
           const refused = yield* Effect.promise(() =>
             fetch(`${readOnly.url}actions/merge-queue/recover`, {
@@ -259,6 +231,17 @@ const sqliteFile = join(directory, "console.db")
 scenario("SQLite", () => MailboxSql.layerSqlite({ filename: sqliteFile }), () => sqliteFile)
 scenario("PostgreSQL", () => MailboxSql.layerPg({ url: pgUrl }), () => pgUrl)
 
+/** GET `path` of the console on 127.0.0.1:`port`, with the `Host` header `host` (whatever it holds). */
+const getAddressed = (port: number | string, host: string, path = "/") =>
+  Effect.async<{ readonly status: number; readonly body: string }>((resume) => {
+    const request = http.get({ host: "127.0.0.1", port, path, headers: { host } }, (response) => {
+      let body = ""
+      response.on("data", (chunk) => (body += chunk))
+      response.on("end", () => resume(Effect.succeed({ status: response.statusCode ?? 0, body })))
+    })
+    request.on("error", (error) => resume(Effect.die(error)))
+  })
+
 describe("leasehold console when things are wrong", () => {
   it.live(
     "over someone else's SQLite file: says which tables are missing, and the file is unchanged",
@@ -286,15 +269,7 @@ describe("leasehold console when things are wrong", () => {
         yield* foreignSqlite(file)
         const { url } = yield* startConsole(["--db", file])
         const { port } = new URL(url)
-        const get = (host: string) =>
-          Effect.async<{ readonly status: number; readonly body: string }>((resume) => {
-            const request = http.get({ host: "127.0.0.1", port, path: "/", headers: { host } }, (response) => {
-              let body = ""
-              response.on("data", (chunk) => (body += chunk))
-              response.on("end", () => resume(Effect.succeed({ status: response.statusCode ?? 0, body })))
-            })
-            request.on("error", (error) => resume(Effect.die(error)))
-          })
+        const get = (host: string) => getAddressed(port, host)
         const rebound = yield* get(`attacker.example:${port}`)
         expect(rebound.status).toBe(403)
         expect(rebound.body).toContain("answers to 127.0.0.1, localhost, not attacker.example")
@@ -304,18 +279,7 @@ describe("leasehold console when things are wrong", () => {
         // A name it is told of is answered too (--allow-host, for a console reached by the machine's name).
         const named = yield* startConsole(["--db", file, "--allow-host", "console.example"])
         const namedPort = new URL(named.url).port
-        const byName = yield* Effect.async<number>((resume) => {
-          http.get(
-            { host: "127.0.0.1", port: namedPort, path: "/", headers: { host: `console.example:${namedPort}` } },
-            (
-              response
-            ) => {
-              response.resume()
-              resume(Effect.succeed(response.statusCode ?? 0))
-            }
-          )
-        })
-        expect(byName).toBe(200)
+        expect((yield* getAddressed(namedPort, `console.example:${namedPort}`)).status).toBe(200)
         const opaque = yield* Effect.promise(() =>
           fetch(`${url}actions/merge-queue/recover`, {
             method: "POST",
@@ -325,6 +289,101 @@ describe("leasehold console when things are wrong", () => {
         )
         expect(opaque.status).toBe(403)
         expect(yield* Effect.promise(() => opaque.text())).toContain("a request from null, not from this console")
+      }).pipe(Effect.scoped),
+    60_000
+  )
+
+  it.live(
+    "the Host header is parsed strictly and its name and port compared exactly",
+    () =>
+      Effect.gen(function*() {
+        const file = join(directory, "host.db")
+        yield* foreignSqlite(file)
+        const { url } = yield* startConsole(["--db", file, "--allow-host", "console.example"])
+        const port = Number(new URL(url).port)
+        const other = port === 65_535 ? 1 : port + 1
+        const status = (host: string) => Effect.map(getAddressed(port, host), (answer) => [host, answer.status])
+        const answered = [
+          `127.0.0.1:${port}`,
+          `localhost:${port}`,
+          `LocalHost:${port}`,
+          `127.0.0.2:${port}`,
+          `[::1]:${port}`,
+          `[0:0:0:0:0:0:0:1]:${port}`,
+          `[::ffff:127.0.0.1]:${port}`,
+          `console.example:${port}`,
+          `CONSOLE.example:${port}`
+        ]
+        const refused = [
+          `evil.com@127.0.0.1:${port}`,
+          `127.0.0.1:${port}@evil.com`,
+          `127.0.0.1:${port}@127.0.0.1:${port}`,
+          `user:pass@localhost:${port}`,
+          `127.0.0.1:${other}`,
+          "127.0.0.1", // port 80
+          `localhost:0${port}0`,
+          `127.0.0.1:${port}/`,
+          `127.0.0.1:${port}/evil.com`,
+          `127.0.0.1 :${port}`,
+          `127.0.0.1:${port},evil.com`,
+          `%31%32%37.0.0.1:${port}`,
+          `127.1:${port}`,
+          `localhost.:${port}`,
+          `[::1]:${other}`,
+          `::1:${port}`,
+          `[::1:${port}`,
+          `[::1]x:${port}`,
+          `[::2]:${port}`,
+          `[fe80::1%25lo]:${port}`,
+          `console.example:${other}`,
+          `console.example.evil.com:${port}`,
+          `evil.com#@127.0.0.1:${port}`,
+          `127.0.0.1:99999`
+        ]
+        const results = yield* Effect.forEach([...answered, ...refused], status)
+        expect(results).toEqual([
+          ...answered.map((host) => [host, 200]),
+          ...refused.map((host) => [host, 403])
+        ])
+        // The refusal names what was addressed and what would be answered.
+        const wrongPort = yield* getAddressed(port, `127.0.0.1:${other}`)
+        expect(wrongPort.body).toContain(`not 127.0.0.1:${other} (on port ${port} only`)
+        expect(wrongPort.body).not.toContain("<section")
+        // An --allow-host that is not a bare name or address is refused at start.
+        for (const bad of ["evil.com@console.example", "console.example:8080", "a b", "http://x"]) {
+          const error = yield* Effect.flip(startConsole(["--db", file, "--allow-host", bad]))
+          expect(error.message).toContain("must be a host name or an IP address, without a port")
+        }
+      }).pipe(Effect.scoped),
+    60_000
+  )
+
+  it.live(
+    "an action returns to the page and search it was taken from",
+    () =>
+      Effect.gen(function*() {
+        const file = join(directory, "return.db")
+        // Merge-queue tables, so that the page offers an action (and carries the token).
+        yield* MergeQueue.make().pipe(Effect.provide(MailboxSql.layerSqlite({ filename: file })), Effect.scoped)
+        const { url } = yield* startConsole(["--db", file])
+        const page = yield* Effect.promise(() => fetch(url).then((response) => response.text()))
+        const token = /name="token" value="([^"]+)"/.exec(page)![1]!
+        const post = (referer: string | undefined) =>
+          Effect.promise(() =>
+            fetch(`${url}actions/merge-queue/recover`, {
+              method: "POST",
+              redirect: "manual",
+              headers: {
+                "content-type": "application/x-www-form-urlencoded",
+                ...(referer === undefined ? {} : { referer })
+              },
+              body: `token=${token}`
+            })
+          )
+        const back = yield* post(`${url}?q=jobs&page=3&notice=old&evil=1`)
+        expect(back.status).toBe(303)
+        expect(back.headers.get("location")).toMatch(/^\/\?q=jobs&page=3&notice=[^&#]+#merge-queue$/)
+        expect((yield* post(undefined)).headers.get("location")).toMatch(/^\/\?notice=[^&#]+#merge-queue$/)
       }).pipe(Effect.scoped),
     60_000
   )
@@ -378,15 +437,134 @@ describe("the console's page", () => {
             extendedAt: undefined,
             body: hostile
           }],
+          inFlightTotal: 1,
           deadLetters: [],
+          deadLetterTotal: 0,
+          queuePage: { q: hostile, page: 1, pages: 1, matching: 1, total: 1, offset: 0 },
           totalPerMinute: undefined
         }
       },
       mergeQueue: { _tag: "Failed", error: hostile },
       workLeases: { _tag: "Absent", reason: hostile }
-    }, { database: "db", token: "t", readOnly: false })
+    }, { database: "db", token: "t", readOnly: false, query: { q: hostile, page: 1 } })
     expect(html).not.toContain("<img")
     expect(html).toContain("&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;&#39;")
+  })
+})
+
+describe("the console's page, bounded", () => {
+  it("is under 1 MB with every list full and every value from the database huge and all escapes", () => {
+    // What the database could hold, at its worst: a megabyte of characters that escaping makes five times longer.
+    const huge = "<&>\"'".repeat(200_000)
+    const at = DateTime.unsafeMake(0)
+    const some = Option.some(huge)
+    const snapshot: Snapshot.Snapshot = {
+      at: 0,
+      mailboxes: {
+        _tag: "Present",
+        value: {
+          // The snapshot reads at most a page of queues, `inFlightLimit` messages and `pageLimit` dead letters,
+          // bodies and errors cut to `previewLength`; names are as long as the database has them.
+          queues: Array.from({ length: Snapshot.pageLimit }, (_, i) => ({
+            queue: `${i}${huge}`,
+            queued: 1e15,
+            inFlight: 1e15,
+            delayed: 1e15,
+            deadLetters: 1e15,
+            oldestVisibleAt: 0,
+            perMinute: 1e15,
+            recent: Array.from({ length: Snapshot.bars }, (_, bar) => bar + 1)
+          })),
+          // A search is at most 200 characters (Snapshot.query).
+          queuePage: { q: huge.slice(0, 200), page: 2, pages: 3, matching: 1e15, total: 1e15, offset: 50 },
+          inFlight: Array.from({ length: Snapshot.inFlightLimit }, () => ({
+            id: huge,
+            queue: huge,
+            deliveryCount: 1e15,
+            leaseUntil: 0,
+            enqueuedAt: 0,
+            receivedBy: huge,
+            extendedAt: 0,
+            body: huge.slice(0, Snapshot.previewLength)
+          })),
+          inFlightTotal: 1e15,
+          deadLetters: Array.from({ length: Snapshot.pageLimit }, (_, i) => ({
+            id: i % 2 === 0 ? huge : `${i}`.repeat(100).slice(0, 200), // ids short enough for a form, and not
+            queue: huge,
+            deliveryCount: 1e15,
+            deadLetteredAt: 0,
+            errorTag: huge.slice(0, Snapshot.previewLength),
+            error: huge.slice(0, Snapshot.previewLength),
+            body: huge.slice(0, Snapshot.previewLength)
+          })),
+          deadLetterTotal: 1e15,
+          totalPerMinute: 1e15
+        }
+      },
+      mergeQueue: {
+        _tag: "Present",
+        value: {
+          stats: {
+            total: 1e15,
+            byStatus: Object.fromEntries(MergeQueue.Status.literals.map((status) => [status, 1e15])) as never,
+            lock: Option.some({ agentId: huge, acquiredAt: at, expiresAt: at, fencingToken: 1e15 }),
+            oldestPendingAt: Option.some(at)
+          },
+          entries: Array.from({ length: Snapshot.pageLimit }, (_, i) => ({
+            id: i,
+            workspace: huge,
+            beadId: some,
+            priority: 1e15,
+            status: "pending" as const,
+            agentId: some,
+            fencingToken: Option.some(1e15),
+            startedAt: Option.some(at),
+            stateChangedAt: at,
+            createdAt: at,
+            attemptCount: 1e15,
+            lastError: some
+          })),
+          audit: Array.from({ length: Snapshot.auditLimit }, (_, i) => ({
+            id: i,
+            at,
+            action: "claimed" as const,
+            agentId: some,
+            entryId: Option.some(1e15),
+            fencingToken: Option.some(1e15),
+            fromStatus: Option.some("pending" as const),
+            toStatus: Option.some(MergeQueue.inProgress[0]!),
+            detail: some
+          }))
+        }
+      },
+      workLeases: {
+        _tag: "Present",
+        value: {
+          domains: Array.from({ length: Snapshot.pageLimit }, () => ({
+            domainId: huge,
+            leaseOffset: 1e15,
+            leaseFencing: 1e15,
+            acquiredAt: 0,
+            retryCount: 1e15,
+            fencingToken: 1e15,
+            lowWater: 1e15,
+            backlog: 1e15
+          })),
+          total: 1e15
+        }
+      }
+    }
+    const html = ConsolePage.page(snapshot, {
+      database: "db",
+      token: "t".repeat(32),
+      readOnly: false,
+      notice: huge, // anyone can link to /?notice=…
+      query: { q: huge.slice(0, 200), page: 2 }
+    })
+    const bytes = Buffer.byteLength(html)
+    console.log(`the console's page at its worst: ${(bytes / 1024).toFixed(0)} KiB`)
+    expect(bytes).toBeLessThan(1024 * 1024)
+    expect(html).not.toContain("<&")
   })
 })
 

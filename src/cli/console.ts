@@ -2,7 +2,9 @@
  * `leasehold console`: the operator's console in a browser — mailboxes, in-flight leases counting down, dead
  * letters (redrive, delete), the merge queue's lock and audit log (recover now), work-lease domains — served
  * until the process is stopped. It binds loopback unless `--host` says otherwise, never creates tables, and
- * with `--read-only` offers no action. The page and its guards are in src/internal/console/.
+ * with `--read-only` offers no action. The page and its guards are in src/internal/console/; the server is
+ * every leasehold server's (src/internal/httpServer.ts: clients that hold a connection without using it are
+ * cut, open connections are capped, and all are closed when the console stops).
  */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
@@ -11,9 +13,10 @@ import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
-import * as Http from "node:http"
+import { isIPv6 } from "node:net"
 import { InvalidParameterError } from "../Errors.js"
-import { client, db, prefix, redact } from "./database.js"
+import * as HttpServers from "../internal/httpServer.js"
+import { client, db, prefix, redact, targetOf } from "./database.js"
 
 const port = Options.integer("port").pipe(
   Options.withDescription("The port to listen on; 0 picks a free one (printed at start)."),
@@ -36,10 +39,13 @@ const readOnly = Options.boolean("read-only").pipe(
   Options.withDescription("Show everything, change nothing: no action is offered or accepted.")
 )
 
-/** The host as a URL names it (IPv6 in brackets), for the allow list. */
-const urlHostname = (host: string) => {
-  const url = `http://${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}`
-  return URL.canParse(url) ? new URL(url).hostname : host
+/**
+ * A name or address as a `Host` header names it (lower case; IPv6 in brackets, normalised), for the allow list;
+ * undefined when it is not one, or names a port.
+ */
+const hostName = (host: string): string | undefined => {
+  const parsed = HttpServers.parseHost(isIPv6(host) ? `[${host}]` : host)
+  return parsed === undefined || parsed.port !== undefined ? undefined : parsed.name
 }
 const wildcard = (host: string) => host === "0.0.0.0" || host === "::" || host === "[::]"
 
@@ -55,34 +61,52 @@ export const command = Command.make(
           reason: "must be 0..65535"
         })
       }
-      const target = Option.getOrUndefined(options.db) ?? process.env.LEASEHOLD_DATABASE_URL ?? process.env.DATABASE_URL
+      // An IPv6 address may come in brackets, as in a URL.
+      const bind = /^\[.*\]$/.test(options.host) ? options.host.slice(1, -1) : options.host
+      if (HttpServers.listenAddressProblem(bind) !== undefined || (bind !== options.host && !isIPv6(bind))) {
+        return yield* new InvalidParameterError({
+          parameter: "--host",
+          value: options.host,
+          reason: "must be an IP address or a host name"
+        })
+      }
+      const refusedName = options.allowHost.find((name) => hostName(name) === undefined)
+      if (refusedName !== undefined) {
+        return yield* new InvalidParameterError({
+          parameter: "--allow-host",
+          value: refusedName,
+          reason: "must be a host name or an IP address, without a port"
+        })
+      }
+      // The header names the database the client opens (blank variables skipped alike).
+      const target = targetOf(Option.getOrUndefined(options.db))
       const database = redact(target ?? "")
       // Loaded when the console runs, so that `--help` does not load the HTTP server.
       const [NodeHttpServer, Server] = yield* Effect.promise(() =>
         Promise.all([import("@effect/platform-node/NodeHttpServer"), import("../internal/console/server.js")])
       )
       const served = Layer.scopedDiscard(Effect.gen(function*() {
+        const address = yield* HttpServer.addressWith((address) => Effect.succeed(address))
+        const bound = hostName(bind)
         const app = yield* Server.make({
           prefix: options.prefix,
           readOnly: options.readOnly,
           database,
           // The address it binds is a name it may be reached by, unless that is every interface's.
           allowedHosts: [
-            ...(wildcard(options.host) || Server.isLoopback(urlHostname(options.host))
-              ? []
-              : [urlHostname(options.host)]),
-            ...options.allowHost.map(urlHostname)
-          ]
+            ...(wildcard(bind) || bound === undefined || Server.isLoopback(bound) ? [] : [bound]),
+            ...options.allowHost.flatMap((name) => hostName(name) ?? [])
+          ],
+          port: address._tag === "TcpAddress" ? address.port : 0
         })
         yield* HttpServer.serveEffect(app)
-        const address = yield* HttpServer.addressWith((address) => Effect.succeed(address))
         const url = address._tag === "TcpAddress"
           ? `http://${address.hostname.includes(":") ? `[${address.hostname}]` : address.hostname}:${address.port}/`
           : address.path
         yield* Console.log(
           `leasehold console: ${url} (${database}${options.readOnly ? ", read-only" : ""}). Ctrl-C stops it.`
         )
-        if (!Server.isLoopback(urlHostname(options.host))) {
+        if (!Server.isLoopback(hostName(bind) ?? "")) {
           yield* Console.error(
             `leasehold console: listening on ${options.host}, not loopback: whoever reaches it can act on the ` +
               "queues (the token only keeps other sites' pages out; add --read-only to only show them)."
@@ -90,7 +114,9 @@ export const command = Command.make(
         }
       }))
       return yield* Layer.launch(served).pipe(
-        Effect.provide(NodeHttpServer.layer(() => Http.createServer(), { port: options.port, host: options.host })),
+        Effect.provide(
+          Layer.scoped(HttpServer.HttpServer, HttpServers.serve(NodeHttpServer, { port: options.port, host: bind }))
+        ),
         Effect.provide(client(target))
       )
     })

@@ -2,13 +2,17 @@
  * The console's HTML, rendered on the server from a `Snapshot`: `page` is
  * the whole document, `live` the part the browser fetches again every
  * second (`script` swaps it in and counts leases down between fetches;
- * without JavaScript the page reloads itself every 5 s). Every value from
- * the database is escaped. Actions are plain forms posting the process's
- * token; a read-only console renders none.
+ * without JavaScript the page reloads itself every 5 s). The queue table
+ * is a page of the queues (`?page=N`), optionally of those whose name
+ * contains a search (`?q=…`); its links and the live refresh keep both.
+ * Every value from the database is escaped and cut to a bounded preview,
+ * and every list is bounded (see snapshot.ts), so the page is bounded
+ * however big the database is. Actions are plain forms posting the
+ * process's token; a read-only console renders none.
  */
 import * as Option from "effect/Option"
 import { ago } from "../../cli/table.js"
-import type * as MergeQueue from "../../MergeQueue.js"
+import * as MergeQueue from "../../MergeQueue.js"
 import * as Snapshot from "./snapshot.js"
 
 export interface View {
@@ -18,6 +22,28 @@ export interface View {
   readonly readOnly: boolean
   /** What the last action did (shown once, after its redirect). */
   readonly notice?: string | undefined
+  /** The queue table's page and search the request asked for. */
+  readonly query: Snapshot.Query
+}
+
+/**
+ * The most characters a cell shows of a value from the database, whatever the database holds: names and ids
+ * (a queue name is at most 200), texts (errors, details) and bodies. What is cut ends in "…".
+ */
+export const cellLimits = { name: 200, text: 300, body: 120 } as const
+
+const clip = (value: string, max: number) => value.length > max ? `${value.slice(0, max)}…` : value
+
+/** Escaped, and cut to `max` characters. */
+const shown = (value: string, max: number = cellLimits.name) => escape(clip(value, max))
+
+/** `?q=…&page=…` for a page of the queue table (without what is not given). */
+export const search = (q: string, page?: number): string => {
+  const params = new URLSearchParams()
+  if (q !== "") params.set("q", q)
+  if (page !== undefined) params.set("page", String(page))
+  const text = params.toString()
+  return text === "" ? "" : `?${text}`
 }
 
 const escapes: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }
@@ -35,13 +61,24 @@ const clock = (millis: number | undefined, now: number) =>
     "–" :
     `<time data-at="${millis}" title="${new Date(millis).toISOString()}">${escape(ago(millis, now))}</time>`
 
-const table = (headers: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>, empty: string, id = "") =>
+/** A table of `rows` (cells already HTML); `rowAttributes` are the attributes of each row's `<tr>`. */
+const table = (
+  headers: ReadonlyArray<string>,
+  rows: ReadonlyArray<ReadonlyArray<string>>,
+  empty: string,
+  id = "",
+  rowAttributes: ReadonlyArray<string> = []
+) =>
   rows.length === 0
     ? `<p class="empty">${escape(empty)}</p>`
     : `<table${id === "" ? "" : ` id="${id}"`}><thead><tr>${
       headers.map((header) => `<th>${escape(header)}</th>`).join("")
     }</tr></thead><tbody>${
-      rows.map((row) => `<tr>${row.map((cell) => `<td>${cell}</td>`).join("")}</tr>`).join("")
+      rows.map((row, i) =>
+        `<tr${rowAttributes[i] === undefined ? "" : ` ${rowAttributes[i]}`}>${
+          row.map((cell) => `<td>${cell}</td>`).join("")
+        }</tr>`
+      ).join("")
     }</tbody></table>`
 
 /** A form posting `action` with the token and `fields`; nothing on a read-only console. */
@@ -54,16 +91,18 @@ const button = (view: View, action: string, label: string, fields: Record<string
       ).join("")
     }<button type="submit"${danger ? " class=\"danger\"" : ""}>${escape(label)}</button></form>`
 
-const preview = (body: string) =>
-  `<code class="body">${escape(body.length > 120 ? `${body.slice(0, 120)}…` : body)}</code>`
+const preview = (body: string) => `<code class="body">${shown(body, cellLimits.body)}</code>`
 
+/** The last 30 buckets as bars; a bucket nothing left in draws none (most queues, most of the time). */
 const sparkline = (values: ReadonlyArray<number>) => {
   if (values.length === 0) return ""
   const max = Math.max(1, ...values)
   const bars = values.slice(-30).map((value, i) =>
-    `<rect x="${i * 4}" y="${20 - Math.round((value / max) * 20)}" width="3" height="${
-      Math.max(value > 0 ? 1 : 0, Math.round((value / max) * 20))
-    }"/>`
+    value <= 0 ?
+      "" :
+      `<rect x="${i * 4}" y="${20 - Math.round((value / max) * 20)}" width="3" height="${
+        Math.max(1, Math.round((value / max) * 20))
+      }"/>`
   ).join("")
   return `<svg class="spark" viewBox="0 0 120 20" width="120" height="20" aria-hidden="true">${bars}</svg>`
 }
@@ -77,26 +116,46 @@ const failedOrAbsent = (part: Snapshot.Section<unknown>) =>
     ? `<p class="empty">${escape(part.reason)}</p>`
     : ""
 
+const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`
+
+/** Where the page lies among the queues, and links to the others (keeping the search). */
+const pager = (at: Snapshot.QueuePage, shownCount: number) => {
+  const link = (page: number, label: string) =>
+    `<a href="/${escape(search(at.q, page))}" rel="${label}">${escape(label)}</a>`
+  const count = at.q === ""
+    ? plural(at.total, "queue")
+    : `${at.matching} of ${plural(at.total, "queue")} match “${shown(at.q)}”`
+  const range = shownCount === 0 ? "" : `; ${at.offset + 1}–${at.offset + shownCount} shown`
+  const links = at.pages <= 1 ?
+    "" :
+    ` · ${at.page > 1 ? `${link(1, "first")} ${link(at.page - 1, "prev")} ` : ""}page ${at.page} of ${at.pages}${
+      at.page < at.pages ? ` ${link(at.page + 1, "next")} ${link(at.pages, "last")}` : ""
+    }`
+  return `<p class="pager" id="queue-pages">${count}${range}${links}</p>`
+}
+
 const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: number) => {
   if (part._tag !== "Present") return `<section id="mailboxes"><h2>Mailboxes</h2>${failedOrAbsent(part)}</section>`
-  const { deadLetters, inFlight, queues, totalPerMinute } = part.value
-  const inFlightTotal = queues.reduce((sum, queue) => sum + queue.inFlight, 0)
+  const { deadLetterTotal, deadLetters, inFlight, inFlightTotal, queuePage, queues, totalPerMinute } = part.value
   return `<section id="mailboxes"><h2>Mailboxes</h2>
+    ${queuePage.total === 0 ? "" : pager(queuePage, queues.length)}
     ${
     table(
       ["queue", "queued", "in flight", "delayed", "dead letters", "oldest visible", "done / min", "last 5 min"],
       queues.map((queue) => [
-        `<a href="#in-flight">${escape(queue.queue)}</a>`,
-        `<span data-queue="${escape(queue.queue)}" data-count="queued">${queue.queued}</span>`,
-        `<span data-queue="${escape(queue.queue)}" data-count="inFlight">${queue.inFlight}</span>`,
-        `<span data-queue="${escape(queue.queue)}" data-count="delayed">${queue.delayed}</span>`,
-        `<span data-queue="${escape(queue.queue)}" data-count="deadLetters">${queue.deadLetters}</span>`,
+        shown(queue.queue),
+        `<span data-count="queued">${queue.queued}</span>`,
+        `<span data-count="inFlight">${queue.inFlight}</span>`,
+        `<span data-count="delayed">${queue.delayed}</span>`,
+        `<span data-count="deadLetters">${queue.deadLetters}</span>`,
         clock(queue.oldestVisibleAt, now),
-        `<span data-queue="${escape(queue.queue)}" data-count="perMinute">${rate(queue.perMinute)}</span>`,
+        `<span data-count="perMinute">${rate(queue.perMinute)}</span>`,
         sparkline(queue.recent)
       ]),
-      "No messages and no dead letters yet.",
-      "queues"
+      queuePage.total === 0 ? "No messages and no dead letters yet." : "No queue's name contains that.",
+      "queues",
+      // The row names its queue once (the data-* attributes are what the tests and scripts look for).
+      queues.map((queue) => `data-queue="${shown(queue.queue)}"`)
     )
   }
     <p class="note">Done / min: messages that left the queue (acknowledged or dead-lettered), as seen by the console's
@@ -115,12 +174,12 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
     table(
       ["id", "queue", "deliveries", "lease ends", "last extended", "held by", "enqueued", "body"],
       inFlight.map((message) => [
-        escape(message.id),
-        escape(message.queue),
+        shown(message.id),
+        shown(message.queue),
         String(message.deliveryCount),
         clock(message.leaseUntil, now),
         clock(message.extendedAt, now),
-        message.receivedBy === undefined ? "–" : `<code>${escape(message.receivedBy)}</code>`,
+        message.receivedBy === undefined ? "–" : `<code>${shown(message.receivedBy)}</code>`,
         clock(message.enqueuedAt, now),
         preview(message.body)
       ]),
@@ -128,7 +187,13 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
       "in-flight-table"
     )
   }
-    <h3 id="dead-letters">Dead letters</h3>
+    <h3 id="dead-letters">Dead letters${
+    deadLetterTotal > deadLetters.length
+      ? ` <small>(the ${deadLetters.length} oldest, of ${deadLetterTotal}; "Redrive all" and "Delete all" act on ${
+        deadLetterTotal === 1 ? "it" : `all ${deadLetterTotal}`
+      })</small>`
+      : ""
+  }</h3>
     ${
     deadLetters.length === 0 ?
       "" :
@@ -140,17 +205,18 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
     table(
       ["id", "queue", "deliveries", "dead-lettered", "error", "body", ""],
       deadLetters.map((letter) => [
-        escape(letter.id),
-        escape(letter.queue),
+        shown(letter.id),
+        shown(letter.queue),
         String(letter.deliveryCount),
-        clock(Snapshot.millis(letter.deadLetteredAt), now),
-        `<b>${escape(letter.errorTag)}</b> <span title="${escape(letter.error)}">${
-          escape(letter.error.length > 300 ? `${letter.error.slice(0, 300)}…` : letter.error)
-        }</span>`,
+        clock(letter.deadLetteredAt, now),
+        `<b>${shown(letter.errorTag)}</b> ${shown(letter.error, cellLimits.text)}`,
         preview(letter.body),
-        `${button(view, "/actions/dead-letters/redrive", "Redrive", { id: letter.id })}${
-          button(view, "/actions/dead-letters/delete", "Delete", { id: letter.id }, true)
-        }`
+        // An id too long to show whole is not one the console can name in a form (none of leasehold's is).
+        letter.id.length > cellLimits.name ?
+          "" :
+          `${button(view, "/actions/dead-letters/redrive", "Redrive", { id: letter.id })}${
+            button(view, "/actions/dead-letters/delete", "Delete", { id: letter.id }, true)
+          }`
       ]),
       "No dead letters.",
       "dead-letters-table"
@@ -164,9 +230,7 @@ const lock = (held: Option.Option<MergeQueue.ProcessingLock>, now: number) =>
     onNone: () => `<p id="lock">Processing lock: <b>free</b></p>`,
     onSome: (lock) => {
       const expires = Snapshot.millis(lock.expiresAt)
-      return `<p id="lock">Processing lock: <b>${
-        escape(lock.agentId)
-      }</b>, fencing token <b>${lock.fencingToken}</b>, ${
+      return `<p id="lock">Processing lock: <b>${shown(lock.agentId)}</b>, fencing token <b>${lock.fencingToken}</b>, ${
         expires < now ? `<span class="stale">STALE</span> expired` : "expires"
       } ${clock(expires, now)} (taken ${clock(Snapshot.millis(lock.acquiredAt), now)})</p>`
     }
@@ -177,7 +241,12 @@ const mergeQueue = (part: Snapshot.Section<Snapshot.MergeQueueView>, view: View,
     return `<section id="merge-queue"><h2>Merge queue</h2>${failedOrAbsent(part)}</section>`
   }
   const { audit, entries, stats } = part.value
-  const some = <A>(option: Option.Option<A>) => Option.match(option, { onNone: () => "–", onSome: escape })
+  const some = <A>(option: Option.Option<A>, max: number = cellLimits.name) =>
+    Option.match(option, { onNone: () => "–", onSome: (value) => shown(String(value), max) })
+  const waiting = [...MergeQueue.inProgress, "pending" as const].reduce(
+    (sum, status) => sum + stats.byStatus[status],
+    0
+  )
   return `<section id="merge-queue"><h2>Merge queue</h2>
     ${lock(stats.lock, now)}
     <div class="actions">${button(view, "/actions/merge-queue/recover", "Recover now")}</div>
@@ -187,34 +256,39 @@ const mergeQueue = (part: Snapshot.Section<Snapshot.MergeQueueView>, view: View,
     ).join(" ") || "No entries."
   }</p>
     ${
+    waiting > entries.length
+      ? `<p class="note">The ${entries.length} taken first, of ${waiting} pending or in progress.</p>`
+      : ""
+  }
+    ${
     table(
       ["id", "workspace", "status", "agent", "fencing token", "attempts", "changed", "last error"],
       entries.map((entry) => [
         String(entry.id),
-        escape(entry.workspace),
-        escape(entry.status),
+        shown(entry.workspace),
+        shown(entry.status),
         some(entry.agentId),
         some(entry.fencingToken),
         String(entry.attemptCount),
         clock(Snapshot.millis(entry.stateChangedAt), now),
-        some(entry.lastError)
+        some(entry.lastError, cellLimits.text)
       ]),
       "Nothing pending or in progress.",
       "entries"
     )
   }
-    <h3>Audit log (newest last)</h3>
+    <h3>Audit log <small>(the newest ${Snapshot.auditLimit}, newest last)</small></h3>
     ${
     table(
       ["when", "action", "agent", "entry", "token", "change", "detail"],
       audit.map((row) => [
         clock(Snapshot.millis(row.at), now),
-        escape(row.action),
+        shown(row.action),
         some(row.agentId),
         some(row.entryId),
         some(row.fencingToken),
         Option.isSome(row.toStatus) ? `${some(row.fromStatus)} → ${some(row.toStatus)}` : "",
-        some(row.detail)
+        some(row.detail, cellLimits.text)
       ]),
       "No audit rows.",
       "audit"
@@ -223,22 +297,28 @@ const mergeQueue = (part: Snapshot.Section<Snapshot.MergeQueueView>, view: View,
   </section>`
 }
 
-const workLeases = (part: Snapshot.Section<ReadonlyArray<Snapshot.DomainView>>, now: number) =>
+const workLeases = (part: Snapshot.Section<Snapshot.Domains>, now: number) =>
   `<section id="work-leases"><h2>Work leases</h2>${
-    part._tag !== "Present" ? failedOrAbsent(part) : table(
-      ["domain", "held at offset", "fencing token", "acquired", "retries", "backlog", "processed below"],
-      part.value.map((domain) => [
-        escape(domain.domainId),
-        domain.leaseOffset === undefined ? "free" : String(domain.leaseOffset),
-        String(domain.leaseFencing ?? domain.fencingToken),
-        clock(domain.acquiredAt, now),
-        String(domain.retryCount),
-        String(domain.backlog),
-        String(domain.lowWater)
-      ]),
-      "No domains.",
-      "domains"
-    )
+    part._tag !== "Present" ? failedOrAbsent(part) : `${
+      part.value.total > part.value.domains.length
+        ? `<p class="note">The first ${part.value.domains.length} by name, of ${part.value.total}.</p>`
+        : ""
+    }${
+      table(
+        ["domain", "held at offset", "fencing token", "acquired", "retries", "backlog", "processed below"],
+        part.value.domains.map((domain) => [
+          shown(domain.domainId),
+          domain.leaseOffset === undefined ? "free" : String(domain.leaseOffset),
+          String(domain.leaseFencing ?? domain.fencingToken),
+          clock(domain.acquiredAt, now),
+          String(domain.retryCount),
+          String(domain.backlog),
+          String(domain.lowWater)
+        ]),
+        "No domains.",
+        "domains"
+      )
+    }`
   }</section>`
 
 /** The part refreshed live. */
@@ -265,7 +345,8 @@ th{font-weight:600;color:#5a6272;font-size:12px}
 .actions{display:flex;gap:8px;margin:6px 0}form.action{display:inline}
 button{font:inherit;font-size:12px;padding:2px 10px;border:1px solid #9aa3b2;border-radius:4px;background:#fff;cursor:pointer}
 button.danger{border-color:#d08a8c;color:#a4161a}.status{margin-right:14px}
-.spark rect{fill:#3a6ea5}`
+.spark rect{fill:#3a6ea5}.pager{color:#5a6272;font-size:12px}.pager a{margin:0 3px}
+.search{margin:12px 0 0}.search input{font:inherit;padding:2px 8px;width:260px}`
 
 /** The whole document. */
 export const page = (snapshot: Snapshot.Snapshot, view: View): string =>
@@ -277,8 +358,15 @@ export const page = (snapshot: Snapshot.Snapshot, view: View): string =>
 <body><header><h1>leasehold console</h1><span class="db">${escape(view.database)}</span>${
     view.readOnly ? `<span class="badge">read-only</span>` : ""
   }</header>
-<main>${view.notice === undefined ? "" : `<p class="notice" role="status">${escape(view.notice)}</p>`}
-<div id="live">${live(snapshot, view)}</div></main>
+<main>${view.notice === undefined ? "" : `<p class="notice" role="status">${shown(view.notice, cellLimits.text)}</p>`}
+<form method="get" action="/" role="search" class="search"><input type="search" name="q" value="${
+    escape(view.query.q)
+  }" placeholder="Queue name contains…" aria-label="Search queues by name"><button type="submit">Search</button>${
+    view.query.q === "" ? "" : ` <a href="/">All queues</a>`
+  }</form>
+<div id="live" data-src="/live${escape(search(view.query.q, view.query.page > 1 ? view.query.page : undefined))}">${
+    live(snapshot, view)
+  }</div></main>
 <script src="/console.js" defer></script></body></html>`
 
 /**
@@ -313,7 +401,8 @@ export const script = `"use strict";
     const abort = new AbortController();
     const limit = setTimeout(() => abort.abort(), 10000);
     try {
-      const response = await fetch("/live", { cache: "no-store", signal: abort.signal });
+      // The same page of queues and the same search as the page (the server put them in data-src).
+      const response = await fetch(live.dataset.src || "/live", { cache: "no-store", signal: abort.signal });
       if (response.ok) { live.innerHTML = await response.text(); sync(); tick(); }
     } catch {}
     clearTimeout(limit);

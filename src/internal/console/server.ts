@@ -5,13 +5,20 @@
  * - `POST /actions/dead-letters/redrive` and `…/delete` (one letter by `id`, or all), and
  *   `POST /actions/merge-queue/recover` (self-healing now). Each redirects back to the page with what it did.
  *
+ * The page and its live part take `?q=` (queues whose name contains it) and `?page=` (which page of the queue
+ * table); an action redirects back to the page and search it was taken from (its `Referer`).
+ *
  * Actions are guarded against cross-site requests: the form must carry the token this process drew at start
  * (it is only in the console's own page, which no other site can read), and a request whose `Origin` is another
  * host (or `null`) is refused whatever it carries. The console answers only requests addressed (`Host`) to a
- * loopback name or to one it was told of (`allowedHosts`): a page of another site whose name was re-pointed at
- * the console's address (DNS rebinding) would otherwise be same-origin with it and read the page, token included. Responses forbid framing and inline scripts. A read-only console renders
- * no action and refuses every POST. Nothing here creates a table: a part whose tables are missing says so.
+ * loopback name or to one it was told of (`allowedHosts`), on the port it listens on: a page of another site
+ * whose name was re-pointed at the console's address (DNS rebinding) would otherwise be same-origin with it and
+ * read the page, token included. The `Host` header is parsed strictly (a name or address and the port's digits,
+ * nothing else: `evil.example@127.0.0.1` is refused, not read as a URL would) and its name and port compared
+ * exactly. Responses forbid framing and inline scripts. A read-only console renders no action and refuses every
+ * POST. Nothing here creates a table: a part whose tables are missing says so.
  */
+import * as IncomingMessage from "@effect/platform/HttpIncomingMessage"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
@@ -23,6 +30,7 @@ import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
+import * as HttpServers from "../httpServer.js"
 import * as Page from "./page.js"
 import * as Snapshot from "./snapshot.js"
 
@@ -33,8 +41,13 @@ export interface Options {
   readonly readOnly: boolean
   /** The database as the page names it (secrets redacted). */
   readonly database: string
-  /** Names (or addresses) besides loopback's that requests may be addressed to (`Host`, without the port). */
+  /**
+   * Names (or addresses) besides loopback's that requests may be addressed to (`Host`, without the port), as
+   * `HttpServers.parseHost` gives them (lower case; IPv6 in brackets).
+   */
   readonly allowedHosts: ReadonlyArray<string>
+  /** The port the console listens on: the only one a request's `Host` may name (none means 80). */
+  readonly port: number
   /** How often throughput is sampled (default 2 s). */
   readonly sampleEvery?: Duration.DurationInput | undefined
 }
@@ -60,6 +73,13 @@ const refused = (status: number, reason: string) =>
 
 const ActionForm = Schema.Struct({ token: Schema.String, id: Schema.optional(Schema.String) })
 
+/** An action's form is a token and an id: a larger body is refused before it is read whole. */
+const maxActionBody = Option.some(16 * 1024)
+
+/** The page and search a request asks for. */
+const queryOf = (request: HttpServerRequest.HttpServerRequest) =>
+  Snapshot.query(new URL(request.url, "http://console").searchParams)
+
 /** Whether `given` is the process's token (in constant time). */
 const sameToken = (given: string, token: string) => {
   const a = Buffer.from(given)
@@ -74,13 +94,14 @@ export const make = (options: Options) =>
     const token = randomBytes(24).toString("base64url")
     const sampler = yield* Snapshot.makeSampler(sql, options.prefix)
     yield* sampler.sample.pipe(Effect.repeat(Schedule.spaced(options.sampleEvery ?? "2 seconds")), Effect.forkScoped)
-    const view = (notice?: string): Page.View => ({
+    const view = (query: Snapshot.Query, notice?: string): Page.View => ({
       database: options.database,
       token,
       readOnly: options.readOnly,
-      notice
+      notice,
+      query
     })
-    const snapshot = Snapshot.snapshot(sql, options.prefix, sampler)
+    const snapshot = (query: Snapshot.Query) => Snapshot.snapshot(sql, options.prefix, sampler, query)
     const admin = Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     const deadLetters = Effect.flatMap(admin, (module) => module.deadLetters({ prefix: options.prefix, create: false }))
     const mergeQueue = Effect.flatMap(
@@ -97,10 +118,13 @@ export const make = (options: Options) =>
         if (options.readOnly) return yield* refused(403, "This console is read-only (started with --read-only).")
         const request = yield* HttpServerRequest.HttpServerRequest
         const origin = request.headers["origin"]
-        if (origin !== undefined && hostOf(origin) !== request.headers["host"]) {
+        if (origin !== undefined && !sameOrigin(origin, request.headers["host"])) {
           return yield* refused(403, `Refused: a request from ${origin}, not from this console's page.`)
         }
-        const form = yield* HttpServerRequest.schemaBodyUrlParams(ActionForm).pipe(Effect.option)
+        const form = yield* HttpServerRequest.schemaBodyUrlParams(ActionForm).pipe(
+          IncomingMessage.withMaxBodySize(maxActionBody),
+          Effect.option
+        )
         if (Option.isNone(form) || !sameToken(form.value.token, token)) {
           return yield* refused(403, "Refused: the console's token is missing or wrong. Use the console's own page.")
         }
@@ -108,10 +132,16 @@ export const make = (options: Options) =>
           Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`)),
           Effect.provideService(SqlClient.SqlClient, sql)
         )
-        return HttpServerResponse.redirect(`/?notice=${encodeURIComponent(notice)}#${anchor}`, {
-          status: 303,
-          headers
-        })
+        // Back to the page and search the form was on (only those two are taken from the Referer).
+        const referer = request.headers["referer"]
+        const from = referer !== undefined && URL.canParse(referer)
+          ? Snapshot.query(new URL(referer).searchParams)
+          : { q: "", page: 1 }
+        const back = Page.search(from.q, from.page > 1 ? from.page : undefined)
+        return HttpServerResponse.redirect(
+          `/${back === "" ? "?" : `${back}&`}notice=${encodeURIComponent(notice)}#${anchor}`,
+          { status: 303, headers }
+        )
       })
 
     const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
@@ -122,11 +152,18 @@ export const make = (options: Options) =>
         Effect.gen(function*() {
           const request = yield* HttpServerRequest.HttpServerRequest
           const notice = new URL(request.url, "http://console").searchParams.get("notice") ?? undefined
-          return yield* html(Page.page(yield* snapshot, view(notice)))
+          const query = queryOf(request)
+          return yield* html(Page.page(yield* snapshot(query), view(query, notice)))
         })
       ),
       HttpRouter.get("/favicon.ico", HttpServerResponse.empty({ status: 204 })),
-      HttpRouter.get("/live", Effect.flatMap(snapshot, (now) => html(Page.live(now, view())))),
+      HttpRouter.get(
+        "/live",
+        Effect.gen(function*() {
+          const query = queryOf(yield* HttpServerRequest.HttpServerRequest)
+          return yield* html(Page.live(yield* snapshot(query), view(query)))
+        })
+      ),
       HttpRouter.get(
         "/console.js",
         HttpServerResponse.text(Page.script, { contentType: "text/javascript; charset=utf-8", headers })
@@ -173,28 +210,38 @@ export const make = (options: Options) =>
       )
     )
     const allowed = new Set(options.allowedHosts.map((host) => host.toLowerCase()))
-    return Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
-      const name = hostnameOf(request.headers["host"])
-      return name !== undefined && (isLoopback(name) || allowed.has(name))
+    /** Whether a request addressed to `host` may be answered: an allowed name, and the console's port. */
+    const addressed = (host: HttpServers.Host | undefined) =>
+      host !== undefined && (host.port ?? 80) === options.port && (isLoopback(host.name) || allowed.has(host.name))
+    return Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
+      addressed(HttpServers.parseHost(request.headers["host"]))
         ? router
         : refused(
           403,
           `Refused: this console answers to 127.0.0.1, localhost${
             allowed.size === 0 ? "" : `, ${[...allowed].join(", ")}`
-          }, not ${request.headers["host"]} (leasehold console --allow-host NAME adds a name).`
-        )
-    })
+          }, not ${clipped(request.headers["host"] ?? "no Host")} (on port ${options.port} only; ` +
+            "leasehold console --allow-host NAME adds a name)."
+        ))
   })
 
 const errorMessage = (error: unknown) => error instanceof Error ? error.message : "see its log"
 
-const hostOf = (origin: string): string | undefined => URL.canParse(origin) ? new URL(origin).host : undefined
+const clipped = (text: string) => text.length > 200 ? `${text.slice(0, 200)}…` : text
 
-/** The name a `Host` header addresses, without its port (IPv6 in brackets, as URLs write it). */
-const hostnameOf = (host: string | undefined): string | undefined =>
-  host === undefined || !URL.canParse(`http://${host}`) ? undefined : new URL(`http://${host}`).hostname
+/**
+ * Whether `origin` (an `Origin` header) is the console's own page as addressed by `host` (the request's `Host`,
+ * already checked): `http:`, and the same name and port.
+ */
+const sameOrigin = (origin: string, host: string | undefined): boolean => {
+  const parsed = HttpServers.parseHost(host)
+  if (parsed === undefined || !URL.canParse(origin)) return false
+  const url = new URL(origin)
+  return url.protocol === "http:" && url.hostname === parsed.name &&
+    (url.port === "" ? 80 : Number(url.port)) === (parsed.port ?? 80)
+}
 
-/** Whether a host name or address (as `URL` normalises it) is this machine's loopback. */
+/** Whether a host name or address (as `HttpServers.parseHost` gives it) is this machine's loopback. */
 export const isLoopback = (name: string): boolean =>
   name === "localhost" || name === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(name) ||
   /^\[::ffff:7f[0-9a-f]{2}:[0-9a-f]{1,4}\]$/.test(name)

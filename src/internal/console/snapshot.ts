@@ -25,7 +25,6 @@ import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
-import type * as MailboxSqlAdmin from "../../MailboxSqlAdmin.js"
 import * as MergeQueue from "../../MergeQueue.js"
 import * as Sql from "../sql/common.js"
 import { openExisting } from "../sql/mailbox/store.js"
@@ -65,18 +64,67 @@ export interface InFlightView {
   readonly body: string
 }
 
+/** A dead letter as the page shows it: its body and error cut to a preview by the database. */
+export interface DeadLetterView {
+  readonly id: string
+  readonly queue: string
+  readonly deliveryCount: number
+  /** Epoch millis. */
+  readonly deadLetteredAt: number
+  readonly errorTag: string
+  readonly error: string
+  readonly body: string
+}
+
+/** Which page of the queue table, and which queues (those whose name contains `q`, in any case). */
+export interface Query {
+  readonly q: string
+  /** 1-based; past the last page reads as the last. */
+  readonly page: number
+}
+
+/** Where the shown page of queues lies among them. */
+export interface QueuePage {
+  readonly q: string
+  readonly page: number
+  readonly pages: number
+  /** Queues whose name contains `q` (all of them without one). */
+  readonly matching: number
+  /** Queues in all. */
+  readonly total: number
+  /** The position of the page's first queue among the matching ones (0-based). */
+  readonly offset: number
+}
+
 export interface Mailboxes {
+  /** The page's queues, by name. */
   readonly queues: ReadonlyArray<QueueView>
+  readonly queuePage: QueuePage
+  /** Those whose leases end first, at most `inFlightLimit`. */
   readonly inFlight: ReadonlyArray<InFlightView>
-  readonly deadLetters: ReadonlyArray<MailboxSqlAdmin.StoredDeadLetter>
+  /** Messages in flight in all queues. */
+  readonly inFlightTotal: number
+  /** The oldest, at most `pageLimit`. */
+  readonly deadLetters: ReadonlyArray<DeadLetterView>
+  /** Dead letters of all queues. */
+  readonly deadLetterTotal: number
   /** Messages that left any queue per minute, exact (from the sequence); undefined until two samples exist. */
   readonly totalPerMinute: number | undefined
 }
 
 export interface MergeQueueView {
   readonly stats: MergeQueue.QueueStats
+  /** The first `pageLimit` pending or in progress, in the order they are taken. */
   readonly entries: ReadonlyArray<MergeQueue.QueueEntry>
+  /** The newest `auditLimit` rows, oldest first. */
   readonly audit: ReadonlyArray<MergeQueue.AuditRecord>
+}
+
+export interface Domains {
+  /** The first `pageLimit` by id. */
+  readonly domains: ReadonlyArray<DomainView>
+  /** Domains in all. */
+  readonly total: number
 }
 
 export interface DomainView {
@@ -94,14 +142,36 @@ export interface Snapshot {
   readonly at: number
   readonly mailboxes: Section<Mailboxes>
   readonly mergeQueue: Section<MergeQueueView>
-  readonly workLeases: Section<ReadonlyArray<DomainView>>
+  readonly workLeases: Section<Domains>
 }
 
-/** How many dead letters, entries and domains a page shows at most. */
+/**
+ * How many queues, dead letters, merge-queue entries and domains a page shows at most. With every other list
+ * bounded too, and every value cut to a preview (here for the bodies, on the page for the rest), a page is
+ * bounded whatever the database holds, and it is refreshed every second.
+ */
 export const pageLimit = 50
 
 /** How many in-flight messages a page shows at most (those whose leases end first). */
 export const inFlightLimit = 20
+
+/** How many audit rows a page shows (the newest). */
+export const auditLimit = 15
+
+/** How much of a body (and of a dead letter's error) is read: the page shows less. */
+export const previewLength = 500
+
+/** The longest search taken (a queue name is at most 200 characters). */
+const maxSearch = 200
+
+/** The page and search a request asks for (`?q=…&page=…`); anything malformed reads as none. */
+export const query = (params: URLSearchParams): Query => {
+  const page = params.get("page") ?? ""
+  return {
+    q: (params.get("q") ?? "").trim().slice(0, maxSearch),
+    page: /^\d{1,9}$/.test(page) ? Math.max(1, Number(page)) : 1
+  }
+}
 
 const num = (value: number | string | bigint | null | undefined) =>
   value === null || value === undefined ? undefined : Number(value)
@@ -193,8 +263,10 @@ export const makeSampler = (sql: SqlClient.SqlClient, prefix: string): Effect.Ef
         if (rates.last === undefined) return { last: now, buckets: [] }
         const survivors = new Map(rows.map((row) => [row.queue, Number(row.survivors)]))
         const left = new Map<string, number>()
+        // Only queues that something left: with thousands of queues, a bucket holds the busy ones.
         for (const [queue, before] of rates.last.rows) {
-          left.set(queue, Math.max(0, before - (survivors.get(queue) ?? 0)))
+          const gone = before - (survivors.get(queue) ?? 0)
+          if (gone > 0) left.set(queue, gone)
         }
         const before = [...rates.last.rows.values()].reduce((a, b) => a + b, 0)
         const after = [...now.rows.values()].reduce((a, b) => a + b, 0)
@@ -256,17 +328,22 @@ const sequenceOf = (sql: SqlClient.SqlClient, table: string) =>
 // The snapshot
 // ---------------------------------------------------------------------------
 
+/**
+ * The mailboxes part: one grouped count per table (each queue's counts, each queue's dead letters) joined by
+ * name in one pass, filtered by the search and sorted, then only the page's queues are built; the in-flight
+ * and dead-letter lists are the first few, with previews of their bodies.
+ */
 const mailboxes = (
   sql: SqlClient.SqlClient,
   prefix: string,
-  admin: typeof MailboxSqlAdmin,
   rates: Rates,
-  now: number
+  now: number,
+  query: Query
 ) =>
   Effect.gen(function*() {
     const store = yield* openExisting(prefix)
     const messages = sql(store.messages)
-    const letters = yield* admin.deadLetters({ prefix, create: false })
+    const letters = sql(store.deadLetters)
     // Workers of a version before mailbox migration 7 record neither: the console reads what is there.
     const recorded = (yield* columnsOf(sql, store.messages)).has("received_by")
     const [counts, dead, inFlight, deadLetters] = yield* Effect.all([
@@ -282,8 +359,7 @@ const mailboxes = (
           SUM(CASE WHEN visible_at > ${now} AND receipt_handle IS NULL THEN 1 ELSE 0 END) AS delayed,
           MIN(CASE WHEN visible_at <= ${now} THEN visible_at END) AS oldest_visible
         FROM ${messages} GROUP BY queue`,
-      sql<{ queue: string; n: number | string }>`SELECT queue, count(*) AS n
-        FROM ${sql(store.deadLetters)} GROUP BY queue`,
+      sql<{ queue: string; n: number | string }>`SELECT queue, count(*) AS n FROM ${letters} GROUP BY queue`,
       sql<{
         seq: number | string
         queue: string
@@ -293,30 +369,45 @@ const mailboxes = (
         received_by: string | null
         extended_at: number | string | null
         body: string
-      }>`SELECT seq, queue, delivery_count, visible_at, enqueued_at, substr(body, 1, 200) AS body,
+      }>`SELECT seq, queue, delivery_count, visible_at, enqueued_at, substr(body, 1, ${previewLength}) AS body,
           ${recorded ? sql`received_by, extended_at` : sql`NULL AS received_by, NULL AS extended_at`}
         FROM ${messages} WHERE receipt_handle IS NOT NULL AND visible_at > ${now}
         ORDER BY visible_at LIMIT ${inFlightLimit}`,
-      letters.list({ limit: pageLimit })
+      // What MailboxSqlAdmin's list reads, but only a preview of each letter: a body may be megabytes.
+      sql<{
+        id: string
+        queue: string
+        delivery_count: number | string
+        dead_lettered_at: number | string
+        error_tag: string
+        error: string
+        body: string
+      }>`SELECT id, queue, delivery_count, dead_lettered_at, substr(error_tag, 1, ${previewLength}) AS error_tag,
+          substr(error, 1, ${previewLength}) AS error, substr(body, 1, ${previewLength}) AS body
+        FROM ${letters} ORDER BY dead_lettered_at, id LIMIT ${pageLimit}`
     ])
+    const counted = new Map(counts.map((row) => [row.queue, row]))
+    const deadByQueue = new Map(dead.map((row) => [row.queue, Number(row.n)]))
     // A queue stays on the page while it had traffic in the window, even once it is empty.
-    const names = [
-      ...new Set([
-        ...counts.map((row) => row.queue),
-        ...dead.map((row) => row.queue),
-        ...rates.buckets.flatMap((bucket) => [...bucket.left.keys()]),
-        ...(rates.last?.rows.keys() ?? [])
-      ])
-    ].sort()
-    const queues = names.map((queue): QueueView => {
-      const row = counts.find((candidate) => candidate.queue === queue)
+    const names = new Set(counted.keys())
+    for (const queue of deadByQueue.keys()) names.add(queue)
+    for (const bucket of rates.buckets) for (const queue of bucket.left.keys()) names.add(queue)
+    for (const queue of rates.last?.rows.keys() ?? []) names.add(queue)
+    const search = query.q.toLowerCase()
+    const matching = (search === "" ? [...names] : [...names].filter((name) => name.toLowerCase().includes(search)))
+      .sort()
+    const pages = Math.max(1, Math.ceil(matching.length / pageLimit))
+    const page = Math.min(query.page, pages)
+    const offset = (page - 1) * pageLimit
+    const queues = matching.slice(offset, offset + pageLimit).map((queue): QueueView => {
+      const row = counted.get(queue)
       const leftOf = (bucket: Bucket) => bucket.left.get(queue) ?? 0
       return {
         queue,
         queued: Number(row?.queued ?? 0),
         inFlight: Number(row?.in_flight ?? 0),
         delayed: Number(row?.delayed ?? 0),
-        deadLetters: Number(dead.find((candidate) => candidate.queue === queue)?.n ?? 0),
+        deadLetters: deadByQueue.get(queue) ?? 0,
         oldestVisibleAt: num(row?.oldest_visible),
         perMinute: perMinute(rates.buckets, leftOf),
         recent: recent(rates.buckets, leftOf)
@@ -324,6 +415,7 @@ const mailboxes = (
     })
     return {
       queues,
+      queuePage: { q: query.q, page, pages, matching: matching.length, total: names.size, offset },
       inFlight: inFlight.map((row): InFlightView => ({
         id: String(row.seq),
         queue: row.queue,
@@ -334,7 +426,17 @@ const mailboxes = (
         extendedAt: num(row.extended_at),
         body: row.body
       })),
-      deadLetters,
+      inFlightTotal: counts.reduce((sum, row) => sum + Number(row.in_flight), 0),
+      deadLetters: deadLetters.map((row): DeadLetterView => ({
+        id: row.id,
+        queue: row.queue,
+        deliveryCount: Number(row.delivery_count),
+        deadLetteredAt: Number(row.dead_lettered_at),
+        errorTag: row.error_tag,
+        error: row.error,
+        body: row.body
+      })),
+      deadLetterTotal: dead.reduce((sum, row) => sum + Number(row.n), 0),
       totalPerMinute: rates.buckets.length === 0 ? undefined : perMinute(rates.buckets, (bucket) => bucket.total)
     } satisfies Mailboxes
   })
@@ -357,7 +459,7 @@ const mergeQueue = (prefix: string) =>
     const [stats, entries, audit] = yield* Effect.all([
       queue.stats,
       queue.list({ status: [...MergeQueue.inProgress, "pending"], limit: pageLimit }),
-      queue.auditLog({ last: 15 })
+      queue.auditLog({ last: auditLimit })
     ])
     return { stats, entries, audit } satisfies MergeQueueView
   })
@@ -372,19 +474,23 @@ const workLeases = (sql: SqlClient.SqlClient, prefix: string) =>
         message: `no work-lease tables with prefix "${prefix}" (missing: ${missing.join(", ")})`
       })
     }
-    const rows = yield* sql<{
-      domain_id: string
-      lease_offset: number | string | null
-      lease_fencing: number | string | null
-      acquired_at: number | string | null
-      retry_count: number | string
-      fencing_token: number | string
-      low_water: number | string
-      backlog: number | string
-    }>`SELECT d.domain_id, d.lease_offset, d.lease_fencing, d.acquired_at, d.retry_count, d.fencing_token,
+    const [rows, total] = yield* Effect.all([
+      sql<{
+        domain_id: string
+        lease_offset: number | string | null
+        lease_fencing: number | string | null
+        acquired_at: number | string | null
+        retry_count: number | string
+        fencing_token: number | string
+        low_water: number | string
+        backlog: number | string
+      }>`SELECT d.domain_id, d.lease_offset, d.lease_fencing, d.acquired_at, d.retry_count, d.fencing_token,
         d.low_water, (SELECT count(*) FROM ${sql(names.backlog)} b WHERE b.domain_id = d.domain_id) AS backlog
-      FROM ${sql(names.domains)} d ORDER BY d.domain_id LIMIT ${pageLimit}`
-    return rows.map((row): DomainView => ({
+      FROM ${sql(names.domains)} d ORDER BY d.domain_id LIMIT ${pageLimit}`,
+      sql<{ n: number | string }>`SELECT
+        count(*) AS n FROM ${sql(names.domains)}`
+    ])
+    const domains = rows.map((row): DomainView => ({
       domainId: row.domain_id,
       leaseOffset: num(row.lease_offset),
       leaseFencing: num(row.lease_fencing),
@@ -394,16 +500,17 @@ const workLeases = (sql: SqlClient.SqlClient, prefix: string) =>
       lowWater: Number(row.low_water),
       backlog: Number(row.backlog)
     }))
+    return { domains, total: Number(total[0]?.n ?? 0) } satisfies Domains
   })
 
-/** Reads every part; never fails (a failed part says why). */
+/** Reads every part, the queue table's page that `query` asks for; never fails (a failed part says why). */
 export const snapshot = (
   sql: SqlClient.SqlClient,
   prefix: string,
-  sampler: Sampler
+  sampler: Sampler,
+  query: Query
 ): Effect.Effect<Snapshot> =>
   Effect.gen(function*() {
-    const admin = yield* Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     // The database's clock judges leases, so the page counts down from it too (a dead database: ours).
     const at = yield* databaseTime(sql).pipe(
       Effect.timeout(readLimit),
@@ -411,7 +518,7 @@ export const snapshot = (
     )
     const rates = yield* sampler.rates
     const [mailboxesPart, mergeQueuePart, workLeasesPart] = yield* Effect.all([
-      section(mailboxes(sql, prefix, admin, rates, at)),
+      section(mailboxes(sql, prefix, rates, at, query)),
       section(mergeQueue(prefix)),
       section(workLeases(sql, prefix))
     ])
