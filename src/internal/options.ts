@@ -17,6 +17,8 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
+import * as Predicate from "effect/Predicate"
+import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import type * as AST from "effect/SchemaAST"
 import * as Durations from "./duration.js"
@@ -137,7 +139,11 @@ export const decoder = <Fields extends Schema.Struct.Fields>(
   )
   return (raw) => {
     const input = given(raw ?? {})
-    return decode(input).pipe(
+    // Said in one line, not as the struct-with-defaults transformation Schema would describe.
+    const decoded = Predicate.isRecord(input)
+      ? decode(input)
+      : Effect.fail(new ParseResult.Type(title, input, "must be an object"))
+    return decoded.pipe(
       Effect.flatMap((options): Effect.Effect<Schema.Struct.Type<Fields>, ParseResult.ParseIssue> => {
         const problem = check?.(options)
         if (problem === undefined) return Effect.succeed(options)
@@ -152,12 +158,16 @@ export const decoder = <Fields extends Schema.Struct.Fields>(
   }
 }
 
-/** A decoder for the options of `label` into the config class `Class` (its fields, their defaults, its rules). */
+/**
+ * A decoder for the options of `label` into the config class `Class` (its fields, their defaults, its rules, and
+ * `check` across them).
+ */
 export const classDecoder = <Self, Fields extends Schema.Struct.Fields>(
   label: string,
-  Class: { readonly fields: Fields; new(props: Schema.Struct.Type<Fields>, options?: boolean): Self }
+  Class: { readonly fields: Fields; new(props: Schema.Struct.Type<Fields>, options?: boolean): Self },
+  check?: CrossCheck<Schema.Struct.Type<Fields>>
 ): (input: unknown) => Effect.Effect<Self, ParseResult.ParseError> => {
-  const decode = decoder(label, Class.fields)
+  const decode = decoder(label, Class.fields, check)
   return (input) => Effect.map(decode(input), (props) => new Class(props, true))
 }
 
@@ -184,6 +194,13 @@ export const NonNegativeInt: Schema.Schema<number> = worded(
 export const intBetween = (min: number, max: number, problem = `must be an integer in ${min}..${max}`) =>
   worded(Schema.Int.pipe(Schema.between(min, max)), () => problem)
 
+/** A non-negative integer that a database's 32-bit integer column holds (a number of retries). */
+export const NonNegativeInt32: Schema.Schema<number> = intBetween(
+  0,
+  2_147_483_647,
+  "must be a non-negative integer, at most 2147483647"
+)
+
 /** A non-empty string. */
 export const NonEmptyString: Schema.Schema<string> = worded(Schema.NonEmptyString, () => "must be a non-empty string")
 
@@ -194,6 +211,8 @@ export const ruledString = (problem: (input: unknown) => string | undefined): Sc
 /**
  * A `DurationInput` decoded strictly (see `duration.ts`), then held to a range: at least `min` (and, with
  * `positive`, more than zero) and at most `max`; `range` words the limits when the default wording does not fit.
+ * Without a `max` the duration must still be finite: only `max: Duration.infinity` lets `Infinity` through, for
+ * an option where "for ever" means something.
  */
 export const duration = (options?: {
   readonly min?: Duration.Duration | undefined
@@ -208,16 +227,36 @@ export const duration = (options?: {
     if (min !== undefined && Duration.lessThan(value, min)) {
       return options?.range ?? `must be at least ${Duration.format(min)}`
     }
+    // Not `range`'s wording: without a `max`, it says nothing of an upper limit ("must be at least 1 second").
+    if (max === undefined && !Duration.isFinite(value)) return "must be finite"
     if (max !== undefined && Duration.greaterThan(value, max)) {
       return options?.range ?? `must be between 0 and ${Duration.format(max)}`
     }
     return undefined
   }
-  const schema = min === undefined && max === undefined && options?.positive !== true
-    ? Durations.DurationFromInput
-    : Durations.DurationFromInput.pipe(Schema.filter((value) => outOfRange(value) === undefined))
   return worded(
-    schema,
+    Durations.DurationFromInput.pipe(Schema.filter((value) => outOfRange(value) === undefined)),
     (input) => Either.match(Durations.parse(input), { onLeft: (reason) => reason, onRight: outOfRange }) ?? ""
   )
 }
+
+/**
+ * How long a graceful stop may wait for the work in flight (`shutdownTimeout`): 0..12 h, no longer than the
+ * longest visibility a received message can have, past which the work would be redelivered anyway.
+ */
+export const ShutdownTimeout: Schema.Schema<Duration.Duration, Duration.DurationInput> = duration({
+  max: Duration.hours(12),
+  range: "must be between 0 and 12 hours"
+})
+
+/** A `Schedule` (given as an option, e.g. a watchdog's or a restart policy's). */
+export const ScheduleValue: Schema.Schema<Schedule.Schedule<unknown, unknown, unknown>> = worded(
+  Schema.declare((input: unknown): input is Schedule.Schedule<unknown, unknown, unknown> => Schedule.isSchedule(input)),
+  () => "must be a Schedule"
+)
+
+/** A function given as an option (a callback such as `onStall`); what it does is the caller's. */
+export const Callback: Schema.Schema<(...args: ReadonlyArray<never>) => unknown> = worded(
+  Schema.declare((input: unknown): input is (...args: ReadonlyArray<never>) => unknown => Predicate.isFunction(input)),
+  () => "must be a function"
+)
