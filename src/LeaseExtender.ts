@@ -27,10 +27,12 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
-import { DurationFromInput } from "./internal/duration.js"
 import { type Bind, binders } from "./internal/leaseExtender.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
+
+/** The longest visibility a mailbox's `extendVisibility` takes: an extension beyond it would fail every time. */
+const maxExtension = Duration.hours(12)
 
 /**
  * How often and by how much the lease is extended.
@@ -38,10 +40,24 @@ import * as Options_ from "./internal/options.js"
  * @category models
  */
 export class LeaseExtenderConfig extends Schema.Class<LeaseExtenderConfig>("leasehold/LeaseExtenderConfig")({
-  /** Minimum time between two extensions, however often the worker beats (default 60 s). */
-  interval: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(60) }),
-  /** Visibility requested on each extension, from the moment of extension (default 300 s). */
-  extension: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(300) }),
+  /** Minimum time between two extensions, however often the worker beats (default 60 s; 0..12 h, below `extension`). */
+  interval: Schema.optionalWith(
+    Options_.duration({ max: maxExtension, range: "must be between 0 and 12 hours" }),
+    { default: () => Duration.seconds(60) }
+  ),
+  /**
+   * Visibility requested on each extension, from the moment of extension (default 300 s). More than zero (an
+   * extension of zero would hand the message to another receiver while the worker works), at most the 12 h
+   * every mailbox's `extendVisibility` takes, and longer than `interval` (or the lease runs out between two).
+   */
+  extension: Schema.optionalWith(
+    Options_.duration({
+      positive: true,
+      max: maxExtension,
+      range: "must be greater than zero and at most 12 hours"
+    }),
+    { default: () => Duration.seconds(300) }
+  ),
   /** When false, `attach` does nothing (default true). */
   enabled: Schema.optionalWith(Schema.Boolean, { default: () => true })
 }) {}
@@ -149,10 +165,22 @@ export type Options = Partial<{
   enabled: boolean
 }>
 
-const decodeOptions = Options_.classDecoder("LeaseExtender.make", LeaseExtenderConfig)
+const decodeOptions = Options_.classDecoder(
+  "LeaseExtender.make",
+  LeaseExtenderConfig,
+  ({ extension, interval }) =>
+    Duration.lessThanOrEqualTo(extension, interval)
+      ? {
+        field: "extension",
+        message: `must be longer than interval (${Duration.format(interval)}): ` +
+          "the lease would run out between two extensions"
+      }
+      : undefined
+)
 
 /**
- * Makes an extender; bad config (a negative interval, say) fails with a `ParseError` naming it.
+ * Makes an extender; config that cannot work (a negative interval, an extension of zero, beyond 12 h or not
+ * longer than the interval, NaN in any form) fails with a `ParseError` naming it.
  *
  * @category constructors
  */

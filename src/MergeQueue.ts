@@ -47,7 +47,6 @@ import type * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import * as Database from "./Database.js"
 import type { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
-import { DurationFromInput } from "./internal/duration.js"
 import * as Errors_ from "./internal/mergeQueue/errors.js"
 import {
   AlreadyQueuedError,
@@ -232,22 +231,35 @@ export { AlreadyQueuedError, EntryNotFoundError, InvalidTransitionError, LockLos
 // Config and metrics
 // ---------------------------------------------------------------------------
 
+/** A claim's retry delay: bounded, as a claim waits through up to `maxAttempts` of them. */
+const Backoff = Options_.duration({ max: Duration.minutes(1), range: "must be between 0 and 1 minute" })
+
 /**
  * How the queue behaves, decoded from `Options` with its defaults.
  *
  * @category models
  */
 export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/MergeQueueConfig")({
-  /** How long a lock lives without an extension (default 300 s, like the seed; more than zero). */
-  lockTimeout: Schema.optionalWith(Options_.duration({ positive: true }), { default: () => Duration.seconds(300) }),
+  /**
+   * How long a lock lives without an extension (default 300 s, like the seed): from 1 ms (the database counts in
+   * milliseconds) to 24 h. Never infinite: recovery must be able to take a crashed agent's lock back.
+   */
+  lockTimeout: Schema.optionalWith(
+    Options_.duration({
+      min: Duration.millis(1),
+      max: Duration.hours(24),
+      range: "must be greater than zero: from 1 millisecond to 24 hours"
+    }),
+    { default: () => Duration.seconds(300) }
+  ),
   /** Table name prefix (default `leasehold_`). */
   prefix: Sql.Prefix,
   /** Attempts of a claim that meets a busy database or a conflict (default 5, at most 100). */
   maxAttempts: Schema.optionalWith(Options_.intBetween(1, 100), { default: () => 5 }),
-  /** First retry delay of a claim, doubled each time (default 50 ms). */
-  initialBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.millis(50) }),
-  /** Longest retry delay of a claim (default 2 s). */
-  maxBackoff: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(2) }),
+  /** First retry delay of a claim, doubled each time (default 50 ms; 0..1 min). */
+  initialBackoff: Schema.optionalWith(Backoff, { default: () => Duration.millis(50) }),
+  /** Longest retry delay of a claim (default 2 s; 0..1 min, at least `initialBackoff`). */
+  maxBackoff: Schema.optionalWith(Backoff, { default: () => Duration.seconds(2) }),
   /**
    * Create or upgrade the tables when they are missing or older (default true). False opens existing tables
    * only and writes nothing while opening (`TablesNotFoundError` without them): what an operator's inspection
@@ -264,7 +276,14 @@ export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/
  */
 export type Options = typeof MergeQueueConfig.Encoded
 
-const decodeOptions = Options_.classDecoder("MergeQueue.make", MergeQueueConfig)
+const decodeOptions = Options_.classDecoder(
+  "MergeQueue.make",
+  MergeQueueConfig,
+  ({ initialBackoff, maxBackoff }) =>
+    Duration.lessThan(maxBackoff, initialBackoff)
+      ? { field: "maxBackoff", message: `must be at least initialBackoff (${Duration.format(initialBackoff)})` }
+      : undefined
+)
 
 /**
  * Entries claimed by `nextWithLock`.
@@ -448,7 +467,7 @@ export const layerSqlite = (
   MergeQueue | SqlClient.SqlClient,
   MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError
 > => {
-  const { busyTimeout, filename, ...rest } = options
+  const { busyTimeout, filename, ...rest } = options ?? {} as SqliteOptions
   return Layer.provideMerge(
     layer(rest),
     Database.layerSqlite({ filename, busyTimeout }).pipe(

@@ -21,10 +21,19 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Heartbeat from "./Heartbeat.js"
-import { DurationFromInput } from "./internal/duration.js"
 import { recordAge } from "./internal/heartbeat.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
+
+/**
+ * A threshold or interval: zero would make every loop stalled, or checks without a pause; an infinite or very long
+ * one would never see a stall (a timer longer than ~24.8 days never fires at all).
+ */
+const Liveness = Options_.duration({
+  positive: true,
+  max: Duration.hours(24),
+  range: "must be greater than zero and at most 24 hours"
+})
 
 /**
  * When a heartbeat counts as stalled, and how often to look.
@@ -32,10 +41,10 @@ import * as Options_ from "./internal/options.js"
  * @category models
  */
 export class WatchdogConfig extends Schema.Class<WatchdogConfig>("leasehold/WatchdogConfig")({
-  /** A heartbeat older than this is a stall (default 720 s). */
-  threshold: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(720) }),
-  /** Time between checks when no schedule is given (default 60 s). */
-  interval: Schema.optionalWith(DurationFromInput, { default: () => Duration.seconds(60) })
+  /** A heartbeat older than this is a stall (default 720 s; more than zero, at most 24 h). */
+  threshold: Schema.optionalWith(Liveness, { default: () => Duration.seconds(720) }),
+  /** Time between checks when no schedule is given (default 60 s; more than zero, at most 24 h). */
+  interval: Schema.optionalWith(Liveness, { default: () => Duration.seconds(60) })
 }) {}
 
 /**
@@ -102,17 +111,26 @@ export interface Options {
   readonly onStall?: StallAction | undefined
 }
 
-const decodeOptions = Options_.classDecoder("Watchdog.make", WatchdogConfig)
+/** `Options` as decoded: the config's fields, and a schedule and an action that are what they say. */
+const optionFields = {
+  ...WatchdogConfig.fields,
+  schedule: Schema.optionalWith(Options_.ScheduleValue, { exact: true }),
+  onStall: Schema.optionalWith(Options_.Callback, { exact: true })
+}
+
+const decodeOptions = Options_.decoder("Watchdog.make", optionFields)
 
 /**
- * Makes a watchdog; bad config fails with a `ParseError` naming it.
+ * Makes a watchdog; config that cannot work (a threshold or interval of zero, infinite or beyond 24 h, NaN in any
+ * form, a schedule that is not a `Schedule`) fails with a `ParseError` naming it.
  *
  * @category constructors
  */
 export const make = (options?: Options): Effect.Effect<Watchdog, ParseResult.ParseError> =>
   Effect.map(
     decodeOptions(options),
-    (config): Watchdog => {
+    ({ interval, threshold }): Watchdog => {
+      const config = new WatchdogConfig({ interval, threshold }, true)
       const thresholdMillis = Duration.toMillis(config.threshold)
       const onStall = options?.onStall ?? exitProcess
       const schedule = options?.schedule ?? Schedule.spaced(config.interval)

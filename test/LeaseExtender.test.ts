@@ -4,6 +4,7 @@ import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import { ReceiptHandleExpiredError } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import { refusedOptions } from "./helpers.js"
 
 /** A message that records the timeouts it is extended by; `behaviour` decides each call's outcome. */
 const fakeMessage = (
@@ -36,6 +37,41 @@ describe("LeaseExtenderConfig", () => {
       expect(error.message).toContain("must not be negative")
       const error2 = yield* Effect.flip(LeaseExtender.make({ extension: "five minutes" as Duration.DurationInput }))
       expect(error2.message).toContain("extension")
+    }))
+
+  it.effect("refuses an extension that cannot keep a message: zero, beyond 12 h, or not longer than the interval", () =>
+    Effect.gen(function*() {
+      const refused = (options: LeaseExtender.Options) =>
+        Effect.map(Effect.flip(LeaseExtender.make(options)), (error) => ({
+          fields: refusedOptions(error),
+          message: error.message
+        }))
+      // Zero: every extension would make the message visible to another receiver while the handler runs.
+      const zero = yield* refused({ extension: 0 })
+      expect(zero.fields).toEqual(["extension"])
+      expect(zero.message).toContain("must be greater than zero")
+      expect((yield* refused({ extension: "0 seconds" })).fields).toEqual(["extension"])
+      // Beyond the 12 h every mailbox's extendVisibility takes: every extension would fail at run time.
+      const long = yield* refused({ extension: "13 hours" })
+      expect(long.fields).toEqual(["extension"])
+      expect(long.message).toContain("at most 12 hours")
+      expect((yield* refused({ extension: Duration.infinity })).fields).toEqual(["extension"])
+      expect((yield* refused({ extension: Infinity })).fields).toEqual(["extension"])
+      // Not longer than the interval: the lease would run out between two extensions.
+      const short = yield* refused({ interval: "5 minutes", extension: "5 minutes" })
+      expect(short.fields).toEqual(["extension"])
+      expect(short.message).toContain("longer than interval")
+      expect((yield* refused({ interval: "10 minutes" })).fields).toEqual(["extension"]) // the default 300 s
+      expect((yield* refused({ interval: "13 hours", extension: "12 hours" })).fields).toEqual(["interval"])
+      // NaN in any form is refused, never read as zero.
+      for (const nan of [NaN, [NaN, 0], [0, NaN]] as const) {
+        expect((yield* refused({ extension: nan })).fields).toEqual(["extension"])
+        expect((yield* refused({ interval: nan })).fields).toEqual(["interval"])
+      }
+      // The bounds themselves are fine.
+      const edge = yield* LeaseExtender.make({ interval: "11 hours", extension: "12 hours" })
+      expect(Duration.toHours(edge.config.extension)).toBe(12)
+      yield* LeaseExtender.make({ interval: 0, extension: 1 })
     }))
 })
 

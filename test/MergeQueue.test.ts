@@ -13,6 +13,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/v
 import {
   Context,
   DateTime,
+  Duration,
   Effect,
   Either,
   Exit,
@@ -601,6 +602,45 @@ for (const backend of backends) {
         const several = yield* Effect.flip(queueOn(backend.client(), { maxAttempts: 0, maxBackoff: -1 }))
         expect(refusedOptions(several)).toEqual(["maxAttempts", "maxBackoff"])
         expect(several.message).toContain("MergeQueue.make options")
+      }))
+
+    it.effect("refuses options that cannot work: an infinite lock, NaN in any form, backoff capped below its start", () =>
+      Effect.gen(function*() {
+        const refused = (options: MergeQueue.Options) =>
+          Effect.map(Effect.flip(queueOn(backend.client(), options)), (error) => ({
+            fields: refusedOptions(error),
+            message: error.message
+          }))
+        // A lock that never expires is one a crashed agent holds for ever: recovery could never heal it.
+        for (const forever of [Infinity, Duration.infinity, "25 hours", 1e300] as const) {
+          expect((yield* refused({ lockTimeout: forever })).fields).toEqual(["lockTimeout"])
+        }
+        // Shorter than the millisecond the database counts in: the lock would be stale as it is taken.
+        expect((yield* refused({ lockTimeout: "0.5 millis" })).fields).toEqual(["lockTimeout"])
+        for (const nan of [NaN, [NaN, 0], [0, NaN]] as const) {
+          expect((yield* refused({ lockTimeout: nan, initialBackoff: nan, maxBackoff: nan })).fields).toEqual([
+            "lockTimeout",
+            "initialBackoff",
+            "maxBackoff"
+          ])
+        }
+        expect((yield* refused({ initialBackoff: Infinity, maxBackoff: "2 minutes" })).fields).toEqual([
+          "initialBackoff",
+          "maxBackoff"
+        ])
+        // The cap below the first delay: the doubling would never happen.
+        const inverted = yield* refused({ initialBackoff: "1 second", maxBackoff: "100 millis" })
+        expect(inverted.fields).toEqual(["maxBackoff"])
+        expect(inverted.message).toContain("at least initialBackoff")
+        expect((yield* refused({ initialBackoff: "3 seconds" })).fields).toEqual(["maxBackoff"]) // the default 2 s
+        // The bounds themselves are fine.
+        const edge = yield* queueOn(backend.client(), {
+          lockTimeout: "24 hours",
+          initialBackoff: "1 minute",
+          maxBackoff: "1 minute"
+        })
+        expect(yield* edge.stats).toMatchObject({ total: 0 })
+        yield* queueOn(backend.client(), { lockTimeout: 1, initialBackoff: 0, maxBackoff: 0 })
       }))
   })
 }

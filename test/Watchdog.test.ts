@@ -1,9 +1,9 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, Effect, Ref, Schedule, TestClock } from "effect"
+import { Clock, Duration, Effect, Ref, Schedule, TestClock } from "effect"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as Watchdog from "../src/Watchdog.js"
-import { captureLogs, jumpingClock, runTsx } from "./helpers.js"
+import { captureLogs, jumpingClock, refusedOptions, runTsx } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 10)
 
@@ -77,6 +77,28 @@ describe("Watchdog", () => {
     Effect.gen(function*() {
       const error = yield* Effect.flip(Watchdog.make({ threshold: -1 }))
       expect(error.message).toContain("threshold")
+    }))
+
+  it.effect("refuses a threshold or interval that is zero, infinite, beyond 24 h or NaN in any form", () =>
+    Effect.gen(function*() {
+      const refused = (options: Watchdog.Options) => Effect.map(Effect.flip(Watchdog.make(options)), refusedOptions)
+      // Zero: every loop would be stalled at every check / a check loop without pause.
+      expect(yield* refused({ threshold: 0 })).toEqual(["threshold"])
+      expect(yield* refused({ interval: 0 })).toEqual(["interval"])
+      expect(yield* refused({ threshold: "0 seconds", interval: [0, 0] })).toEqual(["threshold", "interval"])
+      // Infinite or too long: no stall would ever be seen / no check would ever come.
+      for (const long of [Infinity, Duration.infinity, "25 hours", 1e300] as const) {
+        expect(yield* refused({ threshold: long })).toEqual(["threshold"])
+        expect(yield* refused({ interval: long })).toEqual(["interval"])
+      }
+      for (const nan of [NaN, [NaN, 0], [0, NaN]] as const) {
+        expect(yield* refused({ threshold: nan, interval: nan })).toEqual(["threshold", "interval"])
+      }
+      const error = yield* Effect.flip(Watchdog.make({ interval: Infinity }))
+      expect(error.message).toContain("Watchdog.make options")
+      expect(error.message).toContain("must be greater than zero and at most 24 hours")
+      const edge = yield* Watchdog.make({ threshold: "24 hours", interval: 1, onStall: () => Effect.void })
+      expect(Duration.toHours(edge.config.threshold)).toBe(24)
     }))
 
   it.live("by default exits the process with code 1 (a real child process)", () =>
