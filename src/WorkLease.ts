@@ -299,7 +299,7 @@ const hint = (state: DomainState) => state.backlog[0]
  * @category models
  */
 export interface Options {
-  /** `fail` gives up once `retryCount >= maxRetries` (default 3; a non-negative integer). */
+  /** `fail` gives up once `retryCount >= maxRetries` (default 3; an integer in 0..2147483647, what SQL stores). */
   readonly maxRetries?: number | undefined
   readonly retention?: {
     /**
@@ -311,7 +311,7 @@ export interface Options {
 }
 
 const decodeOptions = Options_.decoder("WorkLease.make", {
-  maxRetries: Schema.optionalWith(Options_.NonNegativeInt, { exact: true, default: () => 3 }),
+  maxRetries: Schema.optionalWith(Options_.NonNegativeInt32, { exact: true, default: () => 3 }),
   retention: Schema.optionalWith(
     Schema.Struct({ maxOutOfOrder: Schema.optionalWith(Options_.NonNegativeInt, { exact: true }) }).annotations({
       identifier: "retention"

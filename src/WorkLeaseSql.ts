@@ -74,14 +74,14 @@ export type SqlWorkLease = WorkLease<WorkLeaseStoreError>
  * @category models
  */
 export interface Options {
-  /** `fail` gives up once `retryCount >= maxRetries` (default 3; a non-negative integer). */
+  /** `fail` gives up once `retryCount >= maxRetries` (default 3; an integer in 0..2147483647, what SQL stores). */
   readonly maxRetries?: number | undefined
   /** Table name prefix (default `leasehold_`). */
   readonly prefix?: string | undefined
 }
 
 const decodeOptions = Options_.decoder("WorkLeaseSql.make", {
-  maxRetries: Schema.optionalWith(Options_.NonNegativeInt, { exact: true, default: () => 3 }),
+  maxRetries: Schema.optionalWith(Options_.NonNegativeInt32, { exact: true, default: () => 3 }),
   prefix: Sql.Prefix
 })
 

@@ -145,6 +145,15 @@ describe("WorkLease options", () => {
       expect(retention.message).toContain("WorkLease.make options")
       yield* WorkLease.make({ maxRetries: 0, retention: { maxOutOfOrder: 0 } })
     }))
+
+  it.effect("maxRetries is refused beyond what a SQL backend stores (a 32-bit integer): the same rule in memory", () =>
+    Effect.gen(function*() {
+      for (const maxRetries of [2 ** 31, Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER + 2, Infinity]) {
+        const error = yield* Effect.flip(WorkLease.make({ maxRetries }))
+        expect(refusedOptions(error)).toEqual(["maxRetries"])
+      }
+      yield* WorkLease.make({ maxRetries: 2 ** 31 - 1 })
+    }))
 })
 
 describe("WorkLease retention (bounded memory)", () => {

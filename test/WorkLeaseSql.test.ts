@@ -104,6 +104,20 @@ describe("WorkLeaseSql options", () => {
         expect(error.message).toContain("must be a non-negative integer")
       }
     }))
+  it.scoped("maxRetries beyond a 32-bit integer is refused at make: on PostgreSQL every fail would be a store error", () =>
+    Effect.gen(function*() {
+      const pg = yield* Layer.build(PgClient.layer({ url: Redacted.make(pgUrl) }))
+      const error = yield* Effect.flip(
+        WorkLeaseSql.make({ prefix: prefix(), maxRetries: 2 ** 31 }).pipe(Effect.provide(pg))
+      )
+      expect(refusedOptions(error)).toEqual(["maxRetries"])
+      expect(error.message).toContain("at most 2147483647")
+      // The largest allowed works on PostgreSQL: a failure is retried.
+      const lease = yield* WorkLeaseSql.make({ prefix: prefix(), maxRetries: 2 ** 31 - 1 }).pipe(Effect.provide(pg))
+      const acquired = yield* lease.tryAcquire("d", 0)
+      if (acquired._tag !== "Acquired") return expect.fail(`not acquired: ${acquired._tag}`)
+      expect(yield* lease.fail("d", acquired.token)).toMatchObject({ _tag: "RetryScheduled", retryCount: 1 })
+    }))
 })
 
 describe("WorkLeaseSql migrations", () => {
