@@ -31,12 +31,12 @@ import * as Fiber from "effect/Fiber"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
+import * as Predicate from "effect/Predicate"
 import * as Schedule from "effect/Schedule"
 import * as ScheduleIntervals from "effect/ScheduleIntervals"
 import * as Schema from "effect/Schema"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Health from "./Health.js"
-import { DurationFromInput } from "./internal/duration.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
 import type { InvalidParameterError } from "./Mailbox.js"
@@ -105,7 +105,7 @@ export interface LoopGroup {
  * @category models
  */
 export interface Options {
-  /** How long each loop may take to finish its in-flight message when the group stops (default 30 s). */
+  /** How long each loop may take to finish its in-flight message when the group stops (default 30 s; 0..12 h). */
   readonly shutdownTimeout?: Duration.DurationInput | undefined
   /** Watch the loops' heartbeats (see `Watchdog.make`). */
   readonly watchdog?: Watchdog.Options | undefined
@@ -119,8 +119,19 @@ interface GroupRun {
   readonly fibers: Array<Fiber.RuntimeFiber<void, InvalidParameterError | AlreadyRunningError>>
 }
 
+const isSupervision = (input: unknown): input is Supervision =>
+  Predicate.isRecord(input) &&
+  (input._tag === "StopGroup" || input._tag === "Restart" && Schedule.isSchedule(input.schedule))
+
 const decodeOptions = Options_.decoder("LoopGroup.make", {
-  shutdownTimeout: Schema.optionalWith(DurationFromInput, { exact: true })
+  shutdownTimeout: Schema.optionalWith(Options_.ShutdownTimeout, { exact: true }),
+  supervision: Schema.optionalWith(
+    Options_.worded(
+      Schema.declare(isSupervision),
+      () => "must be LoopGroup.stopGroup or LoopGroup.restart(schedule)"
+    ),
+    { exact: true }
+  )
 })
 
 /**

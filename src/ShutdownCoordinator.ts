@@ -16,7 +16,11 @@
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import type * as ParseResult from "effect/ParseResult"
 import * as Runtime from "effect/Runtime"
+import * as Schema from "effect/Schema"
+import { constants } from "node:os"
+import * as Options_ from "./internal/options.js"
 
 /**
  * Runs shutdown callbacks when the process is asked to stop.
@@ -83,23 +87,39 @@ export const defaultSignals: ReadonlyArray<NodeJS.Signals> = ["SIGTERM", "SIGINT
  * @category models
  */
 export interface Options {
-  /** The signals that trigger shutdown (default SIGTERM and SIGINT). */
+  /** The signals that trigger shutdown (default SIGTERM and SIGINT; not SIGKILL, SIGSTOP or a fault). */
   readonly signals?: ReadonlyArray<NodeJS.Signals> | undefined
 }
 
+/** Signals a handler cannot be installed for (Node throws), or that report a fault rather than ask for a stop. */
+const refused: ReadonlySet<string> = new Set(["SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL"])
+
+const Signal = Options_.ruledString((input) =>
+  typeof input === "string" && Object.hasOwn(constants.signals, input) && !refused.has(input)
+    ? undefined
+    : "must be the name of a signal that asks the process to stop (SIGTERM, SIGINT, SIGHUP…): " +
+      "not SIGKILL or SIGSTOP, which cannot be handled, nor a fault such as SIGSEGV"
+)
+
+const decodeOptions = Options_.decoder("ShutdownCoordinator.layer", {
+  signals: Schema.optionalWith(Schema.Array(Signal), { exact: true, default: () => defaultSignals })
+})
+
 /**
  * The coordinator with handlers for `signals` (default SIGTERM and SIGINT), removed when the layer closes.
- * The first signal triggers shutdown; the second exits at once with `forcedExitCode`.
+ * The first signal triggers shutdown; the second exits at once with `forcedExitCode`. A name that is not a signal
+ * a handler can serve is a `ParseError` naming it.
  *
  * @category layers
  */
-export const layer = (options?: Options): Layer.Layer<ShutdownCoordinator> =>
+export const layer = (options?: Options): Layer.Layer<ShutdownCoordinator, ParseResult.ParseError> =>
   Layer.scoped(
     ShutdownCoordinator,
     Effect.gen(function*() {
+      const decoded = yield* decodeOptions(options)
       const coordinator = yield* make
       const runtime = yield* Effect.runtime<never>()
-      const signals = [...new Set(options?.signals ?? defaultSignals)]
+      const signals = [...new Set(decoded.signals)]
       let received = 0
       const onSignal = (signal: NodeJS.Signals) => {
         received++
