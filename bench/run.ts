@@ -107,7 +107,7 @@ const bareRefSet = () =>
 const beatWithExtender = (through: "explicit" | "environment") => () =>
   Effect.scoped(Effect.gen(function*() {
     const heartbeat = yield* Heartbeat.make
-    const extender = yield* LeaseExtender.make({ interval: "1 hour" })
+    const extender = yield* LeaseExtender.make({ interval: "1 hour", extension: "2 hours" })
     yield* extender.attach({ id: "bench", extendVisibility: () => Effect.void }, heartbeat)
     return yield* through === "explicit"
       ? repeat(heartbeat.beat, BEATS)

@@ -146,7 +146,12 @@ export const after = (duration: Duration.DurationInput): Effect.Effect<Deadline,
     onRight: (d) =>
       Effect.flatMap(
         Clock.currentTimeMillis,
-        (now) => validateAgainstNow(DateTime.unsafeMake(now + Duration.toMillis(d)), duration, now)
+        (now) =>
+          // Past what a date can hold (an infinite or astronomical duration): no deadline, not a defect.
+          Option.match(DateTime.make(now + Duration.toMillis(d)), {
+            onNone: () => Effect.fail(new InvalidDeadlineError({ reason: "invalid", input: duration })),
+            onSome: (expiresAt) => validateAgainstNow(DateTime.toUtc(expiresAt), duration, now)
+          })
       )
   })
 

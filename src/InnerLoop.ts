@@ -229,12 +229,14 @@ const decodeOutput = <Out>(
 }
 
 const decodeOptions = Options_.decoder("InnerLoop.makeAdapter", {
-  maxTurns: Schema.optionalWith(Options_.PositiveInt, { exact: true })
+  maxTurns: Schema.optionalWith(Options_.PositiveInt, { exact: true }),
+  retry: Schema.optionalWith(Options_.ScheduleValue, { exact: true })
 })
 
 /**
  * An adapter whose model turns come from `complete`: what an adapter for a new provider is made with. Bad
- * options (a `maxTurns` that is not a positive integer) are a `ParseError` naming them.
+ * options (a `maxTurns` that is not a positive integer, a `retry` that is not a `Schedule`) are a `ParseError`
+ * naming them.
  *
  * @category constructors
  */

@@ -65,6 +65,8 @@ import { setCurrent } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
+import { loopNameProblem } from "./internal/names.js"
+import * as Options_ from "./internal/options.js"
 import { exporting, parseTraceparent } from "./internal/tracing.js"
 import { annotated, makeCell } from "./internal/worker/annotations.js"
 import * as Receive from "./internal/worker/receive.js"
@@ -195,8 +197,10 @@ const { logSettleFailure } = SettleFailure
  */
 export const interruptGrace: Duration.Duration = Duration.seconds(5)
 
+const decodeOptions = Options_.decoder("MailboxWorker.make", { name: Options_.ruledString(loopNameProblem) })
+
 /**
- * Makes a worker; bad lease-extender config fails with a `ParseError` naming it.
+ * Makes a worker; a bad name or lease-extender config fails with a `ParseError` naming it.
  *
  * @category constructors
  */
@@ -204,7 +208,8 @@ export const make = <A, R, Out, E, Req>(
   options: Options<A, R, Out, E, Req>
 ): Effect.Effect<Runnable, ParseResult.ParseError, Req> =>
   Effect.gen(function*() {
-    const { mailbox, name } = options
+    const { mailbox } = options
+    const { name } = yield* decodeOptions(options)
     const extender = yield* LeaseExtender.make(options.leaseExtender)
     const bind = binders.get(extender)!
     const heartbeat = yield* Heartbeat.make

@@ -614,3 +614,16 @@ const cases: ReadonlyArray<Case> = [
 describe("options that cannot work are refused at construction", () => {
   for (const c of cases) property(c)
 })
+
+describe("a scripted model's turns", () => {
+  it.effect("a latency that cannot be slept is a ParseError naming the turn, not a defect at evaluate", () =>
+    Effect.gen(function*() {
+      for (const latency of [Number.NaN, -1, Number.POSITIVE_INFINITY, "soon", [Number.NaN, 0], "25 hours"]) {
+        const error = yield* Effect.flip(
+          ScriptedAdapter.make([{ text: "a" }, { text: "b", latency: latency as Duration.DurationInput }])
+        )
+        expect(refusedOptions(error)).toEqual(["turns.1.latency"])
+      }
+      yield* ScriptedAdapter.make([{ text: "a", latency: "1 second" }])
+    }))
+})

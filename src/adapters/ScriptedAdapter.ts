@@ -4,12 +4,14 @@
  * `Clock`, so `TestClock` drives it) — for tests, examples and demos. It
  * records every request that reached it, so a test can prove one did not.
  */
-import type * as Duration from "effect/Duration"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
 import * as Ref from "effect/Ref"
+import * as Schema from "effect/Schema"
 import * as InnerLoop from "../InnerLoop.js"
+import * as Options_ from "../internal/options.js"
 import { ProviderAdapter } from "../ProviderAdapter.js"
 
 type ProviderAdapterService = ProviderAdapter["Type"]
@@ -42,6 +44,13 @@ export interface Scripted extends ProviderAdapterService {
   readonly requests: Effect.Effect<ReadonlyArray<InnerLoop.ModelRequest>>
 }
 
+/** The turns' timing, checked when the script is made (a latency that cannot be slept is a `ParseError`). */
+const decodeTurns = Options_.decoder("ScriptedAdapter.make", {
+  turns: Schema.Array(
+    Schema.Struct({ latency: Schema.optionalWith(Options_.duration({ max: Duration.hours(24) }), { exact: true }) })
+  )
+})
+
 /**
  * Replays `turns` in order across every evaluation; a request past the end is a provider error. Bad options
  * are a `ParseError` naming them (see `InnerLoop.makeAdapter`).
@@ -53,6 +62,7 @@ export const make = (
   options?: InnerLoop.Options
 ): Effect.Effect<Scripted, ParseResult.ParseError> =>
   Effect.gen(function*() {
+    yield* decodeTurns({ turns })
     const next = yield* Ref.make(0)
     const received = yield* Ref.make<ReadonlyArray<InnerLoop.ModelRequest>>([])
     const complete: InnerLoop.Complete = (request) =>

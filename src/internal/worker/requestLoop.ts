@@ -57,7 +57,7 @@ export interface Config<Body> {
   readonly leaseExtender?: LeaseExtender.Options | undefined
   /** Dead-letter failed requests by this policy instead of replying an error at once. */
   readonly deadLetters?: DeadLetter.DeadLetterQueue<Body> | undefined
-  /** Time limit for a request that carries no deadline, counted from when its execution starts (≥ 1 s). */
+  /** Time limit for a request that carries no deadline, counted from when its execution starts (1 s..7 days). */
   readonly timeout?: Duration.DurationInput | undefined
   /** Budget for a request that carries none (the request's own budget wins). */
   readonly budget?: Budget.Budget | undefined
@@ -83,12 +83,16 @@ export const deadLettered = counter("leasehold_messages_dead_lettered_total", "M
 /** The default worker id: `host-pid`. */
 export const defaultWorkerId = (): string => `${hostname()}-${process.pid}`
 
-/** The part of the config decoded here (the lease extender's is `LeaseExtender.make`'s): `timeout` ≥ 1 s. */
+/** The part of the config decoded here (the lease extender's is `LeaseExtender.make`'s): `timeout` 1 s..7 days. */
 const configFields = {
   config: Schema.optionalWith(
     Schema.Struct({
       timeout: Schema.optionalWith(
-        Options.duration({ min: Duration.seconds(1), range: "must be at least 1 second" }),
+        Options.duration({
+          min: Duration.seconds(1),
+          max: Duration.days(7),
+          range: "must be at least 1 second and at most 7 days"
+        }),
         { exact: true }
       )
     }),

@@ -14,7 +14,6 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Health from "../../Health.js"
 import type * as MailboxWorker from "../../MailboxWorker.js"
-import { DurationFromInput } from "../duration.js"
 import { limits } from "../mailbox/validation.js"
 import * as Options from "../options.js"
 
@@ -34,7 +33,7 @@ const RunOptions = Schema.Struct({
 /** The options of a scoped run: `run`'s options, and how long the graceful stop may take (default 30 s). */
 export const fields = {
   run: Schema.optionalWith(RunOptions, { exact: true }),
-  shutdownTimeout: Schema.optionalWith(DurationFromInput, { exact: true, default: () => Duration.seconds(30) })
+  shutdownTimeout: Schema.optionalWith(Options.ShutdownTimeout, { exact: true, default: () => Duration.seconds(30) })
 }
 
 /** A decoder of a scoped run's options, for the constructor `label`. */
