@@ -388,11 +388,11 @@ export interface MergeQueueService {
     EntryNotFoundError | InvalidTransitionError | LockLostError | InvalidParameterError | MergeQueueStoreError
   >
   readonly get: (id: number) => Store<Option.Option<QueueEntry>>
-  /** Entries in queue order (priority, then age), optionally of some statuses only. */
+  /** Entries in queue order (priority, then age), optionally of some statuses only; `limit` 1..100000. */
   readonly list: (options?: {
     readonly status?: ReadonlyArray<Status> | undefined
     readonly limit?: number | undefined
-  }) => Store<ReadonlyArray<QueueEntry>>
+  }) => Effect.Effect<ReadonlyArray<QueueEntry>, InvalidParameterError | MergeQueueStoreError>
   readonly stats: Store<QueueStats>
   /**
    * Audit rows in the order they happened, optionally for one entry: the first `limit`, or with `last` the
@@ -402,7 +402,7 @@ export interface MergeQueueService {
     readonly entryId?: number | undefined
     readonly limit?: number | undefined
     readonly last?: number | undefined
-  }) => Store<ReadonlyArray<AuditRecord>>
+  }) => Effect.Effect<ReadonlyArray<AuditRecord>, InvalidParameterError | MergeQueueStoreError>
   /**
    * A claim's lock as something `LeaseExtender` can extend: attach it with
    * the worker's `Heartbeat` so the lock lives exactly as long as work happens.

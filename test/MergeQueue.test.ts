@@ -110,11 +110,17 @@ const failing = (
     },
     get(target, property, receiver) {
       const value = Reflect.get(target, property, receiver)
-      return property !== "reserve" ? value : Effect.map(value as typeof sql.reserve, (connection) => ({
-        ...connection,
-        execute: (text: string, params: ReadonlyArray<unknown>, transform: undefined) =>
-          fails(text) ? fault() : connection.execute(text, params, transform)
-      }))
+      // The connection keeps its other methods (its prototype's too: a transaction begins with `executeUnprepared`).
+      return property !== "reserve" ?
+        value :
+        Effect.map(
+          value as typeof sql.reserve,
+          (connection) =>
+            Object.assign(Object.create(connection) as typeof connection, {
+              execute: (text: string, params: ReadonlyArray<unknown>, transform: undefined) =>
+                fails(text) ? fault() : connection.execute(text, params, transform)
+            })
+        )
     }
   })
 }
@@ -602,6 +608,52 @@ for (const backend of backends) {
         const several = yield* Effect.flip(queueOn(backend.client(), { maxAttempts: 0, maxBackoff: -1 }))
         expect(refusedOptions(several)).toEqual(["maxAttempts", "maxBackoff"])
         expect(several.message).toContain("MergeQueue.make options")
+      }))
+
+    it.effect("workspaces, bead and agent ids keep the name rule; stored error text is made storable", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        for (const bad of ["a\u0000b", "\ud800", "\udc00", "x".repeat(201), "tab\t"]) {
+          expect(yield* Effect.flip(queue.enqueue(bad))).toMatchObject({ parameter: "workspace" })
+          expect(yield* Effect.flip(queue.enqueue("ws", { beadId: bad }))).toMatchObject({ parameter: "beadId" })
+          expect(yield* Effect.flip(queue.nextWithLock(bad))).toMatchObject({ parameter: "agentId" })
+          expect(yield* Effect.flip(queue.acquireProcessingLock(bad))).toMatchObject({ parameter: "agentId" })
+        }
+        expect((yield* queue.stats).total).toBe(0)
+        // Two workspaces a lone surrogate would merge on PostgreSQL stay two (the surrogate is refused above).
+        yield* queue.enqueue("\ufffd")
+        yield* queue.enqueue("\ud83d\ude00")
+        expect((yield* queue.list()).map((entry) => entry.workspace)).toEqual(["\ufffd", "\ud83d\ude00"])
+        const claim = Option.getOrThrow(yield* queue.nextWithLock("agent"))
+        const failed = yield* queue.transition(claim, "failed_retryable", {
+          error: "bad \u0000 and \ud800 " + "x".repeat(70_000)
+        })
+        expect(failed.lastError.pipe(Option.map((error) => error.slice(0, 12)))).toEqual(
+          Option.some("bad \ufffd and \ufffd ")
+        )
+        expect(Option.getOrThrow(failed.lastError).length).toBe(64 * 1024)
+      }))
+
+    it.effect("listings take a limit of 1..100000, and a lock extension or a stale threshold has a finite bound", () =>
+      Effect.gen(function*() {
+        const queue = yield* queueOn(backend.client())
+        for (const limit of [0, -1, 1.5, Number.NaN, 100_001]) {
+          expect(yield* Effect.flip(queue.list({ limit }))).toMatchObject({ parameter: "limit" })
+          expect(yield* Effect.flip(queue.auditLog({ limit }))).toMatchObject({ parameter: "limit" })
+          expect(yield* Effect.flip(queue.auditLog({ last: limit }))).toMatchObject({ parameter: "last" })
+        }
+        yield* queue.enqueue("ws")
+        const claim = Option.getOrThrow(yield* queue.nextWithLock("agent"))
+        for (const extra of [Number.POSITIVE_INFINITY, 1e300, "25 hours"] as const) {
+          expect(yield* Effect.flip(queue.extendLock(claim, extra))).toMatchObject({ parameter: "extra" })
+        }
+        expect(yield* Effect.flip(queue.reclaimStale(Number.POSITIVE_INFINITY))).toMatchObject({
+          parameter: "threshold"
+        })
+        // The lock is still readable (an infinite expiry made every read of it die).
+        expect(yield* queue.extendLock(claim, "24 hours")).toBe(true)
+        expect(Option.isSome(yield* queue.getProcessingLock)).toBe(true)
+        expect((yield* queue.list({ limit: 1 })).length).toBe(1)
       }))
 
     it.effect("refuses options that cannot work: an infinite lock, NaN in any form, backoff capped below its start", () =>

@@ -13,6 +13,7 @@
  * Free text that is stored (an error message, a dead letter's reason) is not refused but made storable
  * (`storableText`).
  */
+import { InvalidParameterError } from "../Errors.js"
 
 /** The longest name, in UTF-16 units. */
 export const maxNameLength = 200
@@ -23,14 +24,26 @@ const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\
 /** Whether `text` is well-formed Unicode (no lone surrogate): what `String.prototype.isWellFormed` says. */
 export const isWellFormed = (text: string): boolean => !loneSurrogate.test(text)
 
-/** Why `name` breaks the name rule, or `undefined` when it keeps it. */
-export const nameProblem = (name: unknown): string | undefined => {
+/** Why `name` breaks the name rule (at most `maxLength` units), or `undefined` when it keeps it. */
+export const nameProblem = (name: unknown, maxLength: number = maxNameLength): string | undefined => {
   if (typeof name !== "string" || name.length === 0) return "must be a non-empty string"
-  if (name.length > maxNameLength) return `must be at most ${maxNameLength} characters`
+  if (name.length > maxLength) return `must be at most ${maxLength} characters`
   if (controlCharacter.test(name)) return "must not contain control characters"
   if (loneSurrogate.test(name)) return "must be well-formed Unicode (it has a lone surrogate)"
   return undefined
 }
+
+/** The failure of an operation given `value` as its `parameter` (a name), or `undefined` when it keeps the rule. */
+export const refusedName = (parameter: string, value: unknown): InvalidParameterError | undefined => {
+  const problem = nameProblem(value)
+  return problem === undefined ? undefined : new InvalidParameterError({ parameter, value, reason: problem })
+}
+
+/**
+ * Why a loop's `name` breaks the rule: the name rule, with room for the name of the queue a loop is named after
+ * (`main-loop:<queue>`). It labels logs and metrics.
+ */
+export const loopNameProblem = (name: unknown): string | undefined => nameProblem(name, 2 * maxNameLength)
 
 const unstorable = /[\u0000]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
 

@@ -25,6 +25,7 @@ import type {
   Status as StatusType
 } from "../../MergeQueue.js"
 import { DurationFromInput } from "../duration.js"
+import { nameProblem, storableText } from "../names.js"
 import * as Sql from "../sql/common.js"
 import {
   AlreadyQueuedError,
@@ -55,14 +56,27 @@ const tokenOf = (hold: LockHold): Either.Either<number, InvalidParameterError> =
       })
     )
 
-const agent = (agentId: string): Either.Either<string, InvalidParameterError> =>
-  typeof agentId === "string" && agentId.trim().length > 0
-    ? Either.right(agentId)
-    : Either.left(
-      new InvalidParameterError({ parameter: "agentId", value: agentId, reason: "must be a non-empty string" })
-    )
+/** Why `name` cannot name a workspace, bead or agent: the name rule (`internal/names.ts`), and not blank. */
+const identifierProblem = (name: unknown): string | undefined =>
+  nameProblem(name) ?? ((name as string).trim().length === 0 ? "must not be blank" : undefined)
 
-const positiveDuration = (parameter: string, input: Duration.DurationInput, allowZero: boolean) =>
+/** `value` checked as the identifier `parameter` (a workspace, a bead id, an agent id). */
+const identifier = (parameter: string, value: string): Either.Either<string, InvalidParameterError> => {
+  const problem = identifierProblem(value)
+  return problem === undefined
+    ? Either.right(value)
+    : Either.left(new InvalidParameterError({ parameter, value, reason: problem }))
+}
+
+const agent = (agentId: string) => identifier("agentId", agentId)
+
+/** A duration argument: not negative (nor zero unless `allowZero`), and at most `max` (finite, so storable). */
+const positiveDuration = (
+  parameter: string,
+  input: Duration.DurationInput,
+  allowZero: boolean,
+  max: Duration.Duration
+) =>
   Either.flatMap(
     Either.mapLeft(
       Schema.decodeUnknownEither(DurationFromInput)(input),
@@ -72,8 +86,28 @@ const positiveDuration = (parameter: string, input: Duration.DurationInput, allo
     (duration) =>
       !allowZero && Duration.isZero(duration)
         ? Either.left(new InvalidParameterError({ parameter, value: input, reason: "must be greater than zero" }))
+        : Duration.greaterThan(duration, max)
+        ? Either.left(
+          new InvalidParameterError({ parameter, value: input, reason: `must be at most ${Duration.format(max)}` })
+        )
         : Either.right(duration)
   )
+
+/**
+ * The `limit` and `last` of a listing: integers in 1..100000 (SQLite reads `LIMIT -1` as no limit at all, and
+ * PostgreSQL refuses a negative one as a store error).
+ */
+const checkLimits = (
+  options: { readonly limit?: number | undefined; readonly last?: number | undefined } | undefined
+): Effect.Effect<void, InvalidParameterError> => {
+  for (const parameter of ["limit", "last"] as const) {
+    const value = options?.[parameter]
+    if (value !== undefined && !(Number.isSafeInteger(value) && value >= 1 && value <= 100_000)) {
+      return Effect.fail(new InvalidParameterError({ parameter, value, reason: "must be an integer in 1..100000" }))
+    }
+  }
+  return Effect.void
+}
 
 const isStatus = Schema.is(Status)
 
@@ -129,7 +163,7 @@ export const make = (
     )
 
     const reclaimStale: MergeQueueService["reclaimStale"] = (threshold) =>
-      Either.match(positiveDuration("threshold", threshold, true), {
+      Either.match(positiveDuration("threshold", threshold, true, Duration.days(365)), {
         onLeft: Effect.fail,
         onRight: (duration) =>
           Recovery.recover(db, (now) => now - Duration.toMillis(duration), false).pipe(
@@ -209,7 +243,8 @@ export const make = (
       Either.match(
         Either.flatMap(
           tokenOf(hold),
-          (token) => Either.map(positiveDuration("extra", extra, false), (duration) => ({ token, duration }))
+          (token) =>
+            Either.map(positiveDuration("extra", extra, false, Duration.hours(24)), (duration) => ({ token, duration }))
         ),
         {
           onLeft: Effect.fail,
@@ -239,7 +274,9 @@ export const make = (
             reason: `must be one of ${Status.literals.join(", ")}`
           })
         }
-        const move: Statements.Move = { id, token, to: status, error: options?.error }
+        // Free text, stored: made storable (no NUL or lone surrogate, at most 64 KiB) rather than refused.
+        const error = options?.error === undefined ? undefined : storableText(String(options.error), 64 * 1024)
+        const move: Statements.Move = { id, token, to: status, error }
         const verdict = yield* statements.transition(move).pipe(store("transition"))
         return verdict.outcome === "ok" ? toEntry(verdict.entry) : yield* refusal(move, verdict)
       })
@@ -253,13 +290,8 @@ export const make = (
 
     const enqueue: MergeQueueService["enqueue"] = (workspace, options) =>
       Effect.gen(function*() {
-        if (typeof workspace !== "string" || workspace.trim().length === 0) {
-          return yield* new InvalidParameterError({
-            parameter: "workspace",
-            value: workspace,
-            reason: "must be a non-empty string"
-          })
-        }
+        yield* identifier("workspace", workspace)
+        if (options?.beadId !== undefined) yield* identifier("beadId", options.beadId)
         const priority = options?.priority ?? 2
         if (!Number.isSafeInteger(priority)) {
           return yield* new InvalidParameterError({
@@ -308,13 +340,16 @@ export const make = (
       Effect.map(entryById(id), (row) => Option.map(Option.fromNullable(row), toEntry)).pipe(store("get"))
 
     const list: MergeQueueService["list"] = (options) =>
-      Effect.map(
-        sql<EntryRow>`SELECT * FROM ${entries}
+      Effect.zipRight(
+        checkLimits(options),
+        Effect.map(
+          sql<EntryRow>`SELECT * FROM ${entries}
           ${options?.status === undefined ? sql`` : sql`WHERE status IN ${sql.in([...options.status])}`}
           ORDER BY priority, created_at, id
           ${options?.limit === undefined ? sql`` : sql`LIMIT ${options.limit}`}`,
-        (rows) => rows.map(toEntry)
-      ).pipe(store("list"))
+          (rows) => rows.map(toEntry)
+        ).pipe(store("list"))
+      )
 
     const stats: Store<QueueStats> = Effect.gen(function*() {
       const counts = yield* sql<{ status: string; n: number | string }>`SELECT status, count(*) AS n
@@ -334,18 +369,21 @@ export const make = (
     }).pipe(store("stats"))
 
     const auditLog: MergeQueueService["auditLog"] = (options) =>
-      Effect.map(
-        sql<AuditRow>`SELECT * FROM ${db.audit}
+      Effect.zipRight(
+        checkLimits(options),
+        Effect.map(
+          sql<AuditRow>`SELECT * FROM ${db.audit}
           ${options?.entryId === undefined ? sql`` : sql`WHERE entry_id = ${options.entryId}`}
           ORDER BY id ${
-          options?.last !== undefined
-            ? sql`DESC LIMIT ${options.last}`
-            : options?.limit !== undefined
-            ? sql`LIMIT ${options.limit}`
-            : sql``
-        }`,
-        (rows): ReadonlyArray<AuditRecord> => (options?.last === undefined ? rows : [...rows].reverse()).map(toAudit)
-      ).pipe(store("auditLog"))
+            options?.last !== undefined
+              ? sql`DESC LIMIT ${options.last}`
+              : options?.limit !== undefined
+              ? sql`LIMIT ${options.limit}`
+              : sql``
+          }`,
+          (rows): ReadonlyArray<AuditRecord> => (options?.last === undefined ? rows : [...rows].reverse()).map(toAudit)
+        ).pipe(store("auditLog"))
+      )
 
     const extendable: MergeQueueService["extendable"] = (claim) => ({
       id: String(claim.id),
