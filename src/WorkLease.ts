@@ -40,6 +40,8 @@ import * as STM from "effect/STM"
 import * as TMap from "effect/TMap"
 import * as TRef from "effect/TRef"
 import { randomUUID } from "node:crypto"
+import type { InvalidParameterError } from "./Errors.js"
+import { refusedName } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 
 /**
@@ -203,21 +205,43 @@ export interface WorkLease<StoreError = never> {
   readonly tryAcquire: (
     domainId: string,
     offset: number
-  ) => Effect.Effect<AcquireResult, BacklogOrderingError | InvalidOffsetError | StoreError>
+  ) => Effect.Effect<AcquireResult, BacklogOrderingError | InvalidOffsetError | InvalidParameterError | StoreError>
   readonly succeed: (
     domainId: string,
     token: string
-  ) => Effect.Effect<SucceedResult, LeaseNotFoundError | TokenMismatchError | StoreError>
+  ) => Effect.Effect<SucceedResult, LeaseNotFoundError | TokenMismatchError | InvalidParameterError | StoreError>
   readonly fail: (
     domainId: string,
     token: string
-  ) => Effect.Effect<FailResult, LeaseNotFoundError | TokenMismatchError | StoreError>
-  readonly inspect: (domainId: string) => Effect.Effect<DomainSnapshot, StoreError>
+  ) => Effect.Effect<FailResult, LeaseNotFoundError | TokenMismatchError | InvalidParameterError | StoreError>
+  readonly inspect: (domainId: string) => Effect.Effect<DomainSnapshot, InvalidParameterError | StoreError>
   /** Fails unless `fencingToken` is the current lease's: storage calls it to refuse a zombie holder. */
   readonly assertCurrent: (
     domainId: string,
     fencingToken: number
-  ) => Effect.Effect<void, StaleFencingTokenError | StoreError>
+  ) => Effect.Effect<void, StaleFencingTokenError | InvalidParameterError | StoreError>
+}
+
+/**
+ * `lease` with every operation refusing a `domainId` that breaks the name rule (`InvalidParameterError`), on
+ * every backend alike and before anything is stored: a lone surrogate has no UTF-8 form, and PostgreSQL's
+ * driver sent U+FFFD in its place, so `"\udc00"` was answered with the lease of domain `"\ufffd"`.
+ */
+export const guardDomains = <E>(lease: WorkLease<E>): WorkLease<E> => {
+  const guarded = <A, X>(
+    domainId: string,
+    effect: () => Effect.Effect<A, X>
+  ): Effect.Effect<A, X | InvalidParameterError> => {
+    const refused = refusedName("domainId", domainId)
+    return refused === undefined ? effect() : Effect.fail(refused)
+  }
+  return {
+    tryAcquire: (domainId, offset) => guarded(domainId, () => lease.tryAcquire(domainId, offset)),
+    succeed: (domainId, token) => guarded(domainId, () => lease.succeed(domainId, token)),
+    fail: (domainId, token) => guarded(domainId, () => lease.fail(domainId, token)),
+    inspect: (domainId) => guarded(domainId, () => lease.inspect(domainId)),
+    assertCurrent: (domainId, fencingToken) => guarded(domainId, () => lease.assertCurrent(domainId, fencingToken))
+  }
 }
 
 interface Lease {
@@ -449,5 +473,5 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
               : Effect.fail(new StaleFencingTokenError({ domainId, fencingToken, current: lease?.fencingToken }))
         ))
 
-    return { tryAcquire, succeed, fail, inspect, assertCurrent }
+    return guardDomains<never>({ tryAcquire, succeed, fail, inspect, assertCurrent })
   })

@@ -29,6 +29,7 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
+import { storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import * as Schema_ from "./internal/sql/workLease/schema.js"
@@ -37,6 +38,7 @@ import {
   AcquireResult,
   BacklogOrderingError,
   FailResult,
+  guardDomains,
   InvalidOffsetError,
   LeaseNotFoundError,
   StaleFencingTokenError,
@@ -134,7 +136,8 @@ export const make = (
     /** Settles the lease: `Released` (with the backlog head, if any) or `RetryScheduled`, after the token checks. */
     const settle = (operation: "succeed" | "fail", domainId: string, token: string) =>
       Effect.flatMap(
-        statements.settle(domainId, token, operation === "fail"),
+        // A token no lease can have (a NUL, a lone surrogate) mismatches, as in memory, not fails the statement.
+        statements.settle(domainId, storableText(token, 200), operation === "fail"),
         (outcome): Effect.Effect<Statements.Outcome, LeaseNotFoundError | TokenMismatchError> => {
           if (outcome.tag === "LeaseNotFoundError") return Effect.fail(new LeaseNotFoundError({ domainId }))
           if (outcome.tag === "TokenMismatchError") return Effect.fail(new TokenMismatchError({ domainId }))
@@ -187,7 +190,7 @@ export const make = (
             : Effect.void
       ).pipe(store("assertCurrent"))
 
-    return { tryAcquire, succeed, fail, inspect, assertCurrent }
+    return guardDomains<WorkLeaseStoreError>({ tryAcquire, succeed, fail, inspect, assertCurrent })
   })
 
 /**

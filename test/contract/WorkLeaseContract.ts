@@ -128,4 +128,28 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         expect((yield* Effect.flip(lease.assertCurrent("C", 1)))._tag).toBe("StaleFencingTokenError")
         expect(yield* lease.inspect("unknown")).toMatchObject({ backlog: [] })
       }))
+
+    it.scoped("domain ids keep the name rule on every backend; different names are different domains", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3 })
+        const held = acquired(yield* lease.tryAcquire("\ufffd", 0))
+        for (const bad of ["", "a\u0000b", "\ud800", "\udc00", "x".repeat(201), "new\nline"]) {
+          const refusals = [
+            lease.tryAcquire(bad, 0),
+            lease.succeed(bad, held.token),
+            lease.fail(bad, held.token),
+            lease.inspect(bad),
+            lease.assertCurrent(bad, held.fencingToken)
+          ]
+          for (const refused of refusals) {
+            expect(yield* Effect.flip(refused)).toMatchObject({ _tag: "InvalidParameterError", parameter: "domainId" })
+          }
+        }
+        // A lone surrogate was answered with U+FFFD's lease on PostgreSQL: refused above, and U+FFFD's is intact.
+        expect((yield* lease.inspect("\ufffd")).lease.pipe(Option.map((l) => l.token))).toEqual(Option.some(held.token))
+        const emoji = acquired(yield* lease.tryAcquire("\ud83d\ude00", 0))
+        expect(emoji.fencingToken).toBe(1)
+        // A token no lease can have is a mismatch, not a failure of the store.
+        expect((yield* Effect.flip(lease.succeed("\ufffd", "t\u0000\ud800")))._tag).toBe("TokenMismatchError")
+      }))
   })
