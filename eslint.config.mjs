@@ -4,7 +4,7 @@ import effect from "@effect/eslint-plugin"
 import tseslint from "typescript-eslint"
 
 export default tseslint.config(
-  { ignores: ["node_modules/**", "dist/**", "coverage/**", "bench/.build/**"] },
+  { ignores: ["node_modules/**", "dist/**", "coverage/**", "bench/.build/**", "soak/.build/**"] },
   ...tseslint.configs.recommended,
   ...effect.configs.dprint,
   {

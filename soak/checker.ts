@@ -1,0 +1,800 @@
+/**
+ * The soak's checker: reads a run's histories (every process's `*.jsonl`, see history.ts) and what the
+ * orchestrator read from the database after the drain (`db.json`, a `Dump`), and judges each property leasehold
+ * promises, Jepsen-style — from the record of what happened, not from what the processes said about
+ * themselves. It is a pure function of the directory, so a kept directory can be checked again
+ * (`npm run soak -- --check DIR`) and its self-test (selfTest.ts) can feed it copies with bugs injected.
+ *
+ * The properties, and what "explained" means for a duplicate, are in docs/reliability.md; the rules are
+ * written once here, next to each check.
+ */
+import { existsSync, readFileSync } from "node:fs"
+import { join } from "node:path"
+import type { Event, EventOf, Kind } from "./history.js"
+import * as History from "./history.js"
+
+// ---------------------------------------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------------------------------------
+
+/** A message left in a queue after the drain. */
+export interface RemainingMessage {
+  readonly queue: string
+  readonly id: string
+  readonly state: string
+  readonly deliveryCount: number
+  readonly requestId?: string | undefined
+}
+
+/** A row of the dead-letter table. */
+export interface DeadLetterRow {
+  readonly id: string
+  readonly queue: string
+  readonly requestId?: string | undefined
+  readonly errorTag: string
+  readonly deliveryCount: number
+}
+
+/** A merge-queue entry after the drain. */
+export interface MergeEntry {
+  readonly id: number
+  readonly workspace: string
+  readonly status: string
+}
+
+/** A row of the merge queue's audit log (the order of `id` is the order things happened in). */
+export interface AuditRow {
+  readonly id: number
+  readonly at: number
+  readonly action: string
+  readonly agentId?: string | undefined
+  readonly entryId?: number | undefined
+  readonly fencingToken?: number | undefined
+  readonly fromStatus?: string | undefined
+  readonly toStatus?: string | undefined
+  readonly detail?: string | undefined
+}
+
+/** A fenced write the resource table accepted (`seq`: commit order), and the resource rows at the end. */
+export interface ResourceWrite {
+  readonly seq: number
+  readonly domain: string
+  readonly offset: number
+  readonly fencing: number
+  readonly proc: string
+}
+
+/** What the orchestrator read from the database after the drain. */
+export interface Dump {
+  readonly remaining: ReadonlyArray<RemainingMessage>
+  readonly deadLetters: ReadonlyArray<DeadLetterRow>
+  readonly mergeEntries: ReadonlyArray<MergeEntry>
+  readonly audit: ReadonlyArray<AuditRow>
+  /** Work leases (property 7), when the run had them. */
+  readonly leases?: {
+    readonly writes: ReadonlyArray<ResourceWrite>
+    readonly offsets: Readonly<Record<string, number>>
+    /** Offsets per domain the lease table reports processed (terminal), and the ones still leased or queued. */
+    readonly pending: Readonly<Record<string, number>>
+  } | undefined
+}
+
+/** The run's settings the rules depend on (recorded by the orchestrator's `config` event). */
+export interface Settings {
+  readonly backend: string
+  readonly seed: number
+  readonly seconds: number
+  readonly visibilityMs: number
+  readonly extenderIntervalMs: number
+  readonly extensionMs: number
+  readonly shutdownTimeoutMs: number
+  readonly maxDeliveryCount: number
+  readonly replay?: string
+}
+
+/** What a SIGTERM'd process may take beyond its shutdown timeout to exit (closing pools, Node's teardown). */
+export const exitMarginMs = 3_000
+
+// ---------------------------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------------------------
+
+/** One property's verdict, with the figures behind it and (when it fails) the first pieces of evidence. */
+export interface Verdict {
+  readonly id: number
+  readonly name: string
+  readonly status: "PASS" | "FAIL" | "SKIP"
+  readonly summary: string
+  readonly evidence: ReadonlyArray<string>
+}
+
+/** The checker's answer. */
+export interface Report {
+  readonly settings: Settings
+  readonly figures: ReadonlyArray<readonly [string, string]>
+  readonly verdicts: ReadonlyArray<Verdict>
+  readonly pass: boolean
+}
+
+const EVIDENCE = 8
+
+const percentile = (values: ReadonlyArray<number>, p: number): number | undefined => {
+  if (values.length === 0) return undefined
+  const sorted = [...values].sort((a, b) => a - b)
+  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]
+}
+const ms = (value: number | undefined) => (value === undefined ? "–" : `${Math.round(value)} ms`)
+const spread = (values: ReadonlyArray<number>) =>
+  values.length === 0
+    ? "none"
+    : `p50 ${ms(percentile(values, 50))}, p99 ${ms(percentile(values, 99))}, max ${
+      ms(Math.max(...values))
+    } (n=${values.length})`
+
+// ---------------------------------------------------------------------------------------------------------
+// The run's timeline: attempts, faults, outages
+// ---------------------------------------------------------------------------------------------------------
+
+/** One attempt of a request on one worker loop. */
+interface Attempt {
+  readonly proc: string
+  readonly loop: number
+  readonly requestId: string
+  readonly attempt: number
+  readonly kind: Kind
+  readonly start: number
+  readonly beats: Array<number>
+  end?: { readonly t: number; readonly outcome: "success" | "failure" | "interrupted" } | undefined
+}
+
+interface Interval {
+  readonly from: number
+  readonly to: number
+}
+
+const overlaps = (a: Interval, b: Interval) => a.from <= b.to && b.from <= a.to
+
+/** Everything the rules look up, built once from the events. */
+const timeline = (events: ReadonlyArray<Event>) => {
+  const of = <K extends Event["ev"]>(ev: K) => events.filter((e): e is EventOf<K> => e.ev === ev)
+  const attempts = new Map<string, Attempt>()
+  const byRequest = new Map<string, Array<Attempt>>()
+  const key = (e: { proc: string; loop: number; requestId: string; attempt: number }) =>
+    `${e.proc}|${e.loop}|${e.requestId}|${e.attempt}`
+  for (const e of events) {
+    if (e.ev === "start") {
+      const a: Attempt = { ...e, start: e.t, beats: [] }
+      attempts.set(key(e), a)
+      byRequest.set(e.requestId, [...(byRequest.get(e.requestId) ?? []), a])
+    } else if (e.ev === "beat") attempts.get(key(e))?.beats.push(e.t)
+    else if (e.ev === "end") {
+      const a = attempts.get(key(e))
+      if (a !== undefined && a.end === undefined) a.end = { t: e.t, outcome: e.outcome }
+    }
+  }
+  for (const list of byRequest.values()) list.sort((a, b) => a.start - b.start)
+
+  // Signals the orchestrator sent, per target; SIGSTOP…SIGCONT intervals.
+  const signals = of("signal")
+  const signalsTo = (proc: string) => signals.filter((s) => s.target === proc)
+  const stopped = new Map<string, Array<Interval>>()
+  for (const s of signals) {
+    if (s.signal !== "SIGSTOP") continue
+    const cont = signals.find((c) => c.target === s.target && c.signal === "SIGCONT" && c.t >= s.t)
+    stopped.set(s.target, [...(stopped.get(s.target) ?? []), { from: s.t, to: cont?.t ?? Infinity }])
+  }
+  const exits = of("exit")
+  const exitOf = (proc: string) => exits.find((e) => e.target === proc)
+
+  // Database outages: PostgreSQL stopped…started, the SQLite write lock held…released (from the holder's file).
+  const outages: Array<Interval & { readonly kind: "pg-restart" | "sqlite-lock" }> = []
+  for (const stop of of("pg-stop")) {
+    const start = events.find((e) => e.ev === "pg-start" && e.t >= stop.t)
+    outages.push({ kind: "pg-restart", from: stop.t, to: start?.t ?? Infinity })
+  }
+  for (const held of of("sqlite-lock-held")) {
+    const released = events.find((e) => e.ev === "sqlite-lock-released" && e.proc === held.proc && e.t >= held.t)
+    outages.push({ kind: "sqlite-lock", from: held.t, to: released?.t ?? Infinity })
+  }
+  return { of, attempts, byRequest, signals, signalsTo, stopped, exits, exitOf, outages }
+}
+
+type Timeline = ReturnType<typeof timeline>
+
+// ---------------------------------------------------------------------------------------------------------
+// Property 3: duplicates and their explanations
+// ---------------------------------------------------------------------------------------------------------
+
+/**
+ * Why a later attempt B of a request started after attempt A. Not duplicates: `retry` (A failed and the
+ * policy retries: the loop nacked it with backoff) and `handed-back` (A was interrupted by its worker's
+ * SIGTERM drain running out of time: the loop nacked it at once). Every other B is a duplicate.
+ *
+ * A held the request from its start until it was settled; a settle lands within the visibility after the
+ * attempt ends (the loop replies and acknowledges at once, in the background), so A's *holding span* is
+ * [A.start, min(B.start, A.end + visibility)] — [A.start, B.start] when A never ended. A duplicate is explained
+ * by the first that applies of:
+ * - `SIGKILL`: A's worker was killed within the holding span;
+ * - `SIGSTOP`: A's worker was stopped during the holding span;
+ * - `pg-restart` / `sqlite-lock`: the database was down (PostgreSQL stopped, the SQLite write lock held by
+ *   another process) during the holding span, and B started after the outage began — the holder had to
+ *   extend or acknowledge while it could not;
+ * - `holder-silent`: A had not ended when B started and its last sign of life (start or beat) was at least
+ *   `extension − interval` before B — the shortest lease a beat leaves, so the holder had stopped proving
+ *   progress (its process starved of CPU);
+ * else it is `unexplained`: a redelivery while the holder was alive, not stopped, beating, and the database up.
+ */
+export type Cause =
+  | "retry"
+  | "handed-back"
+  | "SIGKILL"
+  | "SIGSTOP"
+  | "pg-restart"
+  | "sqlite-lock"
+  | "holder-silent"
+  | "unexplained"
+
+/** The span during which A held the request (see `Cause`). */
+const holding = (settings: Settings, a: Attempt, b: Attempt): Interval => ({
+  from: a.start,
+  to: a.end === undefined ? b.start : Math.min(b.start, a.end.t + settings.visibilityMs)
+})
+
+const classify = (
+  line: Timeline,
+  settings: Settings,
+  a: Attempt,
+  b: Attempt
+): Cause => {
+  if (a.end !== undefined && a.end.t <= b.start) {
+    if (a.end.outcome === "failure") {
+      // The policy: poison is dead-lettered at once (its tag is included); anything else below maxDeliveryCount
+      // is nacked with backoff. A dead-lettered request that comes back is a duplicate, not a retry.
+      const deadLettered = a.kind === "poison" || a.attempt >= settings.maxDeliveryCount
+      if (!deadLettered) return "retry"
+    }
+    if (a.end.outcome === "interrupted") {
+      const terminated = line.signalsTo(a.proc).some((s) => s.signal === "SIGTERM" && s.t <= a.end!.t)
+      if (terminated) return "handed-back"
+    }
+  }
+  const span = holding(settings, a, b)
+  const signals = line.signalsTo(a.proc)
+  if (signals.some((s) => s.signal === "SIGKILL" && s.t >= span.from && s.t <= span.to)) return "SIGKILL"
+  if ((line.stopped.get(a.proc) ?? []).some((stop) => overlaps(stop, span))) return "SIGSTOP"
+  const outage = line.outages.find((o) => overlaps(o, span) && b.start >= o.from)
+  if (outage !== undefined) return outage.kind
+  if (a.end === undefined || a.end.t > b.start) {
+    const life = [a.start, ...a.beats.filter((t) => t <= b.start)]
+    const last = Math.max(...life)
+    if (b.start - last >= settings.extensionMs - settings.extenderIntervalMs) return "holder-silent"
+  }
+  return "unexplained"
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The checks
+// ---------------------------------------------------------------------------------------------------------
+
+/** Judges a run from its events and its database dump. */
+export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0): Report => {
+  const configEvent = events.find((e): e is EventOf<"config"> => e.ev === "config")
+  const settings = (configEvent?.config ?? {}) as unknown as Settings
+  const line = timeline(events)
+  const figures: Array<readonly [string, string]> = []
+  const verdicts: Array<Verdict> = []
+  const verdict = (id: number, name: string, failures: ReadonlyArray<string>, summary: string, skip = false) =>
+    verdicts.push({
+      id,
+      name,
+      status: skip ? "SKIP" : failures.length === 0 ? "PASS" : "FAIL",
+      summary: failures.length === 0 ? summary : `${summary}; ${failures.length} failure(s)`,
+      evidence: failures.slice(0, EVIDENCE)
+    })
+
+  // Requests the producer sent (stored), and the ones whose send failed (maybe stored).
+  const sends = new Map(line.of("send").map((e) => [e.requestId, e]))
+  const sent = new Map(line.of("sent").map((e) => [e.requestId, e]))
+  const ambiguous = new Set(line.of("send-failed").map((e) => e.requestId))
+  const replies = new Map<string, Map<string, EventOf<"reply">>>()
+  for (const r of line.of("reply")) {
+    const byMessage = replies.get(r.requestId) ?? new Map<string, EventOf<"reply">>()
+    byMessage.set(r.messageId, r)
+    replies.set(r.requestId, byMessage)
+  }
+  const deadLettered = new Map<string, Array<DeadLetterRow>>()
+  for (const row of dump.deadLetters) {
+    if (row.requestId === undefined) continue
+    deadLettered.set(row.requestId, [...(deadLettered.get(row.requestId) ?? []), row])
+  }
+  const remainingRequests = new Set(dump.remaining.flatMap((m) => (m.requestId === undefined ? [] : [m.requestId])))
+
+  // --- 1. No loss ------------------------------------------------------------------------------------------
+  {
+    const failures: Array<string> = []
+    let completed = 0
+    let meantDead = 0
+    let lost = 0
+    const kinds: Record<string, number> = {}
+    for (const [requestId] of sent) {
+      const send = sends.get(requestId)
+      const kind = send?.kind ?? "fast"
+      kinds[kind] = (kinds[kind] ?? 0) + 1
+      const attempts = line.byRequest.get(requestId) ?? []
+      const succeeded = attempts.some((a) => a.end?.outcome === "success")
+      const dead = deadLettered.has(requestId)
+      const meant = kind === "poison" || kind === "stubborn"
+      if (meant) {
+        if (dead) meantDead++
+        else if (!remainingRequests.has(requestId)) {
+          lost++
+          failures.push(`${requestId} (${kind}): not in the dead letters and not in the queue — lost`)
+        }
+      } else if (dead) {
+        failures.push(`${requestId} (${kind}): dead-lettered, though it was not meant to be`)
+      } else if (succeeded) completed++
+      else if (!remainingRequests.has(requestId)) {
+        lost++
+        failures.push(
+          `${requestId} (${kind}): no attempt succeeded and it is not in the queue — lost ` +
+            `(attempts: ${
+              attempts.map((a) => `${a.proc}#${a.attempt} ${a.end?.outcome ?? "no end"}`).join(", ") || "none"
+            })`
+        )
+      }
+    }
+    figures.push(["sent (stored)", `${sent.size} (${Object.entries(kinds).map(([k, n]) => `${k} ${n}`).join(", ")})`])
+    figures.push(["sends that failed (maybe stored, retried under a new id)", `${ambiguous.size}`])
+    figures.push(["completed", `${completed}`])
+    figures.push(["dead-lettered as meant (poison, stubborn)", `${meantDead}`])
+    figures.push(["lost", `${lost}`])
+    verdict(
+      1,
+      "no loss: every request completed, or is in the dead letters because it was meant to be",
+      failures,
+      `${sent.size} sent, ${completed} completed, ${meantDead} dead-lettered as meant, ${lost} lost`
+    )
+  }
+
+  // --- 2. Exactly one reply per request that asked for one -----------------------------------------------
+  {
+    const failures: Array<string> = []
+    let expected = 0
+    let received = 0
+    for (const [requestId] of sent) {
+      const send = sends.get(requestId)
+      const got = [...(replies.get(requestId)?.values() ?? [])]
+      received += got.length
+      if (send?.wantsReply !== true) {
+        if (got.length > 0) failures.push(`${requestId}: ${got.length} reply(ies), though it asked for none`)
+        continue
+      }
+      expected++
+      if (got.length === 0) {
+        if (!remainingRequests.has(requestId)) failures.push(`${requestId} (${send.kind}): no reply`)
+      } else if (got.length > 1) {
+        failures.push(
+          `${requestId} (${send.kind}): ${got.length} replies (${
+            got.map((r) => `${r.success ? "ok" : `error ${r.errorTag ?? ""}`} ${r.messageId}`).join(", ")
+          })`
+        )
+      } else {
+        const meantToFail = send.kind === "poison" || send.kind === "stubborn"
+        if (got[0]!.success === meantToFail) {
+          failures.push(`${requestId} (${send.kind}): a ${got[0]!.success ? "success" : "error"} reply`)
+        }
+      }
+    }
+    for (const [requestId, got] of replies) {
+      if (sent.has(requestId)) continue
+      if (ambiguous.has(requestId) && got.size <= 1) continue
+      failures.push(`${requestId}: ${got.size} reply(ies) to a request the producer did not send`)
+    }
+    figures.push(["replies expected / received", `${expected} / ${received}`])
+    verdict(
+      2,
+      "exactly one reply per request that asked for one",
+      failures,
+      `${expected} expected, ${received} received`
+    )
+  }
+
+  // --- 3. No redelivery while the holder was alive, not stopped and beating -----------------------------
+  {
+    const failures: Array<string> = []
+    const causes: Record<string, number> = {}
+    let attempts = 0
+    for (const [requestId, list] of line.byRequest) {
+      attempts += list.length
+      for (let i = 1; i < list.length; i++) {
+        const a = list[i - 1]!
+        const b = list[i]!
+        const cause = classify(line, settings, a, b)
+        causes[cause] = (causes[cause] ?? 0) + 1
+        if (cause === "unexplained") {
+          const lastBeat = Math.max(a.start, ...a.beats.filter((t) => t <= b.start))
+          failures.push(
+            `${requestId} (${a.kind}): attempt ${b.attempt} on ${b.proc} started ${
+              Math.round(b.start - a.start)
+            } ms after attempt ${a.attempt} on ${a.proc}, whose last beat was ${Math.round(b.start - lastBeat)} ms ` +
+              `before, ended ${
+                a.end === undefined ? "never" : `${a.end.outcome} ${Math.round(a.end.t - b.start)} ms after B's start`
+              }; ` +
+              "no fault on the holder, the database up"
+          )
+        }
+      }
+    }
+    const explained = ["SIGKILL", "SIGSTOP", "pg-restart", "sqlite-lock", "holder-silent"]
+      .reduce((sum, cause) => sum + (causes[cause] ?? 0), 0)
+    figures.push(["attempts", `${attempts}`])
+    figures.push([
+      "retries by the policy / handed back on SIGTERM",
+      `${causes.retry ?? 0} / ${causes["handed-back"] ?? 0}`
+    ])
+    figures.push([
+      "duplicates explained",
+      `${explained} (${
+        ["SIGKILL", "SIGSTOP", "pg-restart", "sqlite-lock", "holder-silent"]
+          .filter((c) => causes[c] !== undefined).map((c) => `${c} ${causes[c]}`).join(", ") || "none"
+      })`
+    ])
+    figures.push(["duplicates unexplained", `${causes.unexplained ?? 0}`])
+    verdict(
+      3,
+      "no redelivery while the holder was alive, not stopped and beating",
+      failures,
+      `${explained} duplicate(s), all explained by a fault on the earlier holder`.replace(
+        "all explained",
+        failures.length === 0 ? "all explained" : "not all explained"
+      )
+    )
+  }
+
+  // --- 4. Nothing stuck after the drain -----------------------------------------------------------------
+  {
+    const failures: Array<string> = []
+    for (const m of dump.remaining) {
+      failures.push(
+        `${m.queue}: message ${m.id}${
+          m.requestId === undefined ? "" : ` (${m.requestId})`
+        } ${m.state}, delivered ${m.deliveryCount}×`
+      )
+    }
+    for (const entry of dump.mergeEntries) {
+      if (entry.status !== "merged") failures.push(`merge entry ${entry.id} (${entry.workspace}) is ${entry.status}`)
+    }
+    const leases = dump.leases
+    if (leases !== undefined) {
+      for (const [domain, count] of Object.entries(leases.pending)) {
+        if (count > 0) failures.push(`work-lease domain ${domain}: ${count} offset(s) not processed`)
+      }
+    }
+    const drained = line.of("drained")[0]
+    if (drained !== undefined) figures.push(["drain", `${drained.ok ? "done" : "timed out"} in ${ms(drained.millis)}`])
+    if (drained !== undefined && !drained.ok) failures.push(`the drain timed out: ${drained.detail}`)
+    verdict(
+      4,
+      "nothing stuck after the drain",
+      failures,
+      `${dump.remaining.length} message(s) left, ${
+        dump.mergeEntries.filter((e) => e.status !== "merged").length
+      } merge entr(ies) not merged`
+    )
+  }
+
+  // --- 5. Every SIGTERM'd worker exited 0 within its shutdown timeout, its work finished or handed back ---
+  {
+    const failures: Array<string> = []
+    const drains: Array<number> = []
+    const codes: Record<string, number> = {}
+    let finished = 0
+    let handedBack = 0
+    const terms = line.signals.filter((s) => s.signal === "SIGTERM")
+    for (const term of terms) {
+      const exit = line.exitOf(term.target)
+      if (exit === undefined) {
+        failures.push(`${term.target} (pid ${term.targetPid}): SIGTERM (${term.cause}) and no exit recorded`)
+        continue
+      }
+      const drain = exit.t - term.t
+      drains.push(drain)
+      codes[String(exit.code ?? exit.signal)] = (codes[String(exit.code ?? exit.signal)] ?? 0) + 1
+      if (exit.code !== 0) {
+        failures.push(
+          `${term.target} (pid ${term.targetPid}): SIGTERM (${term.cause}) → exit ${exit.code ?? exit.signal}`
+        )
+      }
+      if (drain > settings.shutdownTimeoutMs + exitMarginMs) {
+        failures.push(`${term.target}: exited ${ms(drain)} after SIGTERM (timeout ${ms(settings.shutdownTimeoutMs)})`)
+      }
+      if (line.signalsTo(term.target).some((s) => s.signal === "SIGKILL" && s.t > term.t)) {
+        failures.push(`${term.target}: SIGKILLed after its SIGTERM (it did not stop)`)
+      }
+      // The attempts in flight at the signal: each must have ended (finished, or interrupted and handed back).
+      for (const attempt of line.attempts.values()) {
+        if (attempt.proc !== term.target || attempt.start > term.t) continue
+        if (attempt.end !== undefined && attempt.end.t <= term.t) continue
+        if (attempt.end === undefined || attempt.end.t > exit.t) {
+          failures.push(`${term.target}: ${attempt.requestId} was in flight at SIGTERM and never ended`)
+        } else if (attempt.end.outcome === "interrupted") handedBack++
+        else finished++
+      }
+    }
+    // A process that exits by itself after it was ready, unasked, died.
+    for (const exit of line.exits) {
+      const asked = line.signalsTo(exit.target).some((s) => s.signal === "SIGTERM" || s.signal === "SIGKILL")
+      const fleet = ["worker", "merge", "lease", "producer"].includes(exit.role)
+      if (fleet && !asked && exit.ready) {
+        failures.push(`${exit.target} (${exit.role}) exited ${exit.code ?? exit.signal} unasked`)
+      }
+    }
+    const neverReady = line.exits.filter((e) => !e.ready && e.code !== 0).length
+    figures.push(["SIGTERMs (nemesis + final stop)", `${terms.length}; exits ${JSON.stringify(codes)}`])
+    figures.push(["drain time after SIGTERM", spread(drains)])
+    figures.push(["in flight at SIGTERM: finished / handed back", `${finished} / ${handedBack}`])
+    figures.push(["processes that failed to start (database down), restarted", `${neverReady}`])
+    verdict(
+      5,
+      "every SIGTERM'd worker exited 0 within its shutdown timeout, its in-flight work finished or handed back",
+      failures,
+      `${terms.length} SIGTERM(s), max drain ${ms(drains.length === 0 ? undefined : Math.max(...drains))}`
+    )
+  }
+
+  // --- 6. Merge queue ---------------------------------------------------------------------------------
+  {
+    const failures: Array<string> = []
+    const enqueued = line.of("enqueue")
+    const entries = new Map(dump.mergeEntries.map((e) => [e.workspace, e]))
+    for (const e of enqueued) {
+      if (!entries.has(e.workspace)) failures.push(`${e.workspace}: enqueued, not in the queue`)
+    }
+    const audit = [...dump.audit].sort((a, b) => a.id - b.id)
+    // Each entry merged exactly once.
+    const merges = new Map<number, number>()
+    for (const row of audit) {
+      if (row.action === "transition" && row.toStatus === "merged" && row.entryId !== undefined) {
+        merges.set(row.entryId, (merges.get(row.entryId) ?? 0) + 1)
+      }
+    }
+    for (const entry of dump.mergeEntries) {
+      const n = merges.get(entry.id) ?? 0
+      if (n !== 1) failures.push(`entry ${entry.id} (${entry.workspace}) merged ${n}×`)
+    }
+    // Replay the lock: each claim, transition and extension under the live lock's own holder and token.
+    let holder: { readonly agent: string | undefined; readonly token: number | undefined } | undefined
+    let lastToken = 0
+    const lastTokenOf = new Map<number, number>()
+    for (const row of audit) {
+      const who = `${row.agentId ?? "?"} token ${row.fencingToken ?? "?"}`
+      switch (row.action) {
+        case "lock_acquired": {
+          if (holder !== undefined && holder.agent !== row.agentId) {
+            failures.push(`audit ${row.id}: lock acquired by ${who} while ${holder.agent} held it`)
+          }
+          if ((row.fencingToken ?? 0) < lastToken) failures.push(`audit ${row.id}: fencing token went back (${who})`)
+          holder = { agent: row.agentId, token: row.fencingToken }
+          lastToken = Math.max(lastToken, row.fencingToken ?? 0)
+          break
+        }
+        case "lock_released":
+        case "lock_expired":
+          if (holder?.agent !== row.agentId || holder?.token !== row.fencingToken) {
+            failures.push(
+              `audit ${row.id}: ${row.action} by ${who}, the holder was ${holder?.agent} token ${holder?.token}`
+            )
+          }
+          holder = undefined
+          break
+        case "claimed":
+        case "transition":
+        case "lock_extended":
+          if (holder?.agent !== row.agentId || holder?.token !== row.fencingToken) {
+            failures.push(
+              `audit ${row.id}: ${row.action} of entry ${row.entryId} by ${who} while the lock was ${
+                holder === undefined ? "free" : `${holder.agent} token ${holder.token}`
+              } — interleaved holders`
+            )
+          }
+          if (row.entryId !== undefined && row.fencingToken !== undefined && row.action !== "lock_extended") {
+            const last = lastTokenOf.get(row.entryId) ?? 0
+            if (row.fencingToken < last) {
+              failures.push(
+                `audit ${row.id}: entry ${row.entryId} changed under token ${row.fencingToken} after token ${last} had it (a zombie's transition accepted)`
+              )
+            }
+            lastTokenOf.set(row.entryId, Math.max(last, row.fencingToken))
+          }
+          break
+      }
+    }
+    // What the workers saw agrees with the log: accepted transitions are in it, refused ones are not.
+    const logged = new Set(
+      audit.filter((r) => r.action === "transition").map((r) => `${r.entryId}|${r.fencingToken}|${r.toStatus}`)
+    )
+    const accepted = line.of("transition")
+    for (const t of accepted) {
+      if (!logged.has(`${t.entryId}|${t.token}|${t.status}`)) {
+        failures.push(
+          `${t.proc}: transition ${t.entryId} → ${t.status} (token ${t.token}) accepted but not in the audit log`
+        )
+      }
+    }
+    const refused = line.of("refused")
+    for (const r of refused) {
+      if (logged.has(`${r.entryId}|${r.token}|${r.status}`)) {
+        failures.push(
+          `${r.proc}: transition ${r.entryId} → ${r.status} (token ${r.token}) refused, yet in the audit log`
+        )
+      }
+    }
+    const reclaimed = audit.filter((r) => r.action === "entry_reclaimed").length
+    const expired = audit.filter((r) => r.action === "lock_expired").length
+    const claims = line.of("claim").length
+    figures.push([
+      "merge queue",
+      `${dump.mergeEntries.length} entries, ${merges.size} merged; ${claims} claims, ${expired} locks expired, ` +
+      `${reclaimed} entries reclaimed, ${refused.length} zombie transitions refused`
+    ])
+    verdict(
+      6,
+      "merge queue: each entry merged once, holders never interleaved, zombie transitions refused",
+      failures,
+      `${dump.mergeEntries.length} entries, ${refused.length} zombie transition(s) refused`,
+      dump.mergeEntries.length === 0 && enqueued.length === 0
+    )
+  }
+
+  // --- 7. Work leases ---------------------------------------------------------------------------------
+  {
+    const leases = dump.leases
+    if (leases === undefined) {
+      verdict(7, "work leases: fenced writes in order, offsets FIFO, none twice", [], "not run", true)
+    } else {
+      const failures: Array<string> = []
+      const byDomain = new Map<string, Array<ResourceWrite>>()
+      for (const w of [...leases.writes].sort((a, b) => a.seq - b.seq)) {
+        byDomain.set(w.domain, [...(byDomain.get(w.domain) ?? []), w])
+      }
+      let writes = 0
+      for (const [domain, list] of byDomain) {
+        let fencing = 0
+        let offset = -1
+        for (const w of list) {
+          writes++
+          if (w.fencing < fencing) {
+            failures.push(
+              `${domain}: write of offset ${w.offset} by ${w.proc} under fencing ${w.fencing} accepted after ${fencing}`
+            )
+          }
+          if (w.offset < offset) {
+            failures.push(`${domain}: offset ${w.offset} written after offset ${offset} (not FIFO)`)
+          }
+          if (w.offset === offset && w.fencing !== fencing) {
+            // The same offset written under two leases: the first holder lost it mid-way, fine only if its
+            // completion was refused — checked below from lease-done events.
+          }
+          fencing = Math.max(fencing, w.fencing)
+          offset = Math.max(offset, w.offset)
+        }
+      }
+      const done = line.of("lease-done").filter((d) => d.outcome === "succeeded")
+      const completions = new Map<string, number>()
+      for (const d of done) {
+        const k = `${d.domain}|${d.offset}`
+        completions.set(k, (completions.get(k) ?? 0) + 1)
+      }
+      for (const [k, n] of completions) if (n > 1) failures.push(`${k.replace("|", " offset ")} completed ${n}×`)
+      const zombieRefused = line.of("lease-done").filter((d) => d.outcome === "refused").length
+      const writesRefused = line.of("lease-write").filter((w) => !w.accepted).length
+      figures.push([
+        "work leases",
+        `${byDomain.size} domains, ${writes} fenced writes accepted, ${writesRefused} refused, ${done.length} offsets ` +
+        `completed, ${zombieRefused} zombie completions refused`
+      ])
+      verdict(
+        7,
+        "work leases: fenced writes in order, offsets FIFO, none completed twice",
+        failures,
+        `${writes} fenced writes, ${done.length} completions`
+      )
+    }
+  }
+
+  // --- Figures of the faults ----------------------------------------------------------------------------
+  {
+    const faults = line.of("fault")
+    const byKind: Record<string, number> = {}
+    for (const f of faults) byKind[f.kind] = (byKind[f.kind] ?? 0) + 1
+    figures.push(["faults", `${faults.length} (${Object.entries(byKind).map(([k, n]) => `${k} ${n}`).join(", ")})`])
+
+    // Fault → picked up elsewhere: for each attempt whose worker was killed, stopped or terminated while it was
+    // in flight, the time from the fault to the next attempt of the request on another process.
+    const pickups: Array<number> = []
+    for (const s of line.signals) {
+      if (s.cause !== "nemesis" || s.signal === "SIGCONT") continue
+      for (const attempt of line.attempts.values()) {
+        if (attempt.proc !== s.target || attempt.start > s.t) continue
+        if (attempt.end !== undefined && attempt.end.t <= s.t) continue
+        if (s.signal === "SIGTERM" && attempt.end?.outcome !== "interrupted") continue
+        const next = (line.byRequest.get(attempt.requestId) ?? []).find((b) => b.start > s.t && b.proc !== s.target)
+        if (next !== undefined) pickups.push(next.start - s.t)
+      }
+    }
+    figures.push(["fault → picked up elsewhere", spread(pickups)])
+
+    // Throughput: completions per second inside fault windows and outside them, during the fault phase.
+    const phase = line.of("phase")
+    const from = phase.find((p) => p.phase === "faults")?.t
+    const to = phase.find((p) => p.phase === "drain")?.t
+    if (from !== undefined && to !== undefined) {
+      const windows: Array<Interval> = [...line.outages]
+      for (const stops of line.stopped.values()) windows.push(...stops)
+      for (const s of line.signals) {
+        if (s.cause === "nemesis" && (s.signal === "SIGKILL" || s.signal === "SIGTERM")) {
+          windows.push({ from: s.t, to: s.t + settings.visibilityMs })
+        }
+      }
+      const clipped = windows
+        .map((w) => ({ from: Math.max(w.from, from), to: Math.min(w.to, to) }))
+        .filter((w) => w.to > w.from)
+        .sort((a, b) => a.from - b.from)
+      const merged: Array<{ from: number; to: number }> = []
+      for (const w of clipped) {
+        const last = merged.at(-1)
+        if (last !== undefined && w.from <= last.to) last.to = Math.max(last.to, w.to)
+        else merged.push({ ...w })
+      }
+      const inside = merged.reduce((sum, w) => sum + (w.to - w.from), 0)
+      const ends = line.of("end").filter((e) => e.outcome === "success" && e.t >= from && e.t <= to)
+      const during = ends.filter((e) => merged.some((w) => e.t >= w.from && e.t <= w.to)).length
+      const rate = (n: number, millis: number) => (millis <= 0 ? "–" : `${(n / (millis / 1000)).toFixed(1)}/s`)
+      figures.push([
+        "throughput during faults / outside",
+        `${rate(during, inside)} over ${(inside / 1000).toFixed(0)} s / ${
+          rate(ends.length - during, to - from - inside)
+        } over ${((to - from - inside) / 1000).toFixed(0)} s`
+      ])
+    }
+    // The poison path logs two warnings per request by design; the rest are worth a look.
+    const expected = /^Request \S+ failed: (PoisonError|StubbornError)|^Request dead-lettered/
+    const logs = line.of("log")
+    const unexpected = logs.filter((l) => !expected.test(l.message))
+    figures.push([
+      "warnings and errors logged (besides the poison path's)",
+      `${unexpected.length} (${logs.filter((l) => l.level !== "WARN").length} errors)`
+    ])
+    if (unreadable > 0) figures.push(["history lines that did not parse", `${unreadable}`])
+  }
+
+  return { settings, figures, verdicts, pass: verdicts.every((v) => v.status !== "FAIL") }
+}
+
+/** Reads `dir` (histories and db.json) and judges it. */
+export const check = (dir: string): Report => {
+  const histories = History.read(dir)
+  const dumpFile = join(dir, "db.json")
+  const dump: Dump = existsSync(dumpFile)
+    ? (JSON.parse(readFileSync(dumpFile, "utf8")) as Dump)
+    : { remaining: [], deadLetters: [], mergeEntries: [], audit: [] }
+  return judge(histories.events, dump, histories.unreadable)
+}
+
+/** The report as a plain-text table: figures, then one PASS/FAIL line per property with its evidence. */
+export const format = (report: Report): string => {
+  const width = Math.max(...report.figures.map(([label]) => label.length))
+  const lines = [
+    `backend ${report.settings.backend}, seed ${report.settings.seed}, ${report.settings.seconds} s of faults`,
+    "",
+    ...report.figures.map(([label, value]) => `  ${label.padEnd(width)}  ${value}`),
+    ""
+  ]
+  for (const v of report.verdicts) {
+    lines.push(`${v.status}  ${v.id}. ${v.name} — ${v.summary}`)
+    for (const e of v.evidence) lines.push(`        ${e}`)
+  }
+  lines.push("", report.pass ? "ALL PROPERTIES HOLD" : "SOME PROPERTY FAILED")
+  if (report.settings.replay !== undefined) lines.push(`replay: ${report.settings.replay}`)
+  return lines.join("\n")
+}
