@@ -4,11 +4,12 @@
  *
  *   npx tsx --conditions=leasehold-source examples/work-lease.ts
  *
- * Across processes: WorkLeaseSql.make() on a SqlClient.
+ * Across processes: WorkLeaseSql.make() on a SqlClient. There a holder can die or pause, so the end shows
+ * `leaseTimeout`: a lease nobody renews goes stale and is taken over; one kept alive by a heartbeat is not.
  */
 import { NodeRuntime } from "@effect/platform-node"
 import { Effect } from "effect"
-import { WorkLease } from "leasehold"
+import { Heartbeat, WorkLease } from "leasehold"
 
 Effect.gen(function*() {
   const leases = yield* WorkLease.make({ maxRetries: 2 })
@@ -37,4 +38,29 @@ Effect.gen(function*() {
     `zombie write with token ${first.fencingToken}: ${zombie._tag === "Left" ? zombie.left._tag : "accepted?!"}`
   )
   yield* Effect.log(`repo-a 0 again: ${(yield* leases.tryAcquire("repo-a", 0))._tag}`)
+
+  // With a leaseTimeout, a holder that goes quiet loses its lease to the next tryAcquire of the same offset.
+  const timed = yield* WorkLease.make({ leaseTimeout: "200 millis" })
+  const a = yield* timed.tryAcquire("repo-c", 0)
+  if (a._tag !== "Acquired") return
+  yield* Effect.sleep("300 millis") // holder A pauses and renews nothing (the takeover below is logged as a warning)
+  const b = yield* timed.tryAcquire("repo-c", 0)
+  if (b._tag !== "Acquired") return
+  yield* Effect.log(`repo-c 0 taken over: fencing token ${b.fencingToken} (A had ${a.fencingToken})`)
+  const late = yield* Effect.either(timed.succeed("repo-c", a.token))
+  yield* Effect.log(`A wakes and settles: ${late._tag === "Left" ? late.left._tag : "accepted?!"}`)
+  yield* Effect.log(`repo-c 1 while B works: ${(yield* timed.tryAcquire("repo-c", 1))._tag}`)
+
+  // Work that beats its heartbeat keeps its lease however long it takes (here 5 lease timeouts).
+  const heartbeat = yield* Heartbeat.make
+  yield* Effect.scoped(Effect.gen(function*() {
+    yield* timed.keepAlive("repo-c", b.token, heartbeat)
+    for (let step = 0; step < 10; step++) yield* Effect.zipRight(Effect.sleep("100 millis"), heartbeat.beat)
+  }))
+  const kept = yield* timed.tryAcquire("repo-c", 0)
+  yield* Effect.log(
+    `repo-c 0 after 1 s of beating work: ${kept._tag}${kept._tag === "AlreadyAcquired" ? " (B's)" : ""}`
+  )
+  const settled = yield* timed.succeed("repo-c", b.token)
+  yield* Effect.log(`B settles: ${settled._tag}${settled._tag === "NextHint" ? ` ${settled.offset}` : ""}`)
 }).pipe(NodeRuntime.runMain)

@@ -11,6 +11,15 @@
  * a zombie holder (`assertCurrent`). Misuse that the seed spec calls a hard
  * bug (out-of-order acquire, wrong token, no lease) is a typed failure.
  *
+ * Beyond the seed, an optional `leaseTimeout`: a holder that dies or pauses
+ * would otherwise stop its domain for good, and taking its offset again only
+ * answered with its own token. With it, a lease not renewed within
+ * `leaseTimeout` (`renew`, or `keepAlive` on a `Heartbeat`, or a `fail` that
+ * schedules a retry) is stale, and `tryAcquire` of the same offset takes it
+ * over: a new token, the next fencing token, the retries carried. Only a
+ * takeover ends a lease: a stale lease nobody took over is still its
+ * holder's. Without `leaseTimeout`, the seed's behaviour exactly.
+ *
  * State lives in STM: a `TMap` from domain id to a `TRef` of the domain's
  * state, created once and never replaced — which is why a plain map of the
  * TRefs can serve lookups outside the transaction. Tokens and the clock are
@@ -30,19 +39,25 @@
 import * as Clock from "effect/Clock"
 import * as Data from "effect/Data"
 import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import * as Order from "effect/Order"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
 import * as SortedSet from "effect/SortedSet"
 import * as STM from "effect/STM"
 import * as TMap from "effect/TMap"
 import * as TRef from "effect/TRef"
 import { randomUUID } from "node:crypto"
 import type { InvalidParameterError } from "./Errors.js"
+import type * as Heartbeat from "./Heartbeat.js"
+import { counter } from "./internal/metrics.js"
 import { refusedName } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
+import * as LeaseExtender from "./LeaseExtender.js"
 
 /**
  * What `tryAcquire` found.
@@ -180,6 +195,11 @@ export interface LeaseView {
   readonly fencingToken: number
   readonly acquiredAt: DateTime.Utc
   readonly retryCount: number
+  /**
+   * When the lease goes stale unless renewed (none without a `leaseTimeout`). Past it, `tryAcquire` of the same
+   * offset takes the lease over; until then, or if nobody does, it is the holder's.
+   */
+  readonly expiresAt: Option.Option<DateTime.Utc>
 }
 
 /**
@@ -194,6 +214,19 @@ export interface DomainSnapshot {
   readonly lowWaterMark: number
   /** Terminal offsets kept above the mark (the retention policy's memory). */
   readonly retainedTerminal: number
+}
+
+/**
+ * Options of `keepAlive`.
+ *
+ * @category models
+ */
+export interface KeepAliveOptions {
+  /**
+   * Least time between two renewals, however often the heartbeat beats (default a third of `leaseTimeout`):
+   * more than zero, shorter than `leaseTimeout` and than 12 hours.
+   */
+  readonly interval?: Duration.DurationInput | undefined
 }
 
 /**
@@ -214,20 +247,117 @@ export interface WorkLease<StoreError = never> {
     domainId: string,
     token: string
   ) => Effect.Effect<FailResult, LeaseNotFoundError | TokenMismatchError | InvalidParameterError | StoreError>
+  /**
+   * Resets the lease's expiry to now + `leaseTimeout` after the token checks (without a `leaseTimeout` there is
+   * no expiry, and a renewal only checks the token). A stale lease nobody took over renews too.
+   */
+  readonly renew: (
+    domainId: string,
+    token: string
+  ) => Effect.Effect<void, LeaseNotFoundError | TokenMismatchError | InvalidParameterError | StoreError>
   readonly inspect: (domainId: string) => Effect.Effect<DomainSnapshot, InvalidParameterError | StoreError>
   /** Fails unless `fencingToken` is the current lease's: storage calls it to refuse a zombie holder. */
   readonly assertCurrent: (
     domainId: string,
     fencingToken: number
   ) => Effect.Effect<void, StaleFencingTokenError | InvalidParameterError | StoreError>
+  /**
+   * The lease as `LeaseExtender.attach` takes it: each extension is a `renew` (by `leaseTimeout`, whatever
+   * visibility the extender asks for).
+   */
+  readonly extendable: (domainId: string, token: string) => LeaseExtender.Extendable
+  /**
+   * Renews the lease on `heartbeat`'s beats until the scope closes (a `LeaseExtender` on `extendable`): the
+   * first beat renews, later ones at most once per `interval`. Work that stops beating lets the lease go stale.
+   * Without a `leaseTimeout` it does nothing. A renewal that fails is logged, never raised.
+   */
+  readonly keepAlive: (
+    domainId: string,
+    token: string,
+    heartbeat: Heartbeat.Heartbeat,
+    options?: KeepAliveOptions
+  ) => Effect.Effect<void, ParseResult.ParseError | InvalidParameterError, Scope.Scope>
 }
 
 /**
- * `lease` with every operation refusing a `domainId` that breaks the name rule (`InvalidParameterError`), on
- * every backend alike and before anything is stored: a lone surrogate has no UTF-8 form, and PostgreSQL's
- * driver sent U+FFFD in its place, so `"\udc00"` was answered with the lease of domain `"\ufffd"`.
+ * Stale leases taken over by `tryAcquire`.
+ *
+ * @category metrics
  */
-export const guardDomains = <E>(lease: WorkLease<E>): WorkLease<E> => {
+export const takeovers = counter(
+  "leasehold_work_lease_takeovers_total",
+  "Stale work leases taken over by tryAcquire of the same offset"
+)
+
+/** What a takeover replaced: the stale holder's fencing token and how long its lease had been stale. */
+export interface Takeover {
+  readonly offset: number
+  readonly staleFencingToken: number
+  readonly staleForMillis: number
+  readonly fencingToken: number
+}
+
+/**
+ * What a storage gives `assemble`: the operations on valid domain ids, `tryAcquire` telling of a takeover.
+ *
+ * @category models
+ */
+export interface Backend<StoreError> extends Omit<WorkLease<StoreError>, "tryAcquire" | "extendable" | "keepAlive"> {
+  readonly tryAcquire: (
+    domainId: string,
+    offset: number
+  ) => Effect.Effect<
+    readonly [AcquireResult, Takeover | undefined],
+    BacklogOrderingError | InvalidOffsetError | InvalidParameterError | StoreError
+  >
+}
+
+/** The longest `leaseTimeout`: a day (a holder silent longer is not coming back). */
+const maxLeaseTimeout = Duration.hours(24)
+
+/** The `leaseTimeout` option of `make` (memory and SQL alike): 1 ms..24 h, finite. */
+export const LeaseTimeout = Schema.optionalWith(
+  Options_.duration({
+    min: Duration.millis(1),
+    max: maxLeaseTimeout,
+    range: "must be at least 1 millisecond and at most 24 hours"
+  }),
+  { exact: true }
+)
+
+/** The longest renewal interval: what a `LeaseExtender` takes. */
+const maxInterval = Duration.hours(12)
+
+const logTakeover = (domainId: string, takeover: Takeover) =>
+  Effect.zipRight(
+    Metric.increment(takeovers),
+    Effect.logWarning(
+      `Work lease of domain "${domainId}" taken over: offset ${takeover.offset} was held under fencing token ` +
+        `${takeover.staleFencingToken}, stale for ${Duration.format(Duration.millis(takeover.staleForMillis))}; ` +
+        `now fencing token ${takeover.fencingToken}`
+    ).pipe(
+      Effect.annotateLogs({
+        module: "WorkLease",
+        domainId,
+        offset: takeover.offset,
+        staleFencingToken: takeover.staleFencingToken,
+        staleForMillis: takeover.staleForMillis,
+        fencingToken: takeover.fencingToken
+      })
+    )
+  )
+
+/**
+ * The WorkLease of a `backend`: every operation refuses a `domainId` that breaks the name rule
+ * (`InvalidParameterError`), on every backend alike and before anything is stored — a lone surrogate has no
+ * UTF-8 form, and PostgreSQL's driver sent U+FFFD in its place, so `"\udc00"` was answered with the lease of
+ * domain `"\ufffd"`; a takeover is counted and logged; `extendable` and `keepAlive` renew through `renew`.
+ * Used by `make` and `WorkLeaseSql.make`.
+ */
+export const assemble = <E extends { readonly _tag: string }>(
+  backend: Backend<E>,
+  leaseTimeout: Duration.Duration | undefined
+): WorkLease<E> => {
   const guarded = <A, X>(
     domainId: string,
     effect: () => Effect.Effect<A, X>
@@ -235,12 +365,59 @@ export const guardDomains = <E>(lease: WorkLease<E>): WorkLease<E> => {
     const refused = refusedName("domainId", domainId)
     return refused === undefined ? effect() : Effect.fail(refused)
   }
+  const renew: WorkLease<E>["renew"] = (domainId, token) => guarded(domainId, () => backend.renew(domainId, token))
+  const extendable = (domainId: string, token: string): LeaseExtender.Extendable => ({
+    id: `work-lease:${domainId}`,
+    extendVisibility: () => renew(domainId, token)
+  })
+  // A renewal renews by `leaseTimeout`: the extension the extender asks for is never used, only bounded by its rules.
+  const extension = leaseTimeout === undefined ? maxInterval : Duration.min(leaseTimeout, maxInterval)
+  const decodeKeepAlive = Options_.decoder(
+    "WorkLease.keepAlive",
+    {
+      interval: Schema.optionalWith(
+        Options_.duration({ positive: true, max: maxInterval, range: "must be more than 0 and at most 12 hours" }),
+        { exact: true }
+      )
+    },
+    ({ interval }) =>
+      interval !== undefined && leaseTimeout !== undefined && Duration.greaterThanOrEqualTo(interval, extension)
+        ? {
+          field: "interval",
+          message: `must be shorter than leaseTimeout (${Duration.format(leaseTimeout)}) and than 12 hours: ` +
+            "the lease would go stale between two renewals"
+        }
+        : undefined
+  )
+  const keepAlive: WorkLease<E>["keepAlive"] = (domainId, token, heartbeat, options) =>
+    Effect.gen(function*() {
+      const refused = refusedName("domainId", domainId)
+      if (refused !== undefined) return yield* refused
+      const { interval } = yield* decodeKeepAlive(options)
+      if (leaseTimeout === undefined) return
+      // Valid by the checks above (interval below extension, both within 12 h): the extender cannot refuse them,
+      // and a fresh extender is never attached already.
+      const extender = yield* Effect.orDie(LeaseExtender.make({
+        interval: interval ?? Duration.millis(Duration.toMillis(leaseTimeout) / 3),
+        extension
+      }))
+      yield* Effect.orDie(extender.attach(extendable(domainId, token), heartbeat))
+    })
   return {
-    tryAcquire: (domainId, offset) => guarded(domainId, () => lease.tryAcquire(domainId, offset)),
-    succeed: (domainId, token) => guarded(domainId, () => lease.succeed(domainId, token)),
-    fail: (domainId, token) => guarded(domainId, () => lease.fail(domainId, token)),
-    inspect: (domainId) => guarded(domainId, () => lease.inspect(domainId)),
-    assertCurrent: (domainId, fencingToken) => guarded(domainId, () => lease.assertCurrent(domainId, fencingToken))
+    tryAcquire: (domainId, offset) =>
+      guarded(
+        domainId,
+        () =>
+          Effect.flatMap(backend.tryAcquire(domainId, offset), ([result, takeover]) =>
+            takeover === undefined ? Effect.succeed(result) : Effect.as(logTakeover(domainId, takeover), result))
+      ),
+    succeed: (domainId, token) => guarded(domainId, () => backend.succeed(domainId, token)),
+    fail: (domainId, token) => guarded(domainId, () => backend.fail(domainId, token)),
+    renew,
+    inspect: (domainId) => guarded(domainId, () => backend.inspect(domainId)),
+    assertCurrent: (domainId, fencingToken) => guarded(domainId, () => backend.assertCurrent(domainId, fencingToken)),
+    extendable,
+    keepAlive
   }
 }
 
@@ -250,6 +427,8 @@ interface Lease {
   readonly fencingToken: number
   readonly acquiredAt: number
   readonly retryCount: number
+  /** Epoch milliseconds from which the lease is stale; undefined without a `leaseTimeout`. */
+  readonly expiresAt: number | undefined
 }
 
 interface DomainState {
@@ -332,6 +511,11 @@ export interface Options {
      */
     readonly maxOutOfOrder?: number | undefined
   } | undefined
+  /**
+   * A lease not renewed for this long is stale, and `tryAcquire` of its offset takes it over (1 ms..24 h; none
+   * by default: a lease is its holder's until it settles, as in the seed).
+   */
+  readonly leaseTimeout?: Duration.DurationInput | undefined
 }
 
 const decodeOptions = Options_.decoder("WorkLease.make", {
@@ -341,8 +525,12 @@ const decodeOptions = Options_.decoder("WorkLease.make", {
       identifier: "retention"
     }),
     { exact: true }
-  )
+  ),
+  leaseTimeout: LeaseTimeout
 })
+
+/** Milliseconds of `timeout`, whole (a lease expires on a millisecond, as in SQL). */
+export const timeoutMillis = (timeout: Duration.Duration): number => Math.ceil(Duration.toMillis(timeout))
 
 /**
  * Makes an in-memory WorkLease. Bad options are a `ParseError` naming them.
@@ -351,8 +539,10 @@ const decodeOptions = Options_.decoder("WorkLease.make", {
  */
 export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.ParseError> =>
   Effect.gen(function*() {
-    const { maxRetries, retention } = yield* decodeOptions(options)
+    const { leaseTimeout, maxRetries, retention } = yield* decodeOptions(options)
     const maxOutOfOrder = retention?.maxOutOfOrder
+    const timeout = leaseTimeout === undefined ? undefined : timeoutMillis(leaseTimeout)
+    const expiry = (now: number) => timeout === undefined ? undefined : now + timeout
     const domains = yield* STM.commit(TMap.empty<string, TRef.TRef<DomainState>>())
     // A domain's TRef is created once and never replaced, so this cache is always right.
     const known = new Map<string, TRef.TRef<DomainState>>()
@@ -377,23 +567,45 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
       return Effect.map(STM.commit(TMap.get(domains, domainId)), Option.getOrUndefined)
     }
 
-    const tryAcquire: WorkLease["tryAcquire"] = (domainId, offset) =>
+    type Acquisition = readonly [AcquireResult, Takeover | undefined]
+
+    const tryAcquire: Backend<never>["tryAcquire"] = (domainId, offset) =>
       Effect.gen(function*() {
         if (!Number.isSafeInteger(offset) || offset < 0) return yield* new InvalidOffsetError({ domainId, offset })
         const ref = yield* domain(domainId)
         const token = randomUUID()
         const now = yield* Clock.currentTimeMillis
-        return yield* STM.commit(STM.flatMap(TRef.get(ref), (state): STM.STM<AcquireResult, BacklogOrderingError> => {
-          if (SortedSet.has(state.failed, offset)) return STM.succeed(AcquireResult.AlreadyFailed())
+        const answer = (result: AcquireResult): STM.STM<Acquisition> => STM.succeed([result, undefined])
+        return yield* STM.commit(STM.flatMap(TRef.get(ref), (state): STM.STM<Acquisition, BacklogOrderingError> => {
+          if (SortedSet.has(state.failed, offset)) return answer(AcquireResult.AlreadyFailed())
           if (offset < state.lowWater || SortedSet.has(state.processed, offset)) {
-            return STM.succeed(AcquireResult.AlreadyProcessed())
+            return answer(AcquireResult.AlreadyProcessed())
           }
-          if (state.lease !== undefined) {
-            if (state.lease.offset === offset) {
-              return STM.succeed(AcquireResult.AlreadyAcquired({ token: state.lease.token }))
+          const lease = state.lease
+          if (lease !== undefined) {
+            if (lease.offset === offset && lease.expiresAt !== undefined && lease.expiresAt <= now) {
+              // Stale: taken over, with a new token and the next fencing token; the retries carry over.
+              const fencingToken = state.fencingToken + 1
+              return STM.as(
+                TRef.set(ref, {
+                  ...state,
+                  lease: { ...lease, token, fencingToken, expiresAt: expiry(now) },
+                  fencingToken
+                }),
+                [AcquireResult.Acquired({ token, fencingToken }), {
+                  offset,
+                  staleFencingToken: lease.fencingToken,
+                  staleForMillis: now - lease.expiresAt,
+                  fencingToken
+                }] as const
+              )
             }
-            if (state.backlog.includes(offset)) return STM.succeed(AcquireResult.Enqueued())
-            return STM.as(TRef.set(ref, { ...state, backlog: [...state.backlog, offset] }), AcquireResult.Enqueued())
+            if (lease.offset === offset) return answer(AcquireResult.AlreadyAcquired({ token: lease.token }))
+            if (state.backlog.includes(offset)) return answer(AcquireResult.Enqueued())
+            return STM.as(
+              TRef.set(ref, { ...state, backlog: [...state.backlog, offset] }),
+              [AcquireResult.Enqueued(), undefined] as const
+            )
           }
           const head = state.backlog[0]
           if (head !== undefined && head !== offset) {
@@ -404,10 +616,10 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
             TRef.set(ref, {
               ...state,
               backlog: head === undefined ? state.backlog : state.backlog.slice(1),
-              lease: { offset, token, fencingToken, acquiredAt: now, retryCount: 0 },
+              lease: { offset, token, fencingToken, acquiredAt: now, retryCount: 0, expiresAt: expiry(now) },
               fencingToken
             }),
-            AcquireResult.Acquired({ token, fencingToken })
+            [AcquireResult.Acquired({ token, fencingToken }), undefined] as const
           )
         }))
       })
@@ -416,37 +628,49 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
     const settle = <A>(
       domainId: string,
       token: string,
-      f: (state: DomainState, lease: Lease) => readonly [A, DomainState]
+      f: (state: DomainState, lease: Lease, now: number) => readonly [A, DomainState]
     ): Effect.Effect<A, LeaseNotFoundError | TokenMismatchError> =>
-      Effect.flatMap(existing(domainId), (ref) => {
+      Effect.flatMap(Effect.zip(existing(domainId), Clock.currentTimeMillis), ([ref, now]) => {
         if (ref === undefined) return Effect.fail(new LeaseNotFoundError({ domainId }))
         return STM.commit(STM.flatMap(TRef.get(ref), (state): STM.STM<A, LeaseNotFoundError | TokenMismatchError> => {
           if (state.lease === undefined) return STM.fail(new LeaseNotFoundError({ domainId }))
           if (state.lease.token !== token) return STM.fail(new TokenMismatchError({ domainId }))
-          const [result, next] = f(state, state.lease)
+          const [result, next] = f(state, state.lease, now)
           return STM.as(TRef.set(ref, next), result)
         }))
       })
 
-    const succeed: WorkLease["succeed"] = (domainId, token) =>
+    const succeed: Backend<never>["succeed"] = (domainId, token) =>
       settle(domainId, token, (state, lease) => {
         const next = { ...markTerminal(state, lease.offset, "processed", maxOutOfOrder), lease: undefined }
         const head = hint(next)
         return [head === undefined ? SucceedResult.NoBacklog() : SucceedResult.NextHint({ offset: head }), next]
       })
 
-    const fail: WorkLease["fail"] = (domainId, token) =>
-      settle(domainId, token, (state, lease): readonly [FailResult, DomainState] => {
+    const fail: Backend<never>["fail"] = (domainId, token) =>
+      settle(domainId, token, (state, lease, now): readonly [FailResult, DomainState] => {
         if (lease.retryCount >= maxRetries) {
           const next = { ...markTerminal(state, lease.offset, "failed", maxOutOfOrder), lease: undefined }
           const head = hint(next)
           return [head === undefined ? FailResult.GiveUpNoBacklog() : FailResult.GiveUpNextHint({ offset: head }), next]
         }
+        // The holder spoke: a retry renews the lease too.
         const retryCount = lease.retryCount + 1
-        return [FailResult.RetryScheduled({ retryCount }), { ...state, lease: { ...lease, retryCount } }]
+        return [
+          FailResult.RetryScheduled({ retryCount }),
+          { ...state, lease: { ...lease, retryCount, expiresAt: expiry(now) } }
+        ]
       })
 
-    const inspect: WorkLease["inspect"] = (domainId) =>
+    const renew: Backend<never>["renew"] = (domainId, token) =>
+      timeout === undefined
+        ? settle(domainId, token, (state) => [undefined, state])
+        : settle(domainId, token, (state, lease, now) => [undefined, {
+          ...state,
+          lease: { ...lease, expiresAt: now + timeout }
+        }])
+
+    const inspect: Backend<never>["inspect"] = (domainId) =>
       Effect.flatMap(existing(domainId), (ref) =>
         ref === undefined
           ? Effect.succeed({ lease: Option.none(), backlog: [], lowWaterMark: 0, retainedTerminal: 0 })
@@ -456,14 +680,17 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
               token: lease.token,
               fencingToken: lease.fencingToken,
               acquiredAt: DateTime.unsafeMake(lease.acquiredAt),
-              retryCount: lease.retryCount
+              retryCount: lease.retryCount,
+              expiresAt: lease.expiresAt === undefined
+                ? Option.none()
+                : Option.some(DateTime.unsafeMake(lease.expiresAt))
             })),
             backlog: state.backlog,
             lowWaterMark: state.lowWater,
             retainedTerminal: SortedSet.size(state.processed) + SortedSet.size(state.failed)
           })))
 
-    const assertCurrent: WorkLease["assertCurrent"] = (domainId, fencingToken) =>
+    const assertCurrent: Backend<never>["assertCurrent"] = (domainId, fencingToken) =>
       Effect.flatMap(existing(domainId), (ref) =>
         Effect.flatMap(
           ref === undefined ? Effect.succeed(undefined) : Effect.map(STM.commit(TRef.get(ref)), (s) => s.lease),
@@ -473,5 +700,5 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
               : Effect.fail(new StaleFencingTokenError({ domainId, fencingToken, current: lease?.fencingToken }))
         ))
 
-    return guardDomains<never>({ tryAcquire, succeed, fail, inspect, assertCurrent })
+    return assemble<never>({ tryAcquire, succeed, fail, renew, inspect, assertCurrent }, leaseTimeout)
   })

@@ -18,11 +18,19 @@
  * the same low-water-mark retention: processed offsets below the mark are
  * dropped, failed ones are kept. Tables are created on first use, under
  * `prefix` (default `leasehold_`).
+ *
+ * With `leaseTimeout`, a lease expires by the database's clock (the test's
+ * under `TestClock`), read inside the statement that judges it: machines
+ * whose clocks drift apart judge a lease alike. The expiry is the lease's own
+ * (stored with it), so a process configured without `leaseTimeout` — or
+ * still on the previous release — sees and takes over a stale lease the same
+ * way, and its own leases never expire.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Context from "effect/Context"
 import * as DateTime from "effect/DateTime"
+import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
@@ -36,13 +44,17 @@ import * as Schema_ from "./internal/sql/workLease/schema.js"
 import * as Statements from "./internal/sql/workLease/statements.js"
 import {
   AcquireResult,
+  assemble,
+  type Backend,
   BacklogOrderingError,
   FailResult,
-  guardDomains,
   InvalidOffsetError,
   LeaseNotFoundError,
+  LeaseTimeout,
   StaleFencingTokenError,
   SucceedResult,
+  type Takeover,
+  timeoutMillis,
   TokenMismatchError,
   type WorkLease
 } from "./WorkLease.js"
@@ -80,11 +92,17 @@ export interface Options {
   readonly maxRetries?: number | undefined
   /** Table name prefix (default `leasehold_`). */
   readonly prefix?: string | undefined
+  /**
+   * A lease not renewed for this long, by the database's clock, is stale, and `tryAcquire` of its offset takes it
+   * over (1 ms..24 h; none by default: a lease is its holder's until it settles, as in the seed).
+   */
+  readonly leaseTimeout?: Duration.DurationInput | undefined
 }
 
 const decodeOptions = Options_.decoder("WorkLeaseSql.make", {
   maxRetries: Schema.optionalWith(Options_.NonNegativeInt32, { exact: true, default: () => 3 }),
-  prefix: Sql.Prefix
+  prefix: Sql.Prefix,
+  leaseTimeout: LeaseTimeout
 })
 
 /**
@@ -97,35 +115,54 @@ export const make = (
   options?: Options
 ): Effect.Effect<SqlWorkLease, WorkLeaseStoreError | ParseResult.ParseError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
-    const { maxRetries, prefix } = yield* decodeOptions(options)
+    const { leaseTimeout, maxRetries, prefix } = yield* decodeOptions(options)
     const sql = yield* SqlClient.SqlClient
     const store = (operation: string) => Sql.mapSqlError((cause) => new WorkLeaseStoreError({ operation, cause }))
     yield* Schema_.migrate(sql, prefix).pipe(
       Effect.mapError((cause) => new WorkLeaseStoreError({ operation: "setup", cause }))
     )
-    const statements = Statements.make(sql, prefix, maxRetries)
+    const statements = Statements.make(
+      sql,
+      prefix,
+      maxRetries,
+      leaseTimeout === undefined ? undefined : timeoutMillis(leaseTimeout)
+    )
     // Under `TestClock` the test's time, else the database's clock (read by the statement as it runs).
     const testNow = Sql.testTime(yield* Effect.clock)
 
-    const tryAcquire: SqlWorkLease["tryAcquire"] = (domainId, offset) =>
-      Effect.suspend((): Effect.Effect<AcquireResult, InvalidOffsetError | BacklogOrderingError | SqlError> => {
+    type Acquisition = readonly [AcquireResult, Takeover | undefined]
+    const answer = (result: AcquireResult): Effect.Effect<Acquisition> => Effect.succeed([result, undefined])
+
+    const tryAcquire: Backend<WorkLeaseStoreError>["tryAcquire"] = (domainId, offset) =>
+      Effect.suspend((): Effect.Effect<Acquisition, InvalidOffsetError | BacklogOrderingError | SqlError> => {
         if (!Number.isSafeInteger(offset) || offset < 0) {
           return Effect.fail(new InvalidOffsetError({ domainId, offset }))
         }
         return Effect.flatMap(
           statements.acquire(domainId, offset, randomUUID(), testNow?.()),
-          (outcome): Effect.Effect<AcquireResult, BacklogOrderingError> => {
+          (outcome): Effect.Effect<Acquisition, BacklogOrderingError> => {
             switch (outcome.tag) {
-              case "Acquired":
-                return Effect.succeed(AcquireResult.Acquired({ token: outcome.token!, fencingToken: num(outcome.n) }))
+              case "Acquired": {
+                const fencingToken = num(outcome.n)
+                const acquired = AcquireResult.Acquired({ token: outcome.token!, fencingToken })
+                return Effect.succeed([
+                  acquired,
+                  outcome.stale_fencing === null || outcome.stale_fencing === undefined ? undefined : {
+                    offset,
+                    staleFencingToken: num(outcome.stale_fencing),
+                    staleForMillis: num(outcome.stale_for),
+                    fencingToken
+                  }
+                ])
+              }
               case "AlreadyAcquired":
-                return Effect.succeed(AcquireResult.AlreadyAcquired({ token: outcome.token! }))
+                return answer(AcquireResult.AlreadyAcquired({ token: outcome.token! }))
               case "Enqueued":
-                return Effect.succeed(AcquireResult.Enqueued())
+                return answer(AcquireResult.Enqueued())
               case "AlreadyProcessed":
-                return Effect.succeed(AcquireResult.AlreadyProcessed())
+                return answer(AcquireResult.AlreadyProcessed())
               case "AlreadyFailed":
-                return Effect.succeed(AcquireResult.AlreadyFailed())
+                return answer(AcquireResult.AlreadyFailed())
               default:
                 return Effect.fail(new BacklogOrderingError({ domainId, expected: num(outcome.n), got: offset }))
             }
@@ -137,7 +174,7 @@ export const make = (
     const settle = (operation: "succeed" | "fail", domainId: string, token: string) =>
       Effect.flatMap(
         // A token no lease can have (a NUL, a lone surrogate) mismatches, as in memory, not fails the statement.
-        statements.settle(domainId, storableText(token, 200), operation === "fail"),
+        statements.settle(domainId, storableText(token, 200), operation === "fail", testNow?.()),
         (outcome): Effect.Effect<Statements.Outcome, LeaseNotFoundError | TokenMismatchError> => {
           if (outcome.tag === "LeaseNotFoundError") return Effect.fail(new LeaseNotFoundError({ domainId }))
           if (outcome.tag === "TokenMismatchError") return Effect.fail(new TokenMismatchError({ domainId }))
@@ -148,34 +185,45 @@ export const make = (
     const hint = (outcome: Statements.Outcome) =>
       outcome.n === null || outcome.n === undefined ? undefined : num(outcome.n)
 
-    const succeed: SqlWorkLease["succeed"] = (domainId, token) =>
+    const succeed: Backend<WorkLeaseStoreError>["succeed"] = (domainId, token) =>
       Effect.map(settle("succeed", domainId, token), (outcome): SucceedResult => {
         const next = hint(outcome)
         return next === undefined ? SucceedResult.NoBacklog() : SucceedResult.NextHint({ offset: next })
       })
 
-    const fail: SqlWorkLease["fail"] = (domainId, token) =>
+    const fail: Backend<WorkLeaseStoreError>["fail"] = (domainId, token) =>
       Effect.map(settle("fail", domainId, token), (outcome): FailResult => {
         if (outcome.tag === "RetryScheduled") return FailResult.RetryScheduled({ retryCount: num(outcome.n) })
         const next = hint(outcome)
         return next === undefined ? FailResult.GiveUpNoBacklog() : FailResult.GiveUpNextHint({ offset: next })
       })
 
-    const inspect: SqlWorkLease["inspect"] = (domainId) =>
+    const renew: Backend<WorkLeaseStoreError>["renew"] = (domainId, token) =>
+      Effect.flatMap(
+        statements.renew(domainId, storableText(token, 200), testNow?.()),
+        (outcome): Effect.Effect<void, LeaseNotFoundError | TokenMismatchError> => {
+          if (outcome.tag === "LeaseNotFoundError") return Effect.fail(new LeaseNotFoundError({ domainId }))
+          if (outcome.tag === "TokenMismatchError") return Effect.fail(new TokenMismatchError({ domainId }))
+          return Effect.void
+        }
+      ).pipe(store("renew"))
+
+    const inspect: Backend<WorkLeaseStoreError>["inspect"] = (domainId) =>
       Effect.map(statements.inspect(domainId), (row) => ({
         lease: row.lease_token === null ? Option.none() : Option.some({
           offset: num(row.lease_offset),
           token: row.lease_token,
           fencingToken: num(row.lease_fencing),
           acquiredAt: DateTime.unsafeMake(num(row.acquired_at)),
-          retryCount: num(row.retry_count)
+          retryCount: num(row.retry_count),
+          expiresAt: row.expires_at === null ? Option.none() : Option.some(DateTime.unsafeMake(num(row.expires_at)))
         }),
         backlog: row.backlog === null ? [] : (JSON.parse(row.backlog) as ReadonlyArray<number>),
         lowWaterMark: num(row.low_water ?? 0),
         retainedTerminal: num(row.retained)
       })).pipe(store("inspect"))
 
-    const assertCurrent: SqlWorkLease["assertCurrent"] = (domainId, fencingToken) =>
+    const assertCurrent: Backend<WorkLeaseStoreError>["assertCurrent"] = (domainId, fencingToken) =>
       Effect.flatMap(
         statements.fencing(domainId),
         (current) =>
@@ -190,7 +238,7 @@ export const make = (
             : Effect.void
       ).pipe(store("assertCurrent"))
 
-    return guardDomains<WorkLeaseStoreError>({ tryAcquire, succeed, fail, inspect, assertCurrent })
+    return assemble<WorkLeaseStoreError>({ tryAcquire, succeed, fail, renew, inspect, assertCurrent }, leaseTimeout)
   })
 
 /**

@@ -1,8 +1,9 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, FastCheck as fc, Option } from "effect"
+import { Clock, DateTime, Effect, FastCheck as fc, Logger, LogLevel, Metric, Option, TestClock } from "effect"
+import * as Heartbeat from "../src/Heartbeat.js"
 import * as WorkLease from "../src/WorkLease.js"
 import { workLeaseContract } from "./contract/WorkLeaseContract.js"
-import { refusedOptions } from "./helpers.js"
+import { captureLogs, refusedOptions } from "./helpers.js"
 
 workLeaseContract("STM", (options) => WorkLease.make(options))
 
@@ -11,7 +12,7 @@ workLeaseContract("STM", (options) => WorkLease.make(options))
 // ---------------------------------------------------------------------------
 
 interface ModelDomain {
-  lease: { offset: number; token: string; fencingToken: number; retryCount: number } | undefined
+  lease: { offset: number; token: string; fencingToken: number; retryCount: number; expiresAt: number } | undefined
   backlog: Array<number>
   processed: Set<number>
   failed: Set<number>
@@ -20,21 +21,33 @@ interface ModelDomain {
 
 type Op =
   | { readonly kind: "acquire"; readonly domain: string; readonly offset: number }
-  | { readonly kind: "succeed" | "fail"; readonly domain: string; readonly stale: boolean }
+  | { readonly kind: "succeed" | "fail" | "renew"; readonly domain: string; readonly stale: boolean }
+  | { readonly kind: "advance"; readonly millis: number }
 
 const opArb: fc.Arbitrary<Op> = fc.oneof(
   fc.record({ kind: fc.constant("acquire" as const), domain: fc.constantFrom("A", "B", "C"), offset: fc.nat(7) }),
   fc.record({
-    kind: fc.constantFrom("succeed" as const, "fail" as const),
+    kind: fc.constantFrom("succeed" as const, "fail" as const, "renew" as const),
     domain: fc.constantFrom("A", "B", "C"),
     stale: fc.boolean()
-  })
+  }),
+  // Time passes: at LEASE_TIMEOUT and beyond, a lease nobody renewed is stale.
+  fc.record({ kind: fc.constant("advance" as const), millis: fc.constantFrom(1, 3_000, 9_999, 10_000, 25_000) })
 )
 
 const MAX_RETRIES = 2
+const LEASE_TIMEOUT = 10_000
 
-/** Applies `op` to the model, given the token used (or drawn, for an acquire); returns the expected answer. */
-const step = (model: Map<string, ModelDomain>, op: Op, token: string): Record<string, unknown> => {
+/**
+ * Applies `op` to the model at time `now`, given the token used (or drawn, for an acquire); returns the
+ * expected answer.
+ */
+const step = (
+  model: Map<string, ModelDomain>,
+  op: Exclude<Op, { kind: "advance" }>,
+  token: string,
+  now: number
+): Record<string, unknown> => {
   const d = model.get(op.domain) ??
     { lease: undefined, backlog: [], processed: new Set(), failed: new Set(), fencingToken: 0 }
   model.set(op.domain, d)
@@ -42,6 +55,12 @@ const step = (model: Map<string, ModelDomain>, op: Op, token: string): Record<st
     if (d.processed.has(op.offset)) return { _tag: "AlreadyProcessed" }
     if (d.failed.has(op.offset)) return { _tag: "AlreadyFailed" }
     if (d.lease !== undefined) {
+      if (d.lease.offset === op.offset && now >= d.lease.expiresAt) {
+        // A takeover: a new token and the next fencing token; the retries carry over.
+        d.fencingToken++
+        d.lease = { ...d.lease, token, fencingToken: d.fencingToken, expiresAt: now + LEASE_TIMEOUT }
+        return { _tag: "Acquired", token, fencingToken: d.fencingToken }
+      }
       if (d.lease.offset === op.offset) return { _tag: "AlreadyAcquired", token: d.lease.token }
       if (!d.backlog.includes(op.offset)) d.backlog.push(op.offset)
       return { _tag: "Enqueued" }
@@ -51,11 +70,15 @@ const step = (model: Map<string, ModelDomain>, op: Op, token: string): Record<st
     }
     if (d.backlog.length > 0) d.backlog.shift()
     d.fencingToken++
-    d.lease = { offset: op.offset, token, fencingToken: d.fencingToken, retryCount: 0 }
+    d.lease = { offset: op.offset, token, fencingToken: d.fencingToken, retryCount: 0, expiresAt: now + LEASE_TIMEOUT }
     return { _tag: "Acquired", token, fencingToken: d.fencingToken }
   }
   if (d.lease === undefined) return { _tag: "LeaseNotFoundError" }
   if (token !== d.lease.token) return { _tag: "TokenMismatchError" }
+  if (op.kind === "renew") {
+    d.lease.expiresAt = now + LEASE_TIMEOUT
+    return { _tag: "Renewed" }
+  }
   const hint = d.backlog[0]
   if (op.kind === "succeed") {
     d.processed.add(d.lease.offset)
@@ -68,29 +91,68 @@ const step = (model: Map<string, ModelDomain>, op: Op, token: string): Record<st
     return hint === undefined ? { _tag: "GiveUpNoBacklog" } : { _tag: "GiveUpNextHint", offset: hint }
   }
   d.lease.retryCount++
+  d.lease.expiresAt = now + LEASE_TIMEOUT // the holder spoke: a retry renews the lease
   return { _tag: "RetryScheduled", retryCount: d.lease.retryCount }
 }
 
 const plain = (value: object): Record<string, unknown> => JSON.parse(JSON.stringify(value))
 
-const runSequence = (ops: ReadonlyArray<Op>) =>
+/**
+ * A clock that only `advance` moves: `TestClock.adjust` yields to a real timer each time, which made this test
+ * ten times slower.
+ */
+const manualClock = () => {
+  let millis = 1_000_000
+  const clock: Clock.Clock = {
+    [Clock.ClockTypeId]: Clock.ClockTypeId,
+    unsafeCurrentTimeMillis: () => millis,
+    currentTimeMillis: Effect.sync(() => millis),
+    unsafeCurrentTimeNanos: () => BigInt(millis) * 1_000_000n,
+    currentTimeNanos: Effect.sync(() => BigInt(millis) * 1_000_000n),
+    sleep: () => Effect.never
+  }
+  return { clock, advance: (by: number) => Effect.sync(() => void (millis += by)) }
+}
+
+const runSequence = (ops: ReadonlyArray<Op>) => {
+  const time = manualClock()
+  // Takeovers are logged as warnings: quiet here, as inside `it.effect`.
+  return Effect.withClock(runOps(ops, time.advance), time.clock).pipe(Logger.withMinimumLogLevel(LogLevel.None))
+}
+
+const runOps = (ops: ReadonlyArray<Op>, advance: (by: number) => Effect.Effect<void>) =>
   Effect.gen(function*() {
-    const lease = yield* WorkLease.make({ maxRetries: MAX_RETRIES })
+    const lease = yield* WorkLease.make({ maxRetries: MAX_RETRIES, leaseTimeout: LEASE_TIMEOUT })
     const model = new Map<string, ModelDomain>()
     const lastFencing = new Map<string, number>()
+    /** Each domain's tokens that were taken over: a zombie's. */
+    const zombies = new Map<string, string>()
     for (const op of ops) {
+      if (op.kind === "advance") {
+        yield* advance(op.millis)
+        continue
+      }
+      const now = yield* Clock.currentTimeMillis
       let actual: Record<string, unknown>
       let token: string
       if (op.kind === "acquire") {
+        const holder = model.get(op.domain)?.lease?.token
         actual = plain(yield* Effect.merge(lease.tryAcquire(op.domain, op.offset)))
         token = typeof actual["token"] === "string" ? actual["token"] : ""
+        if (actual["_tag"] === "Acquired" && holder !== undefined) zombies.set(op.domain, holder)
       } else {
-        // A stale call uses a token that is not the current holder's (an old one, as a zombie would).
-        token = op.stale ? "zombie-token" : model.get(op.domain)?.lease?.token ?? "no-lease"
-        const settle = op.kind === "succeed" ? lease.succeed : lease.fail
-        actual = plain(yield* Effect.merge(settle(op.domain, token) as Effect.Effect<object, object>))
+        // A stale call uses a token that is not the current holder's: one taken over if there is one (a zombie).
+        token = op.stale
+          ? zombies.get(op.domain) ?? "zombie-token"
+          : model.get(op.domain)?.lease?.token ?? "no-lease"
+        const call = op.kind === "succeed"
+          ? lease.succeed(op.domain, token)
+          : op.kind === "fail"
+          ? lease.fail(op.domain, token)
+          : Effect.as(lease.renew(op.domain, token), { _tag: "Renewed" })
+        actual = plain(yield* Effect.merge(call as Effect.Effect<object, object>))
       }
-      const expected = step(model, op, token)
+      const expected = step(model, op, token, now)
       const { message: _message, domainId: _domainId, ...comparable } = actual
       expect(comparable).toEqual(expected)
 
@@ -109,6 +171,9 @@ const runSequence = (ops: ReadonlyArray<Op>) =>
         for (const o of d.failed) expect((yield* lease.tryAcquire(domainId, o))._tag).toBe("AlreadyFailed")
         // 5. token fencing: only the model's current token is accepted (checked by the comparison above)
         expect(view?.token).toBe(d.lease?.token)
+        expect(Option.map(view?.expiresAt ?? Option.none(), DateTime.toEpochMillis)).toEqual(
+          Option.fromNullable(d.lease?.expiresAt)
+        )
         // 6. monotonic fencing token
         if (view !== undefined) {
           expect(view.fencingToken).toBeGreaterThanOrEqual(lastFencing.get(domainId) ?? 0)
@@ -120,7 +185,7 @@ const runSequence = (ops: ReadonlyArray<Op>) =>
 
 describe("WorkLease model-based property", () => {
   it.effect(
-    "random tryAcquire / succeed / fail / stale-token sequences agree with a plain model; invariants hold",
+    "random tryAcquire / succeed / fail / renew / stale-token / time-passing sequences agree with a plain model (expiry and takeover included); invariants hold",
     () =>
       Effect.promise(() =>
         fc.assert(
@@ -146,6 +211,31 @@ describe("WorkLease options", () => {
       yield* WorkLease.make({ maxRetries: 0, retention: { maxOutOfOrder: 0 } })
     }))
 
+  it.effect("leaseTimeout is a finite duration from 1 ms to 24 h: anything else is a ParseError naming it", () =>
+    Effect.gen(function*() {
+      for (
+        const leaseTimeout of [0, -1, Number.NaN, Infinity, "25 hours", "0 seconds", "soon", [1, -1], "0.5 millis"]
+      ) {
+        const error = yield* Effect.flip(WorkLease.make({ leaseTimeout: leaseTimeout as never }))
+        expect(refusedOptions(error)).toEqual(["leaseTimeout"])
+      }
+      yield* WorkLease.make({ leaseTimeout: "24 hours" })
+      yield* WorkLease.make({ leaseTimeout: 1 })
+    }))
+
+  it.scoped("keepAlive's interval is more than zero and shorter than leaseTimeout (and 12 h): a ParseError naming it", () =>
+    Effect.gen(function*() {
+      const lease = yield* WorkLease.make({ leaseTimeout: "30 seconds" })
+      const held = yield* lease.tryAcquire("A", 0)
+      if (held._tag !== "Acquired") return expect.fail(held._tag)
+      const heartbeat = yield* Heartbeat.make
+      for (const interval of [0, -1, Number.NaN, "30 seconds", "1 hour"]) {
+        const error = yield* Effect.flip(lease.keepAlive("A", held.token, heartbeat, { interval: interval as never }))
+        expect(refusedOptions(error)).toEqual(["interval"])
+      }
+      yield* lease.keepAlive("A", held.token, heartbeat, { interval: "29 seconds" })
+    }))
+
   it.effect("maxRetries is refused beyond what a SQL backend stores (a 32-bit integer): the same rule in memory", () =>
     Effect.gen(function*() {
       for (const maxRetries of [2 ** 31, Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER + 2, Infinity]) {
@@ -154,6 +244,26 @@ describe("WorkLease options", () => {
       }
       yield* WorkLease.make({ maxRetries: 2 ** 31 - 1 })
     }))
+})
+
+describe("WorkLease takeovers are visible", () => {
+  it.effect("each takeover counts in leasehold_work_lease_takeovers_total and is logged as a warning with the stale holder's fencing token and how long it was stale", () => {
+    const logs = captureLogs()
+    return Effect.gen(function*() {
+      const lease = yield* WorkLease.make({ leaseTimeout: "1 minute" })
+      const before = (yield* Metric.value(WorkLease.takeovers)).count
+      const held = yield* lease.tryAcquire("repo", 3)
+      if (held._tag !== "Acquired") return expect.fail(held._tag)
+      yield* TestClock.adjust("90 seconds")
+      expect(yield* lease.tryAcquire("repo", 3)).toMatchObject({ _tag: "Acquired", fencingToken: 2 })
+      expect((yield* Metric.value(WorkLease.takeovers)).count).toBe(before + 1)
+      const warning = logs.lines.filter((line) => line.level === "WARN")
+      expect(warning.length).toBe(1)
+      expect(warning[0]!.message).toContain("fencing token 1")
+      expect(warning[0]!.message).toContain("30s") // stale for 30 s: 90 s since the acquisition, 60 s of lease
+      expect(warning[0]!.message).toContain("repo")
+    }).pipe(Effect.provide(logs.layer))
+  })
 })
 
 describe("WorkLease retention (bounded memory)", () => {

@@ -8,14 +8,30 @@ import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Either, Exit, FastCheck as fc, Layer, Option, Redacted, Runtime, Scope } from "effect"
+import {
+  Clock,
+  Context,
+  DateTime,
+  Effect,
+  Either,
+  Exit,
+  FastCheck as fc,
+  Layer,
+  Option,
+  Redacted,
+  Runtime,
+  Scope,
+  TestClock
+} from "effect"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as Sql from "../src/internal/sql/common.js"
+import * as WorkLeaseSchema from "../src/internal/sql/workLease/schema.js"
 import * as WorkLease from "../src/WorkLease.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 import { workLeaseContract } from "./contract/WorkLeaseContract.js"
-import { refusedOptions, spawnTsx } from "./helpers.js"
+import { refusedOptions, skewedClock, spawnTsx } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 let tables = 0
@@ -103,6 +119,13 @@ describe("WorkLeaseSql options", () => {
         expect(refusedOptions(error)).toEqual(["maxRetries"])
         expect(error.message).toContain("must be a non-negative integer")
       }
+      // leaseTimeout: a finite duration from 1 ms to 24 h, as in memory.
+      for (const bad of [0, -1, Number.NaN, Infinity, "25 hours"]) {
+        const error = yield* Effect.flip(
+          WorkLeaseSql.make({ leaseTimeout: bad as never }).pipe(Effect.provide(context))
+        )
+        expect(refusedOptions(error)).toEqual(["leaseTimeout"])
+      }
     }))
   it.scoped("maxRetries beyond a 32-bit integer is refused at make: on PostgreSQL every fail would be a store error", () =>
     Effect.gen(function*() {
@@ -134,35 +157,32 @@ describe("WorkLeaseSql migrations", () => {
       // Opened again: the migration adopts the tables, records itself, and the lease is still there.
       const after = yield* WorkLeaseSql.make({ prefix: table }).pipe(Effect.provide(context))
       const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
-      expect(Number(recorded[0]!.n)).toBe(2) // every migration, the adopting one first
+      expect(Number(recorded[0]!.n)).toBe(3) // every migration, the adopting one first
       expect(yield* after.tryAcquire("repo", 0)).toMatchObject({ _tag: "AlreadyAcquired" })
       if (held._tag === "Acquired") expect((yield* after.succeed("repo", held.token))._tag).toBe("NoBacklog")
       expect((yield* after.tryAcquire("repo", 0))._tag).toBe("AlreadyProcessed")
     }))
 
-  /** A database as the release before the one-statement calls left it: only the first migration recorded. */
+  /**
+   * A database as the release before the one-statement calls left it: made by the first migration alone, with a
+   * lease on offset 0 and offset 1 waiting.
+   */
   const upgrade = (label: string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
     it.scoped(`${label}: a database at migration 1 (before the one-statement calls) is upgraded, its state carries on`, () =>
       Effect.gen(function*() {
         const context = yield* Layer.build(client())
         const sql = Context.get(context, SqlClient.SqlClient)
         const table = prefix()
-        const before = yield* WorkLeaseSql.make({ prefix: table, maxRetries: 1 }).pipe(Effect.provide(context))
-        const held = yield* before.tryAcquire("repo", 0)
-        expect((yield* before.tryAcquire("repo", 1))._tag).toBe("Enqueued")
-        // Undo migration 2: what it created goes, and it is no longer recorded.
-        yield* sql.unsafe(`DROP INDEX ${table}work_lease_backlog_head`)
-        yield* sql.onDialectOrElse({
-          pg: () =>
-            sql.unsafe(`DROP FUNCTION ${table}work_lease_acquire(text, bigint, text, bigint);
-              DROP FUNCTION ${table}work_lease_settle(text, text, boolean, integer)`),
-          orElse: () => Effect.void
-        })
-        yield* sql.unsafe(`DELETE FROM ${table}work_lease_migrations WHERE migration_id = 2`)
+        const names = WorkLeaseSchema.tables(table)
+        const first = Object.fromEntries(Object.entries(WorkLeaseSchema.migrations(sql, table)).slice(0, 1))
+        yield* Sql.migrate(sql, names.migrations, first)
+        yield* sql`INSERT INTO ${sql(names.domains)} (domain_id, lease_offset, lease_token, lease_fencing, acquired_at,
+          fencing_token) VALUES ('repo', 0, 'held-0', 1, 0, 1)`
+        yield* sql`INSERT INTO ${sql(names.backlog)} (domain_id, position, item) VALUES ('repo', 1, 1)`
+        const held = { token: "held-0" }
         const after = yield* WorkLeaseSql.make({ prefix: table, maxRetries: 1 }).pipe(Effect.provide(context))
         const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
-        expect(Number(recorded[0]!.n)).toBe(2)
-        if (held._tag !== "Acquired") return expect.fail(held._tag)
+        expect(Number(recorded[0]!.n)).toBe(3)
         expect(yield* after.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
         expect(yield* after.fail("repo", held.token)).toEqual({ _tag: "RetryScheduled", retryCount: 1 })
         expect(yield* after.fail("repo", held.token)).toEqual({ _tag: "GiveUpNextHint", offset: 1 })
@@ -174,12 +194,137 @@ describe("WorkLeaseSql migrations", () => {
       }))
   upgrade("SQLite", () => SqliteClient.layer({ filename: sqliteFile }))
   upgrade("PostgreSQL", () => PgClient.layer({ url: Redacted.make(pgUrl) }))
+
+  /**
+   * A database as the release before lease expiry left it (migrations 1 and 2, by their own code), with a lease
+   * in it; then the new release opens it with a leaseTimeout while a process of the previous release keeps
+   * working beside it — on PostgreSQL through the previous functions, on SQLite with the previous statements.
+   */
+  const expiryUpgrade = (label: string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
+    it.scoped(`${label}: a database at migration 2 (before lease expiry) is upgraded; a process still on the previous version keeps working beside the new one`, () =>
+      Effect.gen(function*() {
+        const context = yield* Layer.build(client())
+        const sql = Context.get(context, SqlClient.SqlClient)
+        const table = prefix()
+        const names = WorkLeaseSchema.tables(table)
+        const previous = Object.fromEntries(Object.entries(WorkLeaseSchema.migrations(sql, table)).slice(0, 2))
+        yield* Sql.migrate(sql, names.migrations, previous)
+        const domains = sql(names.domains)
+        yield* TestClock.setTime(1_000_000)
+        // The previous release's lease on offset 0, offset 1 waiting.
+        yield* sql`INSERT INTO ${domains} (domain_id, lease_offset, lease_token, lease_fencing, acquired_at,
+          fencing_token) VALUES ('repo', 0, 'old-0', 1, 1000000, 1)`
+        yield* sql`INSERT INTO ${sql(names.backlog)} (domain_id, position, item) VALUES ('repo', 1, 1)`
+        // What the previous release runs for `succeed` (in order) and `tryAcquire` of an idle domain.
+        const oldSucceed = (token: string) =>
+          sql.onDialectOrElse({
+            pg: () => sql`SELECT * FROM ${sql(names.settle)}('repo'::text, ${token}::text, false, 3)`,
+            orElse: () =>
+              sql`UPDATE ${domains} SET lease_offset = NULL, lease_token = NULL, lease_fencing = NULL,
+                acquired_at = NULL, retry_count = 0, low_water = low_water + 1
+              WHERE domain_id = 'repo' AND lease_token = ${token} AND lease_offset = low_water`
+          })
+        const oldAcquire = (offset: number, token: string) =>
+          sql.onDialectOrElse({
+            pg: () =>
+              sql`SELECT * FROM ${
+                sql(names.acquire)
+              }('repo'::text, ${offset}::bigint, ${token}::text, ${1_000_000}::bigint)`,
+            orElse: () =>
+              sql`UPDATE ${domains} SET lease_offset = ${offset}, lease_token = ${token},
+                lease_fencing = fencing_token + 1, acquired_at = 1000000, retry_count = 0,
+                fencing_token = fencing_token + 1
+              WHERE domain_id = 'repo' AND lease_token IS NULL`
+          })
+
+        const lease = yield* WorkLeaseSql.make({ prefix: table, leaseTimeout: "1 minute" }).pipe(
+          Effect.provide(context)
+        )
+        const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(names.migrations)}`
+        expect(Number(recorded[0]!.n)).toBe(3)
+        // The previous release's lease has no expiry: it is never taken over, until it is renewed.
+        yield* TestClock.adjust("1 day")
+        expect(yield* lease.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: "old-0" })
+        expect(Option.getOrThrow((yield* lease.inspect("repo")).lease).expiresAt).toEqual(Option.none())
+        yield* lease.renew("repo", "old-0")
+        const now = yield* Clock.currentTimeMillis
+        expect(Option.getOrThrow((yield* lease.inspect("repo")).lease).expiresAt).toEqual(
+          Option.some(DateTime.unsafeMake(now + 60_000))
+        )
+        expect(yield* lease.succeed("repo", "old-0")).toEqual({ _tag: "NextHint", offset: 1 })
+        // The new release takes offset 1 with an expiry; the previous one settles it and takes offset 2 its way,
+        // leaving the expiry of the lease on 1 in the row: it must not make the lease on 2 stale.
+        const one = yield* lease.tryAcquire("repo", 1)
+        expect(one).toMatchObject({ _tag: "Acquired", fencingToken: 2 })
+        if (one._tag !== "Acquired") return
+        yield* oldSucceed(one.token)
+        yield* oldAcquire(2, "old-2")
+        yield* TestClock.adjust("1 day")
+        expect(yield* lease.tryAcquire("repo", 2)).toEqual({ _tag: "AlreadyAcquired", token: "old-2" })
+        expect(Option.getOrThrow((yield* lease.inspect("repo")).lease)).toMatchObject({
+          offset: 2,
+          fencingToken: 3,
+          expiresAt: Option.none()
+        })
+        yield* lease.assertCurrent("repo", 3)
+        // And the previous release settles what the new one took, which then goes on.
+        yield* oldSucceed("old-2")
+        const three = yield* lease.tryAcquire("repo", 3)
+        expect(three).toMatchObject({ _tag: "Acquired", fencingToken: 4 })
+        if (three._tag === "Acquired") yield* oldSucceed(three.token)
+        expect(yield* lease.inspect("repo")).toMatchObject({ lease: Option.none(), lowWaterMark: 4 })
+        expect((yield* lease.tryAcquire("repo", 3))._tag).toBe("AlreadyProcessed")
+      }))
+  expiryUpgrade("SQLite", () => SqliteClient.layer({ filename: sqliteFile }))
+  expiryUpgrade("PostgreSQL", () => PgClient.layer({ url: Redacted.make(pgUrl) }))
+})
+
+describe("WorkLeaseSql on PostgreSQL judges staleness by the database's clock", () => {
+  it.live(
+    "a client 2 minutes ahead does not see a fresh lease as stale; one 2 minutes behind still takes over a stale one",
+    () =>
+      Effect.gen(function*() {
+        const pg = yield* Layer.build(PgClient.layer({ url: Redacted.make(pgUrl) }))
+        const table = prefix()
+        const open = (skew: number) =>
+          WorkLeaseSql.make({ prefix: table, leaseTimeout: "2 seconds" }).pipe(
+            Effect.provide(pg),
+            Effect.withClock(skewedClock(skew))
+          )
+        const behind = yield* open(-2 * 60_000)
+        const ahead = yield* open(2 * 60_000)
+        // Taken by the client 2 minutes behind: by its clock the lease expires in 2 s, by the ahead one's clock it
+        // expired 4 minutes ago. By the database's, it is fresh.
+        const fresh = yield* behind.tryAcquire("fresh", 0)
+        if (fresh._tag !== "Acquired") return expect.fail(fresh._tag)
+        expect(yield* ahead.tryAcquire("fresh", 0)).toEqual({ _tag: "AlreadyAcquired", token: fresh.token })
+        yield* ahead.renew("fresh", fresh.token)
+        // The expiry shown is the database's: about 2 s from the real now, not 2 minutes off.
+        const expiresAt = Option.getOrThrow(Option.getOrThrow((yield* ahead.inspect("fresh")).lease).expiresAt)
+        const real = Date.now()
+        expect(Math.abs(DateTime.toEpochMillis(expiresAt) - (real + 2_000))).toBeLessThan(1_500)
+        // Taken by the client ahead, then left: by the behind client's clock it has 2 min 2 s to go; by the
+        // database's it is stale after 2 s, and the behind client takes it over.
+        const stale = yield* ahead.tryAcquire("stale", 0)
+        if (stale._tag !== "Acquired") return expect.fail(stale._tag)
+        expect(yield* behind.tryAcquire("stale", 0)).toEqual({ _tag: "AlreadyAcquired", token: stale.token })
+        yield* Effect.sleep("2500 millis")
+        const taken = yield* behind.tryAcquire("stale", 0)
+        expect(taken).toMatchObject({ _tag: "Acquired", fencingToken: stale.fencingToken + 1 })
+        expect((yield* Effect.flip(ahead.succeed("stale", stale.token)))._tag).toBe("TokenMismatchError")
+        // The fresh one went stale during the sleep, but nobody took it over: its holder renews it and keeps it.
+        yield* behind.renew("fresh", fresh.token)
+        expect(yield* ahead.tryAcquire("fresh", 0)).toEqual({ _tag: "AlreadyAcquired", token: fresh.token })
+      }).pipe(Effect.scoped),
+    30_000
+  )
 })
 
 type Op =
   | { readonly kind: "acquire"; readonly domain: string; readonly offset: number }
-  | { readonly kind: "succeed" | "fail"; readonly domain: string; readonly stale: boolean }
+  | { readonly kind: "succeed" | "fail" | "renew"; readonly domain: string; readonly stale: boolean }
   | { readonly kind: "assertCurrent"; readonly domain: string; readonly fencingToken: number }
+  | { readonly kind: "advance"; readonly millis: number }
 
 const opArb: fc.Arbitrary<Op> = fc.oneof(
   {
@@ -193,9 +338,17 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   {
     weight: 3,
     arbitrary: fc.record({
-      kind: fc.constantFrom("succeed" as const, "fail" as const),
+      kind: fc.constantFrom("succeed" as const, "fail" as const, "renew" as const),
       domain: fc.constantFrom("A", "B"),
       stale: fc.boolean()
+    })
+  },
+  {
+    // Time passes: at LEASE_TIMEOUT and beyond, a lease nobody renewed is stale.
+    weight: 1,
+    arbitrary: fc.record({
+      kind: fc.constant("advance" as const),
+      millis: fc.constantFrom(1, 4_000, 9_999, 10_000, 30_000)
     })
   },
   {
@@ -222,21 +375,38 @@ const snapshot = (lease: WorkLease.WorkLease<unknown>, domainId: string) =>
     lease: Option.map(view.lease, ({ token: _token, ...rest }) => rest)
   }))
 
-/** `ops` on the STM version and on `sql`, in domains of their own (`run`): same answers, same states. */
+const LEASE_TIMEOUT = 10_000
+
+/**
+ * `ops` on the STM version and on `sql`, in domains of their own (`run`): same answers, same states. Both read
+ * the test's clock, which `advance` moves.
+ */
 const sameAsStm = (sql: WorkLease.WorkLease<unknown>, ops: ReadonlyArray<Op>, run: string) =>
   Effect.gen(function*() {
-    const stm = yield* WorkLease.make({ maxRetries: 2 })
+    const stm = yield* WorkLease.make({ maxRetries: 2, leaseTimeout: LEASE_TIMEOUT })
     const tokens = new Map<string, readonly [string, string]>()
+    /** The tokens of each domain's last holder that was taken over (a zombie's), each backend's. */
+    const zombies = new Map<string, readonly [string, string]>()
     for (const op of ops) {
+      if (op.kind === "advance") {
+        yield* TestClock.adjust(op.millis)
+        continue
+      }
       const domain = `${run}-${op.domain}`
       let answers: ReadonlyArray<Either.Either<object, unknown>>
       if (op.kind === "acquire") {
+        // Acquired while a lease was held is a takeover: the holder's tokens become a zombie's.
+        const held = Option.isSome((yield* stm.inspect(domain)).lease)
         answers = [
           yield* Effect.either(stm.tryAcquire(domain, op.offset)),
           yield* Effect.either(sql.tryAcquire(domain, op.offset))
         ]
         const [a, b] = answers.map((answer) => Either.getOrUndefined(answer) as WorkLease.AcquireResult | undefined)
-        if (a?._tag === "Acquired" && b?._tag === "Acquired") tokens.set(domain, [a.token, b.token])
+        if (a?._tag === "Acquired" && b?._tag === "Acquired") {
+          const previous = tokens.get(domain)
+          if (held && previous !== undefined) zombies.set(domain, previous)
+          tokens.set(domain, [a.token, b.token])
+        }
         // A lease taken again answers with the holder's token, each backend its own.
         if (a?._tag === "AlreadyAcquired" && b?._tag === "AlreadyAcquired") {
           expect([a.token, b.token]).toEqual(tokens.get(domain))
@@ -247,13 +417,14 @@ const sameAsStm = (sql: WorkLease.WorkLease<unknown>, ops: ReadonlyArray<Op>, ru
           yield* Effect.either(Effect.as(sql.assertCurrent(domain, op.fencingToken), {}))
         ]
       } else {
-        const [a, b] = op.stale ? ["zombie", "zombie"] : tokens.get(domain) ?? ["none", "none"]
+        const [a, b] = op.stale ? zombies.get(domain) ?? ["zombie", "zombie"] : tokens.get(domain) ?? ["none", "none"]
         const settle = (lease: WorkLease.WorkLease<unknown>, token: string) =>
           Effect.either(
-            (op.kind === "succeed" ? lease.succeed(domain, token) : lease.fail(domain, token)) as Effect.Effect<
-              object,
-              object
-            >
+            (op.kind === "succeed"
+              ? lease.succeed(domain, token)
+              : op.kind === "fail"
+              ? lease.fail(domain, token)
+              : Effect.as(lease.renew(domain, token), { _tag: "Renewed" })) as Effect.Effect<object, object>
           )
         answers = [yield* settle(stm, a), yield* settle(sql, b)]
       }
@@ -267,11 +438,13 @@ const sameAsStm = (sql: WorkLease.WorkLease<unknown>, ops: ReadonlyArray<Op>, ru
 describe("WorkLeaseSql against the STM version", () => {
   const differential = (label: string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
     it.scoped(
-      `${label}: random acquire / succeed / fail / stale / assertCurrent sequences answer alike and leave the same state`,
+      `${label}: random acquire / succeed / fail / renew / stale / assertCurrent / time-passing sequences (expiry and takeover) answer alike and leave the same state`,
       () =>
         Effect.gen(function*() {
           const context = yield* Layer.build(client())
-          const sql = yield* WorkLeaseSql.make({ prefix: prefix(), maxRetries: 2 }).pipe(Effect.provide(context))
+          const sql = yield* WorkLeaseSql.make({ prefix: prefix(), maxRetries: 2, leaseTimeout: LEASE_TIMEOUT }).pipe(
+            Effect.provide(context)
+          )
           // The test's runtime, so both backends read its TestClock.
           const runtime = yield* Effect.runtime<never>()
           let run = 0

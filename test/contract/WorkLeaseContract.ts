@@ -3,10 +3,13 @@
  * policy, run against whatever `make` builds (STM now; SQL backends later).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { DateTime, Effect, Option, type Scope, TestClock } from "effect"
+import { Clock, DateTime, Duration, Effect, Exit, Option, Ref, Scope, TestClock } from "effect"
+import * as Heartbeat from "../../src/Heartbeat.js"
 import type * as WorkLease from "../../src/WorkLease.js"
 
-export type MakeWorkLease = (options: { readonly maxRetries: number }) => Effect.Effect<
+export type MakeWorkLease = (
+  options: { readonly maxRetries: number; readonly leaseTimeout?: Duration.DurationInput }
+) => Effect.Effect<
   WorkLease.WorkLease<{ readonly _tag: string }>,
   unknown,
   Scope.Scope
@@ -16,6 +19,50 @@ const acquired = (result: WorkLease.AcquireResult) => {
   expect(result._tag).toBe("Acquired")
   return result as Extract<WorkLease.AcquireResult, { _tag: "Acquired" }>
 }
+
+const view = (lease: WorkLease.WorkLease<{ readonly _tag: string }>, domainId: string) =>
+  Effect.map(lease.inspect(domainId), (snapshot) => Option.getOrThrow(snapshot.lease))
+
+const expiresAtMillis = (lease: WorkLease.LeaseView) =>
+  Option.getOrUndefined(Option.map(lease.expiresAt, DateTime.toEpochMillis))
+
+/**
+ * Storage guarded by fencing tokens, as the coordination guide shows: a row that remembers the highest fencing
+ * token that wrote it and refuses a lower one, and checks `assertCurrent` before it writes.
+ */
+const fencedResource = (lease: WorkLease.WorkLease<{ readonly _tag: string }>, domainId: string) =>
+  Effect.map(Ref.make({ value: "", fencing: 0 }), (row) => ({
+    row,
+    /** The compare alone: refuses a token lower than the highest it has seen. */
+    compareAndWrite: (fencingToken: number, value: string) =>
+      Ref.modify(row, (current) =>
+        fencingToken < current.fencing
+          ? ["refused" as const, current]
+          : ["written" as const, { value, fencing: fencingToken }]),
+    /** The check by the lease first, then the compare. */
+    write: (fencingToken: number, value: string) =>
+      Effect.flatMap(
+        Effect.either(lease.assertCurrent(domainId, fencingToken)),
+        (current) =>
+          current._tag === "Left" ?
+            Effect.succeed("refused" as const) :
+            Ref.modify(row, (stored) =>
+              fencingToken < stored.fencing
+                ? ["refused" as const, stored]
+                : ["written" as const, { value, fencing: fencingToken }])
+      )
+  }))
+
+/** Waits (yielding, without moving the TestClock) until `check` holds: a heartbeat's extension runs on a fiber of its own. */
+const eventually = <E>(check: Effect.Effect<boolean, E>) =>
+  Effect.gen(function*() {
+    for (let i = 0; i < 2_000; i++) {
+      if (yield* check) return
+      yield* Effect.yieldNow()
+      if (i > 100) yield* Effect.promise(() => new Promise((resolve) => setImmediate(resolve)))
+    }
+    expect.fail("the condition never held")
+  })
 
 export const workLeaseContract = (label: string, make: MakeWorkLease) =>
   describe(`WorkLease contract: ${label}`, () => {
@@ -131,13 +178,16 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
 
     it.scoped("domain ids keep the name rule on every backend; different names are different domains", () =>
       Effect.gen(function*() {
-        const lease = yield* make({ maxRetries: 3 })
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "1 minute" })
+        const heartbeat = yield* Heartbeat.make
         const held = acquired(yield* lease.tryAcquire("\ufffd", 0))
         for (const bad of ["", "a\u0000b", "\ud800", "\udc00", "x".repeat(201), "new\nline"]) {
           const refusals = [
             lease.tryAcquire(bad, 0),
             lease.succeed(bad, held.token),
             lease.fail(bad, held.token),
+            lease.renew(bad, held.token),
+            lease.keepAlive(bad, held.token, heartbeat),
             lease.inspect(bad),
             lease.assertCurrent(bad, held.fencingToken)
           ]
@@ -151,5 +201,166 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         expect(emoji.fencingToken).toBe(1)
         // A token no lease can have is a mismatch, not a failure of the store.
         expect((yield* Effect.flip(lease.succeed("\ufffd", "t\u0000\ud800")))._tag).toBe("TokenMismatchError")
+      }))
+
+    it.scoped("without leaseTimeout: the seed's behaviour — the holder keeps its lease for ever; renew checks the token", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3 })
+        const held = acquired(yield* lease.tryAcquire("A", 0))
+        expect(Option.isNone((yield* view(lease, "A")).expiresAt)).toBe(true)
+        yield* TestClock.adjust("3650 days")
+        expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
+        yield* lease.renew("A", held.token) // nothing to renew: a success after the token checks
+        expect(Option.isNone((yield* view(lease, "A")).expiresAt)).toBe(true)
+        expect((yield* Effect.flip(lease.renew("A", "not-the-token")))._tag).toBe("TokenMismatchError")
+        expect((yield* Effect.flip(lease.renew("nowhere", held.token)))._tag).toBe("LeaseNotFoundError")
+        yield* lease.assertCurrent("A", held.fencingToken)
+        expect((yield* lease.succeed("A", held.token))._tag).toBe("NoBacklog")
+        expect((yield* Effect.flip(lease.renew("A", held.token)))._tag).toBe("LeaseNotFoundError")
+      }))
+
+    it.scoped("with leaseTimeout: inspect shows the expiry; renewals keep the lease however long the work takes", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
+        yield* TestClock.setTime(1_000_000)
+        const held = acquired(yield* lease.tryAcquire("A", 0))
+        expect(expiresAtMillis(yield* view(lease, "A"))).toBe(1_030_000)
+        for (let i = 0; i < 10; i++) {
+          yield* TestClock.adjust("29 seconds")
+          yield* lease.renew("A", held.token)
+          expect(expiresAtMillis(yield* view(lease, "A"))).toBe((yield* Clock.currentTimeMillis) + 30_000)
+          expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
+        }
+        // 29.999 s after the last renewal it is still the holder's.
+        yield* TestClock.adjust("29999 millis")
+        expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
+        yield* lease.assertCurrent("A", held.fencingToken)
+        expect((yield* lease.succeed("A", held.token))._tag).toBe("NoBacklog")
+        expect((yield* Effect.flip(lease.renew("A", held.token)))._tag).toBe("LeaseNotFoundError")
+      }))
+
+    it.scoped("a lease not renewed within leaseTimeout is taken over by tryAcquire of the same offset: new token, next fencing token, retries carried; the old token is refused everywhere", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
+        yield* TestClock.setTime(5_000)
+        const old = acquired(yield* lease.tryAcquire("A", 7))
+        expect(yield* lease.fail("A", old.token)).toEqual({ _tag: "RetryScheduled", retryCount: 1 }) // renews too
+        yield* TestClock.adjust("30 seconds") // exactly leaseTimeout since the holder last spoke: stale
+        const taken = acquired(yield* lease.tryAcquire("A", 7))
+        expect(taken.token).not.toBe(old.token)
+        expect(taken.fencingToken).toBe(old.fencingToken + 1)
+        const now = yield* Clock.currentTimeMillis
+        const lv = yield* view(lease, "A")
+        expect(lv).toMatchObject({ offset: 7, token: taken.token, fencingToken: taken.fencingToken, retryCount: 1 })
+        expect(DateTime.toEpochMillis(lv.acquiredAt)).toBe(5_000) // the offset's first acquisition, as for retries
+        expect(expiresAtMillis(lv)).toBe(now + 30_000)
+        // The old holder is a zombie now: every call with its token or fencing token is refused.
+        expect((yield* Effect.flip(lease.succeed("A", old.token)))._tag).toBe("TokenMismatchError")
+        expect((yield* Effect.flip(lease.fail("A", old.token)))._tag).toBe("TokenMismatchError")
+        expect((yield* Effect.flip(lease.renew("A", old.token)))._tag).toBe("TokenMismatchError")
+        expect(yield* Effect.flip(lease.assertCurrent("A", old.fencingToken))).toMatchObject({
+          _tag: "StaleFencingTokenError",
+          fencingToken: old.fencingToken,
+          current: taken.fencingToken
+        })
+        yield* lease.assertCurrent("A", taken.fencingToken)
+        // The new holder works under the lease: the same offset is its own, the next one waits.
+        expect(yield* lease.tryAcquire("A", 7)).toEqual({ _tag: "AlreadyAcquired", token: taken.token })
+        expect((yield* lease.tryAcquire("A", 8))._tag).toBe("Enqueued")
+        expect(yield* lease.fail("A", taken.token)).toEqual({ _tag: "RetryScheduled", retryCount: 2 })
+        expect(yield* lease.succeed("A", taken.token)).toEqual({ _tag: "NextHint", offset: 8 })
+        expect((yield* Effect.flip(lease.succeed("A", old.token)))._tag).toBe("LeaseNotFoundError")
+        expect(acquired(yield* lease.tryAcquire("A", 8)).fencingToken).toBe(taken.fencingToken + 1)
+        expect((yield* lease.tryAcquire("A", 7))._tag).toBe("AlreadyProcessed")
+      }))
+
+    it.scoped("a stale lease nobody took over is still its holder's: it renews and settles; another offset does not take it over", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 0, leaseTimeout: "10 seconds" })
+        const held = acquired(yield* lease.tryAcquire("A", 0))
+        yield* TestClock.adjust("1 hour")
+        expect(expiresAtMillis(yield* view(lease, "A"))).toBeLessThan(yield* Clock.currentTimeMillis)
+        expect((yield* lease.tryAcquire("A", 1))._tag).toBe("Enqueued") // only the same offset takes over
+        yield* lease.assertCurrent("A", held.fencingToken)
+        yield* lease.renew("A", held.token)
+        expect(expiresAtMillis(yield* view(lease, "A"))).toBe((yield* Clock.currentTimeMillis) + 10_000)
+        yield* TestClock.adjust("1 hour")
+        expect(yield* lease.succeed("A", held.token)).toEqual({ _tag: "NextHint", offset: 1 })
+        const next = acquired(yield* lease.tryAcquire("A", 1))
+        yield* TestClock.adjust("1 hour")
+        expect((yield* lease.fail("A", next.token))._tag).toBe("GiveUpNoBacklog") // maxRetries 0
+        expect(next.fencingToken).toBe(2)
+      }))
+
+    it.scoped("the zombie of issue 33: A pauses past leaseTimeout, B takes over, A wakes — A's settle and fenced writes are refused, and offset 1 waits for B", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "1 minute" })
+        const resource = yield* fencedResource(lease, "repo")
+        const a = acquired(yield* lease.tryAcquire("repo", 0))
+        expect(yield* resource.write(a.fencingToken, "A: half of offset 0")).toBe("written")
+        // A pauses (a GC pause, a stopped VM) for longer than leaseTimeout; the orchestrator tries offset 0 again.
+        yield* TestClock.adjust("5 minutes")
+        const b = acquired(yield* lease.tryAcquire("repo", 0))
+        expect(b.fencingToken).toBe(a.fencingToken + 1)
+        // A wakes before B wrote: its write checked by the lease is refused (the compare alone would not see it).
+        expect(yield* resource.write(a.fencingToken, "A: the rest of offset 0")).toBe("refused")
+        expect(yield* resource.write(b.fencingToken, "B: offset 0")).toBe("written")
+        // Once B wrote, even a write that skips the check is refused by the compare.
+        expect(yield* resource.compareAndWrite(a.fencingToken, "A: late")).toBe("refused")
+        expect(yield* Ref.get(resource.row)).toEqual({ value: "B: offset 0", fencing: b.fencingToken })
+        // A's settle is refused: it cannot end the lease B works under.
+        expect((yield* Effect.flip(lease.succeed("repo", a.token)))._tag).toBe("TokenMismatchError")
+        expect((yield* Effect.flip(lease.fail("repo", a.token)))._tag).toBe("TokenMismatchError")
+        // A goes on to offset 1: it waits while B works — never two offsets of the domain in flight.
+        expect((yield* lease.tryAcquire("repo", 1))._tag).toBe("Enqueued")
+        expect(yield* lease.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: b.token })
+        expect(yield* lease.succeed("repo", b.token)).toEqual({ _tag: "NextHint", offset: 1 })
+        const next = acquired(yield* lease.tryAcquire("repo", 1))
+        expect(next.fencingToken).toBe(b.fencingToken + 1)
+        expect(yield* resource.write(next.fencingToken, "offset 1")).toBe("written")
+      }))
+
+    it.scoped("keepAlive: a beating heartbeat keeps the lease past many leaseTimeouts; once beats stop it goes stale and is taken over", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
+        const held = acquired(yield* lease.tryAcquire("A", 0))
+        const heartbeat = yield* Heartbeat.make
+        const scope = yield* Scope.make()
+        yield* lease.keepAlive("A", held.token, heartbeat).pipe(Scope.extend(scope))
+        for (let i = 0; i < 12; i++) { // 2 minutes: four leaseTimeouts
+          yield* TestClock.adjust("10 seconds")
+          yield* heartbeat.beat
+          const renewedTo = (yield* Clock.currentTimeMillis) + 30_000
+          yield* eventually(Effect.map(view(lease, "A"), (lv) => expiresAtMillis(lv) === renewedTo))
+          expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
+        }
+        // The work hangs: no more beats, the lease runs out and is taken over.
+        yield* TestClock.adjust("30 seconds")
+        const taken = acquired(yield* lease.tryAcquire("A", 0))
+        expect(taken.fencingToken).toBe(held.fencingToken + 1)
+        // A late beat of the hung work cannot renew the lease it lost.
+        yield* TestClock.adjust("10 seconds")
+        yield* heartbeat.beat
+        yield* Scope.close(scope, Exit.void)
+        expect((yield* view(lease, "A")).token).toBe(taken.token)
+        expect((yield* Effect.flip(lease.renew("A", held.token)))._tag).toBe("TokenMismatchError")
+      }))
+
+    it.scoped("extendable: what LeaseExtender.attach takes; keepAlive without a leaseTimeout does nothing", () =>
+      Effect.gen(function*() {
+        const timed = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
+        const held = acquired(yield* timed.tryAcquire("A", 0))
+        const target = timed.extendable("A", held.token)
+        expect(target.id).toContain("A")
+        yield* TestClock.adjust("20 seconds")
+        yield* target.extendVisibility(Duration.minutes(5)) // renews by leaseTimeout, whatever it is asked
+        expect(expiresAtMillis(yield* view(timed, "A"))).toBe((yield* Clock.currentTimeMillis) + 30_000)
+        expect((yield* Effect.flip(timed.extendable("A", "other").extendVisibility(Duration.seconds(1))))._tag).toBe(
+          "TokenMismatchError"
+        )
+        const untimed = yield* make({ maxRetries: 3 })
+        const other = acquired(yield* untimed.tryAcquire("A", 0))
+        yield* untimed.keepAlive("A", other.token, yield* Heartbeat.make)
+        expect(Option.isNone((yield* view(untimed, "A")).expiresAt)).toBe(true)
       }))
   })

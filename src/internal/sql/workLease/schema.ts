@@ -3,6 +3,14 @@
  * each coordination call one round trip: the rules run next to the rows, so
  * the domain's row lock is held while the function runs, not across the
  * client's round trips.
+ *
+ * Lease expiry (migration 3) is two columns: `expires_at`, and
+ * `expires_fencing`, the fencing token of the lease it belongs to. An expiry
+ * counts only while `expires_fencing = lease_fencing`, so a process still on
+ * the previous release — whose statements and functions neither set nor
+ * clear them — never leaves an expiry that a later lease would inherit: its
+ * leases have none, as before. The functions of migration 2 stay as they
+ * were for those processes; the new ones are overloads with more arguments.
  */
 import type * as Migrator from "@effect/sql/Migrator"
 import type * as SqlClient from "@effect/sql/SqlClient"
@@ -20,16 +28,31 @@ export const tables = (prefix: string) => ({
   settle: `${prefix}work_lease_settle`
 })
 
+/**
+ * The condition under which a domain row's lease is stale at `now` (a PL/pgSQL or SQL expression): it has an
+ * expiry, the expiry is this lease's, and it has passed.
+ */
+export const staleCondition = (row: string, now: string) =>
+  `(${row}.expires_fencing = ${row}.lease_fencing AND ${row}.expires_at <= ${now})`
+
 /** Creates the tables, or brings those of an earlier release up to date (concurrent processes are fine). */
 export const migrate = (
   sql: SqlClient.SqlClient,
   prefix: string
-): Effect.Effect<void, SqlError | Migrator.MigrationError> => {
+): Effect.Effect<void, SqlError | Migrator.MigrationError> =>
+  Sql.migrate(sql, tables(prefix).migrations, migrations(sql, prefix))
+
+/** The migrations, by name, in order (a test builds a database as an earlier release left it from the first ones). */
+export const migrations = (
+  sql: SqlClient.SqlClient,
+  prefix: string
+): Record<string, Effect.Effect<void, SqlError>> => {
   const names = tables(prefix)
   const domains = sql(names.domains)
   const backlog = sql(names.backlog)
   const terminal = sql(names.terminal)
-  return Sql.migrate(sql, names.migrations, {
+  const pg = Sql.dialectOf(sql) === "pg"
+  return {
     // The schema as it was before migrations were recorded: `IF NOT EXISTS` adopts those tables.
     "1_create_work_lease": Effect.all([
       sql`CREATE TABLE IF NOT EXISTS ${domains} (
@@ -48,24 +71,53 @@ export const migrate = (
     // Every settle reads the backlog's head: by index, not by sorting the domain's whole backlog.
     "2_one_statement_calls": Effect.all([
       sql`CREATE INDEX IF NOT EXISTS ${sql(`${names.backlog}_head`)} ON ${backlog} (domain_id, position)`,
-      ...(Sql.dialectOf(sql) === "pg" ? [acquireFunction(sql, prefix), settleFunction(sql, prefix)] : [])
+      ...(pg ? [acquireFunction(sql, prefix), settleFunction(sql, prefix)] : [])
+    ], { discard: true }),
+    // Lease expiry (`leaseTimeout`): when the lease goes stale, and which lease that expiry is for. PostgreSQL
+    // gets overloads of both functions that take the time and the timeout; the previous ones stay, so a process
+    // still on the previous release works as it did while others upgrade (its leases have no expiry).
+    "3_lease_expiry": Effect.all([
+      ...(pg
+        ? [
+          sql`ALTER TABLE ${domains} ADD COLUMN IF NOT EXISTS expires_at BIGINT,
+            ADD COLUMN IF NOT EXISTS expires_fencing BIGINT`,
+          acquireFunction(sql, prefix, { expiry: true }),
+          settleFunction(sql, prefix, { expiry: true })
+        ]
+        // SQLite has no `ADD COLUMN IF NOT EXISTS`: a database whose migrations table was lost has them already.
+        : ["expires_at", "expires_fencing"].map((column) =>
+          Effect.flatMap(
+            sql<{ n: number }>`SELECT count(*) AS n FROM pragma_table_info(${names.domains}) WHERE name = ${column}`,
+            (rows) =>
+              Number(rows[0]?.n ?? 0) > 0 ? Effect.void : sql`ALTER TABLE ${domains} ADD COLUMN ${sql(column)} BIGINT`
+          )
+        ))
     ], { discard: true })
-  })
+  }
 }
 
 /**
  * `tryAcquire` (PostgreSQL), the rules of `WorkLease.tryAcquire` in their order. Returns the outcome's tag
  * and its fields: the token (`Acquired`, `AlreadyAcquired`), the fencing token (`Acquired`) or the backlog
  * head (`BacklogOrderingError`). PL/pgSQL keeps its statements' plans for the connection.
+ *
+ * With `expiry` (migration 3 on), an overload that also takes the lease timeout (`p_timeout`, NULL: none): a
+ * new lease expires at `p_now + p_timeout`, and a lease of the same offset that is stale at `p_now` is taken
+ * over — a new token and the next fencing token, the retries and `acquired_at` kept — returning the stale
+ * holder's fencing token and how long its lease had been stale.
  */
-const acquireFunction = (sql: SqlClient.SqlClient, prefix: string) => {
+const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { readonly expiry: boolean }) => {
   const names = tables(prefix)
   const domains = sql(names.domains)
   const backlog = sql(names.backlog)
   const terminal = sql(names.terminal)
+  const expiry = options?.expiry === true
+  const setExpiry = expiry ? sql`, expires_at = p_now + p_timeout, expires_fencing = d.fencing_token + 1` : sql``
   return sql`CREATE OR REPLACE FUNCTION ${sql(names.acquire)}(
-      p_domain text, p_offset bigint, p_token text, p_now bigint,
-      OUT o_tag text, OUT o_token text, OUT o_number bigint)
+      p_domain text, p_offset bigint, p_token text, p_now bigint,${expiry ? sql` p_timeout bigint,` : sql``}
+      OUT o_tag text, OUT o_token text, OUT o_number bigint${
+    expiry ? sql`, OUT o_stale_fencing bigint, OUT o_stale_for bigint` : sql``
+  })
     LANGUAGE plpgsql VOLATILE AS $$
     DECLARE
       v_domain record;
@@ -81,7 +133,20 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string) => {
       IF v_kind = 'failed' THEN
         o_tag := 'AlreadyFailed';
       ELSIF v_kind = 'processed' OR p_offset < v_domain.low_water THEN
-        o_tag := 'AlreadyProcessed';
+        o_tag := 'AlreadyProcessed';${
+    expiry
+      ? sql`
+      ELSIF v_domain.lease_token IS NOT NULL AND v_domain.lease_offset = p_offset
+        AND ${sql.literal(staleCondition("v_domain", "p_now"))} THEN
+        UPDATE ${domains} d SET lease_token = p_token, lease_fencing = d.fencing_token + 1,
+          fencing_token = d.fencing_token + 1${setExpiry}
+        WHERE d.domain_id = p_domain RETURNING d.fencing_token INTO o_number;
+        o_tag := 'Acquired';
+        o_token := p_token;
+        o_stale_fencing := v_domain.lease_fencing;
+        o_stale_for := p_now - v_domain.expires_at;`
+      : sql``
+  }
       ELSIF v_domain.lease_token IS NOT NULL AND v_domain.lease_offset = p_offset THEN
         o_tag := 'AlreadyAcquired';
         o_token := v_domain.lease_token;
@@ -101,7 +166,7 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string) => {
           DELETE FROM ${backlog} b WHERE b.domain_id = p_domain AND b.item = p_offset;
         END IF;
         UPDATE ${domains} d SET lease_offset = p_offset, lease_token = p_token, lease_fencing = d.fencing_token + 1,
-          acquired_at = p_now, retry_count = 0, fencing_token = d.fencing_token + 1
+          acquired_at = p_now, retry_count = 0, fencing_token = d.fencing_token + 1${setExpiry}
         WHERE d.domain_id = p_domain RETURNING d.fencing_token INTO o_number;
         o_tag := 'Acquired';
         o_token := p_token;
@@ -114,14 +179,20 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string) => {
  * the lease; otherwise the offset becomes terminal, the low-water mark advances over contiguous terminal
  * offsets (dropping the processed ones, keeping the failed), and the lease clears. Returns the outcome's
  * tag (`Released`, `RetryScheduled`, or an error's) and the backlog head or the retry count.
+ *
+ * With `expiry` (migration 3 on), an overload that also takes the time and the lease timeout: a retry renews
+ * the lease to `p_now + p_timeout` (kept as it is when `p_timeout` is NULL), a release clears the expiry too.
  */
-const settleFunction = (sql: SqlClient.SqlClient, prefix: string) => {
+const settleFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { readonly expiry: boolean }) => {
   const names = tables(prefix)
   const domains = sql(names.domains)
   const backlog = sql(names.backlog)
   const terminal = sql(names.terminal)
+  const expiry = options?.expiry === true
   return sql`CREATE OR REPLACE FUNCTION ${sql(names.settle)}(
-      p_domain text, p_token text, p_fail boolean, p_max_retries integer,
+      p_domain text, p_token text, p_fail boolean, p_max_retries integer,${
+    expiry ? sql` p_now bigint, p_timeout bigint,` : sql``
+  }
       OUT o_tag text, OUT o_number bigint)
     LANGUAGE plpgsql VOLATILE AS $$
     DECLARE
@@ -139,7 +210,13 @@ const settleFunction = (sql: SqlClient.SqlClient, prefix: string) => {
         RETURN;
       END IF;
       IF p_fail AND v_domain.retry_count < p_max_retries THEN
-        UPDATE ${domains} d SET retry_count = d.retry_count + 1 WHERE d.domain_id = p_domain
+        UPDATE ${domains} d SET retry_count = d.retry_count + 1${
+    expiry
+      ? sql`,
+          expires_at = CASE WHEN p_timeout IS NULL THEN d.expires_at ELSE p_now + p_timeout END,
+          expires_fencing = CASE WHEN p_timeout IS NULL THEN d.expires_fencing ELSE d.lease_fencing END`
+      : sql``
+  } WHERE d.domain_id = p_domain
         RETURNING d.retry_count INTO o_number;
         o_tag := 'RetryScheduled';
         RETURN;
@@ -160,7 +237,7 @@ const settleFunction = (sql: SqlClient.SqlClient, prefix: string) => {
         v_low := v_low + 1;
       END LOOP;
       UPDATE ${domains} d SET lease_offset = NULL, lease_token = NULL, lease_fencing = NULL, acquired_at = NULL,
-        retry_count = 0, low_water = v_low
+        retry_count = 0, low_water = v_low${expiry ? sql`, expires_at = NULL, expires_fencing = NULL` : sql``}
       WHERE d.domain_id = p_domain;
       SELECT b.item INTO o_number FROM ${backlog} b WHERE b.domain_id = p_domain ORDER BY b.position LIMIT 1;
       o_tag := 'Released';
