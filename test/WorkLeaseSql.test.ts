@@ -100,9 +100,68 @@ const hammer = (target: () => string) =>
     expect(workers.filter((w) => w.output().includes("\"acquire\"")).length).toBeGreaterThan(1)
   }).pipe(Effect.scoped)
 
+/**
+ * The zombie of issue 33 in real processes: worker A holds offset 0 under a 1 s leaseTimeout, kept alive by its
+ * heartbeat while it writes a fenced row; SIGSTOP pauses it past the timeout, this process takes over as B and
+ * writes; SIGCONT wakes A, whose writes and settle are refused.
+ */
+const zombieProcess = (target: () => string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
+  Effect.gen(function*() {
+    const table = prefix()
+    const sql = Context.get(yield* Layer.build(client()), SqlClient.SqlClient)
+    const lease = yield* WorkLeaseSql.make({ prefix: table, leaseTimeout: "1 second" }).pipe(
+      Effect.provideService(SqlClient.SqlClient, sql)
+    )
+    const resource = sql(`${table}resource`)
+    yield* sql`CREATE TABLE ${resource} (id TEXT PRIMARY KEY, fencing BIGINT NOT NULL, writer TEXT NOT NULL)`
+    yield* sql`INSERT INTO ${resource} (id, fencing, writer) VALUES ('doc', 0, 'none')`
+    const stopFile = join(mkdtempSync(join(tmpdir(), "leasehold-zombie-")), "stop")
+    const a = yield* spawnTsx("test/fixtures/worklease-worker.ts", ["zombie", target(), table, "1000", stopFile])
+    yield* a.waitFor(/"event":"acquired","fencing":1/, 60_000)
+    // A works and beats: three lease timeouts later its lease is still its own.
+    yield* Effect.sleep("3 seconds")
+    expect((yield* lease.tryAcquire("doc", 0))._tag).toBe("AlreadyAcquired")
+    yield* a.signal("SIGSTOP")
+    yield* Effect.sleep("1500 millis")
+    const b = yield* lease.tryAcquire("doc", 0)
+    expect(b).toMatchObject({ _tag: "Acquired", fencingToken: 2 })
+    if (b._tag !== "Acquired") return
+    const written = yield* sql`UPDATE ${resource} SET fencing = ${b.fencingToken}, writer = 'B'
+      WHERE id = 'doc' AND fencing <= ${b.fencingToken} RETURNING id`
+    expect(written.length).toBe(1)
+    const writesBefore = a.output().split("\n").filter((line) => line.includes("\"event\":\"write\"")).length
+    yield* a.signal("SIGCONT")
+    yield* a.waitFor(/"written":false/, 10_000)
+    writeFileSync(stopFile, "stop")
+    expect((yield* a.exited).code).toBe(0)
+    const events = a.output().split("\n").filter((line) => line.startsWith("{")).map((line) =>
+      JSON.parse(line) as { event: string; written?: boolean; result?: string }
+    )
+    // Before the pause every write went through; after it, none did, and the settle was refused.
+    const writes = events.filter((e) => e.event === "write")
+    expect(writes.slice(0, writesBefore).every((e) => e.written === true)).toBe(true)
+    expect(writes.slice(writesBefore).every((e) => e.written === false)).toBe(true)
+    expect(events.find((e) => e.event === "succeed")?.result).toBe("TokenMismatchError")
+    expect(yield* sql`SELECT fencing, writer FROM ${resource} WHERE id = 'doc'`).toMatchObject([{ writer: "B" }])
+    // B still holds the domain: the next offset waits until B settles.
+    expect((yield* lease.tryAcquire("doc", 1))._tag).toBe("Enqueued")
+    expect(yield* lease.succeed("doc", b.token)).toEqual({ _tag: "NextHint", offset: 1 })
+    expect(yield* lease.tryAcquire("doc", 1)).toMatchObject({ _tag: "Acquired", fencingToken: 3 })
+  }).pipe(Effect.scoped)
+
 describe("WorkLeaseSql across processes", () => {
   it.live("SQLite: three processes hammering two domains", () => hammer(() => sqliteFile), 120_000)
   it.live("PostgreSQL: three processes hammering two domains", () => hammer(() => pgUrl), 120_000)
+  it.live(
+    "SQLite: a worker paused past its leaseTimeout is taken over; woken, its fenced writes and its settle are refused",
+    () => zombieProcess(() => sqliteFile, () => SqliteClient.layer({ filename: sqliteFile })),
+    120_000
+  )
+  it.live(
+    "PostgreSQL: a worker paused past its leaseTimeout is taken over; woken, its fenced writes and its settle are refused",
+    () => zombieProcess(() => pgUrl, () => PgClient.layer({ url: Redacted.make(pgUrl) })),
+    120_000
+  )
 })
 
 describe("WorkLeaseSql options", () => {
