@@ -172,8 +172,15 @@ export interface Options<A, R, Out, E, Req> {
    * background and together with the other messages handled meanwhile (`Mailbox.settleAll`).
    */
   readonly onSuccess: (message: Message<A, R>, output: Out) => Effect.Effect<Option.Option<R>, never, Req>
-  /** Settles a message whose handler failed (nack, error reply, dead letter). Runs uninterruptibly. */
-  readonly onFailure: (message: Message<A, R>, cause: Cause.Cause<E>) => Effect.Effect<void, never, Req>
+  /**
+   * Settles a message whose handler failed (nack, error reply, dead letter). Runs uninterruptibly. Slow work
+   * before the settle (storing a dead letter) runs inside `lease.keep`, so the message stays leased meanwhile.
+   */
+  readonly onFailure: (
+    message: Message<A, R>,
+    cause: Cause.Cause<E>,
+    lease: HeldLease
+  ) => Effect.Effect<void, never, Req>
   /** How long a message whose reply could not be sent stays away before it is delivered again (default 0). */
   readonly retryAfter?: ((message: Message<A, R>) => Duration.Duration) | undefined
   /**
@@ -185,6 +192,23 @@ export interface Options<A, R, Out, E, Req> {
   readonly annotations?: ((message: Message<A, R>) => Readonly<Record<string, unknown>>) | undefined
   /** How the lease of the message in hand is extended (see `LeaseExtender.make`). */
   readonly leaseExtender?: LeaseExtender.Options | undefined
+}
+
+/**
+ * The lease of a failed message while its failure is settled.
+ *
+ * @category models
+ */
+export interface HeldLease {
+  /**
+   * Runs `work` with the message's lease kept alive — the extender attached again and the loop's heartbeat
+   * beating while it runs (at least once a second, and four times per extension interval), so the lease is
+   * extended by the extender's rules — then detaches it, waiting for an extension in flight: what follows
+   * (the settle) never races one. For work of the worker's own before the settle, such as storing a dead
+   * letter on a slow store: without it, the lease could run out meanwhile, the message come back and the work
+   * be done again.
+   */
+  readonly keep: <X, Y, Z>(work: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
 }
 
 const { logSettleFailure } = SettleFailure
@@ -212,6 +236,11 @@ export const make = <A, R, Out, E, Req>(
     const { name } = yield* decodeOptions(options)
     const extender = yield* LeaseExtender.make(options.leaseExtender)
     const bind = binders.get(extender)!
+    // How often `HeldLease.keep` beats: four times per extension interval (an extension comes at most once per
+    // interval, counted from the last), at least once a second, at most every 10 ms.
+    const beatEvery = Duration.millis(
+      Math.min(1000, Math.max(10, Duration.toMillis(extender.config.interval) / 4))
+    )
     const heartbeat = yield* Heartbeat.make
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
@@ -301,8 +330,30 @@ export const make = <A, R, Out, E, Req>(
         ))
       }
       messagesFailed.unsafeUpdate(1, run.metricLabels)
-      return annotate(options.onFailure(message, cause))
+      return annotate(options.onFailure(message, cause, { keep: (work) => keepLease(run, message, work) }))
     }
+
+    /** `HeldLease.keep`: the message attached again, and the heartbeat beating, while `work` runs. */
+    const keepLease = <X, Y, Z>(
+      run: RunState<A, R>,
+      message: Message<A, R>,
+      work: Effect.Effect<X, Y, Z>
+    ): Effect.Effect<X, Y, Z> =>
+      Effect.acquireUseRelease(
+        Effect.suspend(() => {
+          run.extender.attach(message)
+          // Interruptible though forked from an uninterruptible settle, so the release can stop it.
+          return Effect.fork(
+            Effect.interruptible(Effect.forever(Effect.zipRight(heartbeat.beat, Effect.sleep(beatEvery))))
+          )
+        }),
+        () => work,
+        (beating) =>
+          Effect.zipRight(
+            Fiber.interrupt(beating),
+            Effect.suspend(() => run.extender.detach() ?? Effect.void)
+          )
+      )
 
     /**
      * The loop. It runs uninterruptibly except where it waits — the receive, the settles of the batch

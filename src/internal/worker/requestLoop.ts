@@ -9,10 +9,11 @@
  * `timeout` from the start of the attempt) and the budget's deadline, and is
  * interrupted when it passes. A success replies what `success` builds. A
  * failure without a dead-letter queue replies what `failure` builds and
- * acknowledges; with one, the policy decides: dead-letter (stored first, then
- * the error reply, then the acknowledgement) or nack with backoff. Nothing is
- * lost on the way: a reply that cannot be sent nacks the request, a dead
- * letter that cannot be stored nacks it too.
+ * acknowledges; with one, the policy decides: dead-letter (stored while the
+ * request stays leased, then the error reply and the acknowledgement in one
+ * lease-checked step) or nack with backoff. Nothing is lost or answered twice
+ * on the way: a reply that cannot be sent nacks the request, a dead letter
+ * that cannot be stored nacks it too.
  */
 import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
@@ -160,7 +161,19 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     const replyAndAck = (message: Msg, reply: Res) =>
       SettleFailure.replyThenAck(message, reply, DeadLetter.backoff(message.deliveryCount))
 
-    const deadLetter = (queue: DeadLetter.DeadLetterQueue<Body>, message: Msg, error: Errors.ErrorInfo) =>
+    /**
+     * Dead-letters a request: the letter is stored while the request stays leased (`lease.keep`: however slow
+     * the dead-letter store, the request does not come back meanwhile to be dead-lettered again), then the
+     * error reply and the acknowledgement go in one lease-checked step, as on every other path — so a
+     * dead-lettered request is stored once, answered once and leaves the queue once. A letter that cannot be
+     * stored sends the request back with backoff instead.
+     */
+    const deadLetter = (
+      queue: DeadLetter.DeadLetterQueue<Body>,
+      message: Msg,
+      error: Errors.ErrorInfo,
+      lease: MailboxWorker.HeldLease
+    ) =>
       Effect.gen(function*() {
         const letter: DeadLetter.DeadLetter<Body> = {
           messageId: message.id,
@@ -175,7 +188,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           replyTo: Option.getOrUndefined(message.replyTo),
           traceId: message.body.traceId ?? idsOf(message.traceparent)?.traceId
         }
-        const stored = yield* Effect.either(queue.mailbox.send(letter))
+        const stored = yield* lease.keep(Effect.either(queue.mailbox.send(letter)))
         if (stored._tag === "Left") {
           yield* Effect.logError("Dead letter could not be stored; the request goes back to the queue", stored.left)
           return yield* SettleFailure.logSettleFailure("nack after a failed dead letter")(
@@ -186,15 +199,34 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
         yield* Effect.logWarning(
           `Request dead-lettered to "${queue.mailbox.name}" after ${message.deliveryCount} deliveries`
         )
-        // The requester hears about it, but a failed error reply must not undo the dead letter.
-        if (Option.isSome(message.replyTo)) {
-          const sent = yield* Effect.either(message.reply(options.failure(message, error, outcomeOf(message))))
-          if (sent._tag === "Left") yield* Effect.logWarning("Error reply for a dead letter failed", sent.left)
-        }
-        yield* SettleFailure.logSettleFailure("acknowledge of a dead-lettered request")(message.acknowledge)
+        const acknowledge = SettleFailure.logSettleFailure("acknowledge of a dead-lettered request")(
+          message.acknowledge
+        )
+        if (Option.isNone(message.replyTo)) return yield* acknowledge
+        // The requester hears about it with the acknowledgement, in one step: a delivery that lost its lease sends
+        // no reply (the delivery that holds the message answers), and a store that fails leaves the request to
+        // come back and be answered then (a SQL dead-letter table keeps one letter per message). A reply that
+        // can never be sent (no such queue, an unencodable body) must not undo the dead letter: the request is
+        // acknowledged without it.
+        yield* Effect.catchAll(
+          message.replyAndAcknowledge(options.failure(message, error, outcomeOf(message))),
+          (failed) => {
+            switch (failed._tag) {
+              case "ReceiptHandleExpiredError":
+              case "MailboxConnectionError":
+                return SettleFailure.onSettleFailure(message, true, failed, Duration.zero)
+              default:
+                return Effect.zipRight(Effect.logWarning("Error reply for a dead letter failed", failed), acknowledge)
+            }
+          }
+        )
       })
 
-    const onFailure = (message: Msg, cause: Cause.Cause<E | Deadline.DeadlineExceededError>) =>
+    const onFailure = (
+      message: Msg,
+      cause: Cause.Cause<E | Deadline.DeadlineExceededError>,
+      lease: MailboxWorker.HeldLease
+    ) =>
       Effect.gen(function*() {
         const error = Option.match(Cause.failureOption(cause), {
           onNone: () => ({ tag: "Defect", message: Cause.pretty(cause) }),
@@ -205,7 +237,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           return yield* replyAndAck(message, options.failure(message, error, outcomeOf(message)))
         }
         if (DeadLetter.decide(deadLetters.policy, message.deliveryCount, error.tag) === "dead-letter") {
-          return yield* deadLetter(deadLetters, message, error)
+          return yield* deadLetter(deadLetters, message, error, lease)
         }
         yield* SettleFailure.logSettleFailure("nack with backoff")(
           message.nack(DeadLetter.backoff(message.deliveryCount))
