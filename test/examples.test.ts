@@ -50,7 +50,12 @@ const expectations: Record<string, ReadonlyArray<RegExp>> = {
     /repo-a 2 before 1: BacklogOrderingError/,
     /repo-a 1: Acquired with fencing token 2 \(was 1\)/,
     /zombie write with token 1: StaleFencingTokenError/,
-    /repo-a 0 again: AlreadyProcessed/
+    /repo-a 0 again: AlreadyProcessed/,
+    /repo-c 0 after 1 s of beating work: AlreadyAcquired \(B's\)/,
+    /repo-c 0 taken over: fencing token 2 \(A had 1\)/,
+    /repo-c 1 while B works: Enqueued/,
+    /A wakes and settles: TokenMismatchError/,
+    /B settles: NextHint 1/
   ],
   "health-server.ts": [
     /GET \/health\/live -> 200/,

@@ -363,7 +363,7 @@ const cases: ReadonlyArray<Case> = [
   },
   {
     label: "WorkLease.make",
-    fields: ["maxRetries", "retention", "retention.maxOutOfOrder"],
+    fields: ["maxRetries", "retention", "retention.maxOutOfOrder", "leaseTimeout"],
     use: (options) =>
       Effect.gen(function*() {
         const lease = yield* WorkLease.make(as(options))
@@ -372,7 +372,7 @@ const cases: ReadonlyArray<Case> = [
   },
   {
     label: "WorkLeaseSql.make",
-    fields: ["maxRetries", "prefix"],
+    fields: ["maxRetries", "prefix", "leaseTimeout"],
     base: { prefix: "pw_" },
     use: (options) =>
       onSql(Effect.gen(function*() {
