@@ -89,6 +89,7 @@ export interface Settings {
   readonly extensionMs: number
   readonly shutdownTimeoutMs: number
   readonly maxDeliveryCount: number
+  readonly leaseTimeoutMs?: number
   readonly replay?: string
 }
 
@@ -172,7 +173,9 @@ const timeline = (events: ReadonlyArray<Event>) => {
       if (a !== undefined && a.end === undefined) a.end = { t: e.t, outcome: e.outcome }
     }
   }
-  for (const list of byRequest.values()) list.sort((a, b) => a.start - b.start)
+  // Claim order is the delivery count, not the time an attempt was logged: a worker stopped between its claim
+  // and its `start` event logs the start late, possibly after the attempt that followed it.
+  for (const list of byRequest.values()) list.sort((a, b) => a.attempt - b.attempt || a.start - b.start)
 
   // Signals the orchestrator sent, per target; SIGSTOP…SIGCONT intervals.
   const signals = of("signal")
@@ -236,7 +239,8 @@ export type Cause =
 
 /** The span during which A held the request (see `Cause`). */
 const holding = (settings: Settings, a: Attempt, b: Attempt): Interval => ({
-  from: a.start,
+  // A's start is logged after its claim; if A's worker was stopped in between, after B's start too.
+  from: Math.min(a.start, b.start),
   to: a.end === undefined ? b.start : Math.min(b.start, a.end.t + settings.visibilityMs)
 })
 
@@ -650,54 +654,107 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
   {
     const leases = dump.leases
     if (leases === undefined) {
-      verdict(7, "work leases: fenced writes in order, offsets FIFO, none twice", [], "not run", true)
+      verdict(7, "work leases: fenced writes in order, offsets FIFO, none completed twice", [], "not run", true)
     } else {
       const failures: Array<string> = []
+      // Accepted fenced writes, per domain in commit order: fencing tokens and offsets never go back.
       const byDomain = new Map<string, Array<ResourceWrite>>()
       for (const w of [...leases.writes].sort((a, b) => a.seq - b.seq)) {
         byDomain.set(w.domain, [...(byDomain.get(w.domain) ?? []), w])
       }
-      let writes = 0
       for (const [domain, list] of byDomain) {
         let fencing = 0
         let offset = -1
         for (const w of list) {
-          writes++
           if (w.fencing < fencing) {
             failures.push(
-              `${domain}: write of offset ${w.offset} by ${w.proc} under fencing ${w.fencing} accepted after ${fencing}`
+              `${domain}: offset ${w.offset} written by ${w.proc} under fencing ${w.fencing} after fencing ${fencing} ` +
+                "(a zombie's write accepted)"
             )
           }
           if (w.offset < offset) {
             failures.push(`${domain}: offset ${w.offset} written after offset ${offset} (not FIFO)`)
           }
-          if (w.offset === offset && w.fencing !== fencing) {
-            // The same offset written under two leases: the first holder lost it mid-way, fine only if its
-            // completion was refused — checked below from lease-done events.
-          }
           fencing = Math.max(fencing, w.fencing)
           offset = Math.max(offset, w.offset)
         }
       }
-      const done = line.of("lease-done").filter((d) => d.outcome === "succeeded")
+      // Each offset completed at most once, and only by a holder whose write was accepted.
+      const done = line.of("lease-done")
       const completions = new Map<string, number>()
-      for (const d of done) {
-        const k = `${d.domain}|${d.offset}`
+      for (const d of done.filter((d) => d.outcome === "succeeded")) {
+        const k = `${d.domain} offset ${d.offset}`
         completions.set(k, (completions.get(k) ?? 0) + 1)
       }
-      for (const [k, n] of completions) if (n > 1) failures.push(`${k.replace("|", " offset ")} completed ${n}×`)
-      const zombieRefused = line.of("lease-done").filter((d) => d.outcome === "refused").length
-      const writesRefused = line.of("lease-write").filter((w) => !w.accepted).length
+      for (const [k, n] of completions) if (n > 1) failures.push(`${k} completed ${n}×`)
+      // Takeovers: an offset acquired again before its holder settled it. Explained like property 3's
+      // duplicates, by a fault on the earlier holder between its acquisition and the takeover — SIGKILL,
+      // SIGSTOP, a database outage, SIGTERM (a lease worker stops at once) — or its silence (no beat for at
+      // least leaseTimeout − the keep-alive interval).
+      const acquisitions = line.of("lease-acquired")
+      const beats = line.of("lease-beat")
+      const takeoverCauses: Record<string, number> = {}
+      for (const x of acquisitions) {
+        // The holder it took over from: the same offset's acquisition under the next lower fencing token (a
+        // holder stopped right after acquiring logs its acquisition late, after the takeover).
+        const earlier = acquisitions
+          .filter((y) => y.domain === x.domain && y.offset === x.offset && y.fencing < x.fencing)
+          .sort((a, b) => a.fencing - b.fencing)
+          .at(-1)
+        if (earlier === undefined) continue
+        const span: Interval = { from: Math.min(earlier.t, x.t), to: x.t }
+        const signals = line.signalsTo(earlier.proc)
+        const silentFor = x.t - Math.max(
+          earlier.t,
+          ...beats.filter((b) => b.proc === earlier.proc && b.fencing === earlier.fencing && b.t <= x.t).map((b) => b.t)
+        )
+        const cause = signals.some((s) => s.signal === "SIGKILL" && s.t >= span.from && s.t <= span.to)
+          ? "SIGKILL"
+          : (line.stopped.get(earlier.proc) ?? []).some((stop) => overlaps(stop, span))
+          ? "SIGSTOP"
+          : line.outages.find((o) => overlaps(o, span) && x.t >= o.from)?.kind ??
+            // A SIGTERM'd lease worker stops at once (it has nothing to drain): its lease is left to go stale.
+            (signals.some((s) => s.signal === "SIGTERM" && s.t >= span.from && s.t <= span.to)
+              ? "SIGTERM"
+              : silentFor >= (settings.leaseTimeoutMs ?? 0) - settings.extenderIntervalMs
+              ? "holder-silent"
+              : "unexplained")
+        takeoverCauses[cause] = (takeoverCauses[cause] ?? 0) + 1
+        if (cause === "unexplained") {
+          failures.push(
+            `${x.domain} offset ${x.offset}: taken over by ${x.proc} (fencing ${x.fencing}) from ${earlier.proc} ` +
+              `(fencing ${earlier.fencing}), which beat ${Math.round(silentFor)} ms before, unharmed`
+          )
+        }
+      }
+      const tokens = new Map<string, EventOf<"lease-acquired">>()
+      for (const x of acquisitions) {
+        const other = tokens.get(`${x.domain}|${x.fencing}`)
+        if (other !== undefined) {
+          failures.push(`${x.domain}: fencing token ${x.fencing} handed out twice (${other.proc}, ${x.proc})`)
+        }
+        tokens.set(`${x.domain}|${x.fencing}`, x)
+      }
+      const writes = leases.writes.length
+      const refusedWrites = line.of("lease-write").filter((w) => !w.accepted).length
+      const refusedDone = done.filter((d) => d.outcome === "refused").length
+      const takeovers = Object.values(takeoverCauses).reduce((a, b) => a + b, 0)
       figures.push([
         "work leases",
-        `${byDomain.size} domains, ${writes} fenced writes accepted, ${writesRefused} refused, ${done.length} offsets ` +
-        `completed, ${zombieRefused} zombie completions refused`
+        `${Object.keys(leases.offsets).length} domains, ${
+          Object.values(leases.offsets).reduce((a, b) => a + b, 0)
+        } offsets, ${completions.size} completed; ${writes} fenced writes accepted, ${refusedWrites} refused; ` +
+        `${takeovers} takeovers (${
+          Object.entries(takeoverCauses).map(([k, n]) => `${k} ${n}`).join(", ") || "none"
+        }), ${refusedDone} zombie completions refused`
       ])
       verdict(
         7,
         "work leases: fenced writes in order, offsets FIFO, none completed twice",
         failures,
-        `${writes} fenced writes, ${done.length} completions`
+        `${writes} fenced writes, ${completions.size} offsets completed, ${takeovers} takeover(s), ${
+          refusedWrites + refusedDone
+        } zombie step(s) refused`
       )
     }
   }

@@ -111,6 +111,7 @@ export type Payload =
     readonly offset: number
     readonly fencing: number
   }
+  | { readonly ev: "lease-beat"; readonly domain: string; readonly offset: number; readonly fencing: number }
   | {
     readonly ev: "lease-write"
     readonly domain: string

@@ -1,7 +1,8 @@
 /**
  * The soak's producer, which is also a requester: for `config.seconds` it sends requests at `config.rate` per
  * second — a seeded mix of fast, slow (beating) and poison requests (and, in long runs, stubborn ones), about
- * 40% asking for a reply — and enqueues a merge-queue entry every `config.mergeEveryMs`; all the while, and
+ * 40% asking for a reply — enqueues a merge-queue entry every `config.mergeEveryMs` and makes one more
+ * work-lease offset available every `config.leaseOffsetEveryMs`; all the while, and
  * until SIGTERM, it receives the replies.
  *
  * History: `send` (the intent: request id, kind, whether it wants a reply), then `sent` with the message id,
@@ -20,6 +21,7 @@ import { MailboxSql, MainLoop, MergeQueue } from "leasehold"
 import * as History from "./history.js"
 import * as Protocol from "./protocol.js"
 import * as Random from "./random.js"
+import * as WorkLeases from "./workLeases.js"
 
 const { config, proc } = Protocol.fromArgv()
 const history = History.open(config.dir, proc)
@@ -126,8 +128,20 @@ const program = Effect.gen(function*() {
     }
   })
 
+  // Work-lease offsets, one more per interval, the domains in turn, for the fault phase. A failed offer
+  // (the database down) is simply made again at the next tick.
+  const offerOffsets = Effect.gen(function*() {
+    if (config.leaseWorkers <= 0) return
+    const domains = WorkLeases.domains(config)
+    for (let n = 0; performance.now() - started < config.seconds * 1000;) {
+      const offered = yield* Effect.either(WorkLeases.offer(domains[n % domains.length]!))
+      if (offered._tag === "Right") n++
+      yield* Effect.sleep(config.leaseOffsetEveryMs)
+    }
+  })
+
   yield* Effect.forkScoped(receiveReplies)
-  yield* Effect.all([sendRequests, enqueueMerges], { concurrency: 2, discard: true })
+  yield* Effect.all([sendRequests, enqueueMerges, offerOffsets], { concurrency: 3, discard: true })
   yield* Effect.never
 })
 

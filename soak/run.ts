@@ -390,7 +390,7 @@ const dump = (config: Protocol.Config) =>
 // ---------------------------------------------------------------------------------------------------------
 
 const soak = async (options: Options): Promise<number> => {
-  const leaseWorkers = options.leaseWorkers ?? (WorkLeases.available ? 3 : 0)
+  const leaseWorkers = options.leaseWorkers ?? 3
   const replay = [
     "npm run soak --",
     `--backend ${options.backend}`,
@@ -434,7 +434,7 @@ const soak = async (options: Options): Promise<number> => {
     leaseWorkers,
     leaseDomains: 3,
     leaseTimeoutMs: 2000,
-    leaseOffsetEveryMs: 300
+    leaseOffsetEveryMs: 400
   }
   const history = History.open(dir, "orchestrator")
   history.append({ ev: "config", config: { ...config, replay } })

@@ -122,30 +122,26 @@ export const injections: ReadonlyArray<Injection> = [
     property: 6,
     inject: (copy) => {
       const audit = [...copy.dump.audit].sort((a, b) => a.id - b.id)
-      // A real takeover when the history has one: an entry claimed under two tokens.
-      const claims = audit.filter((r) => r.action === "claimed" && r.entryId !== undefined)
-      const taken = claims.find((c) =>
-        claims.some((d) => d.entryId === c.entryId && (d.fencingToken ?? 0) > (c.fencingToken ?? 0))
-      )
-      const victim = taken ?? claims[0]
-      if (victim === undefined) return { skip: "no merge claim" }
-      const newer = audit.filter((r) =>
-        r.entryId === victim.entryId && (r.fencingToken ?? 0) > (victim.fencingToken ?? 0)
-      )
-      const after = newer[0] ?? audit.filter((r) => r.entryId === victim.entryId).at(-1)!
-      const zombie: Checker.AuditRow = {
-        ...after,
-        id: after.id + 0.5,
-        action: "transition",
-        agentId: victim.agentId,
-        fencingToken: (victim.fencingToken ?? 1) - (taken === undefined ? 1 : 0),
-        fromStatus: "rebasing",
-        toStatus: "testing"
+      // A claim, and the first row after it under a newer token: the lock has passed on (a takeover, or the
+      // next claim). The zombie is the old claim's holder, moving its entry once more after that.
+      for (const claim of audit.filter((r) => r.action === "claimed")) {
+        const newer = audit.find((r) => r.id > claim.id && (r.fencingToken ?? 0) > (claim.fencingToken ?? 0))
+        if (newer === undefined) continue
+        const zombie: Checker.AuditRow = {
+          id: newer.id + 0.5,
+          at: newer.at,
+          action: "transition",
+          agentId: claim.agentId,
+          entryId: claim.entryId,
+          fencingToken: claim.fencingToken,
+          fromStatus: "rebasing",
+          toStatus: "testing"
+        }
+        copy.dump = { ...copy.dump, audit: [...copy.dump.audit, zombie] }
+        return `a transition of entry ${claim.entryId} by ${claim.agentId} (token ${claim.fencingToken}) after ` +
+          `token ${newer.fencingToken} took the lock`
       }
-      copy.dump = { ...copy.dump, audit: [...copy.dump.audit, zombie] }
-      return `a transition of entry ${victim.entryId} by ${victim.agentId} (token ${zombie.fencingToken}) after ${
-        taken === undefined ? "its merge" : "the takeover"
-      }`
+      return { skip: "no merge claim followed by a newer token" }
     }
   },
   {
