@@ -91,6 +91,7 @@ export interface Settings {
   readonly maxDeliveryCount: number
   readonly leaseTimeoutMs?: number
   readonly replay?: string
+  readonly commit?: string
 }
 
 /** What a SIGTERM'd process may take beyond its shutdown timeout to exit (closing pools, Node's teardown). */
@@ -328,6 +329,9 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
       const succeeded = attempts.some((a) => a.end?.outcome === "success")
       const dead = deadLettered.has(requestId)
       const meant = kind === "poison" || kind === "stubborn"
+      if ((deadLettered.get(requestId)?.length ?? 0) > 1) {
+        failures.push(`${requestId} (${kind}): dead-lettered ${deadLettered.get(requestId)!.length}×`)
+      }
       if (meant) {
         if (dead) meantDead++
         else if (!remainingRequests.has(requestId)) {
@@ -348,7 +352,11 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
       }
     }
     figures.push(["sent (stored)", `${sent.size} (${Object.entries(kinds).map(([k, n]) => `${k} ${n}`).join(", ")})`])
-    figures.push(["sends that failed (maybe stored, retried under a new id)", `${ambiguous.size}`])
+    const storedAnyway = [...ambiguous].filter((id) => line.byRequest.has(id) || replies.has(id)).length
+    figures.push([
+      "sends that failed (maybe stored, retried under a new id)",
+      `${ambiguous.size} (${storedAnyway} of them stored after all: a worker ran them)`
+    ])
     figures.push(["completed", `${completed}`])
     figures.push(["dead-lettered as meant (poison, stubborn)", `${meantDead}`])
     figures.push(["lost", `${lost}`])
@@ -842,7 +850,8 @@ export const check = (dir: string): Report => {
 export const format = (report: Report): string => {
   const width = Math.max(...report.figures.map(([label]) => label.length))
   const lines = [
-    `backend ${report.settings.backend}, seed ${report.settings.seed}, ${report.settings.seconds} s of faults`,
+    `backend ${report.settings.backend}, seed ${report.settings.seed}, ${report.settings.seconds} s of faults` +
+    (report.settings.commit === undefined ? "" : `, commit ${report.settings.commit}`),
     "",
     ...report.figures.map(([label, value]) => `  ${label.padEnd(width)}  ${value}`),
     ""

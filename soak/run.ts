@@ -15,7 +15,7 @@
  */
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { MailboxSql, MailboxSqlAdmin, MainLoop, MergeQueue } from "leasehold"
-import { type ChildProcess, spawn } from "node:child_process"
+import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { appendFileSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
@@ -30,6 +30,16 @@ import * as SelfTest from "./selfTest.js"
 import * as WorkLeases from "./workLeases.js"
 
 const here = dirname(fileURLToPath(import.meta.url))
+
+/** The commit under test (with "-dirty" when the tree has changes), for the report; none outside a checkout. */
+const commit = (): string | undefined => {
+  try {
+    return execFileSync("git", ["describe", "--always", "--dirty"], { cwd: here, encoding: "utf8", stdio: "pipe" })
+      .trim()
+  } catch {
+    return undefined
+  }
+}
 const sleep = (millis: number) => new Promise<void>((done) => setTimeout(done, millis))
 const say = (line: string) => process.stdout.write(line + "\n")
 
@@ -437,7 +447,7 @@ const soak = async (options: Options): Promise<number> => {
     leaseOffsetEveryMs: 400
   }
   const history = History.open(dir, "orchestrator")
-  history.append({ ev: "config", config: { ...config, replay } })
+  history.append({ ev: "config", config: { ...config, replay, commit: commit() } })
   history.append({ ev: "phase", phase: "setup" })
   const runtime = ManagedRuntime.make(layerOf(config))
   const fleet = makeFleet(config, history, cluster)
