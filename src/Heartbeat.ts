@@ -127,18 +127,25 @@ class BeatFork {
 
   call(now: number): Effect.Effect<void> | undefined {
     if (this.flight !== undefined || !this.task.due(now)) return undefined
-    const started: Flight = this.flight = { fiber: undefined }
-    const run = Effect.ensuring(
-      this.task.run(now),
-      Effect.sync(() => {
-        if (this.flight === started) this.flight = undefined
+    // The flight is claimed and forked in one uninterruptible step, when the beat runs the listeners' work —
+    // not here, while it collects it: a beat interrupted in between (an earlier listener's work was slow, a
+    // loop being stopped) would otherwise leave a flight that never started, and every later beat would be
+    // dropped and every detach wait for it for ever.
+    return Effect.uninterruptible(Effect.suspend(() => {
+      if (this.flight !== undefined) return Effect.void // another beat started one meanwhile
+      const started: Flight = this.flight = { fiber: undefined }
+      const run = Effect.ensuring(
+        this.task.run(now),
+        Effect.sync(() => {
+          if (this.flight === started) this.flight = undefined
+        })
+      )
+      // A daemon, not a child of the beating fiber: the run must finish even if that fiber moves on.
+      return Effect.map(Effect.forkDaemon(run), (fiber) => {
+        // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
+        if (this.flight === started) started.fiber = fiber
       })
-    )
-    // A daemon, not a child of the beating fiber: the run must finish even if that fiber moves on.
-    return Effect.map(Effect.forkDaemon(run), (fiber) => {
-      // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
-      if (this.flight === started) started.fiber = fiber
-    })
+    }))
   }
 
   /** Waits for the run in flight, if any. */

@@ -54,6 +54,7 @@ import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
+import * as Metric from "effect/Metric"
 import * as MetricLabel from "effect/MetricLabel"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
@@ -201,15 +202,25 @@ export interface Options<A, R, Out, E, Req> {
  */
 export interface HeldLease {
   /**
-   * Runs `work` with the message's lease kept alive — the extender attached again and the loop's heartbeat
-   * beating while it runs (at least once a second, and four times per extension interval), so the lease is
-   * extended by the extender's rules — then detaches it, waiting for an extension in flight: what follows
-   * (the settle) never races one. For work of the worker's own before the settle, such as storing a dead
-   * letter on a slow store: without it, the lease could run out meanwhile, the message come back and the work
-   * be done again.
+   * Runs `work` — the worker's own work before the settle, such as storing a dead letter — with the message's
+   * lease kept: extended at once and then every `max(interval, extension / 3)` of the worker's lease-extender
+   * config, by `extension` each time, until `work` ends (an extension in flight is waited for, so the settle
+   * that follows never races one). Without it, a slow store could outlast the lease and the message come back
+   * to be dead-lettered again. It holds the lease at most `holdLimit` (the longer of 5 minutes and the
+   * extension): `work` still running then is interrupted and `keep` fails with `TimeoutException`, and the
+   * message comes back when its lease runs out. The loop's heartbeat is not beaten meanwhile, so a store that
+   * hangs shows as a stalled loop. With the extender disabled, nothing is extended.
    */
-  readonly keep: <X, Y, Z>(work: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  readonly keep: <X, Y, Z>(work: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y | Cause.TimeoutException, Z>
 }
+
+/**
+ * The longest `HeldLease.keep` holds a message's lease (unless the extension is longer): the worker's own work
+ * before a settle is a statement or two, and one that takes minutes is stuck.
+ *
+ * @category constants
+ */
+export const holdLimit: Duration.Duration = Duration.minutes(5)
 
 const { logSettleFailure } = SettleFailure
 
@@ -236,11 +247,13 @@ export const make = <A, R, Out, E, Req>(
     const { name } = yield* decodeOptions(options)
     const extender = yield* LeaseExtender.make(options.leaseExtender)
     const bind = binders.get(extender)!
-    // How often `HeldLease.keep` beats: four times per extension interval (an extension comes at most once per
-    // interval, counted from the last), at least once a second, at most every 10 ms.
-    const beatEvery = Duration.millis(
-      Math.min(1000, Math.max(10, Duration.toMillis(extender.config.interval) / 4))
+    // `HeldLease.keep`'s schedule: an extension at once, then every `max(interval, extension / 3)` (the
+    // extender's rate limit, and three extensions per lease), and its limit.
+    const keepEvery = Duration.max(
+      extender.config.interval,
+      Duration.millis(Math.ceil(Duration.toMillis(extender.config.extension) / 3))
     )
+    const keepLimit = Duration.max(holdLimit, extender.config.extension)
     const heartbeat = yield* Heartbeat.make
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
@@ -330,30 +343,37 @@ export const make = <A, R, Out, E, Req>(
         ))
       }
       messagesFailed.unsafeUpdate(1, run.metricLabels)
-      return annotate(options.onFailure(message, cause, { keep: (work) => keepLease(run, message, work) }))
+      return annotate(options.onFailure(message, cause, { keep: (work) => keepLease(message, work) }))
     }
 
-    /** `HeldLease.keep`: the message attached again, and the heartbeat beating, while `work` runs. */
+    /** `HeldLease.keep` (see there): the message extended on its own schedule while `work` runs, for at most the limit. */
     const keepLease = <X, Y, Z>(
-      run: RunState<A, R>,
       message: Message<A, R>,
       work: Effect.Effect<X, Y, Z>
-    ): Effect.Effect<X, Y, Z> =>
-      Effect.acquireUseRelease(
-        Effect.suspend(() => {
-          run.extender.attach(message)
-          // Interruptible though forked from an uninterruptible settle, so the release can stop it.
-          return Effect.fork(
-            Effect.interruptible(Effect.forever(Effect.zipRight(heartbeat.beat, Effect.sleep(beatEvery))))
-          )
-        }),
-        () => work,
-        (beating) =>
+    ): Effect.Effect<X, Y | Cause.TimeoutException, Z> => {
+      const bounded = Effect.timeout(Effect.interruptible(work), keepLimit)
+      if (!extender.config.enabled) return bounded
+      // Each extension runs whole (uninterruptible); only the wait between two is cut short when `work` ends.
+      const extending = Effect.uninterruptible(message.extendVisibility(extender.config.extension)).pipe(
+        Effect.tap(() => Metric.increment(LeaseExtender.extensions)),
+        Effect.flatMap(() => Effect.sleep(keepEvery)),
+        Effect.forever,
+        Effect.catchAllCause((cause) =>
           Effect.zipRight(
-            Fiber.interrupt(beating),
-            Effect.suspend(() => run.extender.detach() ?? Effect.void)
+            Metric.increment(LeaseExtender.extensionFailures),
+            cause._tag === "Fail" && cause.error._tag === "ReceiptHandleExpiredError"
+              ? Effect.logWarning("Lease lost while settling a failed message; no longer extending it")
+              : Effect.logError("Lease extension failed while settling a failed message", cause)
           )
+        )
       )
+      return Effect.acquireUseRelease(
+        // Interruptible though forked from an uninterruptible settle, so the release can stop it.
+        Effect.fork(Effect.interruptible(extending)),
+        () => bounded,
+        (fiber) => Fiber.interrupt(fiber)
+      )
+    }
 
     /**
      * The loop. It runs uninterruptibly except where it waits — the receive, the settles of the batch

@@ -98,6 +98,31 @@ const leasedLoop = <Out>(name: string, execute: (request: string) => Effect.Effe
     return { requests, run }
   }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes()))
 
+describe("Heartbeat.forkOnBeat", () => {
+  it.scoped("a beat interrupted before its fork ran leaves nothing behind: later beats fork, the detach returns", () =>
+    Effect.gen(function*() {
+      const hb = yield* Heartbeat.make
+      // A listener whose work takes a while, registered first: its work runs before the fork's.
+      yield* hb.onBeat(Effect.sleep("100 millis"))
+      const runs = yield* Ref.make(0)
+      const detach = yield* hb.forkOnBeat({ due: () => true, run: () => Ref.update(runs, (n) => n + 1) })
+      const interrupted = yield* Effect.fork(hb.beat)
+      yield* TestClock.adjust("50 millis")
+      yield* Fiber.interrupt(interrupted)
+      expect(yield* Ref.get(runs)).toBe(0)
+      // The next beat runs the task (before the fix, the flight the interrupted beat claimed was never
+      // started nor released: every later beat was dropped, and the detach waited for ever).
+      const next = yield* Effect.fork(hb.beat)
+      yield* TestClock.adjust("100 millis")
+      yield* Fiber.join(next)
+      yield* Effect.repeatN(Effect.yieldNow(), 10)
+      expect(yield* Ref.get(runs)).toBe(1)
+      const detached = yield* Effect.fork(detach)
+      yield* Effect.repeatN(Effect.yieldNow(), 10)
+      expect(Option.isSome(yield* Fiber.poll(detached))).toBe(true)
+    }))
+})
+
 describe("Heartbeat.beat, through the environment", () => {
   it.scoped("a helper three calls deep keeps its message leased for 20 minutes (visibility 60 s), passing nothing", () =>
     Effect.gen(function*() {

@@ -7,7 +7,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Exit, Fiber, Layer, Ref, Schema, Scope, TestClock } from "effect"
+import { Context, Duration, Effect, Exit, Fiber, Layer, Ref, Schema, Scope, TestClock } from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -15,6 +15,7 @@ import * as DeadLetter from "../src/DeadLetter.js"
 import { type Mailbox, MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
+import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as Postgres from "./support/postgres.js"
 
@@ -121,6 +122,7 @@ describe("a dead-lettered request settles once, however slow the dead-letter sto
           yield* Fiber.join(stopping)
           yield* Fiber.join(running)
           const stored = yield* letters.receive({ maxMessages: 10 })
+          console.log("DEBUG", JSON.stringify(stored.map((l) => [l.body.deliveryCount, l.body.lastError])), count)
           const replies = yield* responses.receive({ maxMessages: 10 })
           expect(stored.map((letter) => [letter.body.requestId, letter.body.deliveryCount])).toEqual([["req-1", 1]])
           expect(replies.map((reply) => [reply.body.requestId, reply.body.error?.tag])).toEqual([["req-1", "Error"]])
@@ -130,4 +132,40 @@ describe("a dead-lettered request settles once, however slow the dead-letter sto
       60_000
     )
   }
+
+  it.scoped("a dead-letter store that never answers holds the request at most holdLimit, and the stall shows", () =>
+    Effect.gen(function*() {
+      const requests = yield* MailboxMemory.make<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<string>>({
+        name: "requests"
+      })
+      const hung: DeadLetter.DeadLetterSink<MainLoop.MainLoopRequest<string>> = {
+        name: "hung-dead-letters",
+        send: () => Effect.never
+      }
+      const loop = yield* MainLoop.make({
+        requests,
+        execute: () => Effect.fail(new Error("poison")),
+        config: {
+          deadLetters: { mailbox: hung, policy: yield* DeadLetter.policy({ maxDeliveryCount: 1 }) },
+          leaseExtender: { interval: "20 seconds", extension: "60 seconds" }
+        }
+      })
+      yield* requests.send(MainLoop.request("poison", { requestId: "req-1" }))
+      const running = yield* loop.run({ visibilityTimeout: "60 seconds", waitTime: "1 second" }).pipe(
+        Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests)),
+        Effect.fork
+      )
+      yield* TestClock.adjust("4 minutes")
+      // Leased all along (extended while the store is tried), and the loop's heartbeat shows it is stuck.
+      expect(yield* requests.receive()).toEqual([])
+      expect(Duration.toMillis(yield* loop.heartbeat.elapsed)).toBeGreaterThanOrEqual(4 * 60_000)
+      // At the limit the store is given up and the request goes back with backoff; the loop goes on.
+      yield* TestClock.adjust(Duration.sum(MailboxWorker.holdLimit, "2 minutes"))
+      expect(yield* loop.running).toBe(true)
+      expect(yield* requests.approximateCount).toBe(1)
+      const stopping = yield* Effect.fork(loop.shutdown({ timeout: "1 second" }))
+      yield* TestClock.adjust("10 seconds")
+      yield* Fiber.join(stopping)
+      yield* Fiber.join(running)
+    }))
 })

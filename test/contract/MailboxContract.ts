@@ -429,7 +429,14 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           yield* invalid(message!.extendVisibility("13 hours"))
           yield* invalid(message!.extendVisibility(Number.NaN))
           yield* message!.extendVisibility("12 hours")
+          // A fraction of a millisecond is rounded up, the same everywhere (PostgreSQL's BIGINT refused "1.5").
+          yield* message!.extendVisibility(Duration.millis(1.5))
           yield* message!.acknowledge
+          yield* mailbox.send("b", { delay: 0.5 })
+          yield* TestClock.adjust("1 millis")
+          const [fractional] = yield* mailbox.receive({ visibilityTimeout: 2.5 })
+          expect(fractional!.body).toBe("b")
+          yield* fractional!.nack(0.25)
         }))
     })
 

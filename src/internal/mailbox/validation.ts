@@ -40,7 +40,9 @@ export const validateDuration = (
       new InvalidParameterError({ parameter, value: input, reason: `must be between 0 and ${Duration.format(max)}` })
     )
   }
-  return Either.right(parsed.right)
+  // Whole milliseconds, rounded up: what every store keeps (PostgreSQL's BIGINT refused "1.5").
+  const millis = Duration.toMillis(parsed.right)
+  return Either.right(Number.isInteger(millis) ? parsed.right : Duration.millis(Math.ceil(millis)))
 }
 
 /** `receive` options after validation. */

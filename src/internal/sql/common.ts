@@ -193,7 +193,7 @@ export const databaseNow = (sql: SqlClient.SqlClient) =>
  */
 export const testTime = (clock: Clock.Clock): (() => number) | undefined =>
   typeof (clock as { readonly adjust?: unknown }).adjust === "function"
-    ? () => clock.unsafeCurrentTimeMillis()
+    ? () => Math.round(clock.unsafeCurrentTimeMillis()) // whole milliseconds, as the database's clock gives
     : undefined
 
 /** Which of `tables` the database does not have (in the current schema on PostgreSQL). */

@@ -23,6 +23,7 @@ import * as Effect from "effect/Effect"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
+import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
 import { hostname } from "node:os"
@@ -77,6 +78,12 @@ export interface Outcome {
   readonly runContext: RunContext
   readonly startedAt: number
 }
+
+/** Reply failures a dead letter's error reply is retried on (under the request's lease): they pass. */
+const transientReply: ReadonlySet<string> = new Set(["MailboxConnectionError", "MailboxFullError"])
+
+/** How a dead letter's error reply is retried: 200 ms, growing 2×, five times (about 6 s in all). */
+const replyRetry = Schedule.exponential("200 millis", 2).pipe(Schedule.intersect(Schedule.recurs(5)))
 
 /** Requests dead-lettered by a loop. */
 export const deadLettered = counter("leasehold_messages_dead_lettered_total", "Messages moved to a dead-letter queue")
@@ -163,10 +170,11 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
 
     /**
      * Dead-letters a request: the letter is stored while the request stays leased (`lease.keep`: however slow
-     * the dead-letter store, the request does not come back meanwhile to be dead-lettered again), then the
-     * error reply and the acknowledgement go in one lease-checked step, as on every other path — so a
-     * dead-lettered request is stored once, answered once and leaves the queue once. A letter that cannot be
-     * stored sends the request back with backoff instead.
+     * the dead-letter store, up to its limit, the request does not come back meanwhile to be dead-lettered
+     * again), then the error reply and the acknowledgement go in one lease-checked step, as on every other
+     * path, retried under the lease while the store or the reply queue fails for a moment — so a dead-lettered
+     * request is stored once, answered once and leaves the queue once. A letter that cannot be stored sends
+     * the request back with backoff instead.
      */
     const deadLetter = (
       queue: DeadLetter.DeadLetterQueue<Body>,
@@ -188,7 +196,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           replyTo: Option.getOrUndefined(message.replyTo),
           traceId: message.body.traceId ?? idsOf(message.traceparent)?.traceId
         }
-        const stored = yield* lease.keep(Effect.either(queue.mailbox.send(letter)))
+        const stored = yield* Effect.either(lease.keep(queue.mailbox.send(letter)))
         if (stored._tag === "Left") {
           yield* Effect.logError("Dead letter could not be stored; the request goes back to the queue", stored.left)
           return yield* SettleFailure.logSettleFailure("nack after a failed dead letter")(
@@ -203,23 +211,41 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           message.acknowledge
         )
         if (Option.isNone(message.replyTo)) return yield* acknowledge
-        // The requester hears about it with the acknowledgement, in one step: a delivery that lost its lease sends
-        // no reply (the delivery that holds the message answers), and a store that fails leaves the request to
-        // come back and be answered then (a SQL dead-letter table keeps one letter per message). A reply that
-        // can never be sent (no such queue, an unencodable body) must not undo the dead letter: the request is
-        // acknowledged without it.
-        yield* Effect.catchAll(
+        // The requester hears about it with the acknowledgement, in one step (a delivery that lost its lease sends
+        // no reply). Its letter is stored: a store that fails for a moment, or a full reply queue, is retried here,
+        // under the lease, rather than sending the request back to run again.
+        const answered = yield* Effect.either(lease.keep(Effect.retry(
           message.replyAndAcknowledge(options.failure(message, error, outcomeOf(message))),
-          (failed) => {
-            switch (failed._tag) {
-              case "ReceiptHandleExpiredError":
-              case "MailboxConnectionError":
-                return SettleFailure.onSettleFailure(message, true, failed, Duration.zero)
-              default:
-                return Effect.zipRight(Effect.logWarning("Error reply for a dead letter failed", failed), acknowledge)
-            }
-          }
-        )
+          { schedule: replyRetry, while: (failed) => transientReply.has(failed._tag) }
+        )))
+        if (answered._tag === "Right") return
+        const failed = answered.left
+        switch (failed._tag) {
+          case "ReceiptHandleExpiredError":
+            // Another delivery holds the request (it will run and be dead-lettered or answered there).
+            return yield* Effect.logWarning(
+              "Error reply for a dead letter not sent: this delivery lost its lease",
+              failed
+            )
+          case "MailboxConnectionError":
+          case "TimeoutException":
+          case "MailboxFullError":
+            // Still failing: the request comes back when its lease ends (or after the backoff), to be answered
+            // then; a SQL dead-letter table keeps one letter per message.
+            yield* Effect.logError("Error reply for a dead letter could not be stored; the request comes back", failed)
+            return failed._tag === "MailboxFullError"
+              ? yield* SettleFailure.logSettleFailure("nack after a failed error reply")(
+                message.nack(DeadLetter.backoff(message.deliveryCount))
+              )
+              : undefined
+          default:
+            // A reply that can never be sent (no such queue, a closed one, an unencodable body) must not undo the
+            // dead letter: the request is acknowledged without it.
+            return yield* Effect.zipRight(
+              Effect.logWarning("Error reply for a dead letter failed", failed),
+              acknowledge
+            )
+        }
       })
 
     const onFailure = (
