@@ -205,6 +205,22 @@ const timeline = (events: ReadonlyArray<Event>) => {
 
 type Timeline = ReturnType<typeof timeline>
 
+/** Milliseconds of [from, to] during which some outage lasted (overlapping outages counted once). */
+const downtime = (outages: ReadonlyArray<Interval>, from: number, to: number): number => {
+  const clipped = outages
+    .map((o) => ({ from: Math.max(o.from, from), to: Math.min(o.to, to) }))
+    .filter((o) => o.to > o.from)
+    .sort((a, b) => a.from - b.from)
+  let total = 0
+  let reached = from
+  for (const o of clipped) {
+    const start = Math.max(o.from, reached)
+    if (o.to > start) total += o.to - start
+    reached = Math.max(reached, o.to)
+  }
+  return total
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Property 3: duplicates and their explanations
 // ---------------------------------------------------------------------------------------------------------
@@ -502,6 +518,7 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
     const codes: Record<string, number> = {}
     let finished = 0
     let handedBack = 0
+    let drainsWithOutage = 0
     const terms = line.signals.filter((s) => s.signal === "SIGTERM")
     for (const term of terms) {
       const exit = line.exitOf(term.target)
@@ -511,14 +528,22 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
       }
       const drain = exit.t - term.t
       drains.push(drain)
+      // Time the database was unavailable during the drain does not count against it: the worker cannot settle
+      // then, and on SQLite a write waiting for another process's lock blocks its whole process (better-sqlite3
+      // is synchronous), its shutdown timer included.
+      const down = downtime(line.outages, term.t, exit.t)
       codes[String(exit.code ?? exit.signal)] = (codes[String(exit.code ?? exit.signal)] ?? 0) + 1
       if (exit.code !== 0) {
         failures.push(
           `${term.target} (pid ${term.targetPid}): SIGTERM (${term.cause}) → exit ${exit.code ?? exit.signal}`
         )
       }
-      if (drain > settings.shutdownTimeoutMs + exitMarginMs) {
-        failures.push(`${term.target}: exited ${ms(drain)} after SIGTERM (timeout ${ms(settings.shutdownTimeoutMs)})`)
+      if (down > 0) drainsWithOutage++
+      if (drain - down > settings.shutdownTimeoutMs + exitMarginMs) {
+        failures.push(
+          `${term.target}: exited ${ms(drain)} after SIGTERM (timeout ${ms(settings.shutdownTimeoutMs)}` +
+            `${down > 0 ? `; the database was down ${ms(down)} of it` : ""})`
+        )
       }
       if (line.signalsTo(term.target).some((s) => s.signal === "SIGKILL" && s.t > term.t)) {
         failures.push(`${term.target}: SIGKILLed after its SIGTERM (it did not stop)`)
@@ -543,7 +568,10 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
     }
     const neverReady = line.exits.filter((e) => !e.ready && e.code !== 0).length
     figures.push(["SIGTERMs (nemesis + final stop)", `${terms.length}; exits ${JSON.stringify(codes)}`])
-    figures.push(["drain time after SIGTERM", spread(drains)])
+    figures.push([
+      "drain time after SIGTERM",
+      `${spread(drains)}${drainsWithOutage > 0 ? `; ${drainsWithOutage} overlapped a database outage` : ""}`
+    ])
     figures.push(["in flight at SIGTERM: finished / handed back", `${finished} / ${handedBack}`])
     figures.push(["processes that failed to start (database down), restarted", `${neverReady}`])
     verdict(
