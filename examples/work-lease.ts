@@ -8,7 +8,7 @@
  * `leaseTimeout`: a lease nobody renews goes stale and is taken over; one kept alive by a heartbeat is not.
  */
 import { NodeRuntime } from "@effect/platform-node"
-import { Effect } from "effect"
+import { Effect, Option } from "effect"
 import { Heartbeat, WorkLease } from "leasehold"
 
 Effect.gen(function*() {
@@ -46,7 +46,12 @@ Effect.gen(function*() {
   yield* Effect.sleep("300 millis") // holder A pauses and renews nothing (the takeover below is logged as a warning)
   const b = yield* timed.tryAcquire("repo-c", 0)
   if (b._tag !== "Acquired") return
-  yield* Effect.log(`repo-c 0 taken over: fencing token ${b.fencingToken} (A had ${a.fencingToken})`)
+  // A takeover counts as a failed attempt (work that kills its holder must not crash the next one for ever):
+  // once maxRetries are used up, the next takeover gives the offset up as fail would (AlreadyFailed).
+  const retries = Option.match((yield* timed.inspect("repo-c")).lease, { onNone: () => 0, onSome: (l) => l.retryCount })
+  yield* Effect.log(
+    `repo-c 0 taken over: fencing token ${b.fencingToken} (A had ${a.fencingToken}), retry count ${retries}`
+  )
   const late = yield* Effect.either(timed.succeed("repo-c", a.token))
   yield* Effect.log(`A wakes and settles: ${late._tag === "Left" ? late.left._tag : "accepted?!"}`)
   yield* Effect.log(`repo-c 1 while B works: ${(yield* timed.tryAcquire("repo-c", 1))._tag}`)

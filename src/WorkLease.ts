@@ -16,9 +16,13 @@
  * answered with its own token. With it, a lease not renewed within
  * `leaseTimeout` (`renew`, or `keepAlive` on a `Heartbeat`, or a `fail` that
  * schedules a retry) is stale, and `tryAcquire` of the same offset takes it
- * over: a new token, the next fencing token, the retries carried. Only a
- * takeover ends a lease: a stale lease nobody took over is still its
- * holder's. Without `leaseTimeout`, the seed's behaviour exactly.
+ * over: a new token, the next fencing token. A takeover counts as a failed
+ * attempt, as `fail` would (work that kills its holder — out of memory, a
+ * SIGKILL — must not be taken over and crash again for ever): the new lease's
+ * `retryCount` is one more, and once the retries are used up the takeover
+ * gives the offset up instead. Only a takeover ends a lease: a stale lease
+ * nobody took over is still its holder's. Without `leaseTimeout`, the seed's
+ * behaviour exactly.
  *
  * State lives in STM: a `TMap` from domain id to a `TRef` of the domain's
  * state, created once and never replaced — which is why a plain map of the
@@ -39,8 +43,10 @@
 import * as Clock from "effect/Clock"
 import * as Data from "effect/Data"
 import * as DateTime from "effect/DateTime"
+import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as FiberId from "effect/FiberId"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import * as Order from "effect/Order"
@@ -224,9 +230,39 @@ export interface DomainSnapshot {
 export interface KeepAliveOptions {
   /**
    * Least time between two renewals, however often the heartbeat beats (default a third of `leaseTimeout`):
-   * more than zero, shorter than `leaseTimeout` and than 12 hours.
+   * more than zero, at most half of `leaseTimeout`, and shorter than 12 hours. A renewal comes at the first beat
+   * after `interval`, plus a round trip, so the work must beat well within `leaseTimeout − interval`.
    */
   readonly interval?: Duration.DurationInput | undefined
+}
+
+/**
+ * A lease as `LeaseExtender.attach` takes it (`extendable`), which also tells whether it was lost.
+ *
+ * @category models
+ */
+export interface ExtendableLease extends LeaseExtender.Extendable {
+  /**
+   * True once a renewal found the lease lost — taken over (`TokenMismatchError`) or gone (`LeaseNotFoundError`).
+   * That is final (tokens never come back): later extensions return at once, without a round trip.
+   */
+  readonly lost: Effect.Effect<boolean>
+  /** Waits until a renewal finds the lease lost (for ever, while it holds). */
+  readonly awaitLost: Effect.Effect<void>
+}
+
+/**
+ * What `keepAlive` returns: whether the lease was found lost. A loss is seen at the next renewal (the first beat
+ * `interval` after the last one); it is a hint for the work to stop early — what protects the data is the fenced
+ * write, and the settle's `TokenMismatchError`.
+ *
+ * @category models
+ */
+export interface KeepAlive {
+  /** True once a renewal found the lease taken over or gone: nothing renews it any more. */
+  readonly lost: Effect.Effect<boolean>
+  /** Waits until a renewal finds the lease lost (for ever, while it holds, or without a `leaseTimeout`). */
+  readonly awaitLost: Effect.Effect<void>
 }
 
 /**
@@ -263,20 +299,22 @@ export interface WorkLease<StoreError = never> {
   ) => Effect.Effect<void, StaleFencingTokenError | InvalidParameterError | StoreError>
   /**
    * The lease as `LeaseExtender.attach` takes it: each extension is a `renew` (by `leaseTimeout`, whatever
-   * visibility the extender asks for).
+   * visibility the extender asks for). A renewal that finds the lease taken over or gone is final: logged once
+   * as a warning, and later extensions do nothing (see `ExtendableLease.lost`).
    */
-  readonly extendable: (domainId: string, token: string) => LeaseExtender.Extendable
+  readonly extendable: (domainId: string, token: string) => ExtendableLease
   /**
    * Renews the lease on `heartbeat`'s beats until the scope closes (a `LeaseExtender` on `extendable`): the
    * first beat renews, later ones at most once per `interval`. Work that stops beating lets the lease go stale.
-   * Without a `leaseTimeout` it does nothing. A renewal that fails is logged, never raised.
+   * Without a `leaseTimeout` it does nothing. A renewal that fails is logged, never raised; one that finds the
+   * lease lost stops the renewals for good, and `lost` says so.
    */
   readonly keepAlive: (
     domainId: string,
     token: string,
     heartbeat: Heartbeat.Heartbeat,
     options?: KeepAliveOptions
-  ) => Effect.Effect<void, ParseResult.ParseError | InvalidParameterError, Scope.Scope>
+  ) => Effect.Effect<KeepAlive, ParseResult.ParseError | InvalidParameterError, Scope.Scope>
 }
 
 /**
@@ -289,12 +327,25 @@ export const takeovers = counter(
   "Stale work leases taken over by tryAcquire of the same offset"
 )
 
-/** What a takeover replaced: the stale holder's fencing token and how long its lease had been stale. */
+/**
+ * Offsets given up by `tryAcquire` of a stale lease whose retries were used up.
+ *
+ * @category metrics
+ */
+export const takeoverGiveUps = counter(
+  "leasehold_work_lease_takeover_give_ups_total",
+  "Offsets given up (failed) by tryAcquire of a stale lease whose retries were used up"
+)
+
+/** What a takeover replaced: the stale holder's fencing token, how long its lease had been stale, what came of it. */
 export interface Takeover {
   readonly offset: number
   readonly staleFencingToken: number
   readonly staleForMillis: number
-  readonly fencingToken: number
+  /** The new lease's retry count, or, when the offset was given up, the stale lease's. */
+  readonly retryCount: number
+  /** The new lease's fencing token; undefined when the offset was given up instead (its retries were used up). */
+  readonly fencingToken: number | undefined
 }
 
 /**
@@ -328,13 +379,17 @@ export const LeaseTimeout = Schema.optionalWith(
 /** The longest renewal interval: what a `LeaseExtender` takes. */
 const maxInterval = Duration.hours(12)
 
-const logTakeover = (domainId: string, takeover: Takeover) =>
-  Effect.zipRight(
-    Metric.increment(takeovers),
+const logTakeover = (domainId: string, takeover: Takeover) => {
+  const held = `offset ${takeover.offset} was held under fencing token ${takeover.staleFencingToken}, stale for ` +
+    Duration.format(Duration.millis(takeover.staleForMillis))
+  return Effect.zipRight(
+    Metric.increment(takeover.fencingToken === undefined ? takeoverGiveUps : takeovers),
     Effect.logWarning(
-      `Work lease of domain "${domainId}" taken over: offset ${takeover.offset} was held under fencing token ` +
-        `${takeover.staleFencingToken}, stale for ${Duration.format(Duration.millis(takeover.staleForMillis))}; ` +
-        `now fencing token ${takeover.fencingToken}`
+      takeover.fencingToken === undefined
+        ? `Work lease of domain "${domainId}" not taken over: ${held}, and its retries were used up ` +
+          `(${takeover.retryCount}): the offset is given up (failed)`
+        : `Work lease of domain "${domainId}" taken over: ${held}; now fencing token ${takeover.fencingToken}, ` +
+          `retry ${takeover.retryCount}`
     ).pipe(
       Effect.annotateLogs({
         module: "WorkLease",
@@ -342,9 +397,36 @@ const logTakeover = (domainId: string, takeover: Takeover) =>
         offset: takeover.offset,
         staleFencingToken: takeover.staleFencingToken,
         staleForMillis: takeover.staleForMillis,
-        fencingToken: takeover.fencingToken
+        retryCount: takeover.retryCount,
+        ...(takeover.fencingToken === undefined ? { gaveUp: true } : { fencingToken: takeover.fencingToken })
       })
     )
+  )
+}
+
+/** A renewal's failure that is final: the lease was taken over, or is gone. */
+const isLoss = (error: { readonly _tag: string }): error is LeaseNotFoundError | TokenMismatchError =>
+  error._tag === "LeaseNotFoundError" || error._tag === "TokenMismatchError"
+
+/** Logs, once per lease, that a renewal found it lost; says who holds the domain now if it can tell. */
+const logLost = (
+  domainId: string,
+  error: LeaseNotFoundError | TokenMismatchError,
+  current: Effect.Effect<Option.Option<LeaseView>, unknown>
+) =>
+  Effect.flatMap(
+    Effect.orElseSucceed(current, () => Option.none<LeaseView>()),
+    (lease) =>
+      Effect.logWarning(
+        error._tag === "TokenMismatchError"
+          ? `Work lease of domain "${domainId}" was taken over (${
+            Option.match(lease, {
+              onNone: () => "and settled since",
+              onSome: (held) => `fencing token ${held.fencingToken}`
+            })
+          }); no longer renewing`
+          : `Work lease of domain "${domainId}" is no longer held (settled, given up, or taken over and settled since); no longer renewing`
+      ).pipe(Effect.annotateLogs({ module: "WorkLease", domainId }))
   )
 
 /**
@@ -366,10 +448,26 @@ export const assemble = <E extends { readonly _tag: string }>(
     return refused === undefined ? effect() : Effect.fail(refused)
   }
   const renew: WorkLease<E>["renew"] = (domainId, token) => guarded(domainId, () => backend.renew(domainId, token))
-  const extendable = (domainId: string, token: string): LeaseExtender.Extendable => ({
-    id: `work-lease:${domainId}`,
-    extendVisibility: () => renew(domainId, token)
-  })
+  const extendable = (domainId: string, token: string): ExtendableLease => {
+    // A loss is final — tokens never come back — so a zombie's later beats cost nothing: no round trip, no log.
+    // Without this every beat sent a renewal and logged its failure (the extender only rate-limits successes).
+    const lost = Deferred.unsafeMake<void>(FiberId.none)
+    const loses = (error: LeaseNotFoundError | TokenMismatchError) =>
+      Effect.flatMap(
+        Deferred.succeed(lost, undefined),
+        (first) => first ? logLost(domainId, error, Effect.map(backend.inspect(domainId), (d) => d.lease)) : Effect.void
+      )
+    return {
+      id: `work-lease:${domainId}`,
+      extendVisibility: () =>
+        Effect.flatMap(
+          Deferred.isDone(lost),
+          (done) => done ? Effect.void : Effect.catchIf(renew(domainId, token), isLoss, loses)
+        ),
+      lost: Deferred.isDone(lost),
+      awaitLost: Deferred.await(lost)
+    }
+  }
   // A renewal renews by `leaseTimeout`: the extension the extender asks for is never used, only bounded by its rules.
   const extension = leaseTimeout === undefined ? maxInterval : Duration.min(leaseTimeout, maxInterval)
   const decodeKeepAlive = Options_.decoder(
@@ -380,28 +478,42 @@ export const assemble = <E extends { readonly _tag: string }>(
         { exact: true }
       )
     },
+    // At most half: a renewal comes at the first beat after `interval`, plus a round trip, so an interval just
+    // below `leaseTimeout` let a holder that beats steadily go stale for part of nearly every cycle.
     ({ interval }) =>
-      interval !== undefined && leaseTimeout !== undefined && Duration.greaterThanOrEqualTo(interval, extension)
+      interval !== undefined && leaseTimeout !== undefined &&
+        (Duration.greaterThan(Duration.times(interval, 2), leaseTimeout) ||
+          Duration.greaterThanOrEqualTo(interval, extension))
         ? {
           field: "interval",
-          message: `must be shorter than leaseTimeout (${Duration.format(leaseTimeout)}) and than 12 hours: ` +
-            "the lease would go stale between two renewals"
+          message: `must be at most half of leaseTimeout (${Duration.format(leaseTimeout)}) and shorter than ` +
+            "12 hours: a renewal comes at the first beat after interval, and the lease must not go stale meanwhile"
         }
         : undefined
   )
+  const notKept: KeepAlive = { lost: Effect.succeed(false), awaitLost: Effect.never }
   const keepAlive: WorkLease<E>["keepAlive"] = (domainId, token, heartbeat, options) =>
     Effect.gen(function*() {
       const refused = refusedName("domainId", domainId)
       if (refused !== undefined) return yield* refused
       const { interval } = yield* decodeKeepAlive(options)
-      if (leaseTimeout === undefined) return
+      if (leaseTimeout === undefined) return notKept
       // Valid by the checks above (interval below extension, both within 12 h): the extender cannot refuse them,
       // and a fresh extender is never attached already.
       const extender = yield* Effect.orDie(LeaseExtender.make({
         interval: interval ?? Duration.millis(Duration.toMillis(leaseTimeout) / 3),
         extension
       }))
-      yield* Effect.orDie(extender.attach(extendable(domainId, token), heartbeat))
+      const lease = extendable(domainId, token)
+      const detach = yield* Effect.uninterruptible(
+        Effect.tap(
+          Effect.orDie(extender.attachUnscoped(lease, heartbeat)),
+          (detach) => Effect.addFinalizer(() => detach)
+        )
+      )
+      // Once lost, stop listening to the heartbeat (detaching twice is harmless): later beats do nothing at all.
+      yield* Effect.forkScoped(Effect.interruptible(Effect.zipRight(lease.awaitLost, detach)))
+      return { lost: lease.lost, awaitLost: lease.awaitLost }
     })
   return {
     tryAcquire: (domainId, offset) =>
@@ -569,6 +681,12 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
 
     type Acquisition = readonly [AcquireResult, Takeover | undefined]
 
+    /** The lease's offset failed for good (its retries used up): terminal, and the lease cleared. */
+    const giveUp = (state: DomainState, lease: Lease): DomainState => ({
+      ...markTerminal(state, lease.offset, "failed", maxOutOfOrder),
+      lease: undefined
+    })
+
     const tryAcquire: Backend<never>["tryAcquire"] = (domainId, offset) =>
       Effect.gen(function*() {
         if (!Number.isSafeInteger(offset) || offset < 0) return yield* new InvalidOffsetError({ domainId, offset })
@@ -584,20 +702,28 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
           const lease = state.lease
           if (lease !== undefined) {
             if (lease.offset === offset && lease.expiresAt !== undefined && lease.expiresAt <= now) {
-              // Stale: taken over, with a new token and the next fencing token; the retries carry over.
+              // Stale: the holder died or hung on it, which counts as a failed attempt, as its `fail` would.
+              const stale = { offset, staleFencingToken: lease.fencingToken, staleForMillis: now - lease.expiresAt }
+              if (lease.retryCount >= maxRetries) {
+                return STM.as(
+                  TRef.set(ref, giveUp(state, lease)),
+                  [AcquireResult.AlreadyFailed(), {
+                    ...stale,
+                    retryCount: lease.retryCount,
+                    fencingToken: undefined
+                  }] as const
+                )
+              }
+              // Taken over, with a new token and the next fencing token; `acquiredAt` stays the offset's first.
               const fencingToken = state.fencingToken + 1
+              const retryCount = lease.retryCount + 1
               return STM.as(
                 TRef.set(ref, {
                   ...state,
-                  lease: { ...lease, token, fencingToken, expiresAt: expiry(now) },
+                  lease: { ...lease, token, fencingToken, retryCount, expiresAt: expiry(now) },
                   fencingToken
                 }),
-                [AcquireResult.Acquired({ token, fencingToken }), {
-                  offset,
-                  staleFencingToken: lease.fencingToken,
-                  staleForMillis: now - lease.expiresAt,
-                  fencingToken
-                }] as const
+                [AcquireResult.Acquired({ token, fencingToken }), { ...stale, retryCount, fencingToken }] as const
               )
             }
             if (lease.offset === offset) return answer(AcquireResult.AlreadyAcquired({ token: lease.token }))
@@ -650,7 +776,7 @@ export const make = (options?: Options): Effect.Effect<WorkLease, ParseResult.Pa
     const fail: Backend<never>["fail"] = (domainId, token) =>
       settle(domainId, token, (state, lease, now): readonly [FailResult, DomainState] => {
         if (lease.retryCount >= maxRetries) {
-          const next = { ...markTerminal(state, lease.offset, "failed", maxOutOfOrder), lease: undefined }
+          const next = giveUp(state, lease)
           const head = hint(next)
           return [head === undefined ? FailResult.GiveUpNoBacklog() : FailResult.GiveUpNextHint({ offset: head }), next]
         }

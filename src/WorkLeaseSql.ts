@@ -22,9 +22,12 @@
  * With `leaseTimeout`, a lease expires by the database's clock (the test's
  * under `TestClock`), read inside the statement that judges it: machines
  * whose clocks drift apart judge a lease alike. The expiry is the lease's own
- * (stored with it), so a process configured without `leaseTimeout` — or
- * still on the previous release — sees and takes over a stale lease the same
- * way, and its own leases never expire.
+ * (stored with it), so a process of this release configured without
+ * `leaseTimeout` sees and takes over a stale lease the same way (counting it
+ * as a failed attempt against its own `maxRetries`), and its own leases never
+ * expire. A process still on the previous release does not: its statements
+ * and PostgreSQL functions know no expiry, answer `AlreadyAcquired` for a
+ * stale lease, and leave its own leases without one.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -141,19 +144,20 @@ export const make = (
         return Effect.flatMap(
           statements.acquire(domainId, offset, randomUUID(), testNow?.()),
           (outcome): Effect.Effect<Acquisition, BacklogOrderingError> => {
+            /** The takeover (or its give-up, without a fencing token) this outcome tells of, if any. */
+            const takeover = (fencingToken: number | undefined): Takeover | undefined =>
+              outcome.stale_fencing === null || outcome.stale_fencing === undefined ? undefined : {
+                offset,
+                staleFencingToken: num(outcome.stale_fencing),
+                staleForMillis: num(outcome.stale_for),
+                retryCount: num(outcome.retries),
+                fencingToken
+              }
             switch (outcome.tag) {
               case "Acquired": {
                 const fencingToken = num(outcome.n)
                 const acquired = AcquireResult.Acquired({ token: outcome.token!, fencingToken })
-                return Effect.succeed([
-                  acquired,
-                  outcome.stale_fencing === null || outcome.stale_fencing === undefined ? undefined : {
-                    offset,
-                    staleFencingToken: num(outcome.stale_fencing),
-                    staleForMillis: num(outcome.stale_for),
-                    fencingToken
-                  }
-                ])
+                return Effect.succeed([acquired, takeover(fencingToken)])
               }
               case "AlreadyAcquired":
                 return answer(AcquireResult.AlreadyAcquired({ token: outcome.token! }))
@@ -162,7 +166,7 @@ export const make = (
               case "AlreadyProcessed":
                 return answer(AcquireResult.AlreadyProcessed())
               case "AlreadyFailed":
-                return answer(AcquireResult.AlreadyFailed())
+                return Effect.succeed([AcquireResult.AlreadyFailed(), takeover(undefined)])
               default:
                 return Effect.fail(new BacklogOrderingError({ domainId, expected: num(outcome.n), got: offset }))
             }

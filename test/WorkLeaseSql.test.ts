@@ -132,6 +132,9 @@ const zombieProcess = (target: () => string, client: () => Layer.Layer<SqlClient
     const writesBefore = a.output().split("\n").filter((line) => line.includes("\"event\":\"write\"")).length
     yield* a.signal("SIGCONT")
     yield* a.waitFor(/"written":false/, 10_000)
+    // The zombie works on for a while, beating every 50 ms: a second of beats that must not renew anything.
+    const refusedWrites = () => a.output().split("\n").filter((line) => line.includes("\"written\":false")).length
+    for (let i = 0; i < 200 && refusedWrites() < 20; i++) yield* Effect.sleep("50 millis")
     writeFileSync(stopFile, "stop")
     expect((yield* a.exited).code).toBe(0)
     const events = a.output().split("\n").filter((line) => line.startsWith("{")).map((line) =>
@@ -142,6 +145,11 @@ const zombieProcess = (target: () => string, client: () => Layer.Layer<SqlClient
     expect(writes.slice(0, writesBefore).every((e) => e.written === true)).toBe(true)
     expect(writes.slice(writesBefore).every((e) => e.written === false)).toBe(true)
     expect(events.find((e) => e.event === "succeed")?.result).toBe("TokenMismatchError")
+    // Its keepAlive found the lease lost at its first beat after waking and renewed nothing after: one warning,
+    // no failed extension (each beat of the woken zombie used to send a renewal and log its failure).
+    expect(events.find((e) => e.event === "succeed")).toMatchObject({ lost: true, extensionFailures: 0 })
+    expect(a.output().split("\n").filter((line) => line.includes("Lease extension failed"))).toEqual([])
+    expect(a.output().split("\n").filter((line) => line.includes("no longer renewing")).length).toBe(1)
     expect(yield* sql`SELECT fencing, writer FROM ${resource} WHERE id = 'doc'`).toMatchObject([{ writer: "B" }])
     // B still holds the domain: the next offset waits until B settles.
     expect((yield* lease.tryAcquire("doc", 1))._tag).toBe("Enqueued")
@@ -381,6 +389,7 @@ describe("WorkLeaseSql on PostgreSQL judges staleness by the database's clock", 
 
 type Op =
   | { readonly kind: "acquire"; readonly domain: string; readonly offset: number }
+  | { readonly kind: "retake"; readonly domain: string }
   | { readonly kind: "succeed" | "fail" | "renew"; readonly domain: string; readonly stale: boolean }
   | { readonly kind: "assertCurrent"; readonly domain: string; readonly fencingToken: number }
   | { readonly kind: "advance"; readonly millis: number }
@@ -394,6 +403,8 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
       offset: fc.nat(4)
     })
   },
+  // An acquire of the offset in flight (0 when none): what an orchestrator does to take a stale lease over.
+  { weight: 3, arbitrary: fc.record({ kind: fc.constant("retake" as const), domain: fc.constantFrom("A", "B") }) },
   {
     weight: 3,
     arbitrary: fc.record({
@@ -404,7 +415,7 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   },
   {
     // Time passes: at LEASE_TIMEOUT and beyond, a lease nobody renewed is stale.
-    weight: 1,
+    weight: 2,
     arbitrary: fc.record({
       kind: fc.constant("advance" as const),
       millis: fc.constantFrom(1, 4_000, 9_999, 10_000, 30_000)
@@ -437,6 +448,26 @@ const snapshot = (lease: WorkLease.WorkLease<unknown>, domainId: string) =>
 const LEASE_TIMEOUT = 10_000
 
 /**
+ * A sequence that surely gives an offset up by takeovers (maxRetries 2): held, stale, taken over twice, stale
+ * again — then its zombies speak, and the domain goes on.
+ */
+const giveUpByTakeovers: ReadonlyArray<Op> = [
+  { kind: "acquire", domain: "A", offset: 0 },
+  { kind: "acquire", domain: "A", offset: 1 },
+  ...[1, 2, 3].flatMap((): ReadonlyArray<Op> => [
+    { kind: "advance", millis: 10_000 },
+    { kind: "retake", domain: "A" }
+  ]),
+  { kind: "succeed", domain: "A", stale: true },
+  { kind: "renew", domain: "A", stale: false },
+  { kind: "acquire", domain: "A", offset: 1 },
+  { kind: "acquire", domain: "A", offset: 0 }
+]
+
+/** How often the sequences took a lease over, and gave a stale offset up (a test that never does proves nothing). */
+const seen = { takeovers: 0, giveUps: 0 }
+
+/**
  * `ops` on the STM version and on `sql`, in domains of their own (`run`): same answers, same states. Both read
  * the test's clock, which `advance` moves.
  */
@@ -446,26 +477,32 @@ const sameAsStm = (sql: WorkLease.WorkLease<unknown>, ops: ReadonlyArray<Op>, ru
     const tokens = new Map<string, readonly [string, string]>()
     /** The tokens of each domain's last holder that was taken over (a zombie's), each backend's. */
     const zombies = new Map<string, readonly [string, string]>()
-    for (const op of ops) {
-      if (op.kind === "advance") {
-        yield* TestClock.adjust(op.millis)
+    for (const next of ops) {
+      if (next.kind === "advance") {
+        yield* TestClock.adjust(next.millis)
         continue
       }
-      const domain = `${run}-${op.domain}`
+      const domain = `${run}-${next.domain}`
+      const held = Option.getOrUndefined((yield* stm.inspect(domain)).lease)
+      const op = next.kind === "retake"
+        ? { kind: "acquire" as const, domain: next.domain, offset: held?.offset ?? 0 }
+        : next
       let answers: ReadonlyArray<Either.Either<object, unknown>>
       if (op.kind === "acquire") {
-        // Acquired while a lease was held is a takeover: the holder's tokens become a zombie's.
-        const held = Option.isSome((yield* stm.inspect(domain)).lease)
         answers = [
           yield* Effect.either(stm.tryAcquire(domain, op.offset)),
           yield* Effect.either(sql.tryAcquire(domain, op.offset))
         ]
         const [a, b] = answers.map((answer) => Either.getOrUndefined(answer) as WorkLease.AcquireResult | undefined)
-        if (a?._tag === "Acquired" && b?._tag === "Acquired") {
-          const previous = tokens.get(domain)
-          if (held && previous !== undefined) zombies.set(domain, previous)
-          tokens.set(domain, [a.token, b.token])
+        // Acquired while a lease was held is a takeover, AlreadyFailed its give-up: the holder's tokens become a
+        // zombie's.
+        const previous = tokens.get(domain)
+        if (held?.offset === op.offset && previous !== undefined && a?._tag === b?._tag) {
+          if (a?._tag === "Acquired") seen.takeovers++
+          if (a?._tag === "AlreadyFailed") seen.giveUps++
+          if (a?._tag === "Acquired" || a?._tag === "AlreadyFailed") zombies.set(domain, previous)
         }
+        if (a?._tag === "Acquired" && b?._tag === "Acquired") tokens.set(domain, [a.token, b.token])
         // A lease taken again answers with the holder's token, each backend its own.
         if (a?._tag === "AlreadyAcquired" && b?._tag === "AlreadyAcquired") {
           expect([a.token, b.token]).toEqual(tokens.get(domain))
@@ -497,7 +534,7 @@ const sameAsStm = (sql: WorkLease.WorkLease<unknown>, ops: ReadonlyArray<Op>, ru
 describe("WorkLeaseSql against the STM version", () => {
   const differential = (label: string, client: () => Layer.Layer<SqlClient.SqlClient, unknown>) =>
     it.scoped(
-      `${label}: random acquire / succeed / fail / renew / stale / assertCurrent / time-passing sequences (expiry and takeover) answer alike and leave the same state`,
+      `${label}: random acquire / succeed / fail / renew / stale / assertCurrent / time-passing sequences (expiry and takeover) answer alike and leave the same state (a takeover counted as a failed attempt, and its give-up, included)`,
       () =>
         Effect.gen(function*() {
           const context = yield* Layer.build(client())
@@ -506,14 +543,18 @@ describe("WorkLeaseSql against the STM version", () => {
           )
           // The test's runtime, so both backends read its TestClock.
           const runtime = yield* Effect.runtime<never>()
+          seen.takeovers = 0
+          seen.giveUps = 0
           let run = 0
           yield* Effect.promise(() =>
             fc.assert(
               fc.asyncProperty(fc.array(opArb, { maxLength: 40, size: "max" }), (ops) =>
                 Runtime.runPromise(runtime)(sameAsStm(sql, ops, `r${++run}`))),
-              { numRuns: 50 }
+              { numRuns: 100, examples: [[giveUpByTakeovers]] }
             )
           )
+          expect(seen.takeovers).toBeGreaterThan(10)
+          expect(seen.giveUps).toBeGreaterThan(0)
         }),
       120_000
     )

@@ -52,7 +52,7 @@ const expectations: Record<string, ReadonlyArray<RegExp>> = {
     /zombie write with token 1: StaleFencingTokenError/,
     /repo-a 0 again: AlreadyProcessed/,
     /repo-c 0 after 1 s of beating work: AlreadyAcquired \(B's\)/,
-    /repo-c 0 taken over: fencing token 2 \(A had 1\)/,
+    /repo-c 0 taken over: fencing token 2 \(A had 1\), retry count 1/,
     /repo-c 1 while B works: Enqueued/,
     /A wakes and settles: TokenMismatchError/,
     /B settles: NextHint 1/

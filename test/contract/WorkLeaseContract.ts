@@ -3,9 +3,11 @@
  * policy, run against whatever `make` builds (STM now; SQL backends later).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Clock, DateTime, Duration, Effect, Exit, Option, Ref, Scope, TestClock } from "effect"
+import { Clock, DateTime, Duration, Effect, Exit, Metric, Option, Ref, Scope, TestClock } from "effect"
 import * as Heartbeat from "../../src/Heartbeat.js"
+import * as LeaseExtender from "../../src/LeaseExtender.js"
 import type * as WorkLease from "../../src/WorkLease.js"
+import { captureLogs } from "../helpers.js"
 
 export type MakeWorkLease = (
   options: { readonly maxRetries: number; readonly leaseTimeout?: Duration.DurationInput }
@@ -182,7 +184,7 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         const heartbeat = yield* Heartbeat.make
         const held = acquired(yield* lease.tryAcquire("\ufffd", 0))
         for (const bad of ["", "a\u0000b", "\ud800", "\udc00", "x".repeat(201), "new\nline"]) {
-          const refusals = [
+          const refusals: ReadonlyArray<Effect.Effect<unknown, unknown, Scope.Scope>> = [
             lease.tryAcquire(bad, 0),
             lease.succeed(bad, held.token),
             lease.fail(bad, held.token),
@@ -239,7 +241,7 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         expect((yield* Effect.flip(lease.renew("A", held.token)))._tag).toBe("LeaseNotFoundError")
       }))
 
-    it.scoped("a lease not renewed within leaseTimeout is taken over by tryAcquire of the same offset: new token, next fencing token, retries carried; the old token is refused everywhere", () =>
+    it.scoped("a lease not renewed within leaseTimeout is taken over by tryAcquire of the same offset: new token, next fencing token, one more retry; the old token is refused everywhere", () =>
       Effect.gen(function*() {
         const lease = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
         yield* TestClock.setTime(5_000)
@@ -251,7 +253,8 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         expect(taken.fencingToken).toBe(old.fencingToken + 1)
         const now = yield* Clock.currentTimeMillis
         const lv = yield* view(lease, "A")
-        expect(lv).toMatchObject({ offset: 7, token: taken.token, fencingToken: taken.fencingToken, retryCount: 1 })
+        // The takeover counts as a failed attempt: one retry by fail, one by the takeover.
+        expect(lv).toMatchObject({ offset: 7, token: taken.token, fencingToken: taken.fencingToken, retryCount: 2 })
         expect(DateTime.toEpochMillis(lv.acquiredAt)).toBe(5_000) // the offset's first acquisition, as for retries
         expect(expiresAtMillis(lv)).toBe(now + 30_000)
         // The old holder is a zombie now: every call with its token or fencing token is refused.
@@ -267,7 +270,7 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         // The new holder works under the lease: the same offset is its own, the next one waits.
         expect(yield* lease.tryAcquire("A", 7)).toEqual({ _tag: "AlreadyAcquired", token: taken.token })
         expect((yield* lease.tryAcquire("A", 8))._tag).toBe("Enqueued")
-        expect(yield* lease.fail("A", taken.token)).toEqual({ _tag: "RetryScheduled", retryCount: 2 })
+        expect(yield* lease.fail("A", taken.token)).toEqual({ _tag: "RetryScheduled", retryCount: 3 })
         expect(yield* lease.succeed("A", taken.token)).toEqual({ _tag: "NextHint", offset: 8 })
         expect((yield* Effect.flip(lease.succeed("A", old.token)))._tag).toBe("LeaseNotFoundError")
         expect(acquired(yield* lease.tryAcquire("A", 8)).fencingToken).toBe(taken.fencingToken + 1)
@@ -290,6 +293,60 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         yield* TestClock.adjust("1 hour")
         expect((yield* lease.fail("A", next.token))._tag).toBe("GiveUpNoBacklog") // maxRetries 0
         expect(next.fencingToken).toBe(2)
+      }))
+
+    it.scoped("a takeover counts as a failed attempt: once the retries are used up (takeovers and fails alike), the takeover gives the offset up as fail would — AlreadyFailed, lease cleared, the backlog head next", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 2, leaseTimeout: "10 seconds" })
+        yield* TestClock.setTime(1_000)
+        // Offset 0 kills every holder (out of memory, SIGKILL): nobody ever settles it.
+        const first = acquired(yield* lease.tryAcquire("A", 0))
+        expect((yield* lease.tryAcquire("A", 1))._tag).toBe("Enqueued")
+        yield* TestClock.adjust("10 seconds")
+        const second = acquired(yield* lease.tryAcquire("A", 0))
+        expect(yield* view(lease, "A")).toMatchObject({ retryCount: 1, fencingToken: second.fencingToken })
+        yield* TestClock.adjust("10 seconds")
+        const third = acquired(yield* lease.tryAcquire("A", 0))
+        expect(yield* view(lease, "A")).toMatchObject({ retryCount: 2, fencingToken: third.fencingToken })
+        expect(DateTime.toEpochMillis((yield* view(lease, "A")).acquiredAt)).toBe(1_000)
+        // Fresh, it is still its holder's; stale with its retries used up, it is given up.
+        yield* TestClock.adjust("9999 millis")
+        expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyAcquired", token: third.token })
+        yield* TestClock.adjust("1 millis")
+        expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyFailed" })
+        const snapshot = yield* lease.inspect("A")
+        expect(Option.isNone(snapshot.lease)).toBe(true)
+        expect(snapshot.backlog).toEqual([1])
+        expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyFailed" }) // for ever, like a give-up
+        // Every holder of offset 0 is refused; the domain goes on with the backlog's head.
+        for (const zombie of [first, second, third]) {
+          expect((yield* Effect.flip(lease.succeed("A", zombie.token)))._tag).toBe("LeaseNotFoundError")
+          expect((yield* Effect.flip(lease.assertCurrent("A", zombie.fencingToken)))._tag).toBe(
+            "StaleFencingTokenError"
+          )
+        }
+        const next = acquired(yield* lease.tryAcquire("A", 1))
+        expect(next.fencingToken).toBe(third.fencingToken + 1)
+        expect(yield* view(lease, "A")).toMatchObject({ offset: 1, retryCount: 0 })
+        expect(yield* lease.succeed("A", next.token)).toEqual({ _tag: "NoBacklog" })
+        expect(yield* lease.inspect("A")).toMatchObject({ lowWaterMark: 2, retainedTerminal: 1 })
+        expect((yield* lease.tryAcquire("A", 0))._tag).toBe("AlreadyFailed")
+
+        // Fails and takeovers count together: one fail, one takeover, then the next takeover gives up.
+        const b = acquired(yield* lease.tryAcquire("B", 5))
+        expect(yield* lease.fail("B", b.token)).toEqual({ _tag: "RetryScheduled", retryCount: 1 })
+        yield* TestClock.adjust("10 seconds")
+        const b2 = acquired(yield* lease.tryAcquire("B", 5))
+        expect(yield* view(lease, "B")).toMatchObject({ retryCount: 2 })
+        yield* TestClock.adjust("10 seconds")
+        expect(yield* lease.tryAcquire("B", 5)).toEqual({ _tag: "AlreadyFailed" })
+        expect((yield* Effect.flip(lease.fail("B", b2.token)))._tag).toBe("LeaseNotFoundError")
+        // With maxRetries 0 the first takeover gives up already.
+        const none = yield* make({ maxRetries: 0, leaseTimeout: "10 seconds" })
+        acquired(yield* none.tryAcquire("C", 0))
+        yield* TestClock.adjust("10 seconds")
+        expect(yield* none.tryAcquire("C", 0)).toEqual({ _tag: "AlreadyFailed" })
+        expect(acquired(yield* none.tryAcquire("C", 1)).fencingToken).toBe(2)
       }))
 
     it.scoped("the zombie of issue 33: A pauses past leaseTimeout, B takes over, A wakes — A's settle and fenced writes are refused, and offset 1 waits for B", () =>
@@ -346,6 +403,64 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         expect((yield* Effect.flip(lease.renew("A", held.token)))._tag).toBe("TokenMismatchError")
       }))
 
+    it.scoped("keepAlive of a lease taken over: the zombie's first beat finds it lost — one warning, lost is true — and its later beats renew nothing, log nothing, count no failure", () => {
+      const logs = captureLogs()
+      return Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
+        const held = acquired(yield* lease.tryAcquire("A", 0))
+        const heartbeat = yield* Heartbeat.make
+        const kept = yield* lease.keepAlive("A", held.token, heartbeat)
+        yield* heartbeat.beat
+        yield* TestClock.adjust("1 minute") // the holder pauses
+        const taken = acquired(yield* lease.tryAcquire("A", 0))
+        const failures = (yield* Metric.value(LeaseExtender.extensionFailures)).count
+        const extensions = (yield* Metric.value(LeaseExtender.extensions)).count
+        // The first renewal after the takeover has landed: it failed, or it found the lease lost.
+        const landed = Effect.map(
+          Metric.value(LeaseExtender.extensionFailures),
+          (now) => now.count > failures || logs.lines.some((line) => line.message.includes("no longer renewing"))
+        )
+        // The zombie wakes and beats on, each beat due (10 s apart, the default interval).
+        for (let i = 0; i < 100; i++) {
+          yield* TestClock.adjust("10 seconds")
+          yield* heartbeat.beat
+          yield* i === 0 ? eventually(landed) : Effect.yieldNow()
+        }
+        yield* eventually(landed)
+        expect((yield* Metric.value(LeaseExtender.extensionFailures)).count - failures).toBe(0)
+        expect((yield* Metric.value(LeaseExtender.extensions)).count - extensions).toBeLessThanOrEqual(1)
+        expect(logs.lines.filter((line) => line.level === "ERROR")).toEqual([])
+        const lost = logs.lines.filter((line) => line.message.includes("no longer renewing"))
+        expect(lost.length).toBe(1)
+        expect(lost[0]).toMatchObject({ level: "WARN" })
+        expect(lost[0]!.message).toContain(`taken over (fencing token ${taken.fencingToken})`)
+        expect((yield* view(lease, "A")).token).toBe(taken.token)
+        expect(yield* kept.lost).toBe(true)
+        yield* kept.awaitLost // already lost: returns at once
+      }).pipe(Effect.provide(logs.layer))
+    })
+
+    it.scoped("keepAlive's longest interval (half of leaseTimeout) keeps the lease of a holder that beats every tenth of it, whenever a takeover is tried", () =>
+      Effect.gen(function*() {
+        const lease = yield* make({ maxRetries: 3, leaseTimeout: "1 second" })
+        const held = acquired(yield* lease.tryAcquire("A", 0))
+        const heartbeat = yield* Heartbeat.make
+        yield* lease.keepAlive("A", held.token, heartbeat, { interval: "500 millis" })
+        let renewedAt: number | undefined
+        for (let i = 0; i < 100; i++) { // ten leaseTimeouts
+          // A takeover tried just before the beat, when the lease is closest to going stale.
+          expect(yield* lease.tryAcquire("A", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
+          yield* heartbeat.beat
+          const now = yield* Clock.currentTimeMillis
+          // A beat that is due renews: wait for the renewal to land before time moves on.
+          if (renewedAt === undefined || now - renewedAt >= 500) {
+            yield* eventually(Effect.map(view(lease, "A"), (lv) => expiresAtMillis(lv) === now + 1_000))
+            renewedAt = now
+          }
+          yield* TestClock.adjust("100 millis")
+        }
+      }))
+
     it.scoped("extendable: what LeaseExtender.attach takes; keepAlive without a leaseTimeout does nothing", () =>
       Effect.gen(function*() {
         const timed = yield* make({ maxRetries: 3, leaseTimeout: "30 seconds" })
@@ -355,12 +470,22 @@ export const workLeaseContract = (label: string, make: MakeWorkLease) =>
         yield* TestClock.adjust("20 seconds")
         yield* target.extendVisibility(Duration.minutes(5)) // renews by leaseTimeout, whatever it is asked
         expect(expiresAtMillis(yield* view(timed, "A"))).toBe((yield* Clock.currentTimeMillis) + 30_000)
-        expect((yield* Effect.flip(timed.extendable("A", "other").extendVisibility(Duration.seconds(1))))._tag).toBe(
-          "TokenMismatchError"
-        )
+        expect(yield* target.lost).toBe(false)
+        // Another token's renewal finds the lease lost: final, and said once; later ones make no round trip.
+        const zombie = timed.extendable("A", "other")
+        yield* zombie.extendVisibility(Duration.seconds(1))
+        expect(yield* zombie.lost).toBe(true)
+        yield* TestClock.adjust("5 seconds")
+        yield* zombie.extendVisibility(Duration.seconds(1))
+        expect(expiresAtMillis(yield* view(timed, "A"))).toBe((yield* Clock.currentTimeMillis) + 25_000)
+        // A holder that settled while still attached finds its lease gone: lost too.
+        yield* timed.succeed("A", held.token)
+        yield* target.extendVisibility(Duration.seconds(1))
+        expect(yield* target.lost).toBe(true)
         const untimed = yield* make({ maxRetries: 3 })
         const other = acquired(yield* untimed.tryAcquire("A", 0))
-        yield* untimed.keepAlive("A", other.token, yield* Heartbeat.make)
+        const kept = yield* untimed.keepAlive("A", other.token, yield* Heartbeat.make)
         expect(Option.isNone((yield* view(untimed, "A")).expiresAt)).toBe(true)
+        expect(yield* kept.lost).toBe(false)
       }))
   })

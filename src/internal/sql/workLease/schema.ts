@@ -74,8 +74,9 @@ export const migrations = (
       ...(pg ? [acquireFunction(sql, prefix), settleFunction(sql, prefix)] : [])
     ], { discard: true }),
     // Lease expiry (`leaseTimeout`): when the lease goes stale, and which lease that expiry is for. PostgreSQL
-    // gets overloads of both functions that take the time and the timeout; the previous ones stay, so a process
-    // still on the previous release works as it did while others upgrade (its leases have no expiry).
+    // gets overloads of both functions that take the time and the timeout (and, to count a takeover as a failed
+    // attempt, acquire takes maxRetries); the previous ones stay, so a process still on the previous release
+    // works as it did while others upgrade (its leases have no expiry, and it never takes a lease over).
     "3_lease_expiry": Effect.all([
       ...(pg
         ? [
@@ -101,10 +102,12 @@ export const migrations = (
  * and its fields: the token (`Acquired`, `AlreadyAcquired`), the fencing token (`Acquired`) or the backlog
  * head (`BacklogOrderingError`). PL/pgSQL keeps its statements' plans for the connection.
  *
- * With `expiry` (migration 3 on), an overload that also takes the lease timeout (`p_timeout`, NULL: none): a
- * new lease expires at `p_now + p_timeout`, and a lease of the same offset that is stale at `p_now` is taken
- * over — a new token and the next fencing token, the retries and `acquired_at` kept — returning the stale
- * holder's fencing token and how long its lease had been stale.
+ * With `expiry` (migration 3 on), an overload that also takes the lease timeout (`p_timeout`, NULL: none) and
+ * `maxRetries`: a new lease expires at `p_now + p_timeout`, and a lease of the same offset that is stale at
+ * `p_now` counts as a failed attempt. With retries left it is taken over — a new token, the next fencing token,
+ * the retry count one more, `acquired_at` kept; with none left the offset is given up as the stale holder's
+ * `fail` would give it up (the settle function does it) and the answer is `AlreadyFailed`. Either way it
+ * returns the stale holder's fencing token, how long its lease had been stale and the retry count.
  */
 const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { readonly expiry: boolean }) => {
   const names = tables(prefix)
@@ -114,9 +117,11 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { r
   const expiry = options?.expiry === true
   const setExpiry = expiry ? sql`, expires_at = p_now + p_timeout, expires_fencing = d.fencing_token + 1` : sql``
   return sql`CREATE OR REPLACE FUNCTION ${sql(names.acquire)}(
-      p_domain text, p_offset bigint, p_token text, p_now bigint,${expiry ? sql` p_timeout bigint,` : sql``}
+      p_domain text, p_offset bigint, p_token text, p_now bigint,${
+    expiry ? sql` p_timeout bigint, p_max_retries integer,` : sql``
+  }
       OUT o_tag text, OUT o_token text, OUT o_number bigint${
-    expiry ? sql`, OUT o_stale_fencing bigint, OUT o_stale_for bigint` : sql``
+    expiry ? sql`, OUT o_stale_fencing bigint, OUT o_stale_for bigint, OUT o_retries bigint` : sql``
   })
     LANGUAGE plpgsql VOLATILE AS $$
     DECLARE
@@ -138,13 +143,20 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { r
       ? sql`
       ELSIF v_domain.lease_token IS NOT NULL AND v_domain.lease_offset = p_offset
         AND ${sql.literal(staleCondition("v_domain", "p_now"))} THEN
-        UPDATE ${domains} d SET lease_token = p_token, lease_fencing = d.fencing_token + 1,
-          fencing_token = d.fencing_token + 1${setExpiry}
-        WHERE d.domain_id = p_domain RETURNING d.fencing_token INTO o_number;
-        o_tag := 'Acquired';
-        o_token := p_token;
         o_stale_fencing := v_domain.lease_fencing;
-        o_stale_for := p_now - v_domain.expires_at;`
+        o_stale_for := p_now - v_domain.expires_at;
+        IF v_domain.retry_count >= p_max_retries THEN
+          -- Its retries used up: given up, as the stale holder's fail would.
+          PERFORM ${sql(names.settle)}(p_domain, v_domain.lease_token, true, p_max_retries, p_now, p_timeout);
+          o_tag := 'AlreadyFailed';
+          o_retries := v_domain.retry_count;
+        ELSE
+          UPDATE ${domains} d SET lease_token = p_token, lease_fencing = d.fencing_token + 1,
+            fencing_token = d.fencing_token + 1, retry_count = d.retry_count + 1${setExpiry}
+          WHERE d.domain_id = p_domain RETURNING d.fencing_token, d.retry_count INTO o_number, o_retries;
+          o_tag := 'Acquired';
+          o_token := p_token;
+        END IF;`
       : sql``
   }
       ELSIF v_domain.lease_token IS NOT NULL AND v_domain.lease_offset = p_offset THEN

@@ -15,8 +15,9 @@
  * Lease expiry: a lease expires at `expires_at` when `expires_fencing` is its
  * fencing token (see `schema.ts`); the time is the database's clock read by
  * the statement, or the test's. A takeover is rare, so on SQLite it runs by
- * the general rules; a renewal is one `UPDATE` (and, when it finds nothing to
- * renew, one read that says why). */
+ * the general rules — as does its give-up, the same steps as a `fail` that
+ * gives up; a renewal is one `UPDATE` (and, when it finds nothing to renew,
+ * one read that says why). */
 import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
@@ -38,6 +39,8 @@ export interface Outcome {
   readonly stale_fencing?: Num | null | undefined
   /** A takeover's: how long the lease had been stale, in milliseconds. */
   readonly stale_for?: Num | null | undefined
+  /** A takeover's: the new lease's retry count, or the stale one's when it gave the offset up (`AlreadyFailed`). */
+  readonly retries?: Num | null | undefined
 }
 
 /** A domain as `inspect` reads it in one statement; the domain's columns are null when it was never used. */
@@ -142,9 +145,9 @@ const pg = (sql: SqlClient.SqlClient, prefix: string, maxRetries: number, timeou
     acquire: (domainId, offset, token, now) =>
       Effect.map(
         sql<Outcome>`SELECT o_tag AS tag, o_token AS token, o_number AS n, o_stale_fencing AS stale_fencing,
-          o_stale_for AS stale_for
+          o_stale_for AS stale_for, o_retries AS retries
         FROM ${sql(names.acquire)}(${domainId}::text, ${offset}::bigint, ${token}::text,
-          ${now === undefined ? databaseNow : now}::bigint, ${timeout ?? null}::bigint)`,
+          ${now === undefined ? databaseNow : now}::bigint, ${timeout ?? null}::bigint, ${maxRetries}::integer)`,
         one
       ),
     settle: (domainId, token, fail, now) =>
@@ -203,15 +206,17 @@ const sqlite = (
       (rows) => rows[0]?.fencing_token
     )
 
-  /** Takes a stale lease over: a new token and the next fencing token; the offset, retries and `acquired_at` kept. */
+  /**
+   * Takes a stale lease over: a new token and the next fencing token, one more retry (a failed attempt); the
+   * offset and `acquired_at` kept.
+   */
   const takeOver = (domainId: string, token: string, now: Now) =>
     Effect.map(
-      sql<{ fencing_token: Num }>`UPDATE ${domains} SET lease_token = ${token}, lease_fencing = fencing_token + 1,
-        fencing_token = fencing_token + 1, expires_at = ${
-        expiry(sql, now, timeout)
-      }, expires_fencing = fencing_token + 1
-      WHERE domain_id = ${domainId} RETURNING fencing_token`,
-      (rows) => rows[0]!.fencing_token
+      sql<{ fencing_token: Num; retry_count: Num }>`UPDATE ${domains} SET lease_token = ${token},
+        lease_fencing = fencing_token + 1, fencing_token = fencing_token + 1, retry_count = retry_count + 1,
+        expires_at = ${expiry(sql, now, timeout)}, expires_fencing = fencing_token + 1
+      WHERE domain_id = ${domainId} RETURNING fencing_token, retry_count`,
+      (rows) => rows[0]!
     )
 
   const acquire: Statements["acquire"] = (domainId, offset, token, now) =>
@@ -266,13 +271,14 @@ const sqlite = (
       if (domain.kind === "processed" || offset < Number(domain.low_water)) return { tag: "AlreadyProcessed" }
       if (domain.lease_token !== null) {
         if (Number(domain.lease_offset) === offset && Number(domain.stale) === 1) {
-          return {
-            tag: "Acquired",
-            token,
-            n: yield* takeOver(domainId, token, now),
-            stale_fencing: domain.lease_fencing,
-            stale_for: domain.stale_for
+          const stale = { stale_fencing: domain.lease_fencing, stale_for: domain.stale_for }
+          // Its retries used up: given up, as the stale holder's `fail` would.
+          if (Number(domain.retry_count) >= maxRetries) {
+            yield* finish(domainId, domain, true)
+            return { tag: "AlreadyFailed", ...stale, retries: domain.retry_count }
           }
+          const taken = yield* takeOver(domainId, token, now)
+          return { tag: "Acquired", token, n: taken.fencing_token, ...stale, retries: taken.retry_count }
         }
         if (Number(domain.lease_offset) === offset) return { tag: "AlreadyAcquired", token: domain.lease_token }
         yield* sql`INSERT INTO ${backlog} (domain_id, position, item)
@@ -345,6 +351,15 @@ const sqlite = (
       if (fail && Number(domain.retry_count) < maxRetries) {
         return { tag: "RetryScheduled", n: yield* retry(domainId, now, sql``) }
       }
+      return { tag: "Released", n: yield* finish(domainId, domain, fail) }
+    }))
+
+  /**
+   * Ends `domain`'s lease for good (inside a transaction): its offset processed, or failed when `fail`; the
+   * low-water mark moved over contiguous terminal offsets. Returns the backlog head.
+   */
+  const finish = (domainId: string, domain: SqliteDomain, fail: boolean) =>
+    Effect.gen(function*() {
       const offset = Number(domain.lease_offset)
       let lowWater = Number(domain.low_water)
       if (!fail && offset === lowWater) {
@@ -363,8 +378,8 @@ const sqlite = (
         }
         lowWater++
       }
-      return { tag: "Released", n: (yield* release(domainId, sql`${lowWater}`, sql``))!.head }
-    }))
+      return (yield* release(domainId, sql`${lowWater}`, sql``))!.head
+    })
 
   return {
     acquire,
