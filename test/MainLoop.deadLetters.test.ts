@@ -149,7 +149,7 @@ describe("a dead-lettered request settles once, however slow the dead-letter sto
           deadLetters: { mailbox: hung, policy: yield* DeadLetter.policy({ maxDeliveryCount: 1 }) },
           leaseExtender: { interval: "20 seconds", extension: "60 seconds" }
         }
-      })
+      }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests)))
       yield* requests.send(MainLoop.request("poison", { requestId: "req-1" }))
       const running = yield* loop.run({ visibilityTimeout: "60 seconds", waitTime: "1 second" }).pipe(
         Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(requests)),
