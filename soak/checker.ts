@@ -90,6 +90,7 @@ export interface Settings {
   readonly shutdownTimeoutMs: number
   readonly maxDeliveryCount: number
   readonly leaseTimeoutMs?: number
+  readonly leaseMaxRetries?: number
   readonly replay?: string
   readonly commit?: string
 }
@@ -723,6 +724,25 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
         completions.set(k, (completions.get(k) ?? 0) + 1)
       }
       for (const [k, n] of completions) if (n > 1) failures.push(`${k} completed ${n}×`)
+      // Every offset made available completed, or given up by the policy: a takeover counts as a failed attempt,
+      // and the one after maxRetries of them gives the offset up (so it was acquired maxRetries + 1 times).
+      const acquiredTimes = new Map<string, number>()
+      for (const a of line.of("lease-acquired")) {
+        acquiredTimes.set(
+          `${a.domain} offset ${a.offset}`,
+          (acquiredTimes.get(`${a.domain} offset ${a.offset}`) ?? 0) + 1
+        )
+      }
+      let givenUp = 0
+      for (const [domain, offered] of Object.entries(leases.offsets)) {
+        for (let offset = 0; offset < offered; offset++) {
+          const k = `${domain} offset ${offset}`
+          if (completions.has(k)) continue
+          const times = acquiredTimes.get(k) ?? 0
+          if (settings.leaseMaxRetries !== undefined && times >= settings.leaseMaxRetries + 1) givenUp++
+          else failures.push(`${k}: neither completed nor given up by the policy (acquired ${times}×) — lost`)
+        }
+      }
       // Takeovers: an offset acquired again before its holder settled it. Explained like property 3's
       // duplicates, by a fault on the earlier holder between its acquisition and the takeover — SIGKILL,
       // SIGSTOP, a database outage, SIGTERM (a lease worker stops at once) — or its silence (no beat for at
@@ -779,7 +799,10 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
         "work leases",
         `${Object.keys(leases.offsets).length} domains, ${
           Object.values(leases.offsets).reduce((a, b) => a + b, 0)
-        } offsets, ${completions.size} completed; ${writes} fenced writes accepted, ${refusedWrites} refused; ` +
+        } offsets, ${completions.size} completed, ${givenUp} given up after ${
+          settings.leaseMaxRetries ?? "?"
+        } takeovers; ` +
+        `${writes} fenced writes accepted, ${refusedWrites} refused; ` +
         `${takeovers} takeovers (${
           Object.entries(takeoverCauses).map(([k, n]) => `${k} ${n}`).join(", ") || "none"
         }), ${refusedDone} zombie completions refused`

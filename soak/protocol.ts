@@ -44,6 +44,8 @@ export interface Config {
   readonly leaseDomains: number
   readonly leaseTimeoutMs: number
   readonly leaseOffsetEveryMs: number
+  /** WorkLeaseSql's maxRetries: a takeover counts as a failed attempt, and one past these gives the offset up. */
+  readonly leaseMaxRetries: number
 }
 
 /** The table prefix of every leasehold table of a soak. */

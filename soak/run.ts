@@ -444,7 +444,8 @@ const soak = async (options: Options): Promise<number> => {
     leaseWorkers,
     leaseDomains: 3,
     leaseTimeoutMs: 2000,
-    leaseOffsetEveryMs: 400
+    leaseOffsetEveryMs: 400,
+    leaseMaxRetries: 3
   }
   const history = History.open(dir, "orchestrator")
   history.append({ ev: "config", config: { ...config, replay, commit: commit() } })

@@ -21,7 +21,11 @@ export const domains = (config: Protocol.Config): ReadonlyArray<string> =>
 
 /** The lease service every process of a run uses. */
 export const make = (config: Protocol.Config) =>
-  WorkLeaseSql.make({ prefix: Protocol.prefix, leaseTimeout: config.leaseTimeoutMs })
+  WorkLeaseSql.make({
+    prefix: Protocol.prefix,
+    leaseTimeout: config.leaseTimeoutMs,
+    maxRetries: config.leaseMaxRetries
+  })
 
 /** Creates the resource tables and the lease tables (the orchestrator, before the fleet starts). */
 export const setup = (config: Protocol.Config) =>
