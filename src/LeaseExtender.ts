@@ -137,6 +137,10 @@ export const extensionFailures = counter("leasehold_lease_extension_failures_tot
 class Attachment implements Heartbeat.BeatTask {
   /** When the last extension started, on the monotonic clock (the beat's time). */
   lastExtension: number | undefined = undefined
+  /** The lease is gone (its handle expired): no further extension is tried, nor logged, for this attachment. */
+  lost = false
+  /** Failed extensions since the last one that worked: only the first of a run of failures is logged as an error. */
+  failures = 0
   constructor(
     readonly message: Extendable,
     private readonly extender: { readonly current: Attachment | undefined; readonly intervalMillis: number },
@@ -145,7 +149,7 @@ class Attachment implements Heartbeat.BeatTask {
 
   /** Called synchronously on every beat: the rate-limited path allocates nothing. */
   due(now: number): boolean {
-    return this.extender.current === this &&
+    return this.extender.current === this && !this.lost &&
       (this.lastExtension === undefined || now - this.lastExtension >= this.extender.intervalMillis)
   }
 
@@ -192,19 +196,29 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
       intervalMillis: Duration.toMillis(config.interval)
     }
 
+    // A handle that expired is final: the message is another delivery's now, and extending it again on every
+    // beat until the work ends only repeats the warning. Any other failure (the store is down) is retried on the
+    // next beat; the first of a run of them is logged as an error, the rest at debug level (every one counted).
     const extend = (attachment: Attachment, now: number) =>
       attachment.message.extendVisibility(config.extension).pipe(
         Effect.zipRight(Effect.sync(() => {
           attachment.lastExtension = now
+          attachment.failures = 0
         })),
         Effect.tap(() => Metric.increment(extensions)),
         Effect.tap(() => Effect.logDebug(`Extended visibility by ${Duration.format(config.extension)}`)),
         Effect.catchAllCause((cause) =>
           Effect.zipRight(
             Metric.increment(extensionFailures),
-            cause._tag === "Fail" && cause.error._tag === "ReceiptHandleExpiredError"
-              ? Effect.logWarning("Lease extension failed: receipt handle expired")
-              : Effect.logError("Lease extension failed", cause)
+            Effect.suspend(() => {
+              if (cause._tag === "Fail" && cause.error._tag === "ReceiptHandleExpiredError") {
+                attachment.lost = true
+                return Effect.logWarning("Lease extension failed: receipt handle expired; no longer extending it")
+              }
+              return attachment.failures++ === 0
+                ? Effect.logError("Lease extension failed; retrying on the next beats", cause)
+                : Effect.logDebug(`Lease extension failed again (${attachment.failures} in a row)`, cause)
+            })
           )
         ),
         Effect.withSpan("LeaseExtender.extend", { attributes: { messageId: attachment.message.id } }),

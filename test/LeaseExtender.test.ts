@@ -4,7 +4,7 @@ import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import { ReceiptHandleExpiredError } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
-import { refusedOptions } from "./helpers.js"
+import { captureLogs, refusedOptions } from "./helpers.js"
 
 /** A message that records the timeouts it is extended by; `behaviour` decides each call's outcome. */
 const fakeMessage = (
@@ -135,14 +135,47 @@ describe("LeaseExtender.attach", () => {
       expect((yield* Ref.get(calls)).length).toBe(1)
     }))
 
+  it.scoped("an expired handle is final: one warning, and no further extension is tried for that message", () => {
+    const logs = captureLogs()
+    return Effect.gen(function*() {
+      const { calls, message } = yield* fakeMessage(() =>
+        Effect.fail(new ReceiptHandleExpiredError({ mailbox: "q", messageId: "m-1", receiptHandle: "h" }))
+      )
+      const extender = yield* LeaseExtender.make({ interval: 0, extension: "1 minute" })
+      const hb = yield* Heartbeat.make
+      yield* extender.attach(message, hb)
+      for (let i = 0; i < 100; i++) {
+        yield* hb.beat
+        yield* settle
+      }
+      expect((yield* Ref.get(calls)).length).toBe(1)
+      expect(logs.lines.filter((line) => line.message.includes("receipt handle expired")).length).toBe(1)
+    }).pipe(Effect.provide(logs.layer))
+  })
+
+  it.scoped("a store that keeps failing is retried on every beat, logged as an error once until it works again", () => {
+    const logs = captureLogs()
+    return Effect.gen(function*() {
+      const { calls, message } = yield* fakeMessage((call) =>
+        call < 20 || call === 21 ? Effect.fail({ _tag: "MailboxConnectionError" }) : Effect.void
+      )
+      const extender = yield* LeaseExtender.make({ interval: 0, extension: "1 minute" })
+      const hb = yield* Heartbeat.make
+      yield* extender.attach(message, hb)
+      for (let i = 0; i < 22; i++) {
+        yield* hb.beat
+        yield* settle
+      }
+      expect((yield* Ref.get(calls)).length).toBe(22)
+      // Twenty failures in a row, one that worked, one more failure: two errors.
+      expect(logs.lines.filter((line) => line.level === "ERROR").length).toBe(2)
+    }).pipe(Effect.provide(logs.layer))
+  })
+
   it.scoped("failures are logged, never raised; a failed extension is retried on the next beat", () =>
     Effect.gen(function*() {
       const { calls, message } = yield* fakeMessage((call) =>
-        call === 0
-          ? Effect.fail(new ReceiptHandleExpiredError({ mailbox: "q", messageId: "m-1", receiptHandle: "h" }))
-          : call === 1
-          ? Effect.fail({ _tag: "MailboxConnectionError" })
-          : Effect.void
+        call < 2 ? Effect.fail({ _tag: "MailboxConnectionError" }) : Effect.void
       )
       const extender = yield* LeaseExtender.make({ interval: "1 minute" })
       const hb = yield* Heartbeat.make
