@@ -136,7 +136,8 @@ const pager = (at: Snapshot.QueuePage, shownCount: number) => {
 
 const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: number) => {
   if (part._tag !== "Present") return `<section id="mailboxes"><h2>Mailboxes</h2>${failedOrAbsent(part)}</section>`
-  const { deadLetterTotal, deadLetters, inFlight, inFlightTotal, queuePage, queues, totalPerMinute } = part.value
+  const { deadLetterTotal, deadLetters, inFlight, inFlightTotal, queuePage, queues, sampledAt, totalPerMinute } =
+    part.value
   return `<section id="mailboxes"><h2>Mailboxes</h2>
     ${queuePage.total === 0 ? "" : pager(queuePage, queues.length)}
     ${
@@ -158,7 +159,9 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
       queues.map((queue) => `data-queue="${shown(queue.queue)}"`)
     )
   }
-    <p class="note">Done / min: messages that left the queue (acknowledged or dead-lettered), as seen by the console's
+    <p class="note"${
+    sampledAt === undefined ? "" : ` data-sampled-at="${sampledAt}"`
+  }>Done / min: messages that left the queue (acknowledged or dead-lettered), as seen by the console's
     samples${
     totalPerMinute === undefined
       ? ""

@@ -110,6 +110,8 @@ export interface Mailboxes {
   readonly deadLetterTotal: number
   /** Messages that left any queue per minute, exact (from the sequence); undefined until two samples exist. */
   readonly totalPerMinute: number | undefined
+  /** When the throughput sampler last looked (epoch ms, the console's clock); undefined before its first look. */
+  readonly sampledAt: number | undefined
 }
 
 export interface MergeQueueView {
@@ -437,7 +439,8 @@ const mailboxes = (
         body: row.body
       })),
       deadLetterTotal: dead.reduce((sum, row) => sum + Number(row.n), 0),
-      totalPerMinute: rates.buckets.length === 0 ? undefined : perMinute(rates.buckets, (bucket) => bucket.total)
+      totalPerMinute: rates.buckets.length === 0 ? undefined : perMinute(rates.buckets, (bucket) => bucket.total),
+      sampledAt: rates.last?.at
     } satisfies Mailboxes
   })
 
