@@ -45,22 +45,20 @@ import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import * as Schema_ from "./internal/sql/workLease/schema.js"
 import * as Statements from "./internal/sql/workLease/statements.js"
+import { assemble, LeaseTimeout, timeoutMillis } from "./internal/workLease/assemble.js"
 import {
   AcquireResult,
-  assemble,
   type Backend,
   BacklogOrderingError,
   FailResult,
   InvalidOffsetError,
   LeaseNotFoundError,
-  LeaseTimeout,
   StaleFencingTokenError,
   SucceedResult,
   type Takeover,
-  timeoutMillis,
   TokenMismatchError,
   type WorkLease
-} from "./WorkLease.js"
+} from "./internal/workLease/model.js"
 
 /**
  * The database failed; the operation did nothing.
