@@ -158,7 +158,7 @@ interface Interval {
 const overlaps = (a: Interval, b: Interval) => a.from <= b.to && b.from <= a.to
 
 /** Everything the rules look up, built once from the events. */
-const timeline = (events: ReadonlyArray<Event>) => {
+const timeline = (events: ReadonlyArray<Event>, backend: string | undefined) => {
   const of = <K extends Event["ev"]>(ev: K) => events.filter((e): e is EventOf<K> => e.ev === ev)
   const attempts = new Map<string, Attempt>()
   const byRequest = new Map<string, Array<Attempt>>()
@@ -192,7 +192,9 @@ const timeline = (events: ReadonlyArray<Event>) => {
   const exitOf = (proc: string) => exits.find((e) => e.target === proc)
 
   // Database outages: PostgreSQL stopped…started, the SQLite write lock held…released (from the holder's file).
-  const outages: Array<Interval & { readonly kind: "pg-restart" | "sqlite-lock" }> = []
+  const outages: Array<
+    Interval & { readonly kind: "pg-restart" | "sqlite-lock" | "sqlite-stopped-writer"; readonly by?: string }
+  > = []
   for (const stop of of("pg-stop")) {
     const start = events.find((e) => e.ev === "pg-start" && e.t >= stop.t)
     outages.push({ kind: "pg-restart", from: stop.t, to: start?.t ?? Infinity })
@@ -200,6 +202,17 @@ const timeline = (events: ReadonlyArray<Event>) => {
   for (const held of of("sqlite-lock-held")) {
     const released = events.find((e) => e.ev === "sqlite-lock-released" && e.proc === held.proc && e.t >= held.t)
     outages.push({ kind: "sqlite-lock", from: held.t, to: released?.t ?? Infinity })
+  }
+  // On SQLite every process of the fleet writes to the one file: one stopped (SIGSTOP) inside a write
+  // transaction holds the file's write lock until it is resumed, which stalls every other writer — the
+  // nemesis's lock held by a process nobody lets run. Whether it was inside one cannot be told from outside, so
+  // each stop of any process counts as a possible outage for the others (the 10-minute SQLite run at c493e72
+  // showed three such duplicates: holders blocked, their acknowledgements too late, while another worker sat
+  // stopped in the middle of its write).
+  if (backend === "sqlite") {
+    for (const [target, intervals] of stopped) {
+      for (const interval of intervals) outages.push({ kind: "sqlite-stopped-writer", ...interval, by: target })
+    }
   }
   return { of, attempts, byRequest, signals, signalsTo, stopped, exits, exitOf, outages }
 }
@@ -237,9 +250,10 @@ const downtime = (outages: ReadonlyArray<Interval>, from: number, to: number): n
  * by the first that applies of:
  * - `SIGKILL`: A's worker was killed within the holding span;
  * - `SIGSTOP`: A's worker was stopped during the holding span;
- * - `pg-restart` / `sqlite-lock`: the database was down (PostgreSQL stopped, the SQLite write lock held by
- *   another process) during the holding span, and B started after the outage began — the holder had to
- *   extend or acknowledge while it could not;
+ * - `pg-restart` / `sqlite-lock` / `sqlite-stopped-writer`: the database was down (PostgreSQL stopped, the
+ *   SQLite write lock held by another process, or — on SQLite — another process of the fleet stopped, which
+ *   holds the write lock if it was stopped inside a write) during the holding span, and B started after the
+ *   outage began — the holder had to extend or acknowledge while it could not;
  * - `holder-silent`: A had not ended when B started and its last sign of life (start or beat) was at least
  *   `extension − interval` before B — the shortest lease a beat leaves, so the holder had stopped proving
  *   progress (its process starved of CPU);
@@ -252,6 +266,7 @@ export type Cause =
   | "SIGSTOP"
   | "pg-restart"
   | "sqlite-lock"
+  | "sqlite-stopped-writer"
   | "holder-silent"
   | "unexplained"
 
@@ -302,7 +317,7 @@ const classify = (
 export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0): Report => {
   const configEvent = events.find((e): e is EventOf<"config"> => e.ev === "config")
   const settings = (configEvent?.config ?? {}) as unknown as Settings
-  const line = timeline(events)
+  const line = timeline(events, settings.backend)
   const figures: Array<readonly [string, string]> = []
   const verdicts: Array<Verdict> = []
   const verdict = (id: number, name: string, failures: ReadonlyArray<string>, summary: string, skip = false) =>
@@ -454,7 +469,7 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
         }
       }
     }
-    const explained = ["SIGKILL", "SIGSTOP", "pg-restart", "sqlite-lock", "holder-silent"]
+    const explained = ["SIGKILL", "SIGSTOP", "pg-restart", "sqlite-lock", "sqlite-stopped-writer", "holder-silent"]
       .reduce((sum, cause) => sum + (causes[cause] ?? 0), 0)
     figures.push(["attempts", `${attempts}`])
     figures.push([
@@ -464,7 +479,7 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
     figures.push([
       "duplicates explained",
       `${explained} (${
-        ["SIGKILL", "SIGSTOP", "pg-restart", "sqlite-lock", "holder-silent"]
+        ["SIGKILL", "SIGSTOP", "pg-restart", "sqlite-lock", "sqlite-stopped-writer", "holder-silent"]
           .filter((c) => causes[c] !== undefined).map((c) => `${c} ${causes[c]}`).join(", ") || "none"
       })`
     ])
