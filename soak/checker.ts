@@ -246,7 +246,8 @@ const downtime = (outages: ReadonlyArray<Interval>, from: number, to: number): n
  *
  * A held the request from its start until it was settled; a settle lands within the visibility after the
  * attempt ends (the loop replies and acknowledges at once, in the background), so A's *holding span* is
- * [A.start, min(B.start, A.end + visibility)] — [A.start, B.start] when A never ended. A duplicate is explained
+ * [A.start − visibility, min(B.start, A.end + visibility)] — up to B.start when A never ended (the claim
+ * that began A's lease is not logged: it came at most a visibility timeout before A's start). A duplicate is explained
  * by the first that applies of:
  * - `SIGKILL`: A's worker was killed within the holding span;
  * - `SIGSTOP`: A's worker was stopped during the holding span;
@@ -272,8 +273,11 @@ export type Cause =
 
 /** The span during which A held the request (see `Cause`). */
 const holding = (settings: Settings, a: Attempt, b: Attempt): Interval => ({
-  // A's start is logged after its claim; if A's worker was stopped in between, after B's start too.
-  from: Math.min(a.start, b.start),
+  // A's start is logged after its claim, which is not logged: the lease began up to a visibility timeout before
+  // (a claim further back would have lapsed before the work started: a stop between the claim and the start
+  // — the 10-minute PostgreSQL run at c493e72 caught a SIGSTOP that ended 4 ms before the start was logged).
+  // If A's worker was stopped in between, its start may even be logged after B's.
+  from: Math.min(a.start - settings.visibilityMs, b.start),
   to: a.end === undefined ? b.start : Math.min(b.start, a.end.t + settings.visibilityMs)
 })
 
