@@ -21,19 +21,11 @@
  * plain timeout could never fire. It returns true when the loop stopped
  * without interrupting work, whoever stopped it.
  *
- * **What a message costs.** The loop runs under one `uninterruptibleMask`
- * for the whole run (`restore` around the receive's wait and the handler), the
- * lease extender is bound to the loop's heartbeat once per run
- * (`internal/leaseExtender`: attaching a message is a field write), a beat
- * allocates nothing, the settles of the batch before last are waited for only
- * when they are not done, and a message alone is settled in line. What is left
- * per message is the Effect steps themselves — the receive, one beat, the
- * handler's `exit`, the settle — and their garbage: in a CPU profile of
- * `npm run bench`'s loop case, the garbage collector is a quarter of the time
- * and the fiber's run loop most of the rest; no frame of this module stands
- * out. Before (a mask, an extender registration, a `forEach` and an `async`
- * per message) a loop cost 5–6× a bare receive → acknowledge loop; now about
- * 2–2.5× (MainLoop about 3×: its run context, deadline and result).
+ * **What a message costs.** The loop runs under one `uninterruptibleMask` for the whole run (`restore` around
+ * the receive's wait and the handler), the lease extender is bound to the loop's heartbeat once per run
+ * (`internal/leaseExtender`: attaching a message is a field write), a beat allocates nothing, and a message
+ * alone is settled in line: what is left per message is the Effect steps themselves (BENCHMARKS.md has the
+ * figures against a bare receive → acknowledge loop).
  *
  * Traced (an exporting tracer installed), a message is handled in a span
  * `MailboxWorker.handle`, a child of the span it was sent in (`traceparent`),
@@ -54,7 +46,6 @@ import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
-import * as Metric from "effect/Metric"
 import * as MetricLabel from "effect/MetricLabel"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
@@ -65,11 +56,18 @@ import * as Heartbeat from "./Heartbeat.js"
 import { setCurrent } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
-import { counter } from "./internal/metrics.js"
 import { loopNameProblem } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import { exporting, parseTraceparent } from "./internal/tracing.js"
 import { annotated, makeCell } from "./internal/worker/annotations.js"
+import * as HeldLeases from "./internal/worker/heldLease.js"
+import {
+  loopFailures,
+  messagesFailed,
+  messagesInterrupted,
+  messagesProcessed,
+  messagesRedelivered
+} from "./internal/worker/metrics.js"
 import * as Receive from "./internal/worker/receive.js"
 import { type RunState, validateRunOptions } from "./internal/worker/runState.js"
 import * as Scoped from "./internal/worker/scoped.js"
@@ -116,46 +114,8 @@ export interface Runnable {
   readonly running: Effect.Effect<boolean>
 }
 
-/**
- * Messages handled, by outcome.
- *
- * @category metrics
- */
-export const messagesProcessed = counter("leasehold_messages_processed_total", "Messages whose handler succeeded")
-
-/**
- * Messages whose handler failed.
- *
- * @category metrics
- */
-export const messagesFailed = counter("leasehold_messages_failed_total", "Messages whose handler failed")
-
-/**
- * Messages whose handler was interrupted (a shutdown's timeout) and that were given back.
- *
- * @category metrics
- */
-export const messagesInterrupted = counter(
-  "leasehold_messages_interrupted_total",
-  "Messages whose handler was interrupted (shutdown timeout) and that were given back"
-)
-
-/**
- * Messages received again (`deliveryCount > 1`): another attempt at work that did not settle.
- *
- * @category metrics
- */
-export const messagesRedelivered = counter(
-  "leasehold_messages_redelivered_total",
-  "Messages received with deliveryCount > 1"
-)
-
-/**
- * Loops that died (their fiber failed), by loop name.
- *
- * @category metrics
- */
-export const loopFailures = counter("leasehold_loop_failures_total", "Worker loops that died with an error")
+/** The loops' metrics: messages processed, failed, interrupted and redelivered, and loops that died (by name). */
+export { loopFailures, messagesFailed, messagesInterrupted, messagesProcessed, messagesRedelivered }
 
 /**
  * How a worker settles messages; the handler's success and failure are the caller's to settle.
@@ -220,7 +180,7 @@ export interface HeldLease {
  *
  * @category constants
  */
-export const holdLimit: Duration.Duration = Duration.minutes(5)
+export const holdLimit: Duration.Duration = HeldLeases.holdLimit
 
 const { logSettleFailure } = SettleFailure
 
@@ -247,13 +207,7 @@ export const make = <A, R, Out, E, Req>(
     const { name } = yield* decodeOptions(options)
     const extender = yield* LeaseExtender.make(options.leaseExtender)
     const bind = binders.get(extender)!
-    // `HeldLease.keep`'s schedule: an extension at once, then every `max(interval, extension / 3)` (the
-    // extender's rate limit, and three extensions per lease), and its limit.
-    const keepEvery = Duration.max(
-      extender.config.interval,
-      Duration.millis(Math.ceil(Duration.toMillis(extender.config.extension) / 3))
-    )
-    const keepLimit = Duration.max(holdLimit, extender.config.extension)
+    const keepLease = HeldLeases.keeper(extender.config)
     const heartbeat = yield* Heartbeat.make
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
@@ -344,35 +298,6 @@ export const make = <A, R, Out, E, Req>(
       }
       messagesFailed.unsafeUpdate(1, run.metricLabels)
       return annotate(options.onFailure(message, cause, { keep: (work) => keepLease(message, work) }))
-    }
-
-    /** `HeldLease.keep` (see there): the message extended on its own schedule while `work` runs, for at most the limit. */
-    const keepLease = <X, Y, Z>(
-      message: Message<A, R>,
-      work: Effect.Effect<X, Y, Z>
-    ): Effect.Effect<X, Y | Cause.TimeoutException, Z> => {
-      const bounded = Effect.timeout(Effect.interruptible(work), keepLimit)
-      if (!extender.config.enabled) return bounded
-      // Each extension runs whole (uninterruptible); only the wait between two is cut short when `work` ends.
-      const extending = Effect.uninterruptible(message.extendVisibility(extender.config.extension)).pipe(
-        Effect.tap(() => Metric.increment(LeaseExtender.extensions)),
-        Effect.flatMap(() => Effect.sleep(keepEvery)),
-        Effect.forever,
-        Effect.catchAllCause((cause) =>
-          Effect.zipRight(
-            Metric.increment(LeaseExtender.extensionFailures),
-            cause._tag === "Fail" && cause.error._tag === "ReceiptHandleExpiredError"
-              ? Effect.logWarning("Lease lost while settling a failed message; no longer extending it")
-              : Effect.logError("Lease extension failed while settling a failed message", cause)
-          )
-        )
-      )
-      return Effect.acquireUseRelease(
-        // Interruptible though forked from an uninterruptible settle, so the release can stop it.
-        Effect.fork(Effect.interruptible(extending)),
-        () => bounded,
-        (fiber) => Fiber.interrupt(fiber)
-      )
     }
 
     /**

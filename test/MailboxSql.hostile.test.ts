@@ -5,48 +5,23 @@
  * property that every body `send` accepts comes back exactly as it was sent (memory, SQLite, PostgreSQL).
  */
 import { SqlClient } from "@effect/sql"
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
-import { Context, DateTime, Effect, Either, Exit, FastCheck, Layer, ParseResult, Schema, Scope } from "effect"
-import { mkdtempSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { beforeEach, describe, expect, it } from "@effect/vitest"
+import { DateTime, Effect, Either, FastCheck, ParseResult, Schema, type Scope } from "effect"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import { refusedOptions } from "./helpers.js"
-import * as Postgres from "./support/postgres.js"
+import { sqlBackends } from "./support/sqlBackends.js"
 
-const directory = mkdtempSync(join(tmpdir(), "leasehold-hostile-"))
 let tables = 0
 let prefix = "h0_"
 beforeEach(() => {
   prefix = `h${++tables}_`
 })
 
-const suiteScope = Effect.runSync(Scope.make())
-let sqlite: SqlClient.SqlClient
-let pg: SqlClient.SqlClient
-beforeAll(async () => {
-  sqlite = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerSqlite({ filename: join(directory, "mailbox.db") }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
-  )
-  const cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))
-  pg = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerPg({ url: cluster.url }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
-  )
-}, 120_000)
-afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
-
-const backends = [
-  { label: "SQLite", client: () => sqlite },
-  { label: "PostgreSQL", client: () => pg }
-] as const
+const backends = sqlBackends("hostile")
 
 /** A linked list, read with a recursive schema: the kind of body a deep nesting overflows. */
 interface Node {

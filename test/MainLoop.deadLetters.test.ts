@@ -6,40 +6,20 @@
  * again, for ever. Time is driven with `TestClock` (the SQL statements use the test's time too).
  */
 import { SqlClient } from "@effect/sql"
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Context, Duration, Effect, Exit, Fiber, Layer, Ref, Schema, Scope, TestClock } from "effect"
-import { mkdtempSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { describe, expect, it } from "@effect/vitest"
+import { Duration, Effect, Fiber, Ref, Schema, type Scope, TestClock } from "effect"
 import * as DeadLetter from "../src/DeadLetter.js"
 import { type Mailbox, MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
-import * as Postgres from "./support/postgres.js"
+import { sqlBackends } from "./support/sqlBackends.js"
 
 type Requests = Mailbox<MainLoop.MainLoopRequest<string>, MainLoop.MainLoopResult<string>>
 type Responses = Mailbox<MainLoop.MainLoopResult<string>, never>
 
-const directory = mkdtempSync(join(tmpdir(), "leasehold-dlq-"))
-const suiteScope = Effect.runSync(Scope.make())
-let sqlite: SqlClient.SqlClient
-let pg: SqlClient.SqlClient
-beforeAll(async () => {
-  sqlite = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerSqlite({ filename: join(directory, "dlq.db") }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
-  )
-  const cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))
-  pg = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerPg({ url: cluster.url }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
-  )
-}, 120_000)
-afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
+const sql = sqlBackends("dlq")
 
 let tables = 0
 
@@ -57,7 +37,7 @@ const backends: ReadonlyArray<{
       responses: MailboxMemory.make<MainLoop.MainLoopResult<string>>({ name: "responses" })
     })
   },
-  ...[{ label: "SQLite", client: () => sqlite }, { label: "PostgreSQL", client: () => pg }].map((backend) => ({
+  ...sql.map((backend) => ({
     label: backend.label,
     mailboxes: Effect.suspend(() => {
       const prefix = `d${++tables}_`
@@ -122,7 +102,6 @@ describe("a dead-lettered request settles once, however slow the dead-letter sto
           yield* Fiber.join(stopping)
           yield* Fiber.join(running)
           const stored = yield* letters.receive({ maxMessages: 10 })
-          console.log("DEBUG", JSON.stringify(stored.map((l) => [l.body.deliveryCount, l.body.lastError])), count)
           const replies = yield* responses.receive({ maxMessages: 10 })
           expect(stored.map((letter) => [letter.body.requestId, letter.body.deliveryCount])).toEqual([["req-1", 1]])
           expect(replies.map((reply) => [reply.body.requestId, reply.body.error?.tag])).toEqual([["req-1", "Error"]])

@@ -7,18 +7,15 @@
  */
 import * as NodeSdk from "@effect/opentelemetry/NodeSdk"
 import { SqlClient } from "@effect/sql"
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "@effect/vitest"
+import { beforeEach, describe, expect, it } from "@effect/vitest"
 import { InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Context, Effect, Exit, Layer, Option, Schema, Scope } from "effect"
-import { mkdtempSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { Effect, Option, Schema, type Scope } from "effect"
 import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
 import { type Mailbox, MailboxResolver, parentSpan } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
-import * as Postgres from "./support/postgres.js"
+import { sqlBackends } from "./support/sqlBackends.js"
 import { weatherPrompt } from "./support/weather.js"
 
 /**
@@ -43,29 +40,12 @@ interface Backend {
   readonly overwriteTraceparent: ((id: string, value: string) => Effect.Effect<void>) | undefined
 }
 
-const directory = mkdtempSync(join(tmpdir(), "leasehold-tracing-"))
 let tables = 0
 let prefix = "t0_"
 beforeEach(() => {
   prefix = `t${++tables}_`
 })
-const suiteScope = Effect.runSync(Scope.make())
-let sqlite: SqlClient.SqlClient
-let pg: SqlClient.SqlClient
-beforeAll(async () => {
-  sqlite = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerSqlite({ filename: join(directory, "tracing.db") }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
-  )
-  const cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))
-  pg = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerPg({ url: cluster.url }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
-  )
-}, 120_000)
-afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
+const [sqlite, pg] = sqlBackends("tracing")
 
 const memory: Effect.Effect<Backend, unknown, Scope.Scope> = Effect.gen(function*() {
   const requests = yield* MailboxMemory.make<Request, Result>({ name: "requests" })
@@ -92,8 +72,8 @@ const sql_ = (db: SqlClient.SqlClient): Effect.Effect<Backend, unknown, Scope.Sc
 
 const backends = [
   { label: "memory", make: memory },
-  { label: "SQLite", make: sql(() => sqlite) },
-  { label: "PostgreSQL", make: sql(() => pg) }
+  { label: "SQLite", make: sql(sqlite.client) },
+  { label: "PostgreSQL", make: sql(pg.client) }
 ] as const
 
 /** The agent's work: one tool call, then the answer. */

@@ -1,0 +1,44 @@
+/**
+ * The two durable backends a test file runs on: a SQLite file in a temporary directory and a throwaway
+ * PostgreSQL cluster (test/support/postgres.ts), each opened once for the file through `MailboxSql`'s layers
+ * (so their mailboxes share a resolver) and closed after it. Call at the top of a test file; the clients are
+ * there from the first test on.
+ */
+import { SqlClient } from "@effect/sql"
+import { afterAll, beforeAll } from "@effect/vitest"
+import { Context, Effect, Exit, Layer, Scope } from "effect"
+import { mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import * as MailboxSql from "../../src/MailboxSql.js"
+import * as Postgres from "./postgres.js"
+
+/** A backend of the file: its label (`SQLite`, `PostgreSQL`) and its client, once opened. */
+export interface SqlBackend {
+  readonly label: "SQLite" | "PostgreSQL"
+  readonly client: () => SqlClient.SqlClient
+}
+
+/** Opens both backends for the test file (`name` names its temporary directory and SQLite file). */
+export const sqlBackends = (name: string): readonly [SqlBackend, SqlBackend] => {
+  const directory = mkdtempSync(join(tmpdir(), `leasehold-${name}-`))
+  const scope = Effect.runSync(Scope.make())
+  const open = (layer: Layer.Layer<MailboxSql.Services, unknown>) =>
+    Effect.runPromise(Layer.buildWithScope(layer, scope).pipe(Effect.map(Context.get(SqlClient.SqlClient))))
+  let sqlite: SqlClient.SqlClient | undefined
+  let pg: SqlClient.SqlClient | undefined
+  beforeAll(async () => {
+    sqlite = await open(MailboxSql.layerSqlite({ filename: join(directory, `${name}.db`) }))
+    const cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, scope))
+    pg = await open(MailboxSql.layerPg({ url: cluster.url }))
+  }, 120_000)
+  afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
+  const opened = (client: SqlClient.SqlClient | undefined) => {
+    if (client === undefined) return Effect.runSync(Effect.dieMessage("the backends open in beforeAll"))
+    return client
+  }
+  return [
+    { label: "SQLite", client: () => opened(sqlite) },
+    { label: "PostgreSQL", client: () => opened(pg) }
+  ]
+}
