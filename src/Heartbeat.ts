@@ -45,7 +45,7 @@ import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { age as ageGauge, currentRef, monotonicMillis } from "./internal/heartbeat.js"
+import { age as ageGauge, beatNow, currentRef, monotonicMillis } from "./internal/heartbeat.js"
 
 /**
  * A liveness signal with listeners.
@@ -208,13 +208,14 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
   }
 
   // One step records the beat and calls the listeners (synchronous callbacks); the work they ask for runs next.
-  const beat = Effect.suspend(() => {
+  const record = () => {
     const now = state.last = monotonicMillis(clock)
     const listeners = state.listeners
-    return listeners.length === 0 ? Effect.void : runAll(collect(listeners, now))
-  })
+    return listeners.length === 0 ? undefined : collect(listeners, now)
+  }
+  const beat = Effect.suspend(() => runAll(record()))
 
-  return {
+  const heartbeat: Heartbeat = {
     beat,
     elapsed: Effect.sync(() => Duration.millis(Math.max(0, monotonicMillis(clock) - state.last))),
     onBeat: (listener) => onBeatAt(() => listener),
@@ -222,6 +223,11 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
     addListener,
     forkOnBeat
   }
+  beatNow.set(heartbeat, () => {
+    const work = record()
+    return work === undefined ? undefined : runAll(work)
+  })
+  return heartbeat
 })
 
 // ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { setCurrent } from "./internal/heartbeat.js"
+import { beatNow, setCurrent } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { loopNameProblem } from "./internal/names.js"
@@ -61,15 +61,14 @@ import * as Options_ from "./internal/options.js"
 import { exporting, parseTraceparent } from "./internal/tracing.js"
 import { annotated, makeCell } from "./internal/worker/annotations.js"
 import * as HeldLeases from "./internal/worker/heldLease.js"
-import {
-  loopFailures,
-  messagesFailed,
-  messagesInterrupted,
-  messagesProcessed,
-  messagesRedelivered
-} from "./internal/worker/metrics.js"
+import * as Metrics from "./internal/worker/metrics.js"
 import * as Receive from "./internal/worker/receive.js"
-import { type RunState, validateRunOptions } from "./internal/worker/runState.js"
+import {
+  interruptGrace as grace,
+  type RunState,
+  stopWithin as stop,
+  validateRunOptions
+} from "./internal/worker/runState.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import * as SettleFailure from "./internal/worker/settleFailure.js"
 import * as Settler from "./internal/worker/settler.js"
@@ -115,7 +114,13 @@ export interface Runnable {
 }
 
 /** The loops' metrics: messages processed, failed, interrupted and redelivered, and loops that died (by name). */
-export { loopFailures, messagesFailed, messagesInterrupted, messagesProcessed, messagesRedelivered }
+export {
+  loopFailures,
+  messagesFailed,
+  messagesInterrupted,
+  messagesProcessed,
+  messagesRedelivered
+} from "./internal/worker/metrics.js"
 
 /**
  * How a worker settles messages; the handler's success and failure are the caller's to settle.
@@ -125,7 +130,10 @@ export { loopFailures, messagesFailed, messagesInterrupted, messagesProcessed, m
 export interface Options<A, R, Out, E, Req> {
   readonly name: string
   readonly mailbox: Mailbox<A, R>
-  /** The user's work for one message; interruptible. */
+  /**
+   * The user's work for one message; interruptible. Called by the loop's fiber as the message starts, and its
+   * effect run at once (a throw is a defect, like a failing effect's).
+   */
   readonly handle: (message: Message<A, R>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<Out, E, Req>
   /**
    * The reply to a message whose handler succeeded (`Option.none()` for none). The worker sends it to
@@ -156,23 +164,12 @@ export interface Options<A, R, Out, E, Req> {
 }
 
 /**
- * The lease of a failed message while its failure is settled.
+ * The lease of a failed message while its failure is settled: `keep` runs the worker's own work before the
+ * settle (storing a dead letter) with the message's lease kept, at most `holdLimit`.
  *
  * @category models
  */
-export interface HeldLease {
-  /**
-   * Runs `work` — the worker's own work before the settle, such as storing a dead letter — with the message's
-   * lease kept: extended at once and then every `max(interval, extension / 3)` of the worker's lease-extender
-   * config, by `extension` each time, until `work` ends (an extension in flight is waited for, so the settle
-   * that follows never races one). Without it, a slow store could outlast the lease and the message come back
-   * to be dead-lettered again. It holds the lease at most `holdLimit` (the longer of 5 minutes and the
-   * extension): `work` still running then is interrupted and `keep` fails with `TimeoutException`, and the
-   * message comes back when its lease runs out. The loop's heartbeat is not beaten meanwhile, so a store that
-   * hangs shows as a stalled loop. With the extender disabled, nothing is extended.
-   */
-  readonly keep: <X, Y, Z>(work: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y | Cause.TimeoutException, Z>
-}
+export type HeldLease = HeldLeases.HeldLease
 
 /**
  * The longest `HeldLease.keep` holds a message's lease (unless the extension is longer): the worker's own work
@@ -190,7 +187,7 @@ const { logSettleFailure } = SettleFailure
  *
  * @category constants
  */
-export const interruptGrace: Duration.Duration = Duration.seconds(5)
+export const interruptGrace: Duration.Duration = grace
 
 const decodeOptions = Options_.decoder("MailboxWorker.make", { name: Options_.ruledString(loopNameProblem) })
 
@@ -209,6 +206,7 @@ export const make = <A, R, Out, E, Req>(
     const bind = binders.get(extender)!
     const keepLease = HeldLeases.keeper(extender.config)
     const heartbeat = yield* Heartbeat.make
+    const beat = beatNow.get(heartbeat)!
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     let state: RunState<A, R> | undefined
@@ -234,13 +232,20 @@ export const make = <A, R, Out, E, Req>(
       message: Message<A, R>,
       restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
     ): Effect.Effect<void, never, Req | MailboxResolver> => {
-      if (message.deliveryCount > 1) messagesRedelivered.unsafeUpdate(1, run.metricLabels)
+      if (message.deliveryCount > 1) Metrics.messagesRedelivered.unsafeUpdate(1, run.metricLabels)
       if (options.annotations !== undefined) run.annotations.current = options.annotations(message)
       run.extender.attach(message)
+      // Called here rather than suspended (a step fewer): a handler that throws is a defect all the same.
+      let work: Effect.Effect<Out, E, Req>
+      try {
+        work = options.handle(message, heartbeat)
+      } catch (defect) {
+        work = Effect.die(defect)
+      }
       // Matched rather than `exit` + `flatMap`: one step fewer, and no `Exit` made, per message.
-      const handling = Effect.matchCauseEffect(restore(Effect.suspend(() => options.handle(message, heartbeat))), {
-        onSuccess: (output) => afterDetach(run, settleSuccess(run, message, output)),
-        onFailure: (cause) => afterDetach(run, settleFailure(run, message, cause))
+      const handling = Effect.matchCauseEffect(restore(work), {
+        onSuccess: (output) => afterDetach(run, () => settleSuccess(run, message, output)),
+        onFailure: (cause) => afterDetach(run, () => settleFailure(run, message, cause))
       })
       // A child of the sender's span, not a link: handling a request continues the sender's operation (which
       // awaits the reply), so the two and the reply make one trace. A link suits a span gathering many senders'
@@ -254,32 +259,41 @@ export const make = <A, R, Out, E, Req>(
         : handling
     }
 
-    /**
-     * Settles a handled message by its handler's exit: a success is queued for the settler (its commit
-     * overlaps the next messages and batches), a failure is settled here before the next message.
-     */
     /** Detaches the extender (waiting for an extension of the message in flight, if any), then `settle`. */
-    const afterDetach = <X, Y, Z>(run: RunState<A, R>, settle: Effect.Effect<X, Y, Z>) => {
+    const afterDetach = <X, Y, Z>(run: RunState<A, R>, settle: () => Effect.Effect<X, Y, Z>) => {
       const landed = run.extender.detach()
-      return landed === undefined ? settle : Effect.zipRight(landed, settle)
+      return landed === undefined ? settle() : Effect.zipRight(landed, Effect.suspend(settle))
     }
 
     const settleSuccess = (
       run: RunState<A, R>,
       message: Message<A, R>,
       output: Out
-    ): Effect.Effect<void, never, Req | MailboxResolver> =>
-      Effect.flatMap(options.onSuccess(message, output), (reply) => {
-        messagesProcessed.unsafeUpdate(1, run.metricLabels)
-        // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
-        // overlap and handing it to the settler would cost a wake-up for nothing.
-        if (run.next >= run.pending.length && run.settler.idle()) {
-          return run.settler.settleGroup([{ message, reply }])
-        }
-        if (run.traced) return run.settler.queueInSpan({ message, reply })
-        run.settler.queue({ message, reply })
-        return Effect.void
-      })
+    ): Effect.Effect<void, never, Req | MailboxResolver> => {
+      const reply = options.onSuccess(message, output)
+      // A reply made already (`Effect.succeed`, as MainLoop's are) is an `Exit`: taken as it is, a step fewer.
+      if (Exit.isExit(reply)) {
+        const made = reply as Exit.Exit<Option.Option<R>, never>
+        if (Exit.isSuccess(made)) return settleReply(run, message, made.value)
+      }
+      return Effect.flatMap(reply, (made) => settleReply(run, message, made))
+    }
+
+    const settleReply = (
+      run: RunState<A, R>,
+      message: Message<A, R>,
+      reply: Option.Option<R>
+    ): Effect.Effect<void, never, Req | MailboxResolver> => {
+      Metrics.messagesProcessed.unsafeUpdate(1, run.metricLabels)
+      // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
+      // overlap and handing it to the settler would cost a wake-up for nothing.
+      if (run.next >= run.pending.length && run.settler.idle()) {
+        return run.settler.settleGroup([{ message, reply }])
+      }
+      if (run.traced) return run.settler.queueInSpan({ message, reply })
+      run.settler.queue({ message, reply })
+      return Effect.void
+    }
 
     const settleFailure = (
       run: RunState<A, R>,
@@ -290,13 +304,13 @@ export const make = <A, R, Out, E, Req>(
       const annotate = Effect.annotateLogs({ messageId: message.id, deliveryCount: message.deliveryCount })
       if (Cause.isInterrupted(cause)) {
         run.interruptedWork = true
-        messagesInterrupted.unsafeUpdate(1, run.metricLabels)
+        Metrics.messagesInterrupted.unsafeUpdate(1, run.metricLabels)
         return annotate(Effect.zipRight(
           Effect.logWarning("Handler interrupted; giving the message back"),
           logSettleFailure("nack after interruption")(message.nack(0))
         ))
       }
-      messagesFailed.unsafeUpdate(1, run.metricLabels)
+      Metrics.messagesFailed.unsafeUpdate(1, run.metricLabels)
       return annotate(options.onFailure(message, cause, { keep: (work) => keepLease(message, work) }))
     }
 
@@ -314,25 +328,28 @@ export const make = <A, R, Out, E, Req>(
       maxIterations: number
     ) =>
       Effect.uninterruptibleMask((restore) => {
-        const receive = Receive.retrying(mailbox, receiveOptions)
+        const receive = Receive.retrying(mailbox, receiveOptions, run.traced)
         // Checked in the same step that marks the phase: a shutdown either sees "receiving" (and interrupts
         // the wait) or was seen here — never a long poll that nobody cuts short.
         const receiveBatch = Effect.suspend(() => {
           if (run.stopping) return Effect.succeed([])
           run.phase = "receiving"
-          return restore(receive)
+          return restore(receive())
         })
         return Effect.gen(function*() {
           for (let iteration = 0; iteration < maxIterations; iteration++) {
-            if (run.stopping || run.interrupting || (yield* mailbox.isClosed)) return
+            if (run.stopping || run.interrupting) return
             // Recorded in the step that receives (nothing can interrupt in between): a shutdown from here on
             // sees the batch and where it stands.
             run.pending = yield* receiveBatch
             run.next = 0
             run.phase = "processing"
             // Every poll beats, empty ones included, when it returns; that beat counts for the batch's first
-            // message, the others beat as they start.
-            yield* heartbeat.beat
+            // message, the others beat as they start. A beat with no work for its listeners costs no step.
+            const beating = beat()
+            if (beating !== undefined) yield* beating
+            // A closed mailbox answers every receive at once with nothing: looked at only then.
+            if (run.pending.length === 0 && (yield* mailbox.isClosed)) return
             const previous = run.settler.nextBatch()
             if (previous !== undefined) yield* restore(previous)
             while (run.next < run.pending.length) {
@@ -346,7 +363,10 @@ export const make = <A, R, Out, E, Req>(
                 run.inHand = undefined
                 return yield* nackAll(rest)
               }
-              if (run.next > 1) yield* heartbeat.beat
+              if (run.next > 1) {
+                const beating = beat()
+                if (beating !== undefined) yield* beating
+              }
               yield* process(run, message, restore)
               run.annotations.current = undefined
               run.inHand = undefined
@@ -465,33 +485,13 @@ export const make = <A, R, Out, E, Req>(
         )
         // Stopped (maxIterations, the mailbox closed) or stopped by a shutdown: nothing to report.
         if (Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)) return
-        loopFailures.unsafeUpdate(1, [...metricLabels, MetricLabel.make("loop", name)])
+        Metrics.loopFailures.unsafeUpdate(1, [...metricLabels, MetricLabel.make("loop", name)])
         yield* Effect.logError(`Loop "${name}" died`, exit.cause)
         return yield* Effect.failCause(exit.cause)
       }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
 
-    /**
-     * Interrupts the loop fiber and waits for it to end, at most `interruptGrace`: its handler is interruptible,
-     * but a settle in progress (store I/O, the caller's `onFailure`) is not, and a stop must not hang on it.
-     */
     const stopWithin = (current: RunState<A, R>, fiber: Fiber.RuntimeFiber<void>, why: string) =>
-      Effect.flatMap(
-        Effect.timeoutOption(
-          Effect.interruptible(Effect.suspend(() => {
-            current.interrupting = true
-            return Fiber.interrupt(fiber)
-          })),
-          interruptGrace
-        ),
-        (ended) => {
-          if (Option.isSome(ended)) return Effect.void
-          current.interruptedWork = true
-          return Effect.logError(
-            `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
-              "a settle is stuck (is the store reachable?); giving up on it"
-          )
-        }
-      )
+      stop(name, current, fiber, why)
 
     const shutdown = (shutdownOptions?: { readonly timeout?: Duration.DurationInput | undefined }) =>
       Effect.gen(function*() {

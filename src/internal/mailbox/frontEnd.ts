@@ -68,6 +68,19 @@ export interface Driver<A, R> {
   readonly poll?: { readonly firstMillis: number; readonly maxMillis: number } | undefined
 }
 
+/**
+ * `receive` with options checked already and no span, as a plain call that returns the effect to run next: a
+ * worker's loop calls it inside a step of its own, once per poll, when no exporting tracer is installed.
+ */
+export type ReceiveNow<A, R> = (
+  maxMessages: number,
+  visibilityMillis: number,
+  waitMillis: number
+) => Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError>
+
+/** Each mailbox `make` built, with its `ReceiveNow`. */
+export const receiveNow: WeakMap<object, ReceiveNow<unknown, unknown>> = new WeakMap()
+
 /** Builds the `Mailbox` over `driver`; `close` refuses sends and wakes every sleeping receiver. */
 export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Clock): Mailbox<A, R> => {
   let closed = false
@@ -128,20 +141,23 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
       })
     })
 
+  const now: ReceiveNow<A, R> = (maxMessages, visibilityMillis, waitMillis) => {
+    if (closed) return Effect.succeed([])
+    if (waitMillis === 0) return claim(maxMessages, visibilityMillis)
+    const waitUntil = clock.unsafeCurrentTimeMillis() + waitMillis
+    return longPoll(maxMessages, visibilityMillis, waitUntil, poll?.firstMillis ?? Infinity)
+  }
+
   const receive: Mailbox<A, R>["receive"] = (options) =>
     Effect.suspend((): ReturnType<Mailbox<A, R>["receive"]> => {
       const valid = validateReceiveOptions(options)
       if (Either.isLeft(valid)) return Effect.fail(valid.left)
       const { maxMessages, visibilityTimeout, waitTime } = valid.right
-      if (closed) return Effect.succeed([])
-      const visibilityMillis = Duration.toMillis(visibilityTimeout)
-      if (Duration.isZero(waitTime)) return claim(maxMessages, visibilityMillis)
-      const waitUntil = clock.unsafeCurrentTimeMillis() + Duration.toMillis(waitTime)
-      return longPoll(maxMessages, visibilityMillis, waitUntil, poll?.firstMillis ?? Infinity)
+      return now(maxMessages, Duration.toMillis(visibilityTimeout), Duration.toMillis(waitTime))
     })
 
   const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
-  return {
+  const mailbox: Mailbox<A, R> = {
     name,
     send,
     receive: (options) => span(receive(options)),
@@ -153,6 +169,8 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
     }),
     isClosed: Effect.sync(() => closed)
   }
+  receiveNow.set(mailbox, now as ReceiveNow<unknown, unknown>)
+  return mailbox
 }
 
 /** Why a delivery cannot reply at all, if it cannot: it was settled already, or its sender named no `replyTo`. */

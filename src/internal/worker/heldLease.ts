@@ -15,6 +15,21 @@ import * as Metric from "effect/Metric"
 import * as LeaseExtender from "../../LeaseExtender.js"
 import type { Message } from "../../Mailbox.js"
 
+/** The lease of a failed message while its failure is settled (`MailboxWorker.HeldLease`). */
+export interface HeldLease {
+  /**
+   * Runs `work` — the worker's own work before the settle, such as storing a dead letter — with the message's
+   * lease kept: extended at once and then every `max(interval, extension / 3)` of the worker's lease-extender
+   * config, by `extension` each time, until `work` ends (an extension in flight is waited for, so the settle
+   * that follows never races one). Without it, a slow store could outlast the lease and the message come back
+   * to be dead-lettered again. It holds the lease at most `holdLimit` (the longer of 5 minutes and the
+   * extension): `work` still running then is interrupted and `keep` fails with `TimeoutException`, and the
+   * message comes back when its lease runs out. The loop's heartbeat is not beaten meanwhile, so a store that
+   * hangs shows as a stalled loop. With the extender disabled, nothing is extended.
+   */
+  readonly keep: <X, Y, Z>(work: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y | Cause.TimeoutException, Z>
+}
+
 /**
  * The longest a held lease is kept (unless the extension is longer): the worker's own work before a settle is a
  * statement or two, and one that takes minutes is stuck.

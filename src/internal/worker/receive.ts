@@ -5,11 +5,17 @@
  * options were validated when the run started) and dies. The retry schedule starts only after a failure, so a
  * receive that succeeds — nearly every one, once per message on a busy loop — does not pay for making a
  * schedule's driver; the retries count from that failure, the first waiting the schedule's first delay.
+ *
+ * It is a plain call that returns the receive to run, made in the loop's own step: without an exporting tracer,
+ * a mailbox of this package is asked directly (`FrontEnd.receiveNow`: the options are the run's, checked when
+ * it started, and there is no span to make), which spares a receive two steps.
  */
-import type * as Duration from "effect/Duration"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
 import type { Mailbox, Message } from "../../Mailbox.js"
+import type * as FrontEnd from "../mailbox/frontEnd.js"
+import { receiveNow } from "../mailbox/frontEnd.js"
 
 const backoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 
@@ -20,9 +26,16 @@ export const retrying = <A, R>(
     readonly maxMessages: number
     readonly visibilityTimeout: Duration.Duration
     readonly waitTime: Duration.Duration
-  }
-): Effect.Effect<ReadonlyArray<Message<A, R>>> => {
+  },
+  traced: boolean
+): () => Effect.Effect<ReadonlyArray<Message<A, R>>> => {
   const attempt = mailbox.receive(options)
+  const direct = traced ? undefined : receiveNow.get(mailbox) as FrontEnd.ReceiveNow<A, R> | undefined
+  const visibilityMillis = Duration.toMillis(options.visibilityTimeout)
+  const waitMillis = Duration.toMillis(options.waitTime)
+  const first = direct === undefined
+    ? () => attempt
+    : () => direct(options.maxMessages, visibilityMillis, waitMillis)
   type Failure = Effect.Effect.Error<typeof attempt>
   // One line per failure (what the store said, not a stack per retry: a full disk can last hours), with the
   // number of failures in a row; the first one also carries the whole cause, for whoever debugs it.
@@ -41,7 +54,7 @@ export const retrying = <A, R>(
     )
   }
   // One handler on the path every receive takes (a `tapError`, a `catchIf` and an `orDie` would be three).
-  return Effect.catchAll(attempt, (failure) => {
+  const recover = (failure: Failure): Effect.Effect<ReadonlyArray<Message<A, R>>> => {
     if (failure._tag !== "MailboxConnectionError") return Effect.die(failure)
     // The failure already happened: the schedule sees it first, then the attempts that follow.
     let seen = false
@@ -57,5 +70,6 @@ export const retrying = <A, R>(
       })),
       Effect.orDie
     )
-  })
+  }
+  return () => Effect.catchAll(first(), recover)
 }

@@ -39,7 +39,7 @@ import type { RunContext } from "../../RunContext.js"
 import { monotonicMillis } from "../heartbeat.js"
 import { counter } from "../metrics.js"
 import * as Options from "../options.js"
-import { idsOf, perMessage } from "../tracing.js"
+import { idsOf, perMessageHere } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
@@ -140,7 +140,9 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     type Msg = Message<Body, Res>
     // `MainLoop.execute`, `EvalLoop.execute`: a child of the worker's `MailboxWorker.handle`, the parent of
     // the work's own spans (tool calls); only with an exporting tracer, like the worker's span.
-    const executeSpan = perMessage(`${options.label.split(".")[0]}.execute`, {
+    // Made by the worker's fiber as the message starts (`MailboxWorker` calls `handle` then): its tracer is read
+    // there, at no cost.
+    const executeSpan = perMessageHere(`${options.label.split(".")[0]}.execute`, {
       attributes: { loop: options.name },
       captureStackTrace: false
     })
@@ -315,11 +317,12 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       mailbox: requests,
       handle,
       annotations: (message) => ({ requestId: message.body.requestId }),
-      // A request without `replyTo` needs no reply: none is made.
+      // A request without `replyTo` needs no reply: none is made. Made at once (the worker calls this when the
+      // reply is due, and takes a made one without a step).
       onSuccess: (message, output) =>
         Option.isNone(message.replyTo)
           ? Effect.succeedNone
-          : Effect.sync(() => Option.some(options.success(message, output, outcomeOf(message)))),
+          : Effect.succeed(Option.some(options.success(message, output, outcomeOf(message)))),
       retryAfter: (message) => DeadLetter.backoff(message.deliveryCount),
       onFailure,
       ...(config?.leaseExtender !== undefined ? { leaseExtender: config.leaseExtender } : {})

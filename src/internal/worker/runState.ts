@@ -5,7 +5,7 @@
 import type * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import type * as Fiber from "effect/Fiber"
+import * as Fiber from "effect/Fiber"
 import type * as MetricLabel from "effect/MetricLabel"
 import { InvalidParameterError, type Message } from "../../Mailbox.js"
 import type { RunOptions } from "../../MailboxWorker.js"
@@ -62,5 +62,39 @@ export const validateRunOptions = (runOptions: RunOptions | undefined) =>
             reason: "must be a non-negative number"
           })
         )
+    }
+  )
+
+/**
+ * How long a stop waits for a loop it interrupted (`MailboxWorker.interruptGrace`) before giving up on it.
+ */
+export const interruptGrace: Duration.Duration = Duration.seconds(5)
+
+/**
+ * Interrupts the loop fiber of `current` and waits for it to end, at most `interruptGrace`: its handler is
+ * interruptible, but a settle in progress (store I/O, the caller's `onFailure`) is not, and a stop must not
+ * hang on it.
+ */
+export const stopWithin = <A, R>(
+  name: string,
+  current: RunState<A, R>,
+  fiber: Fiber.RuntimeFiber<void>,
+  why: string
+): Effect.Effect<void> =>
+  Effect.flatMap(
+    Effect.timeoutOption(
+      Effect.interruptible(Effect.suspend(() => {
+        current.interrupting = true
+        return Fiber.interrupt(fiber)
+      })),
+      interruptGrace
+    ),
+    (ended) => {
+      if (ended._tag === "Some") return Effect.void
+      current.interruptedWork = true
+      return Effect.logError(
+        `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
+          "a settle is stuck (is the store reachable?); giving up on it"
+      )
     }
   )
