@@ -24,10 +24,13 @@
  * dummy; a beat is optional proof of life, so its absence is not an error.
  * Two loops in one process never cross: each fiber sees its own loop's.
  *
- * State is two plain fields (the last beat on the monotonic clock, the
- * listeners): a beat is one synchronous step that reads the clock, records the
- * beat and calls the listeners, then runs whatever work they asked for; it
- * allocates nothing when no listener asks for work. Ages are read on the
+ * State lives in a `Ref` (the last beat on the monotonic clock, the
+ * listeners), as the design card asks: a beat is one `Ref.modify` that reads
+ * the clock, records the beat and calls the listeners on the list it read,
+ * then runs whatever work they asked for; it allocates the new state and
+ * nothing else when no listener asks for work. (Two plain fields did the same
+ * in no step of their own: BENCHMARKS.md has what the `Ref` costs a beat and
+ * a loop's message.) Ages are read on the
  * monotonic clock (`Clock.currentTimeNanos`), never the wall clock: a
  * wall-clock step (NTP, a VM resumed) must neither make a healthy worker look
  * stuck nor stop its lease extensions. `TestClock` drives both readings.
@@ -43,9 +46,10 @@ import * as FiberRef from "effect/FiberRef"
 import { dual, identity } from "effect/Function"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
+import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { age as ageGauge, beatNow, currentRef, monotonicMillis } from "./internal/heartbeat.js"
+import { age as ageGauge, currentRef, monotonicMillis } from "./internal/heartbeat.js"
 
 /**
  * A liveness signal with listeners.
@@ -167,9 +171,10 @@ interface Entry {
 
 /** A heartbeat's state: the last beat on the monotonic clock, and the listeners in registration order. */
 interface State {
-  last: number
+  /** The last beat, on the monotonic clock (milliseconds). */
+  readonly last: number
   /** Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go. */
-  listeners: ReadonlyArray<Entry>
+  readonly listeners: ReadonlyArray<Entry>
 }
 
 /** What a beat runs after the listeners were called: the work they asked for, in order. */
@@ -185,20 +190,13 @@ const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<voi
  */
 export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) => {
   // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
-  // Plain fields, not a `Ref`: a beat comes once per message and per tool call and must allocate nothing;
-  // each step below reads and writes them in one synchronous step, which is all a `Ref` would guarantee.
-  const state: State = { last: monotonicMillis(clock), listeners: [] }
+  const state = Ref.unsafeMake<State>({ last: monotonicMillis(clock), listeners: [] })
 
   const remove = (entry: Entry) =>
-    Effect.sync(() => {
-      state.listeners = state.listeners.filter((e) => e !== entry)
-    })
+    Ref.update(state, (current) => ({ ...current, listeners: current.listeners.filter((e) => e !== entry) }))
   /** Adds `entry` in one step, which returns `then` (built around the removal). */
   const addEntry = <A>(entry: Entry, then: (remove: Effect.Effect<void>) => A) =>
-    Effect.sync(() => {
-      state.listeners = [...state.listeners, entry]
-      return then(remove(entry))
-    })
+    Ref.modify(state, (current) => [then(remove(entry)), { ...current, listeners: [...current.listeners, entry] }])
   const addListener = (listener: Listener) => addEntry({ call: listener }, identity)
   const onBeatAt = (listener: Listener) =>
     Effect.flatMap(addListener(listener), (remove) => Effect.addFinalizer(() => remove))
@@ -207,27 +205,25 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
     return addEntry(fork, (remove) => Effect.zipRight(remove, fork.landed))
   }
 
-  // One step records the beat and calls the listeners (synchronous callbacks); the work they ask for runs next.
-  const record = () => {
-    const now = state.last = monotonicMillis(clock)
-    const listeners = state.listeners
-    return listeners.length === 0 ? undefined : collect(listeners, now)
-  }
-  const beat = Effect.suspend(() => runAll(record()))
+  // One step records the beat and calls the listeners (synchronous callbacks) on the listeners it read; the
+  // work they ask for runs next. Made once: a beat allocates the new state and nothing else.
+  const record = Ref.modify(state, (current): [Array<Effect.Effect<void>> | undefined, State] => {
+    const now = monotonicMillis(clock)
+    const { listeners } = current
+    return [listeners.length === 0 ? undefined : collect(listeners, now), { last: now, listeners }]
+  })
 
-  const heartbeat: Heartbeat = {
-    beat,
-    elapsed: Effect.sync(() => Duration.millis(Math.max(0, monotonicMillis(clock) - state.last))),
+  return {
+    beat: Effect.flatMap(record, runAll),
+    elapsed: Effect.map(
+      Ref.get(state),
+      ({ last }) => Duration.millis(Math.max(0, monotonicMillis(clock) - last))
+    ),
     onBeat: (listener) => onBeatAt(() => listener),
     onBeatAt,
     addListener,
     forkOnBeat
   }
-  beatNow.set(heartbeat, () => {
-    const work = record()
-    return work === undefined ? undefined : runAll(work)
-  })
-  return heartbeat
 })
 
 // ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { beatNow, setCurrent } from "./internal/heartbeat.js"
+import { setCurrent } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { loopNameProblem } from "./internal/names.js"
@@ -206,7 +206,6 @@ export const make = <A, R, Out, E, Req>(
     const bind = binders.get(extender)!
     const keepLease = HeldLeases.keeper(extender.config)
     const heartbeat = yield* Heartbeat.make
-    const beat = beatNow.get(heartbeat)!
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     let state: RunState<A, R> | undefined
@@ -345,9 +344,8 @@ export const make = <A, R, Out, E, Req>(
             run.next = 0
             run.phase = "processing"
             // Every poll beats, empty ones included, when it returns; that beat counts for the batch's first
-            // message, the others beat as they start. A beat with no work for its listeners costs no step.
-            const beating = beat()
-            if (beating !== undefined) yield* beating
+            // message, the others beat as they start.
+            yield* heartbeat.beat
             // A closed mailbox answers every receive at once with nothing: looked at only then.
             if (run.pending.length === 0 && (yield* mailbox.isClosed)) return
             const previous = run.settler.nextBatch()
@@ -363,10 +361,7 @@ export const make = <A, R, Out, E, Req>(
                 run.inHand = undefined
                 return yield* nackAll(rest)
               }
-              if (run.next > 1) {
-                const beating = beat()
-                if (beating !== undefined) yield* beating
-              }
+              if (run.next > 1) yield* heartbeat.beat
               yield* process(run, message, restore)
               run.annotations.current = undefined
               run.inHand = undefined

@@ -26,13 +26,6 @@ export const currentRef: FiberRef.FiberRef<Heartbeat | undefined> = FiberRef.uns
  */
 export const setCurrent = (heartbeat: Heartbeat): Effect.Effect<void> => FiberRef.set(currentRef, heartbeat)
 
-/**
- * A heartbeat's beat as a plain call, for the loop that owns it (`Heartbeat.make` registers it): records the
- * beat and returns the listeners' work, or `undefined` when there is none — nearly every beat of a busy loop,
- * which then costs no step of its own.
- */
-export const beatNow: WeakMap<Heartbeat, () => Effect.Effect<void> | undefined> = new WeakMap()
-
 /** Seconds since a loop's heartbeat last beat, by loop name (`Heartbeat.age`). */
 export const age: Metric.Metric.Gauge<number> = Metric.gauge("leasehold_heartbeat_age_seconds", {
   description: "Seconds since the loop's heartbeat last beat (monotonic clock)"
