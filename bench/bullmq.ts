@@ -11,7 +11,7 @@
 import { createPostgresBackend, type JobsOptions, Queue, withBackend, Worker } from "bullmq"
 import { Effect } from "effect"
 import { createRequire } from "node:module"
-import { cpuMeter, perSecond, postgresCpuNanos, type Throughput, waitUntil } from "./mailboxSql.js"
+import { cpuMeter, perSecond, postgresCpu, type ServerCpu, type Throughput, waitUntil } from "./mailboxSql.js"
 import type * as Redis from "./redis.js"
 
 const require = createRequire(import.meta.url)
@@ -33,6 +33,12 @@ export interface Settings {
 
 /** The defaults, with the benchmark's concurrency. */
 export const defaults = (concurrency: number): Settings => ({ concurrency, enqueue: "add", removeFinished: false })
+
+/** On Redis at its best: concurrency 50 (the figure of BullMQ's concurrency guide), `addBulk`, finished jobs removed. */
+export const REDIS_BEST: Settings = { concurrency: 50, enqueue: "addBulk", removeFinished: true }
+
+/** On its PostgreSQL backend, with the benchmark's concurrency (50 was no faster there). */
+export const postgres = (concurrency: number): Settings => ({ concurrency, enqueue: "addBulk", removeFinished: true })
 
 /** What `run` needs of a queue and a worker, whatever their backend. */
 interface QueueLike {
@@ -58,7 +64,7 @@ const run = (
   worker: (concurrency: number, processor: () => Promise<void>) => WorkerLike,
   jobs: number,
   settings: Settings,
-  serverNanos: () => number | undefined
+  serverCpu: ServerCpu
 ): Effect.Effect<Throughput> =>
   Effect.flatMap(
     Effect.promise(async () => {
@@ -82,7 +88,7 @@ const run = (
       w.on("failed", () => failed++)
       w.on("error", () => undefined)
       await w.waitUntilReady()
-      const meter = cpuMeter(serverNanos)
+      const meter = cpuMeter(serverCpu)
       const processStarted = performance.now()
       const running = w.run()
       await Effect.runPromise(waitUntil(async () => completed + failed >= jobs))
@@ -101,8 +107,17 @@ const run = (
         : Effect.dieMessage(`BullMQ: ${failed} jobs failed, left behind: ${JSON.stringify(left)}`)
   )
 
-/** BullMQ on Redis: `jobs` no-op jobs through one worker, in a fresh queue named `name`. */
-export const onRedis = (server: Redis.Server, name: string, jobs: number, settings: Settings) =>
+/**
+ * BullMQ on Redis: `jobs` no-op jobs through one worker, in a fresh queue named `name`; `serverCpu` reads
+ * the server's CPU time (`Redis.cpuAt`).
+ */
+export const onRedis = (
+  server: Pick<Redis.Server, "host" | "port">,
+  name: string,
+  jobs: number,
+  settings: Settings,
+  serverCpu: ServerCpu
+) =>
   Effect.suspend(() => {
     const connection = { host: server.host, port: server.port }
     return run(
@@ -110,12 +125,18 @@ export const onRedis = (server: Redis.Server, name: string, jobs: number, settin
       (concurrency, processor) => new Worker(name, processor, { autorun: false, concurrency, connection }),
       jobs,
       settings,
-      server.cpuNanos
+      serverCpu
     )
   })
 
 /** BullMQ on its PostgreSQL backend: `jobs` no-op jobs through one worker, in a fresh schema. */
-export const onPostgres = (url: string, schema: string, jobs: number, settings: Settings) =>
+export const onPostgres = (
+  url: string,
+  schema: string,
+  jobs: number,
+  settings: Settings,
+  serverCpu: ServerCpu = postgresCpu
+) =>
   Effect.suspend(() => {
     const backend = withBackend(createPostgresBackend)
     const connection = { connectionString: url, schema, migrate: true }
@@ -124,6 +145,6 @@ export const onPostgres = (url: string, schema: string, jobs: number, settings: 
       (concurrency, processor) => new backend.Worker("noop", processor, { autorun: false, concurrency, connection }),
       jobs,
       settings,
-      postgresCpuNanos
+      serverCpu
     )
   })

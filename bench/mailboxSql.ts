@@ -12,6 +12,8 @@
  * the CPU time spent meanwhile is reported per job: this process's (all its
  * threads: the event loop, and V8's garbage-collector helpers) and the
  * server's (the PostgreSQL processes' time on CPU, read from Linux `/proc`).
+ * `npm run bench` runs each of these in a fresh process of its own, one round
+ * per process (`system.ts`).
  */
 import { Effect, Layer, Schema } from "effect"
 import { Logger, makeWorkerUtils, run as graphileRun } from "graphile-worker"
@@ -34,38 +36,118 @@ export interface Throughput {
 export const perSecond = (jobs: number, started: number) => jobs / ((performance.now() - started) / 1000)
 const now = Effect.sync(() => performance.now())
 
-/** Nanoseconds on CPU of every `postgres` process (Linux `/proc/<pid>/schedstat`), or `undefined`. */
-export const postgresCpuNanos = (): number | undefined => {
-  try {
-    let total = 0
-    for (const pid of readdirSync("/proc")) {
-      if (!/^\d+$/.test(pid)) continue
-      try {
-        if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() !== "postgres") continue
-        total += Number(readFileSync(`/proc/${pid}/schedstat`, "utf8").split(" ")[0])
-      } catch {
-        // the process ended meanwhile
-      }
+/** The systems of the durable-mailbox comparison, by label, and the store each runs on. */
+export const systems = {
+  "leasehold SQLite, ack only": "sqlite",
+  "leasehold SQLite, reply + ack": "sqlite",
+  "leasehold PostgreSQL, ack only": "postgres",
+  "leasehold PostgreSQL, reply + ack": "postgres",
+  "graphile-worker defaults": "postgres",
+  "graphile-worker batched": "postgres",
+  "pg-boss best": "postgres",
+  "pg-boss defaults": "postgres",
+  "BullMQ Redis defaults": "redis",
+  "BullMQ Redis best": "redis",
+  "BullMQ on PostgreSQL": "postgres"
+} as const satisfies Record<string, "sqlite" | "postgres" | "redis">
+export type System = keyof typeof systems
+export const isSystem = (label: string): label is System => Object.hasOwn(systems, label)
+
+/** pg-boss at its best: the largest batch and its shortest polling interval. */
+export const PG_BOSS_BEST = { batchSize: 500, pollingIntervalSeconds: 0.5 } as const
+
+/**
+ * A server's CPU time so far, in nanoseconds per process (or thread) id, from Linux `/proc/<id>/schedstat`;
+ * `undefined` where that cannot be read (not Linux).
+ */
+export type ServerCpu = () => ReadonlyMap<string, number> | undefined
+
+/** The CPU nanoseconds of each of `ids` (`/proc/<id>/schedstat`, or `/proc/<pid>/task/<tid>/schedstat`). */
+export const schedstats = (dir: string, ids: Iterable<string>): Map<string, number> => {
+  const nanos = new Map<string, number>()
+  for (const id of ids) {
+    try {
+      nanos.set(id, Number(readFileSync(`${dir}/${id}/schedstat`, "utf8").split(" ")[0]))
+    } catch {
+      // the process ended meanwhile
     }
-    return total
+  }
+  return nanos
+}
+
+const comm = (pid: number | string) => {
+  try {
+    return readFileSync(`/proc/${pid}/comm`, "utf8").trim()
+  } catch {
+    return undefined
+  }
+}
+
+/** The processes' ids (Linux `/proc`) that pass `keep`, or `undefined`. */
+const processes = (keep: (pid: string) => boolean): Array<string> | undefined => {
+  try {
+    return readdirSync("/proc").filter((pid) => /^\d+$/.test(pid) && keep(pid))
+  } catch {
+    return undefined
+  }
+}
+
+/** The CPU time of every `postgres` process on this machine, whichever cluster it serves. */
+export const postgresCpu: ServerCpu = () => {
+  const pids = processes((pid) => comm(pid) === "postgres")
+  return pids === undefined ? undefined : schedstats("/proc", pids)
+}
+
+/** The parent process id of `pid` (Linux `/proc/<pid>/stat`), or `undefined`. */
+const parentOf = (pid: number | string): number | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    // `pid (comm) state ppid …`: comm may hold spaces and parentheses, so read after its last `)`.
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
   } catch {
     return undefined
   }
 }
 
 /**
- * Starts counting CPU time, this process's and the server's (`serverNanos`, PostgreSQL's by default); the
- * result gives it per job (µs) for `jobs` jobs. Read outside the timed span.
+ * The CPU time of the PostgreSQL server at `url` alone — its postmaster and the postmaster's children, found
+ * from the parent of this connection's backend (`pg_backend_pid()`) — where it runs on this machine: other
+ * clusters on a shared machine are left out. Elsewhere (a remote server, another PID namespace), every
+ * `postgres` process's, as `postgresCpu`.
  */
-export const cpuMeter = (serverNanos: () => number | undefined = postgresCpuNanos) => {
+export const clusterCpu = async (url: string): Promise<ServerCpu> => {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  const backend = Number((await client.query("SELECT pg_backend_pid() AS pid")).rows[0].pid)
+  await client.end()
+  const postmaster = parentOf(backend)
+  if (comm(backend) !== "postgres" || postmaster === undefined || comm(postmaster) !== "postgres") {
+    return postgresCpu
+  }
+  return () => {
+    const pids = processes((pid) => Number(pid) === postmaster || parentOf(pid) === postmaster)
+    return pids === undefined ? undefined : schedstats("/proc", pids)
+  }
+}
+
+/**
+ * Starts counting CPU time, this process's and the server's (`serverCpu`, PostgreSQL's by default); the
+ * result gives it per job (µs) for `jobs` jobs. Read outside the timed span. The server's is the sum over
+ * its processes at the end of what each spent since the start (all of it for one started meanwhile): one
+ * that ended meanwhile — a connection of an earlier round, closing — cannot be read, and is left out.
+ */
+export const cpuMeter = (serverCpu: ServerCpu = postgresCpu) => {
+  // The server's first: reading `/proc` costs this process CPU that is not the work's.
+  const server = serverCpu()
   const node = process.cpuUsage()
-  const server = serverNanos()
   return (jobs: number): Pick<Throughput, "nodeCpu" | "serverCpu"> => {
     const nodeUsed = process.cpuUsage(node)
-    const serverNow = serverNanos()
+    const serverNow = serverCpu()
+    let serverNanos = 0
+    for (const [id, nanos] of serverNow ?? []) serverNanos += nanos - (server?.get(id) ?? 0)
     return {
       nodeCpu: (nodeUsed.user + nodeUsed.system) / jobs,
-      serverCpu: server === undefined || serverNow === undefined ? undefined : (serverNow - server) / 1000 / jobs
+      serverCpu: server === undefined || serverNow === undefined ? undefined : serverNanos / 1000 / jobs
     }
   }
 }
@@ -83,7 +165,8 @@ export const leasehold = (
   prefix: string,
   jobs: number,
   concurrency: number,
-  mode: LeaseholdMode
+  mode: LeaseholdMode,
+  serverCpu: ServerCpu = postgresCpu
 ): Effect.Effect<Throughput, unknown> =>
   Effect.gen(function*() {
     const requests = yield* MailboxSql.make({
@@ -116,7 +199,7 @@ export const leasehold = (
         })),
       { concurrency: "unbounded" }
     )
-    const meter = cpuMeter()
+    const meter = cpuMeter(serverCpu)
     const processStarted = yield* now
     yield* Effect.forEach(
       loops,
@@ -146,7 +229,8 @@ export const graphileWorker = (
   schema: string,
   jobs: number,
   concurrency: number,
-  batched: boolean
+  batched: boolean,
+  serverCpu: ServerCpu = postgresCpu
 ): Effect.Effect<Throughput> =>
   Effect.promise(async () => {
     const utils = await makeWorkerUtils({ connectionString: url, schema, logger: new Logger(() => () => undefined) })
@@ -158,7 +242,7 @@ export const graphileWorker = (
     const remaining = async () =>
       Number((await pool.query(`SELECT count(*) AS n FROM ${schema}._private_jobs`)).rows[0].n)
     let executed = 0
-    const meter = cpuMeter()
+    const meter = cpuMeter(serverCpu)
     const processStarted = performance.now()
     const runner = await graphileRun({
       connectionString: url,
@@ -199,7 +283,8 @@ export const pgBoss = (
   schema: string,
   jobs: number,
   concurrency: number,
-  options: { readonly batchSize?: number; readonly pollingIntervalSeconds?: number }
+  options: { readonly batchSize?: number; readonly pollingIntervalSeconds?: number },
+  serverCpu: ServerCpu = postgresCpu
 ): Effect.Effect<Throughput> =>
   Effect.promise(async () => {
     const boss = new PgBoss({ connectionString: url, schema, max: concurrency + 2 })
@@ -215,7 +300,7 @@ export const pgBoss = (
         (await pool.query(`SELECT count(*) AS n FROM ${schema}.job WHERE name = 'noop' AND state = 'completed'`))
           .rows[0].n
       )
-    const meter = cpuMeter()
+    const meter = cpuMeter(serverCpu)
     const processStarted = performance.now()
     for (let i = 0; i < concurrency; i++) await boss.work("noop", options, async () => undefined)
     await Effect.runPromise(waitUntil(async () => (await completed()) >= jobs))

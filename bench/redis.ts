@@ -11,11 +11,13 @@
  * Redis rows and say why; nothing else needs Redis (`.ci/run` does not).
  */
 import { Effect } from "effect"
+import { Redis as IORedis } from "ioredis"
 import { execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { freePort } from "../test/support/postgres.js"
+import { schedstats, type ServerCpu } from "./mailboxSql.js"
 
 /** A running server. */
 export interface Server {
@@ -24,8 +26,6 @@ export interface Server {
   readonly pid: number
   /** `redis-server --version`'s version, e.g. `7.0.15`. */
   readonly version: string
-  /** Nanoseconds the server (all its threads) spent on CPU so far, from Linux `/proc`; `undefined` elsewhere. */
-  readonly cpuNanos: () => number | undefined
 }
 
 const versionOf = (): string | undefined => {
@@ -62,21 +62,33 @@ const ensureInstalled = Effect.suspend(() => {
   )
 })
 
-/** CPU nanoseconds of every thread of `pid` (`/proc/<pid>/task/<tid>/schedstat`), or `undefined`. */
-const cpuNanosOf = (pid: number) => (): number | undefined => {
+/** The CPU time of every thread of `pid` (`/proc/<pid>/task/<tid>/schedstat`). */
+const cpuOf = (pid: number): ServerCpu => () => {
   try {
-    let total = 0
-    for (const tid of readdirSync(`/proc/${pid}/task`)) {
-      try {
-        total += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0])
-      } catch {
-        // the thread ended meanwhile
-      }
-    }
-    return total
+    return schedstats(`/proc/${pid}/task`, readdirSync(`/proc/${pid}/task`))
   } catch {
     return undefined
   }
+}
+
+/**
+ * The CPU time of the server at `host`:`port`, by the process id it reports (`INFO server`): for a process that
+ * did not start it, such as a benchmark's child. `undefined` readings where that process is not on this machine.
+ */
+export const cpuAt = async (host: string, port: number): Promise<ServerCpu> => {
+  const client = new IORedis({ host, port, lazyConnect: true, maxRetriesPerRequest: 1 })
+  await client.connect()
+  const info = await client.info("server")
+  client.disconnect()
+  const pid = Number(/^process_id:(\d+)/m.exec(info)?.[1])
+  const comm = (() => {
+    try {
+      return readFileSync(`/proc/${pid}/comm`, "utf8").trim()
+    } catch {
+      return undefined
+    }
+  })()
+  return Number.isInteger(pid) && comm?.startsWith("redis") === true ? cpuOf(pid) : () => undefined
 }
 
 /** Starts a server for the scope; fails with the reason when it cannot be installed or started. */
@@ -139,5 +151,5 @@ export const server: Effect.Effect<Server, Error, import("effect/Scope").Scope> 
   }).pipe(
     Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error("redis-server not ready after 10 s") })
   )
-  return { host: "127.0.0.1", port, pid: child.pid!, version, cpuNanos: cpuNanosOf(child.pid!) }
+  return { host: "127.0.0.1", port, pid: child.pid!, version }
 })

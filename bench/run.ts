@@ -2,12 +2,19 @@
  * Benchmarks: `npm run bench` measures each case against a baseline in the
  * same run and rewrites BENCHMARKS.md. Figures are medians of several rounds
  * after a warm-up; the machine is recorded with them.
+ *
+ * Options (after `npm run bench --`): `--print` writes the report to stdout
+ * instead of BENCHMARKS.md; `--only durable` runs the durable-mailbox
+ * comparison alone (its own throwaway PostgreSQL cluster and Redis) and prints
+ * its section, never touching BENCHMARKS.md; `--rounds N` and `--jobs N` set
+ * that comparison's measured rounds (default 7) and jobs per round (10,000),
+ * e.g. `npm run bench -- --only durable --rounds 3 --jobs 10000`.
  */
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
 import { Clock, Effect, Exit, Queue, Ref, type Scope } from "effect"
 import { Redacted, Scope as ScopeModule } from "effect"
-import { Database, Heartbeat, LeaseExtender, Mailbox, MailboxMemory, MailboxSql, MainLoop } from "leasehold"
+import { Database, Heartbeat, LeaseExtender, Mailbox, MailboxMemory, MainLoop } from "leasehold"
 import { spawn } from "node:child_process"
 import { writeFileSync } from "node:fs"
 import { mkdtempSync } from "node:fs"
@@ -15,23 +22,45 @@ import * as os from "node:os"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { performance } from "node:perf_hooks"
+import { fileURLToPath } from "node:url"
+import { parseArgs } from "node:util"
 import * as Postgres from "../test/support/postgres.js"
 import * as BullMQ from "./bullmq.js"
-import { graphileWorker, leasehold, pgBoss, type Throughput } from "./mailboxSql.js"
+import { PG_BOSS_BEST, type System, systems, type Throughput } from "./mailboxSql.js"
 import { bareCycles, mergeQueueCycles, recoveryAfterKill } from "./mergeQueue.js"
 import { measurePackage, PROCESS_ROUNDS } from "./package.js"
 import * as Redis from "./redis.js"
 import { measureScale, scaleSection } from "./scale.js"
 import { baselinePairs, retainedAfter, sqlManyDomains, sqlPairs, stmPairs } from "./workLease.js"
 
+const { values: options } = parseArgs({
+  options: {
+    only: { type: "string" },
+    print: { type: "boolean", default: false },
+    rounds: { type: "string", default: "7" },
+    jobs: { type: "string", default: "10000" }
+  }
+})
+const positive = (name: string, text: string) => {
+  const n = Number(text)
+  if (!Number.isInteger(n) || n < 1) {
+    process.stderr.write(`--${name} must be a positive integer: ${text}\n`)
+    process.exit(2)
+  }
+  return n
+}
+if (options.only !== undefined && options.only !== "durable") {
+  process.stderr.write(`--only: the one section that runs alone is "durable", not ${JSON.stringify(options.only)}\n`)
+  process.exit(2)
+}
+
 const ROUNDS = 5
-/** Durable mailbox comparison: jobs per round, rounds, and the pg-boss and BullMQ settings. */
-const JOBS = 5000
-const DURABLE_ROUNDS = 7
-const PG_BOSS_BEST = { batchSize: 500, pollingIntervalSeconds: 0.5 }
+/** Durable mailbox comparison: jobs per round, rounds, pg-boss's defaults' jobs, and the targets. */
+const JOBS = positive("jobs", options.jobs)
+const DURABLE_ROUNDS = positive("rounds", options.rounds)
 const PG_BOSS_DEFAULT_JOBS = 40
-const BULLMQ_REDIS_BEST: BullMQ.Settings = { concurrency: 50, enqueue: "addBulk", removeFinished: true }
-const BULLMQ_POSTGRES: BullMQ.Settings = { concurrency: 8, enqueue: "addBulk", removeFinished: true }
+const SQLITE_TARGET = 25_000
+const REPLY_COST_TARGET = 1.15
 /** Merge queue: entries per round, rounds, and the lock timeout of the recovery case. */
 const MQ_ENTRIES = 200
 const MQ_ROUNDS = 3
@@ -234,8 +263,259 @@ const signalToExit = async (args: ReadonlyArray<string>, ready: RegExp, rounds: 
   return median(times)
 }
 
+// --- Durable mailbox vs peers ------------------------------------------------------------------
+/** The systems in the order their rounds run (and their rows print); pg-boss's defaults run once, after. */
+const DURABLE_SYSTEMS: ReadonlyArray<System> = [
+  "leasehold SQLite, ack only",
+  "leasehold SQLite, reply + ack",
+  "leasehold PostgreSQL, ack only",
+  "leasehold PostgreSQL, reply + ack",
+  "graphile-worker defaults",
+  "graphile-worker batched",
+  "pg-boss best",
+  "BullMQ Redis defaults",
+  "BullMQ Redis best",
+  "BullMQ on PostgreSQL"
+]
+/** The like-for-like mode (receive, no-op, acknowledge: what every peer does), which the ratios compare. */
+const LEASEHOLD: System = "leasehold PostgreSQL, ack only"
+/** The table prefix, schema or queue name of a system's rounds (each round's is fresh). */
+const namePrefix = (system: System) =>
+  system.startsWith("leasehold")
+    ? "m"
+    : system.startsWith("graphile")
+    ? "gw"
+    : system.startsWith("pg-boss")
+    ? "pb"
+    : system === "BullMQ on PostgreSQL"
+    ? "bq"
+    : "q"
+
+/**
+ * One round of `system` in a fresh Node process (bench/system.ts, bundled next to this file), waited for: its
+ * figures, which it prints as one JSON line.
+ */
+const systemRound = (system: System, args: ReadonlyArray<string>): Promise<Throughput> =>
+  new Promise((resolve, reject) => {
+    const entry = fileURLToPath(new URL("./system.mjs", import.meta.url))
+    const child = spawn(process.execPath, [entry, "--system", system, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk))
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk))
+    child.once("error", reject)
+    child.once("close", (code, signal) => {
+      const line = stdout.trim().split("\n").pop() ?? ""
+      if (code !== 0 || !line.startsWith("{")) {
+        reject(new Error(`${system}: the round's process exited (${code ?? signal}): ${stderr.trim() || stdout}`))
+      } else {
+        resolve(JSON.parse(line) as Throughput)
+      }
+    })
+  })
+
+/**
+ * The durable mailbox against its peers, every round of every system in a fresh process, rounds alternating
+ * between the systems after a warm-up round of each: logs the figures and targets, returns the BENCHMARKS.md
+ * section. PostgreSQL systems use `url`, leasehold on SQLite `sqliteFile`; BullMQ's Redis rows a throwaway
+ * redis-server started here (skipped, saying why, when it cannot start).
+ */
+const durableSection = async (
+  url: string,
+  sqliteFile: string,
+  log: (line: string) => void
+): Promise<ReadonlyArray<string>> => {
+  const redisScope = Effect.runSync(ScopeModule.make())
+  const redis = await Effect.runPromise(ScopeModule.extend(Effect.either(Redis.server), redisScope))
+  const redisSkipped = redis._tag === "Left" ? redis.left.message : undefined
+  if (redisSkipped !== undefined) log(`BullMQ Redis rows skipped: ${redisSkipped}`)
+  let names = 0
+  const argsOf = (system: System): Array<string> => {
+    const where = systems[system] === "sqlite"
+      ? ["--sqlite", sqliteFile]
+      : systems[system] === "postgres"
+      ? ["--url", url]
+      : redis._tag === "Right"
+      ? ["--redis", `${redis.right.host}:${redis.right.port}`]
+      : []
+    const prefix = `${namePrefix(system)}${++names}${system.startsWith("leasehold") ? "_" : ""}`
+    return [...where, "--prefix", prefix]
+  }
+  const runs: Partial<Record<System, Array<Throughput>>> = {}
+  const record = async (system: System, jobs: number, warmUp: boolean) => {
+    const result = await systemRound(system, [...argsOf(system), "--jobs", String(jobs), "--concurrency", "8"])
+    if (!warmUp) (runs[system] ??= []).push(result)
+  }
+  const measured = DURABLE_SYSTEMS.filter((system) => systems[system] !== "redis" || redis._tag === "Right")
+  for (let round = 0; round <= DURABLE_ROUNDS; round++) {
+    for (const system of measured) await record(system, JOBS, round === 0)
+    log(`durable mailbox: ${round === 0 ? "warm-up round" : `round ${round} of ${DURABLE_ROUNDS}`} done`)
+  }
+  await record("pg-boss defaults", PG_BOSS_DEFAULT_JOBS, false)
+  await Effect.runPromise(ScopeModule.close(redisScope, Exit.void))
+
+  const labels: ReadonlyArray<System> = [...measured, "pg-boss defaults"]
+  const of = (system: System) => runs[system]!
+  const processing = (system: System) => median(of(system).map((run) => run.process))
+  const enqueueing = (system: System) => median(of(system).map((run) => run.enqueue))
+  for (const system of labels) {
+    log(`${system}: processes ${fmt(processing(system))} jobs/s, enqueues ${fmt(enqueueing(system))} jobs/s`)
+  }
+  const ratioOf = (system: System) => processing(LEASEHOLD) / processing(system)
+  const ratio = (system: System) => ratioOf(system).toFixed(2)
+  // Each round's leasehold PostgreSQL run against the same round's run of the peer: the machine's speed
+  // drifts between rounds, and a pair measured seconds apart shares most of it.
+  const perRound = (system: System) => {
+    const ratios = of(LEASEHOLD).map((run, round) => run.process / of(system)[round]!.process)
+    const spread = `${Math.min(...ratios).toFixed(2)}–${Math.max(...ratios).toFixed(2)}`
+    return `${median(ratios).toFixed(2)}× (${spread})`
+  }
+  const peers = measured.filter((system) => !system.startsWith("leasehold"))
+  log(`${LEASEHOLD} per round: ${peers.map((system) => `÷ ${system} ${perRound(system)}`).join(", ")}`)
+  // CPU time per job while processing (µs, medians of the rounds): the round's own process, the server
+  // (PostgreSQL or Redis), and both; SQLite runs inside the round's process, so its total is the Node figure.
+  const nodeCpu = (run: Throughput) => run.nodeCpu
+  const serverCpu = (run: Throughput) => run.serverCpu
+  const totalCpu = (system: System) => (run: Throughput) =>
+    run.serverCpu !== undefined ? run.nodeCpu + run.serverCpu : systems[system] === "sqlite" ? run.nodeCpu : undefined
+  const cpuOf = (system: System, field: (run: Throughput) => number | undefined) => {
+    const values = of(system).map(field).filter((value): value is number => value !== undefined)
+    return values.length === 0 ? undefined : median(values)
+  }
+  const cpu = (system: System, field: (run: Throughput) => number | undefined) =>
+    cpuOf(system, field)?.toFixed(0) ?? "–"
+  for (const system of labels) {
+    const server = systems[system] === "redis" ? "Redis" : "PostgreSQL"
+    log(
+      `${system}: CPU per job ${cpu(system, nodeCpu)} µs Node, ${cpu(system, serverCpu)} µs ${server}, ` +
+        `${cpu(system, totalCpu(system))} µs in all`
+    )
+  }
+  const target = (met: boolean) => met ? "met" : "MISSED"
+  const ratioTarget = (system: System, atLeast: number) =>
+    system in runs
+      ? `÷ ${system} ${ratio(system)}× (target ≥ ${atLeast}: ${target(ratioOf(system) >= atLeast)})`
+      : `÷ ${system}: not measured`
+  const sqlite = processing("leasehold SQLite, ack only")
+  const [ourCpu, graphileCpu] = [cpuOf(LEASEHOLD, nodeCpu)!, cpuOf("graphile-worker batched", nodeCpu)!]
+  // Reply + ack against ack only, as time per job: the ack-only rate over the reply + ack rate.
+  const replyCost = (store: "PostgreSQL" | "SQLite") =>
+    processing(`leasehold ${store}, ack only`) / processing(`leasehold ${store}, reply + ack`)
+  const replyTarget = (store: "PostgreSQL" | "SQLite") =>
+    `${store} ${replyCost(store).toFixed(2)}× (target ≤ ${REPLY_COST_TARGET}: ${
+      target(replyCost(store) <= REPLY_COST_TARGET)
+    })`
+  const targets = [
+    `${LEASEHOLD} ${ratioTarget("graphile-worker batched", 1)}`,
+    `${LEASEHOLD} ${ratioTarget("BullMQ Redis best", 2)}`,
+    `${LEASEHOLD} ${ratioTarget("BullMQ on PostgreSQL", 5)}`,
+    `Node CPU per job, ${LEASEHOLD} ${ourCpu.toFixed(0)} µs, graphile-worker batched ${graphileCpu.toFixed(0)} µs ` +
+    `(target ≤: ${target(ourCpu <= graphileCpu)})`,
+    `leasehold SQLite, ack only ${fmt(sqlite)} jobs/s (target ≥ ${fmt(SQLITE_TARGET)}: ${
+      target(sqlite >= SQLITE_TARGET)
+    })`,
+    `reply + ack ÷ ack only, time per job: ${replyTarget("PostgreSQL")}, ${replyTarget("SQLite")}`
+  ]
+  for (const line of targets) log(`target: ${line}`)
+  const rows = labels.map((system) =>
+    `| ${system} | ${fmt(processing(system))} | ${fmt(enqueueing(system))} | ${
+      system.startsWith("leasehold") ? "" : `${ratio(system)}×`
+    } | ${peers.includes(system) ? perRound(system) : ""} | ${cpu(system, nodeCpu)} | ${cpu(system, serverCpu)} | ${
+      cpu(system, totalCpu(system))
+    } |`
+  )
+
+  return [
+    "## Durable mailbox end to end, next to graphile-worker, pg-boss and BullMQ",
+    "",
+    `${fmt(JOBS)} no-op jobs at concurrency 8. Every round of every system runs in a fresh Node process of its`,
+    "own (bench/system.ts, bundled like bench/run.ts, which spawns it and waits for it to exit before the next",
+    "starts): no system pays the heap, JIT state or garbage of another's rounds, and each starts as cold as a",
+    "worker that has just been deployed. Rounds alternate between systems;",
+    `medians of ${DURABLE_ROUNDS} round${
+      DURABLE_ROUNDS === 1 ? "" : "s"
+    } after a warm-up round of each (which warms the servers and the disk`,
+    "cache; its figures are dropped). Every system on PostgreSQL uses the same throwaway PostgreSQL 15 cluster",
+    "(fsync off, so the figures measure the software, not the disk). leasehold: jobs are sent one `send` each,",
+    "8 at a time (concurrent sends commit together), then 8 MainLoops (maxMessages 10) receive them and run a",
+    "no-op `execute`, in two modes. \"Ack only\": the requests name no `replyTo`, so the loop only acknowledges —",
+    "receive, run, acknowledge, the work every peer here does. \"Reply + ack\": each request names a response queue;",
+    "the reply and the acknowledgement commit in one transaction. Either way settling is batched across loops",
+    "(group commit). graphile-worker 0.17.3: `addJobs` (one call for all jobs),",
+    "then `run` with concurrency 8 — defaults, and batched (localQueue size 500, completeJobBatchDelay 0).",
+    "pg-boss 10.4.2 (the last line that runs on Node 20): `insert` (one call for all jobs), then 8 `work`",
+    `workers — best settings (batchSize ${PG_BOSS_BEST.batchSize}, pollingIntervalSeconds ${PG_BOSS_BEST.pollingIntervalSeconds}, its minimum) and defaults`,
+    `(batchSize 1, polling every 2 s, so only ${PG_BOSS_DEFAULT_JOBS} jobs, in one process after the rounds).`,
+    ...(redis._tag === "Right"
+      ? [
+        `BullMQ ${BullMQ.versions.bullmq} with ioredis ${BullMQ.versions.ioredis} on Redis ${redis.right.version} (Debian's`,
+        "redis-server, a throwaway server on",
+        "loopback with persistence off: `--save \"\"`, `--appendonly no`), one `Worker` — defaults: concurrency 8,",
+        "jobs added with `add`, one call per job, 8 calls at a time, finished jobs kept; best: concurrency",
+        `${BullMQ.REDIS_BEST.concurrency} (the figure of BullMQ's concurrency guide; of 8, 20, 50 and 100, tried before, 50 and 100`,
+        "did alike, with less CPU per job than 8), `addBulk` (one call for all jobs), removeOnComplete and",
+        "removeOnFail true. Not used: `drainDelay`",
+        "(it is the long poll of an empty queue, and the queue is full while timed), skipLockRenewal and",
+        "skipStalledCheck (they give up redelivery of a stuck job, which leasehold keeps), ioredis' auto-pipelining",
+        "(no gain measured)."
+      ]
+      : [`BullMQ's Redis rows were skipped: ${redisSkipped}.`]),
+    `BullMQ on PostgreSQL: BullMQ ${BullMQ.versions.bullmq}'s PostgreSQL backend (\`withBackend(createPostgresBackend)\`,`,
+    "connection",
+    `\`{ connectionString, schema, migrate: true }\`, a fresh schema each round on the same cluster), concurrency ${
+      BullMQ.postgres(8).concurrency
+    },`,
+    "`addBulk`, removeOnComplete and removeOnFail true (concurrency 50 was no faster there).",
+    "Processing is timed from starting the workers to the last completion committed (BullMQ: the worker's",
+    "`completed` events, emitted once `moveToCompleted` has returned). Connections: leasehold's pool opens 4 when",
+    "its layer is built and its lane (the one",
+    "connection its claims, acknowledgements and sends run on) opens with its first mailbox, pg-boss's pool opens in",
+    "`start()`, BullMQ's worker is made with autorun false and its connections open in `waitUntilReady()`, all",
+    "before the timing; graphile-worker's `run()` opens its pool inside it.",
+    "SQLite is a WAL file with synchronous=NORMAL (durable against process crashes).",
+    "Targets (leasehold PostgreSQL, ack only): ≥ 1.0× graphile-worker batched, ≥ 2× BullMQ Redis best, ≥ 5× BullMQ",
+    `on PostgreSQL, and no more Node CPU per job than graphile-worker batched; SQLite (ack only) ≥ ${
+      fmt(SQLITE_TARGET)
+    } jobs/s;`,
+    `reply + ack no more than ${REPLY_COST_TARGET}× the ack-only time per job.`,
+    "",
+    "The ratio columns are leasehold PostgreSQL's processing rate in the ack-only mode (the like-for-like one) over",
+    "the peer's: the ratio of the medians, and the median (with the range) of the ratios taken round by round, each",
+    "round's leasehold run over the same round's peer run — the machine's speed drifts between rounds, and a pair",
+    "measured seconds apart shares most of it.",
+    "",
+    "The CPU columns are the CPU time spent while processing, per job, in microseconds (medians): the round's own",
+    "Node process's (`process.cpuUsage()`, all its threads: the event loop and V8's garbage-collector helpers), the",
+    "server's — PostgreSQL's (the cluster's processes' time on CPU) for the systems on PostgreSQL, redis-server's",
+    "(all its threads) for BullMQ on Redis, both from Linux `/proc` — and the two together. SQLite runs inside the",
+    "round's process, so it has no server figure and its total is its Node figure. The machine has two cores,",
+    "shared by all: where both are busy, the rate follows the total.",
+    "",
+    "| system | processed jobs/s | enqueued jobs/s | leasehold PostgreSQL (ack only) ÷ this | per round: median (range) | Node CPU µs/job | server CPU µs/job | total CPU µs/job |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ...rows,
+    "",
+    "This run against the targets:",
+    "",
+    ...targets.map((line) => `- ${line}`),
+    ""
+  ]
+}
+
 // --- Report -----------------------------------------------------------------------------------
 const fmt = (n: number) => Math.round(n).toLocaleString("en-US")
+
+/** `--only durable`: the durable-mailbox comparison alone, on a cluster and a SQLite file of its own, printed. */
+const durableOnly = async () => {
+  const log = (line: string) => process.stdout.write(line + "\n")
+  const scope = Effect.runSync(ScopeModule.make())
+  const { url } = await Effect.runPromise(ScopeModule.extend(Postgres.cluster, scope))
+  const sqliteFile = join(mkdtempSync(join(tmpdir(), "leasehold-bench-")), "bench.db")
+  const section = await durableSection(url, sqliteFile, log)
+  await Effect.runPromise(ScopeModule.close(scope, Exit.void))
+  log("")
+  log(section.join("\n"))
+}
 
 const main = async () => {
   const rows: Array<string> = []
@@ -361,105 +641,11 @@ const main = async () => {
     recoveryRows.push(`| ${label} | ${fromKill.toFixed(0)} | ${fromExpiry.toFixed(0)} |`)
   }
 
-  // Durable mailbox vs peers, all on this cluster (and a throwaway Redis for BullMQ's Redis rows); rounds
-  // alternate between the systems.
-  const redis = await Effect.runPromise(ScopeModule.extend(Effect.either(Redis.server), clusterScope))
-  const redisSkipped = redis._tag === "Left" ? redis.left.message : undefined
-  if (redisSkipped !== undefined) log(`BullMQ Redis rows skipped: ${redisSkipped}`)
-  const runs: Record<string, Array<Throughput>> = {}
-  const record = async (label: string, run: () => Effect.Effect<Throughput, unknown>) => {
-    const result = await Effect.runPromise(run())
-    ;(runs[label] ??= []).push(result)
-  }
-  // The like-for-like mode (receive, no-op, acknowledge: what every peer does), which the ratios compare.
-  const LEASEHOLD = "leasehold PostgreSQL, ack only"
-  const modes = ["ack only", "reply + ack"] as const
-  const durable: Array<[string, () => Effect.Effect<Throughput, unknown>]> = [
-    // SQLite runs leave the PostgreSQL server idle: its CPU figure would say nothing.
-    ...modes.map((mode): [string, () => Effect.Effect<Throughput, unknown>] => [
-      `leasehold SQLite, ${mode}`,
-      () =>
-        Effect.map(
-          leasehold(MailboxSql.layerSqlite({ filename: sqliteFile }), `m${++schemas}_`, JOBS, 8, mode),
-          (throughput) => ({ ...throughput, serverCpu: undefined })
-        )
-    ]),
-    ...modes.map((mode): [string, () => Effect.Effect<Throughput, unknown>] => [
-      `leasehold PostgreSQL, ${mode}`,
-      () => leasehold(MailboxSql.layerPg({ url }), `m${++schemas}_`, JOBS, 8, mode)
-    ]),
-    ["graphile-worker defaults", () => graphileWorker(url, `gw${++schemas}`, JOBS, 8, false)],
-    ["graphile-worker batched", () => graphileWorker(url, `gw${++schemas}`, JOBS, 8, true)],
-    ["pg-boss best", () => pgBoss(url, `pb${++schemas}`, JOBS, 8, PG_BOSS_BEST)],
-    ...(redis._tag === "Right"
-      ? [
-        ["BullMQ Redis defaults", () => BullMQ.onRedis(redis.right, `q${++schemas}`, JOBS, BullMQ.defaults(8))],
-        ["BullMQ Redis best", () => BullMQ.onRedis(redis.right, `q${++schemas}`, JOBS, BULLMQ_REDIS_BEST)]
-      ] satisfies Array<[string, () => Effect.Effect<Throughput, unknown>]>
-      : []),
-    ["BullMQ on PostgreSQL", () => BullMQ.onPostgres(url, `bq${++schemas}`, JOBS, BULLMQ_POSTGRES)]
-  ]
-  for (let round = 0; round < DURABLE_ROUNDS + 1; round++) {
-    for (const [label, run] of durable) await record(round === 0 ? `warm-up ${label}` : label, run)
-  }
-  await record("pg-boss defaults", () => pgBoss(url, `pb${++schemas}`, PG_BOSS_DEFAULT_JOBS, 8, {}))
+  // Durable mailbox vs peers, on this cluster and SQLite file, each round of each system in its own process.
+  const durableLines = await durableSection(url, sqliteFile, log)
   // How cost grows with the work (bench/scale.ts): backlog sizes, many queues, dead rows, a worker's memory.
   const scaleReport = await measureScale(url, log)
   await Effect.runPromise(ScopeModule.close(clusterScope, Exit.void))
-  const processing = (label: string) => median(runs[label]!.map((run) => run.process))
-  const enqueueing = (label: string) => median(runs[label]!.map((run) => run.enqueue))
-  const durableLabels = [...durable.map(([label]) => label), "pg-boss defaults"]
-  for (const label of durableLabels) {
-    log(`${label}: processes ${fmt(processing(label))} jobs/s, enqueues ${fmt(enqueueing(label))} jobs/s`)
-  }
-  const ratioOf = (label: string) => processing(LEASEHOLD) / processing(label)
-  const ratio = (label: string) => ratioOf(label).toFixed(2)
-  // Each round's leasehold PostgreSQL run against the same round's run of the peer: the machine's speed
-  // drifts between rounds, and a pair measured seconds apart shares most of it.
-  const perRound = (label: string) => {
-    const ratios = runs[LEASEHOLD]!.map((run, round) => run.process / runs[label]![round]!.process)
-    const spread = `${Math.min(...ratios).toFixed(2)}–${Math.max(...ratios).toFixed(2)}`
-    return `${median(ratios).toFixed(2)}× (${spread})`
-  }
-  const peers = durable.map(([label]) => label).filter((label) => !label.startsWith("leasehold"))
-  log(`${LEASEHOLD} per round: ${peers.map((label) => `÷ ${label} ${perRound(label)}`).join(", ")}`)
-  log(
-    `leasehold reply + ack costs: PostgreSQL ${
-      (processing(LEASEHOLD) / processing("leasehold PostgreSQL, reply + ack")).toFixed(2)
-    }×, SQLite ${
-      (processing("leasehold SQLite, ack only") / processing("leasehold SQLite, reply + ack")).toFixed(2)
-    }× the ack-only time per job`
-  )
-  // CPU time per job while processing (µs, medians): this process, and the server (PostgreSQL or Redis).
-  const nodeCpu = (run: Throughput) => run.nodeCpu
-  const serverCpu = (run: Throughput) => run.serverCpu
-  const cpuOf = (label: string, of: (run: Throughput) => number | undefined) => {
-    const values = runs[label]!.map(of).filter((value): value is number => value !== undefined)
-    return values.length === 0 ? undefined : median(values)
-  }
-  const cpu = (label: string, of: (run: Throughput) => number | undefined) => cpuOf(label, of)?.toFixed(0) ?? "–"
-  for (const label of durableLabels) {
-    const server = label.startsWith("BullMQ Redis") ? "Redis" : "PostgreSQL"
-    log(`${label}: CPU per job ${cpu(label, nodeCpu)} µs Node, ${cpu(label, serverCpu)} µs ${server}`)
-  }
-  const target = (met: boolean) => met ? "met" : "MISSED"
-  const ratioTarget = (label: string, atLeast: number) =>
-    label in runs
-      ? `÷ ${label} ${ratio(label)}× (target ≥ ${atLeast}: ${target(ratioOf(label) >= atLeast)})`
-      : `÷ ${label}: not measured`
-  const sqlite = processing("leasehold SQLite, ack only")
-  const [ourCpu, graphileCpu] = [cpuOf(LEASEHOLD, nodeCpu)!, cpuOf("graphile-worker batched", nodeCpu)!]
-  log(
-    `targets: ${LEASEHOLD} ${ratioTarget("graphile-worker batched", 1)}, ${ratioTarget("BullMQ Redis best", 2)}, ` +
-      `${ratioTarget("BullMQ on PostgreSQL", 5)}; leasehold SQLite, ack only ${fmt(sqlite)} jobs/s ` +
-      `(target ≥ 20,000: ${target(sqlite >= 20_000)}); Node CPU per job ${ourCpu.toFixed(0)} µs vs ` +
-      `graphile-worker batched ${graphileCpu.toFixed(0)} µs (target ≤: ${target(ourCpu <= graphileCpu)})`
-  )
-  const durableRows = durableLabels.map((label) =>
-    `| ${label} | ${fmt(processing(label))} | ${fmt(enqueueing(label))} | ${
-      label.startsWith("leasehold") ? "" : `${ratio(label)}×`
-    } | ${peers.includes(label) ? perRound(label) : ""} | ${cpu(label, nodeCpu)} | ${cpu(label, serverCpu)} |`
-  )
   const heapBefore = process.memoryUsage().heapUsed
   const retained = await Effect.runPromise(retainedAfter(1_000_000))
   const heapAfter = process.memoryUsage().heapUsed
@@ -477,7 +663,8 @@ const main = async () => {
     `${ROUNDS} rounds after a warm-up, alternating with its baseline's rounds in the same run.`,
     "",
     "What runs is the compiled package, as users run it: `npm run bench` builds `dist`, bundles bench/run.ts",
-    "with esbuild (`leasehold` imports resolve to `dist`) and runs it with plain Node. Earlier runs of this file",
+    "and bench/system.ts (the durable mailbox's rounds, each in a process of its own) with esbuild (`leasehold`",
+    "imports resolve to `dist`) and runs them with plain Node. Earlier runs of this file",
     "ran the TypeScript sources through tsx, whose loader turns on source maps and names every closure: Effect",
     "code ran 3–5× slower that way (the peers, plain JavaScript in node_modules, did not pay it), so figures",
     "from before 2026-11-27's run are not comparable with these.",
@@ -591,64 +778,7 @@ const main = async () => {
       `${fmt(sqliteRates.one)} | ${fmt(sqliteRates.many)} |`,
     `| PostgreSQL 15 (local throwaway cluster, fsync off) | ${fmt(pgRates.one)} | ${fmt(pgRates.many)} |`,
     "",
-    "## Durable mailbox end to end, next to graphile-worker, pg-boss and BullMQ",
-    "",
-    `${fmt(JOBS)} no-op jobs at concurrency 8. Every system on PostgreSQL uses the same throwaway PostgreSQL 15`,
-    "cluster (fsync off, so the figures measure the software, not the disk), in the same run, rounds alternating",
-    "between systems;",
-    `medians of ${DURABLE_ROUNDS} rounds after a warm-up round each. leasehold: jobs are sent one \`send\` each,`,
-    "8 at a time (concurrent sends commit together), then 8 MainLoops (maxMessages 10) receive them and run a",
-    "no-op `execute`, in two modes. \"Ack only\": the requests name no `replyTo`, so the loop only acknowledges —",
-    "receive, run, acknowledge, the work every peer here does. \"Reply + ack\": each request names a response queue;",
-    "the reply and the acknowledgement commit in one transaction. Either way settling is batched across loops",
-    "(group commit). graphile-worker 0.17.3: `addJobs` (one call for all jobs),",
-    "then `run` with concurrency 8 — defaults, and batched (localQueue size 500, completeJobBatchDelay 0).",
-    "pg-boss 10.4.2 (the last line that runs on Node 20): `insert` (one call for all jobs), then 8 `work`",
-    `workers — best settings (batchSize ${PG_BOSS_BEST.batchSize}, pollingIntervalSeconds ${PG_BOSS_BEST.pollingIntervalSeconds}, its minimum) and defaults`,
-    `(batchSize 1, polling every 2 s, so only ${PG_BOSS_DEFAULT_JOBS} jobs).`,
-    ...(redis._tag === "Right"
-      ? [
-        `BullMQ ${BullMQ.versions.bullmq} with ioredis ${BullMQ.versions.ioredis} on Redis ${redis.right.version} (Debian's`,
-        "redis-server, a throwaway server on",
-        "loopback with persistence off: `--save \"\"`, `--appendonly no`), one `Worker` — defaults: concurrency 8,",
-        "jobs added with `add`, one call per job, 8 calls at a time, finished jobs kept; best: concurrency",
-        `${BULLMQ_REDIS_BEST.concurrency} (the figure of BullMQ's concurrency guide; of 8, 20, 50 and 100, tried before, 50 and 100`,
-        "did alike, with less CPU per job than 8), `addBulk` (one call for all jobs), removeOnComplete and",
-        "removeOnFail true. Not used: `drainDelay`",
-        "(it is the long poll of an empty queue, and the queue is full while timed), skipLockRenewal and",
-        "skipStalledCheck (they give up redelivery of a stuck job, which leasehold keeps), ioredis' auto-pipelining",
-        "(no gain measured)."
-      ]
-      : [`BullMQ's Redis rows were skipped: ${redisSkipped}.`]),
-    `BullMQ on PostgreSQL: BullMQ ${BullMQ.versions.bullmq}'s PostgreSQL backend (\`withBackend(createPostgresBackend)\`,`,
-    "connection",
-    `\`{ connectionString, schema, migrate: true }\`, a fresh schema each round on the same cluster), concurrency ${BULLMQ_POSTGRES.concurrency},`,
-    "`addBulk`, removeOnComplete and removeOnFail true (concurrency 50 was no faster there).",
-    "Processing is timed from starting the workers to the last completion committed (BullMQ: the worker's",
-    "`completed` events, emitted once `moveToCompleted` has returned). Connections: leasehold's pool opens 4 when",
-    "its layer is built and its lane (the one",
-    "connection its claims, acknowledgements and sends run on) opens with its first mailbox, pg-boss's pool opens in",
-    "`start()`, BullMQ's worker is made with autorun false and its connections open in `waitUntilReady()`, all",
-    "before the timing; graphile-worker's `run()` opens its pool inside it.",
-    "SQLite is a WAL file with synchronous=NORMAL (durable against process crashes).",
-    "Targets (leasehold PostgreSQL, ack only): ≥ 1.0× graphile-worker batched, ≥ 2× BullMQ Redis best, ≥ 5× BullMQ",
-    "on PostgreSQL, and no more Node CPU per job than graphile-worker batched; SQLite (ack only) ≥ 20,000 jobs/s.",
-    "",
-    "The ratio columns are leasehold PostgreSQL's processing rate in the ack-only mode (the like-for-like one) over",
-    "the peer's: the ratio of the medians, and the median (with the range) of the ratios taken round by round, each",
-    "round's leasehold run over the same round's peer run — the machine's speed drifts between rounds, and a pair",
-    "measured seconds apart shares most of it.",
-    "",
-    "The CPU columns are the CPU time spent while processing, per job, in microseconds (medians): this Node",
-    "process's, all threads (the event loop and V8's garbage-collector helpers; every system runs in it), and the",
-    "server's: PostgreSQL's (its processes' time on CPU) for the systems on PostgreSQL, redis-server's (all its",
-    "threads) for BullMQ on Redis, both from Linux `/proc`; none for SQLite, which runs in this process. The",
-    "machine has two cores, shared by all.",
-    "",
-    "| system | processed jobs/s | enqueued jobs/s | leasehold PostgreSQL (ack only) ÷ this | per round: median (range) | Node CPU µs/job | server CPU µs/job |",
-    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ...durableRows,
-    "",
+    ...durableLines,
     ...scaleSection(scaleReport),
     "## MergeQueue: claim → transitions → merged → release",
     "",
@@ -680,8 +810,14 @@ const main = async () => {
     } MiB across the run; garbage collection makes that figure noisy.)`,
     ""
   )
-  writeFileSync("BENCHMARKS.md", rows.join("\n"))
-  log("wrote BENCHMARKS.md")
+  if (options.print) {
+    log("")
+    log(rows.join("\n"))
+  } else {
+    writeFileSync("BENCHMARKS.md", rows.join("\n"))
+    log("wrote BENCHMARKS.md")
+  }
 }
 
-main()
+if (options.only === "durable") durableOnly()
+else main()
