@@ -7,6 +7,7 @@
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
 import { DateTime, Effect, Either, FastCheck, ParseResult, Schema, type Scope } from "effect"
+import { arrayLiteral } from "../src/internal/sql/mailbox/statements.js"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -304,4 +305,31 @@ describe("every body send accepts comes back exactly as sent", () => {
       60_000
     )
   }
+})
+
+describe("PostgreSQL array parameters", () => {
+  // The settle's ids, receipt handles and reply queues travel as array literals built here (`arrayLiteral`),
+  // not by the driver: whatever a row of the table holds — a handle written by hand, quotes, backslashes,
+  // braces, commas, spaces, the word NULL — must reach the statement as it was.
+  it.effect("arrayLiteral: any strings and nulls reach PostgreSQL as they were", () =>
+    Effect.gen(function*() {
+      const sql = backends[1].client()
+      const text = FastCheck.string({ unit: "binary" }).map((value) => value.replace(/\u0000/g, ""))
+      const element = FastCheck.oneof(
+        text,
+        FastCheck.constantFrom("NULL", "null", "", " ", "a b", "{", "}", ",", "\"", "\\", "\\\"", "a,b"),
+        FastCheck.constant(null)
+      )
+      yield* Effect.promise(() =>
+        FastCheck.assert(
+          FastCheck.asyncProperty(FastCheck.array(element, { maxLength: 8 }), (values) =>
+            Effect.runPromise(Effect.gen(function*() {
+              const rows = yield* sql<{ value: string | null }>`SELECT value
+                FROM unnest(${arrayLiteral(values)}::text[]) WITH ORDINALITY AS t(value, n) ORDER BY n`
+              expect(rows.map((row) => row.value)).toStrictEqual(values)
+            }))),
+          { numRuns: 300 }
+        )
+      )
+    }), 60_000)
 })

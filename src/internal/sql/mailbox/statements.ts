@@ -101,10 +101,30 @@ const atOf = (store: Store) => {
 const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
 
 /** Each reply's trace context for PostgreSQL's settle, or `null` (no array) when none has one: the usual case. */
-const traceparentsOf = (items: ReadonlyArray<SettleItem>): Array<string | null> | null =>
+const traceparentsOf = (items: ReadonlyArray<SettleItem>): string | null =>
   items.some((item) => item.reply?.traceparent !== undefined)
-    ? items.map((item) => item.reply?.traceparent ?? null)
+    ? arrayLiteral(items.map((item) => item.reply?.traceparent ?? null))
     : null
+
+/** An element PostgreSQL's array syntax reads as written: no quoting needed (and not the word NULL). */
+const plainElement = /^[0-9A-Za-z_.:-]+$/
+
+/**
+ * A PostgreSQL array literal of `values` (`{a,"b c",NULL}`), cast by the statement (`::text[]`, `::bigint[]`):
+ * one string parameter. The driver would build the same text from an array, quoting and escaping every element
+ * through a regular expression; ids, receipt handles and queue names rarely need it, and pay nothing here.
+ */
+export const arrayLiteral = (values: ReadonlyArray<string | null>): string => {
+  let text = "{"
+  for (let i = 0; i < values.length; i++) {
+    const value = values[i]!
+    if (i > 0) text += ","
+    if (value === null) text += "NULL"
+    else if (plainElement.test(value) && value.toUpperCase() !== "NULL") text += value
+    else text += `"${value.replace(/[\\"]/g, "\\$&")}"`
+  }
+  return text + "}"
+}
 
 /** The statements both dialects run alike, on the store's client. */
 const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
@@ -299,9 +319,9 @@ const pg = (store: Store): Statements => {
           // array literal or as JSON strings, cost more than the rest of the statement's parameters. An
           // item without a reply has `null` there, never read (its reply queue is NULL).
           lane<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
-          FROM ${settleFunction}(${items.map((item) => item.seq)}::bigint[], ${
-            items.map((item) => item.handle)
-          }::text[], ${items.map((item) => item.reply?.queue ?? null)}::text[],
+          FROM ${settleFunction}(${arrayLiteral(items.map((item) => item.seq))}::bigint[], ${
+            arrayLiteral(items.map((item) => item.handle))
+          }::text[], ${arrayLiteral(items.map((item) => item.reply?.queue ?? null))}::text[],
           ARRAY(SELECT body::text FROM json_array_elements(${`[${
             items.map((item) => item.reply?.body ?? "null").join(",")
           }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${at(now)}::bigint, ${store.channel}::text,
