@@ -64,7 +64,6 @@
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as ConfigError from "effect/ConfigError"
-import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -278,7 +277,7 @@ export const make = <A, I, R = never, IR = never>(
               body.right,
               row.receipt_handle,
               Number(row.delivery_count),
-              DateTime.unsafeMake(Number(row.enqueued_at)),
+              Number(row.enqueued_at),
               Option.fromNullable(row.reply_to),
               // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
               validTraceparent(row.traceparent)

@@ -7,7 +7,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
-import type * as DateTime from "effect/DateTime"
+import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -127,10 +127,15 @@ export class SqlMessage<A, R> implements Message<A, R> {
     readonly body: A,
     readonly receiptHandle: string,
     readonly deliveryCount: number,
-    readonly enqueuedAt: DateTime.Utc,
+    private readonly enqueuedMillis: number,
     readonly replyTo: Option.Option<string>,
     readonly traceparent: string | undefined
   ) {}
+
+  /** Made when asked for (a dead letter, the operator): most deliveries never are. */
+  get enqueuedAt(): DateTime.Utc {
+    return DateTime.unsafeMake(this.enqueuedMillis)
+  }
 
   private expired(): ReceiptHandleExpiredError {
     return new ReceiptHandleExpiredError({
