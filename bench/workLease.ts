@@ -4,8 +4,9 @@
  * after a million sequential offsets, and the SQL store's pairs (one domain
  * from one fiber; many domains from 8 fibers).
  */
-import type * as SqlClient from "@effect/sql/SqlClient"
-import { Effect, Layer } from "effect"
+import { PgClient } from "@effect/sql-pg"
+import * as SqlClient from "@effect/sql/SqlClient"
+import { Effect, Layer, Redacted } from "effect"
 import { WorkLease } from "leasehold"
 import * as WorkLeaseSql from "leasehold/WorkLeaseSql"
 import { randomUUID } from "node:crypto"
@@ -146,3 +147,21 @@ export const sqlManyDomains = (client: Layer.Layer<SqlClient.SqlClient, unknown>
     )
     return perFiber * SQL_FIBERS
   }).pipe(Effect.provide(Layer.fresh(client)), Effect.orDie)
+
+/**
+ * A client of the PostgreSQL server at `url` over its Unix socket (asked over TCP where the socket is): the
+ * one-domain pairs are one round trip after another, and a worker on the database's machine connects this way.
+ */
+export const pgOverUnixSocket = (url: string): Promise<Layer.Layer<SqlClient.SqlClient, unknown>> =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    const [server] = yield* sql<{ dir: string; port: string; username: string; database: string }>`
+      SELECT split_part(current_setting('unix_socket_directories'), ',', 1) AS dir,
+        current_setting('port') AS port, current_user AS username, current_database() AS database`
+    return PgClient.layer({
+      host: server!.dir.trim(),
+      port: Number(server!.port),
+      username: server!.username,
+      database: server!.database
+    }) as Layer.Layer<SqlClient.SqlClient, unknown>
+  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })), Effect.orDie, Effect.runPromise)

@@ -224,7 +224,7 @@ describe("WorkLeaseSql migrations", () => {
       // Opened again: the migration adopts the tables, records itself, and the lease is still there.
       const after = yield* WorkLeaseSql.make({ prefix: table }).pipe(Effect.provide(context))
       const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
-      expect(Number(recorded[0]!.n)).toBe(3) // every migration, the adopting one first
+      expect(Number(recorded[0]!.n)).toBe(4) // every migration, the adopting one first
       expect(yield* after.tryAcquire("repo", 0)).toMatchObject({ _tag: "AlreadyAcquired" })
       if (held._tag === "Acquired") expect((yield* after.succeed("repo", held.token))._tag).toBe("NoBacklog")
       expect((yield* after.tryAcquire("repo", 0))._tag).toBe("AlreadyProcessed")
@@ -249,7 +249,7 @@ describe("WorkLeaseSql migrations", () => {
         const held = { token: "held-0" }
         const after = yield* WorkLeaseSql.make({ prefix: table, maxRetries: 1 }).pipe(Effect.provide(context))
         const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(`${table}work_lease_migrations`)}`
-        expect(Number(recorded[0]!.n)).toBe(3)
+        expect(Number(recorded[0]!.n)).toBe(4)
         expect(yield* after.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: held.token })
         expect(yield* after.fail("repo", held.token)).toEqual({ _tag: "RetryScheduled", retryCount: 1 })
         expect(yield* after.fail("repo", held.token)).toEqual({ _tag: "GiveUpNextHint", offset: 1 })
@@ -308,7 +308,7 @@ describe("WorkLeaseSql migrations", () => {
           Effect.provide(context)
         )
         const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(names.migrations)}`
-        expect(Number(recorded[0]!.n)).toBe(3)
+        expect(Number(recorded[0]!.n)).toBe(4)
         // The previous release's lease has no expiry: it is never taken over, until it is renewed.
         yield* TestClock.adjust("1 day")
         expect(yield* lease.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: "old-0" })
@@ -344,6 +344,68 @@ describe("WorkLeaseSql migrations", () => {
       }))
   expiryUpgrade("SQLite", () => SqliteClient.layer({ filename: sqliteFile }))
   expiryUpgrade("PostgreSQL", () => PgClient.layer({ url: Redacted.make(pgUrl) }))
+
+  /**
+   * A PostgreSQL database as the release before the array-answering functions left it (migrations 1 to 3), with a
+   * lease in it; the new release opens it while a process of the previous release keeps calling migration 3's
+   * functions beside it: they share the rows, the fencing tokens and the takeover rules.
+   */
+  it.scoped("PostgreSQL: a database at migration 3 is upgraded to the array-answering functions; a process still calling migration 3's functions keeps working beside the new one", () =>
+    Effect.gen(function*() {
+      const context = yield* Layer.build(PgClient.layer({ url: Redacted.make(pgUrl) }))
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const table = prefix()
+      const names = WorkLeaseSchema.tables(table)
+      const previous = Object.fromEntries(Object.entries(WorkLeaseSchema.migrations(sql, table)).slice(0, 3))
+      yield* Sql.migrate(sql, names.migrations, previous)
+      yield* TestClock.setTime(1_000_000)
+      // What the previous release runs: migration 3's functions, a 1 minute leaseTimeout, maxRetries 1.
+      const oldAcquire = (offset: number, token: string) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          Effect.map(
+            sql<{ o_tag: string; o_number: string | null }>`SELECT * FROM ${sql(names.acquire)}('repo'::text,
+              ${offset}::bigint, ${token}::text, ${now}::bigint, 60000::bigint, 1)`,
+            (rows) => rows[0]!
+          ))
+      const oldSettle = (token: string, fail: boolean) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          Effect.map(
+            sql<{ o_tag: string; o_number: string | null }>`SELECT * FROM ${sql(names.settle)}('repo'::text,
+              ${token}::text, ${fail}::boolean, 1, ${now}::bigint, 60000::bigint)`,
+            (rows) => rows[0]!
+          ))
+      expect(yield* oldAcquire(0, "old-0")).toMatchObject({ o_tag: "Acquired", o_number: "1" })
+
+      const lease = yield* WorkLeaseSql.make({ prefix: table, leaseTimeout: "1 minute", maxRetries: 1 }).pipe(
+        Effect.provide(context)
+      )
+      const recorded = yield* sql<{ n: number }>`SELECT count(*) AS n FROM ${sql(names.migrations)}`
+      expect(Number(recorded[0]!.n)).toBe(4)
+      // The previous release's lease is seen, and another offset waits behind it.
+      expect(yield* lease.tryAcquire("repo", 0)).toEqual({ _tag: "AlreadyAcquired", token: "old-0" })
+      expect(yield* lease.tryAcquire("repo", 1)).toEqual({ _tag: "Enqueued" })
+      // Stale by the same rules: the new release takes it over, with the next fencing token, and the zombie is
+      // refused by the previous release's function too.
+      yield* TestClock.adjust("61 seconds")
+      const taken = yield* lease.tryAcquire("repo", 0)
+      expect(taken).toMatchObject({ _tag: "Acquired", fencingToken: 2 })
+      if (taken._tag !== "Acquired") return
+      expect(yield* oldSettle("old-0", false)).toMatchObject({ o_tag: "TokenMismatchError" })
+      // The previous release settles what the new one took; the backlog head is next, for either.
+      expect(yield* oldSettle(taken.token, false)).toEqual({ o_tag: "Released", o_number: "1" })
+      expect(yield* oldAcquire(1, "old-1")).toMatchObject({ o_tag: "Acquired", o_number: "3" })
+      // Its lease goes stale; the previous release takes it over and, stale again with its retry used, the
+      // new release gives it up.
+      yield* TestClock.adjust("61 seconds")
+      expect(yield* oldAcquire(1, "old-1b")).toMatchObject({ o_tag: "Acquired", o_number: "4" })
+      yield* TestClock.adjust("61 seconds")
+      expect(yield* lease.tryAcquire("repo", 1)).toEqual({ _tag: "AlreadyFailed" })
+      expect(yield* lease.fail("repo", "old-1b").pipe(Effect.flip)).toMatchObject({ _tag: "LeaseNotFoundError" })
+      expect(yield* lease.inspect("repo")).toMatchObject({ lease: Option.none(), lowWaterMark: 2, retainedTerminal: 1 })
+      const next = yield* lease.tryAcquire("repo", 2)
+      expect(next).toMatchObject({ _tag: "Acquired", fencingToken: 5 })
+      yield* lease.assertCurrent("repo", 5)
+    }))
 })
 
 describe("WorkLeaseSql on PostgreSQL judges staleness by the database's clock", () => {

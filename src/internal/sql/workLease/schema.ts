@@ -11,6 +11,14 @@
  * clear them — never leaves an expiry that a later lease would inherit: its
  * leases have none, as before. The functions of migration 2 stay as they
  * were for those processes; the new ones are overloads with more arguments.
+ *
+ * Migration 4 adds the functions this release calls (`…_v4`): the rules of
+ * migration 3's, answering one `text[]` instead of `OUT` parameters, and
+ * reading the database's clock themselves when given no time. A call is then
+ * `SELECT f(…)`, which PostgreSQL plans and runs for less than `SELECT … FROM
+ * f(…)` (no function scan, whose result is stored in a tuple store first, and
+ * no clock expression in the call). The functions of migrations 2 and 3 stay,
+ * unchanged, for processes of the earlier releases.
  */
 import type * as Migrator from "@effect/sql/Migrator"
 import type * as SqlClient from "@effect/sql/SqlClient"
@@ -25,7 +33,9 @@ export const tables = (prefix: string) => ({
   terminal: `${prefix}work_lease_terminal`,
   migrations: `${prefix}work_lease_migrations`,
   acquire: `${prefix}work_lease_acquire`,
-  settle: `${prefix}work_lease_settle`
+  settle: `${prefix}work_lease_settle`,
+  acquireV4: `${prefix}work_lease_acquire_v4`,
+  settleV4: `${prefix}work_lease_settle_v4`
 })
 
 /**
@@ -93,7 +103,56 @@ export const migrations = (
               Number(rows[0]?.n ?? 0) > 0 ? Effect.void : sql`ALTER TABLE ${domains} ADD COLUMN ${sql(column)} BIGINT`
           )
         ))
-    ], { discard: true })
+    ], { discard: true }),
+    // The functions this release calls on PostgreSQL: migration 3's rules, answering a `text[]` (called as
+    // `SELECT f(…)`, the cheapest call to plan and run), reading the clock themselves. SQLite: nothing to do.
+    "4_array_answers": pg
+      ? Effect.all([settleFunction(sql, prefix, v4), acquireFunction(sql, prefix, v4)], { discard: true })
+      : Effect.void
+  }
+}
+
+/** Which functions to make: migration 2's, migration 3's (`expiry`), or migration 4's (`expiry` and `array`). */
+interface FunctionVersion {
+  readonly expiry: boolean
+  /** Answer one `text[]` rather than `OUT` parameters, and read the clock when `p_now` is NULL (migration 4). */
+  readonly array?: boolean
+}
+
+const v4: FunctionVersion = { expiry: true, array: true }
+
+/**
+ * The pieces that differ between a function answering by `OUT` parameters (migrations 2 and 3) and one answering
+ * a `text[]` of the same values in the same order (migration 4): its result in the signature, its locals, how it
+ * returns, and its first statement (migration 4's reads the database's clock when `p_now` is NULL).
+ */
+const answering = (
+  sql: SqlClient.SqlClient,
+  version: FunctionVersion,
+  outs: ReadonlyArray<readonly [string, string]>
+) => {
+  if (version.array !== true) {
+    return {
+      outs: sql.literal(outs.map(([name, type]) => `OUT ${name} ${type}`).join(", ")),
+      returns: sql``,
+      locals: sql``,
+      start: sql``,
+      answer: sql`RETURN`,
+      end: sql``
+    }
+  }
+  const answer = sql.literal(
+    `RETURN ARRAY[${outs.map(([name, type]) => type === "text" ? name : `${name}::text`).join(", ")}]`
+  )
+  return {
+    outs: sql``,
+    returns: sql` RETURNS text[]`,
+    locals: sql.literal(outs.map(([name, type]) => `\n      ${name} ${type};`).join("")),
+    start: sql`
+      p_now := COALESCE(p_now, ${Sql.databaseNow(sql)});`,
+    answer,
+    end: sql`
+      ${answer};`
   }
 }
 
@@ -108,27 +167,40 @@ export const migrations = (
  * the retry count one more, `acquired_at` kept; with none left the offset is given up as the stale holder's
  * `fail` would give it up (the settle function does it) and the answer is `AlreadyFailed`. Either way it
  * returns the stale holder's fencing token, how long its lease had been stale and the retry count.
+ *
+ * With `array` (migration 4), a function of its own name answering those six values as a `text[]`, in that
+ * order (tag, token, number, stale fencing token, stale for, retries); `p_now` NULL is the database's clock.
  */
-const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { readonly expiry: boolean }) => {
+const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, version: FunctionVersion = { expiry: false }) => {
   const names = tables(prefix)
   const domains = sql(names.domains)
   const backlog = sql(names.backlog)
   const terminal = sql(names.terminal)
-  const expiry = options?.expiry === true
+  const expiry = version.expiry
+  const array = version.array === true
+  const settle = sql(array ? names.settleV4 : names.settle)
   const setExpiry = expiry ? sql`, expires_at = p_now + p_timeout, expires_fencing = d.fencing_token + 1` : sql``
-  return sql`CREATE OR REPLACE FUNCTION ${sql(names.acquire)}(
+  const { answer, end, locals, outs, returns, start } = answering(sql, version, [
+    ["o_tag", "text"],
+    ["o_token", "text"],
+    ["o_number", "bigint"],
+    ...(expiry
+      ? [["o_stale_fencing", "bigint"], ["o_stale_for", "bigint"], ["o_retries", "bigint"]] as const
+      : [])
+  ])
+  return sql`CREATE OR REPLACE FUNCTION ${sql(array ? names.acquireV4 : names.acquire)}(
       p_domain text, p_offset bigint, p_token text, p_now bigint,${
-    expiry ? sql` p_timeout bigint, p_max_retries integer,` : sql``
-  }
-      OUT o_tag text, OUT o_token text, OUT o_number bigint${
-    expiry ? sql`, OUT o_stale_fencing bigint, OUT o_stale_for bigint, OUT o_retries bigint` : sql``
-  })
+    expiry ? sql` p_timeout bigint, p_max_retries integer${array ? sql`` : sql`,`}` : sql``
+  }${
+    array ? sql`` : sql`
+      `
+  }${outs})${returns}
     LANGUAGE plpgsql VOLATILE AS $$
     DECLARE
       v_domain record;
       v_kind text;
-      v_head bigint;
-    BEGIN
+      v_head bigint;${locals}
+    BEGIN${start}
       SELECT * INTO v_domain FROM ${domains} d WHERE d.domain_id = p_domain FOR UPDATE;
       IF NOT FOUND THEN
         INSERT INTO ${domains} (domain_id) VALUES (p_domain) ON CONFLICT (domain_id) DO NOTHING;
@@ -147,7 +219,7 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { r
         o_stale_for := p_now - v_domain.expires_at;
         IF v_domain.retry_count >= p_max_retries THEN
           -- Its retries used up: given up, as the stale holder's fail would.
-          PERFORM ${sql(names.settle)}(p_domain, v_domain.lease_token, true, p_max_retries, p_now, p_timeout);
+          PERFORM ${settle}(p_domain, v_domain.lease_token, true, p_max_retries, p_now, p_timeout);
           o_tag := 'AlreadyFailed';
           o_retries := v_domain.retry_count;
         ELSE
@@ -172,7 +244,7 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { r
         IF v_head IS NOT NULL AND v_head <> p_offset THEN
           o_tag := 'BacklogOrderingError';
           o_number := v_head;
-          RETURN;
+          ${answer};
         END IF;
         IF v_head IS NOT NULL THEN
           DELETE FROM ${backlog} b WHERE b.domain_id = p_domain AND b.item = p_offset;
@@ -182,7 +254,7 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { r
         WHERE d.domain_id = p_domain RETURNING d.fencing_token INTO o_number;
         o_tag := 'Acquired';
         o_token := p_token;
-      END IF;
+      END IF;${end}
     END $$`
 }
 
@@ -194,32 +266,42 @@ const acquireFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { r
  *
  * With `expiry` (migration 3 on), an overload that also takes the time and the lease timeout: a retry renews
  * the lease to `p_now + p_timeout` (kept as it is when `p_timeout` is NULL), a release clears the expiry too.
+ *
+ * With `array` (migration 4), a function of its own name answering the tag and the number as a `text[]`;
+ * `p_now` NULL is the database's clock.
  */
-const settleFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { readonly expiry: boolean }) => {
+const settleFunction = (sql: SqlClient.SqlClient, prefix: string, version: FunctionVersion = { expiry: false }) => {
   const names = tables(prefix)
   const domains = sql(names.domains)
   const backlog = sql(names.backlog)
   const terminal = sql(names.terminal)
-  const expiry = options?.expiry === true
-  return sql`CREATE OR REPLACE FUNCTION ${sql(names.settle)}(
+  const expiry = version.expiry
+  const array = version.array === true
+  const { answer, end, locals, outs, returns, start } = answering(sql, version, [
+    ["o_tag", "text"],
+    ["o_number", "bigint"]
+  ])
+  return sql`CREATE OR REPLACE FUNCTION ${sql(array ? names.settleV4 : names.settle)}(
       p_domain text, p_token text, p_fail boolean, p_max_retries integer,${
-    expiry ? sql` p_now bigint, p_timeout bigint,` : sql``
-  }
-      OUT o_tag text, OUT o_number bigint)
+    expiry ? sql` p_now bigint, p_timeout bigint${array ? sql`` : sql`,`}` : sql``
+  }${
+    array ? sql`` : sql`
+      `
+  }${outs})${returns}
     LANGUAGE plpgsql VOLATILE AS $$
     DECLARE
       v_domain record;
       v_kind text;
-      v_low bigint;
-    BEGIN
+      v_low bigint;${locals}
+    BEGIN${start}
       SELECT * INTO v_domain FROM ${domains} d WHERE d.domain_id = p_domain FOR UPDATE;
       IF NOT FOUND OR v_domain.lease_token IS NULL THEN
         o_tag := 'LeaseNotFoundError';
-        RETURN;
+        ${answer};
       END IF;
       IF v_domain.lease_token <> p_token THEN
         o_tag := 'TokenMismatchError';
-        RETURN;
+        ${answer};
       END IF;
       IF p_fail AND v_domain.retry_count < p_max_retries THEN
         UPDATE ${domains} d SET retry_count = d.retry_count + 1${
@@ -231,7 +313,7 @@ const settleFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { re
   } WHERE d.domain_id = p_domain
         RETURNING d.retry_count INTO o_number;
         o_tag := 'RetryScheduled';
-        RETURN;
+        ${answer};
       END IF;
       v_low := v_domain.low_water;
       IF NOT p_fail AND v_domain.lease_offset = v_low THEN
@@ -252,6 +334,6 @@ const settleFunction = (sql: SqlClient.SqlClient, prefix: string, options?: { re
         retry_count = 0, low_water = v_low${expiry ? sql`, expires_at = NULL, expires_fencing = NULL` : sql``}
       WHERE d.domain_id = p_domain;
       SELECT b.item INTO o_number FROM ${backlog} b WHERE b.domain_id = p_domain ORDER BY b.position LIMIT 1;
-      o_tag := 'Released';
+      o_tag := 'Released';${end}
     END $$`
 }
