@@ -21,7 +21,11 @@
  * on a machine shared with other work the wall clock swings far more.
  *
  * Run alone (`SCALE_DATABASE=PostgreSQL` or `SQLite` for one of them; `raw` is the size case without ANALYZE):
- * `npm run build && node --import tsx bench/scale.ts [scale|raw|queues|dead|memory]…` (the compiled package).
+ * `npm run build && node --import tsx bench/scale.ts [scale|raw|queues|dead|dead-autovacuum|memory]…` (the
+ * compiled package; `node --conditions=leasehold-source --import tsx …` runs the sources instead, no build).
+ * PostgreSQL is a throwaway cluster of its own (test/support/postgres.ts). `dead-autovacuum` is the dead-rows
+ * case with autovacuum left on for the burst's table, reporting how often it ran; `SCALE_NAPTIME=5s` sets the
+ * cluster's `autovacuum_naptime` for it (a server setting: 1 min by default, longer than the case).
  */
 import type { SqlClient } from "@effect/sql/SqlClient"
 import * as SqlClientTag from "@effect/sql/SqlClient"
@@ -393,10 +397,12 @@ export const manyQueues = (
 export interface DeadRowsFigures {
   /** The burst: `BURST` messages drained through the same consumers. */
   readonly burst: Drained
-  /** A fresh `DRAIN` in the table the burst left, autovacuum off. */
+  /** A fresh `DRAIN` in the table the burst left, autovacuum off (on with the `autovacuum` option). */
   readonly afterBurst: Drained
   /** The same in a table vacuumed before each round. */
   readonly clean: Drained
+  /** With the `autovacuum` option, on PostgreSQL: autovacuum's runs on the burst's table and its dead rows at the end. */
+  readonly autovacuum?: { readonly runs: number; readonly deadRows: number }
 }
 
 /**
@@ -405,22 +411,33 @@ export interface DeadRowsFigures {
  * each round fills `DRAIN` fresh messages and drains them, beside a table that is vacuumed before each
  * round (autovacuum off too, so only the dead rows differ). Rounds alternate; the burst's table gains the
  * dead rows of each round's drain as it goes.
+ *
+ * `autovacuum` leaves autovacuum on for the burst's table (at the table's own settings), to see what it does
+ * within the case; `naptime` sets the cluster's `autovacuum_naptime` meanwhile (reset after: a server setting,
+ * which no table setting replaces). Both apply to PostgreSQL only.
  */
 export const deadRows = (
   database: DatabaseLabel,
   databases: Databases,
-  options: { readonly rounds?: number; readonly burst?: number } = {}
+  options: {
+    readonly rounds?: number
+    readonly burst?: number
+    readonly autovacuum?: boolean
+    readonly naptime?: string
+  } = {}
 ): Effect.Effect<DeadRowsFigures> =>
   Effect.scoped(Effect.gen(function*() {
     const rounds = options.rounds ?? SCALE_ROUNDS
     const burst = options.burst ?? BURST
+    const autovacuum = options.autovacuum === true && database === "PostgreSQL"
     const setups = yield* Effect.forEach(["afterBurst", "clean"] as const, (label) =>
       Effect.gen(function*() {
-        const opened = yield* open(database, databases, `dead_${label.toLowerCase()}`)
+        const opened = yield* open(database, databases, `dead_${label.toLowerCase()}${autovacuum ? "_av" : ""}`)
         const mailbox = yield* mailboxOn(opened, queueName("jobs", 0))
-        yield* noAutovacuum(opened)
+        if (!(autovacuum && label === "afterBurst")) yield* noAutovacuum(opened)
         return { label, opened, mailbox }
       }))
+    if (autovacuum && options.naptime !== undefined) yield* setNaptime(setups[0]!.opened, options.naptime)
     const [dirty] = setups
     yield* fill(dirty!.opened, "jobs", 1, burst)
     yield* analyze(dirty!.opened)
@@ -435,8 +452,35 @@ export const deadRows = (
       }
     }
     for (const { opened } of setups) yield* checkNoDeadLetters(opened)
-    return { burst: burstDrained, afterBurst: medianOf(runs.afterBurst), clean: medianOf(runs.clean) }
+    const figures = { burst: burstDrained, afterBurst: medianOf(runs.afterBurst), clean: medianOf(runs.clean) }
+    return autovacuum ? { ...figures, autovacuum: yield* autovacuumOf(dirty!.opened) } : figures
   }))
+
+/**
+ * Sets the cluster's `autovacuum_naptime` (a server setting, reloaded at once) until the scope closes. ALTER SYSTEM
+ * takes no parameters: the value must look like a duration (`5s`, `500ms`, `1min`).
+ */
+const setNaptime = (opened: Opened, naptime: string) =>
+  Effect.acquireRelease(
+    /^\d+(ms|s|min)$/.test(naptime)
+      ? Effect.zipRight(
+        opened.sql.unsafe(`ALTER SYSTEM SET autovacuum_naptime = '${naptime}'`),
+        opened.sql`SELECT pg_reload_conf()`
+      ).pipe(Effect.orDie)
+      : Effect.dieMessage(`SCALE_NAPTIME=${naptime} is not a duration like 5s, 500ms or 1min`),
+    () =>
+      Effect.zipRight(opened.sql`ALTER SYSTEM RESET autovacuum_naptime`, opened.sql`SELECT pg_reload_conf()`).pipe(
+        Effect.ignore
+      )
+  )
+
+/** Autovacuum's runs on the store's table so far, and its dead rows (PostgreSQL's statistics, a moment behind). */
+const autovacuumOf = (opened: Opened) =>
+  Effect.map(
+    opened.sql<{ runs: number | string; dead: number | string }>`SELECT autovacuum_count AS runs,
+      n_dead_tup AS dead FROM pg_stat_user_tables WHERE relname = ${opened.table}`,
+    (rows) => ({ runs: Number(rows[0]?.runs ?? 0), deadRows: Number(rows[0]?.dead ?? 0) })
+  ).pipe(Effect.orDie)
 
 // --- 5. Memory --------------------------------------------------------------------------------
 
@@ -719,11 +763,23 @@ const standalone = (parts: ReadonlyArray<string>) =>
         const figures = yield* manyQueues(database, databases)
         yield* log(`queues ${database}: among ${show(figures.among)}, alone ${show(figures.alone)}`)
       }
-      if (parts.includes("dead")) {
-        const figures = yield* deadRows(database, databases)
+      for (const part of ["dead", "dead-autovacuum"] as const) {
+        if (!parts.includes(part)) continue
+        const naptime = process.env.SCALE_NAPTIME
+        const figures = yield* deadRows(database, databases, {
+          autovacuum: part === "dead-autovacuum",
+          ...(naptime === undefined ? {} : { naptime })
+        })
+        const { autovacuum } = figures
         yield* log(
-          `dead ${database}: burst ${show(figures.burst)}, after ${show(figures.afterBurst)}, clean ${
+          `${part} ${database}: burst ${show(figures.burst)}, after ${show(figures.afterBurst)}, clean ${
             show(figures.clean)
+          }, after ÷ clean ${(figures.afterBurst.rate / figures.clean.rate).toFixed(2)}${
+            autovacuum === undefined
+              ? ""
+              : `; autovacuum ran ${autovacuum.runs} times on the burst's table, ${
+                fmt(autovacuum.deadRows)
+              } dead rows left`
           }`
         )
       }
