@@ -10,6 +10,14 @@ import { Effect, Layer, Redacted } from "effect"
 import { WorkLease } from "leasehold"
 import * as WorkLeaseSql from "leasehold/WorkLeaseSql"
 import { randomUUID } from "node:crypto"
+import { performance } from "node:perf_hooks"
+
+/** Times the part of a round that counts (not opening the client and the lease's tables). */
+const timedPairs = <E>(pairs: number, effect: Effect.Effect<unknown, E>) =>
+  Effect.suspend(() => {
+    const started = performance.now()
+    return Effect.map(effect, () => ({ operations: pairs, millis: performance.now() - started }))
+  })
 
 /** The baseline: one mutable record and one semaphore per domain. */
 export const makeBaseline = Effect.sync(() => {
@@ -122,8 +130,12 @@ export const sqlPairs = (client: Layer.Layer<SqlClient.SqlClient, unknown>, pref
   Effect.gen(function*() {
     const lease = yield* WorkLeaseSql.make({ prefix })
     const domain = `bench-${randomUUID()}`
-    for (let offset = 0; offset < SQL_PAIRS; offset++) yield* sqlPair(lease, domain, offset)
-    return SQL_PAIRS
+    return yield* timedPairs(
+      SQL_PAIRS,
+      Effect.gen(function*() {
+        for (let offset = 0; offset < SQL_PAIRS; offset++) yield* sqlPair(lease, domain, offset)
+      })
+    )
   }).pipe(Effect.provide(Layer.fresh(client)), Effect.orDie)
 
 /**
@@ -135,17 +147,19 @@ export const sqlManyDomains = (client: Layer.Layer<SqlClient.SqlClient, unknown>
     const lease = yield* WorkLeaseSql.make({ prefix })
     const round = randomUUID()
     const perFiber = (2 * SQL_PAIRS) / SQL_FIBERS
-    yield* Effect.all(
-      Array.from({ length: SQL_FIBERS }, (_, fiber) =>
-        Effect.gen(function*() {
-          for (let i = 0; i < perFiber; i++) {
-            const domain = `bench-${round}-${fiber}-${i % SQL_DOMAINS_PER_FIBER}`
-            yield* sqlPair(lease, domain, Math.floor(i / SQL_DOMAINS_PER_FIBER))
-          }
-        })),
-      { concurrency: "unbounded", discard: true }
+    return yield* timedPairs(
+      perFiber * SQL_FIBERS,
+      Effect.all(
+        Array.from({ length: SQL_FIBERS }, (_, fiber) =>
+          Effect.gen(function*() {
+            for (let i = 0; i < perFiber; i++) {
+              const domain = `bench-${round}-${fiber}-${i % SQL_DOMAINS_PER_FIBER}`
+              yield* sqlPair(lease, domain, Math.floor(i / SQL_DOMAINS_PER_FIBER))
+            }
+          })),
+        { concurrency: "unbounded", discard: true }
+      )
     )
-    return perFiber * SQL_FIBERS
   }).pipe(Effect.provide(Layer.fresh(client)), Effect.orDie)
 
 /**
