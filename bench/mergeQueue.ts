@@ -6,7 +6,12 @@
  * write transaction on SQLite). Baseline: the same cycle as bare autocommit
  * statements on an equivalent table — a claim with `UPDATE … RETURNING` and
  * five status updates, with no processing lock, fencing check, audit or
- * recovery — so the ratio is the price of those guarantees.
+ * recovery — so the ratio is the price of those guarantees. It also writes
+ * fewer pages per cycle (no audit rows, no unique index over the active
+ * workspaces), which on SQLite sets how often the WAL is checkpointed; and
+ * with several workers its cycles run side by side (on PostgreSQL on as many
+ * connections), where the merge queue's single lock takes one entry at a time.
+ * `bench/mergeQueue.main.ts` runs this file alone.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import { Effect, type Layer, Option } from "effect"
@@ -16,18 +21,34 @@ import { performance } from "node:perf_hooks"
 
 const STEPS = ["rebasing", "testing", "ready_to_merge", "merging", "merged"] as const
 
+/** Filled by a timed run when given: the process's CPU time (user + system) over the timed part, in µs. */
+export interface RunStats {
+  cpuMicros: number
+}
+
+const startTimer = () => ({ wall: performance.now(), cpu: process.cpuUsage() })
+
+const stopTimer = (started: ReturnType<typeof startTimer>, entries: number, stats: RunStats | undefined) => {
+  if (stats !== undefined) {
+    const cpu = process.cpuUsage(started.cpu)
+    stats.cpuMicros = cpu.user + cpu.system
+  }
+  return entries / ((performance.now() - started.wall) / 1000)
+}
+
 /** Cycles per second through MergeQueue with `workers` fibers contending for the lock. */
 export const mergeQueueCycles = (
   database: Layer.Layer<SqlClient.SqlClient, unknown>,
   prefix: string,
   entries: number,
-  workers: number
+  workers: number,
+  stats?: RunStats
 ): Effect.Effect<number, unknown> =>
   Effect.gen(function*() {
     const queue = yield* MergeQueue.make({ prefix })
     for (let i = 0; i < entries; i++) yield* queue.enqueue(`ws-${i}`)
     let merged = 0
-    const started = performance.now()
+    const started = startTimer()
     yield* Effect.all(
       Array.from({ length: workers }, (_, w) =>
         Effect.gen(function*() {
@@ -45,7 +66,7 @@ export const mergeQueueCycles = (
         })),
       { concurrency: "unbounded", discard: true }
     )
-    return entries / ((performance.now() - started) / 1000)
+    return stopTimer(started, entries, stats)
   }).pipe(Effect.provide(database))
 
 /** The baseline: the same cycle as bare statements, no lock, fencing or audit. */
@@ -53,7 +74,8 @@ export const bareCycles = (
   database: Layer.Layer<SqlClient.SqlClient, unknown>,
   prefix: string,
   entries: number,
-  workers: number
+  workers: number,
+  stats?: RunStats
 ): Effect.Effect<number, unknown> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
@@ -66,7 +88,7 @@ export const bareCycles = (
       yield* sql`INSERT INTO ${table} VALUES (${i}, ${`ws-${i}`}, 2, 'pending', NULL, 0, 0)`
     }
     let merged = 0
-    const started = performance.now()
+    const started = startTimer()
     yield* Effect.all(
       Array.from({ length: workers }, (_, w) =>
         Effect.gen(function*() {
@@ -88,7 +110,7 @@ export const bareCycles = (
         })),
       { concurrency: "unbounded", discard: true }
     )
-    return entries / ((performance.now() - started) / 1000)
+    return stopTimer(started, entries, stats)
   }).pipe(Effect.provide(database))
 
 /**

@@ -28,8 +28,9 @@
  *
  * Where it lives: this module is the API; `internal/mergeQueue/` holds the
  * rest — `service.ts` (the calls: arguments, retries, errors, metrics),
- * `statements.ts` (one statement set per dialect; SQLite's run on a
- * connection held for the call, `sqliteConnection.ts`), `conditions.ts` (the
+ * `statements.ts` (one statement set per dialect; SQLite's compiled once,
+ * `compiled.ts`, and run on a connection held for the call,
+ * `sqliteConnection.ts`), `conditions.ts` (the
  * rules as SQL, shared by both), `schema.ts` (tables, functions,
  * migrations), `recovery.ts`, `rows.ts`, and the leaves both sides import:
  * `errors.ts`, `metrics.ts`, `statuses.ts`.

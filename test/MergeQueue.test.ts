@@ -22,6 +22,7 @@ import {
   Metric,
   Option,
   Ref,
+  Schema,
   Scope,
   TestClock,
   TestServices
@@ -200,8 +201,12 @@ for (const backend of backends) {
         const illegal = yield* Effect.flip(queue.transition(claim, "merged"))
         expect(illegal).toMatchObject({ _tag: "InvalidTransitionError", from: "claimed", to: "merged" })
         expect(illegal.message).toContain("allowed: rebasing")
-        const unknown = yield* Effect.flip(queue.transition(claim, "shipped" as MergeQueue.Status))
-        expect(unknown).toMatchObject({ _tag: "InvalidParameterError", parameter: "status" })
+        // Exactly what the Status schema refuses (the check is a set lookup, not a parse).
+        for (const status of ["shipped", "toString", "constructor", "Merged", "", 1, null, undefined]) {
+          expect(Schema.is(MergeQueue.Status)(status)).toBe(false)
+          const unknown = yield* Effect.flip(queue.transition(claim, status as MergeQueue.Status))
+          expect(unknown).toMatchObject({ _tag: "InvalidParameterError", parameter: "status" })
+        }
         const badToken = yield* Effect.flip(queue.transition({ id: entry.id, token: -1 }, "rebasing"))
         expect(badToken).toMatchObject({ _tag: "InvalidParameterError", parameter: "token" })
         const missing = yield* Effect.flip(queue.transition(9_999, "rebasing"))
@@ -554,11 +559,23 @@ for (const backend of backends) {
         const first = yield* before.enqueue("ws-1")
         const second = yield* before.enqueue("ws-2")
         const claim = Option.getOrThrow(yield* before.nextWithLock("old-agent"))
-        // Back to what the earlier version left: its one migration, no functions (the tables are the same).
+        const auditBefore = yield* before.auditLog()
+        // Back to what the earlier version left: its one migration, no functions (PostgreSQL), and on SQLite
+        // the audit table as migration 1 made it (AUTOINCREMENT, every row in the entry index), rows kept.
         if (sql.onDialectOrElse({ pg: () => true, orElse: () => false })) {
           for (const name of ["claim", "take_lock", "transition", "release", "extend"]) {
             yield* sql.unsafe(`DROP FUNCTION ${prefix}merge_queue_${name}`)
           }
+        } else {
+          const audit = `${prefix}merge_queue_audit`
+          yield* sql.unsafe(`ALTER TABLE ${audit} RENAME TO ${audit}_old`)
+          yield* sql.unsafe(`DROP INDEX ${audit}_entry`)
+          yield* sql.unsafe(`CREATE TABLE ${audit} (id INTEGER PRIMARY KEY AUTOINCREMENT, at BIGINT NOT NULL,
+            action TEXT NOT NULL, agent_id TEXT, entry_id BIGINT, fencing_token BIGINT, from_status TEXT,
+            to_status TEXT, detail TEXT)`)
+          yield* sql.unsafe(`CREATE INDEX ${audit}_entry ON ${audit} (entry_id, id)`)
+          yield* sql.unsafe(`INSERT INTO ${audit} SELECT * FROM ${audit}_old`)
+          yield* sql.unsafe(`DROP TABLE ${audit}_old`)
         }
         yield* sql`DELETE FROM ${sql(`${prefix}merge_queue_migrations`)} WHERE migration_id > 1`
         // An operator's look (`create: false`) writes nothing, and its reads and recovery work on it as it is.
@@ -570,7 +587,9 @@ for (const backend of backends) {
         const after = yield* queueOn(sql)
         const migrations = yield* sql<{ id: number | string }>`SELECT max(migration_id) AS id
           FROM ${sql(`${prefix}merge_queue_migrations`)}`
-        expect(Number(migrations[0]!.id)).toBe(2)
+        expect(Number(migrations[0]!.id)).toBe(3)
+        // The audit log is as it was, and goes on from where it was (SQLite: its table was rebuilt).
+        expect(yield* after.auditLog()).toEqual(auditBefore)
         expect(claim.id).toBe(first.id)
         expect((yield* after.transition(claim, "rebasing")).status).toBe("rebasing")
         expect(yield* after.extendLock(claim, "1 minute")).toBe(true)
@@ -581,6 +600,19 @@ for (const backend of backends) {
         expect(next.id).toBe(first.id)
         expect(next.token).toBeGreaterThan(claim.token)
         expect(Option.getOrThrow(yield* after.get(second.id)).status).toBe("pending")
+        const auditAfter = yield* after.auditLog()
+        expect(auditAfter.slice(0, auditBefore.length)).toEqual(auditBefore)
+        expect(auditAfter.map((row) => row.id)).toEqual(
+          auditAfter.map((_, i) => auditBefore[0]!.id + i)
+        )
+        expect(auditAfter.slice(auditBefore.length).map((row) => row.action)).toEqual([
+          "transition",
+          "lock_extended",
+          "lock_released",
+          "entry_reclaimed",
+          "lock_acquired",
+          "claimed"
+        ])
         yield* checkInvariants(after)
       }))
 

@@ -1,8 +1,9 @@
 /**
  * The merge queue's tables and, on PostgreSQL, its coordination functions: their names under the prefix,
  * the migrations that create them (a database made by an earlier version gains the functions on its next
- * `create: true` open; the tables do not change, so older and newer processes can share one database), and
- * `open`, which hands the statements everything they run against.
+ * `create: true` open; the tables keep their columns — SQLite's audit table is rebuilt once, rows and ids
+ * as they were — so older and newer processes can share one database), and `open`, which hands the
+ * statements everything they run against.
  */
 import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -53,6 +54,10 @@ export interface Db {
    * machine, by one clock), or under `TestClock` the test's time, so tests drive expiry on every backend alike.
    */
   readonly now: () => Statement.Fragment
+  /** The test's time under `TestClock`, else `undefined` (the statements read the database's clock). */
+  readonly testNow: (() => number) | undefined
+  /** The database's clock, as SQL. */
+  readonly databaseNow: Statement.Fragment
   readonly lockTimeoutMillis: number
   /** A transaction that writes: on SQLite it takes the file's write lock first (`Sql.writeTransaction`). */
   readonly writeTransaction: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | SqlError, R>
@@ -78,6 +83,8 @@ export const open = (
       lock: sql(queueNames.lock),
       audit: sql(queueNames.audit),
       now: () => testNow === undefined ? databaseNow : sql`${testNow()}`,
+      testNow,
+      databaseNow,
       lockTimeoutMillis: Math.round(Duration.toMillis(config.lockTimeout)),
       writeTransaction: Sql.writeTransaction(sql)
     }
@@ -144,8 +151,37 @@ const migrate = (db: Db) => {
     // statement of data-modifying CTEs: every statement of a function sees what committed before it ran,
     // so the entry is read after the lock row is held — a CTE would read it from the snapshot taken before
     // waiting for the lock, and decide on a state another agent had already changed.
-    "2_coordination_functions": db.dialect === "pg" ? createFunctions(db) : Effect.void
+    "2_coordination_functions": db.dialect === "pg" ? createFunctions(db) : Effect.void,
+    // SQLite: every write transaction writes two pages fewer, and the file's checkpoints come that much less
+    // often. The audit log loses AUTOINCREMENT, whose counter in `sqlite_sequence` each insert rewrote: its
+    // rows are never deleted, so the largest id plus one, which an INTEGER PRIMARY KEY takes, is the id
+    // AUTOINCREMENT gave. Its entry index leaves out the lock's rows (no entry), which no read by entry looks
+    // at. Columns, ids and rows stay as they were, so processes of either version share the table.
+    "3_audit_pages": db.dialect === "pg" ? Effect.void : rebuildAudit(db)
   })
+}
+
+/** The SQLite audit table of migration 3: copied into a table of the same columns, then put in its place. */
+const rebuildAudit = (db: Db) => {
+  const { audit, names, sql } = db
+  const rebuilt = sql(`${names.audit}_rebuilt`)
+  const columns = sql.literal("id, at, action, agent_id, entry_id, fencing_token, from_status, to_status, detail")
+  return Effect.all([
+    sql`CREATE TABLE ${rebuilt} (
+      id INTEGER PRIMARY KEY,
+      at BIGINT NOT NULL,
+      action TEXT NOT NULL,
+      agent_id TEXT,
+      entry_id BIGINT,
+      fencing_token BIGINT,
+      from_status TEXT,
+      to_status TEXT,
+      detail TEXT)`,
+    sql`INSERT INTO ${rebuilt} (${columns}) SELECT ${columns} FROM ${audit} ORDER BY id`,
+    sql`DROP TABLE ${audit}`,
+    sql`ALTER TABLE ${rebuilt} RENAME TO ${audit}`,
+    sql`CREATE INDEX ${sql(`${names.audit}_entry`)} ON ${audit} (entry_id, id) WHERE entry_id IS NOT NULL`
+  ], { discard: true })
 }
 
 /** A function body is text: it must carry no bound parameter (it would be read as the function's own `$n`). */

@@ -4,8 +4,8 @@
  *
  * - PostgreSQL: one call of a PL/pgSQL function (`schema.ts`) each.
  * - SQLite: one `BEGIN IMMEDIATE` transaction each, on a connection held for the call (`sqliteConnection.ts`),
- *   of two or three statements: conditional writes with `RETURNING` instead of a read then a write (a refused
- *   transition pays one read more, to say why). A claim first looks at the lock outside any transaction
+ *   of two or three statements compiled once (`compiled.ts`): conditional writes with `RETURNING` instead of a
+ *   read then a write (a refused transition pays one read more, to say why). A claim first looks at the lock outside any transaction
  *   (an idle poller must not queue for the file's write lock behind the agent at work), and its write is
  *   guarded by what it saw: the lock's token and holder unchanged, and no other agent's lock live. When
  *   the guard fails it looks again.
@@ -19,6 +19,7 @@ import type * as Statement from "@effect/sql/Statement"
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
 import type { Status } from "../../MergeQueue.js"
+import { compile, type Compiled, type Slots } from "./compiled.js"
 import { live, type MoveInputs, moveSet, needsRecovery, statusIn, verdict } from "./conditions.js"
 import { type AuditInsert, type EntryRow, isLive, type LockRow, type Numeric } from "./rows.js"
 import type { Db } from "./schema.js"
@@ -157,9 +158,130 @@ interface Look extends Partial<Record<keyof EntryRow, unknown>> {
 }
 
 const sqlite = (db: Db): Statements => {
-  const { audit, entries, lock, now, sql } = db
-  const held = withConnection(sql)
-  const isLiveNow = () => live(sql, now())
+  const { audit, entries, lock, sql } = db
+  const held = withConnection(sql, db.testNow)
+  const inProgress = (column: string) => statusIn(sql, column, Statuses.inProgress)
+
+  // Every statement is compiled here, once (`compiled.ts`); a call binds its values.
+
+  // An idle poller's look (another agent's lock is live) reads the lock row and stops there.
+  const look = compile<{ agentId: string }, Look>(db, (p, now) => {
+    const isLiveNow = live(sql, now)
+    const busy = sql`(${isLiveNow} AND v_lock.agent_id <> ${p.agentId})`
+    const stale = needsRecovery(sql, entries, { now, inProgress: inProgress("status") })
+    return sql<Look>`SELECT v_lock.agent_id AS lock_agent_id, v_lock.acquired_at AS lock_acquired_at,
+        v_lock.expires_at AS lock_expires_at, v_lock.fencing_token AS lock_fencing_token, ${now} AS now,
+        CASE WHEN ${busy} THEN 0 ELSE ${stale} END AS stale,
+        CASE WHEN ${busy} THEN 0 ELSE EXISTS (SELECT 1 FROM ${entries} WHERE status = 'pending') END AS pending,
+        own.*
+      FROM ${lock} AS v_lock LEFT JOIN ${entries} AS own ON ${isLiveNow} AND v_lock.agent_id = ${p.agentId}
+        AND ${inProgress("own.status")} AND own.fencing_token = v_lock.fencing_token
+      WHERE v_lock.id = 1 LIMIT 1`
+  })
+
+  const readLock = compile<Record<never, never>, LockRow & { now: Numeric }>(
+    db,
+    (_, now) => sql`SELECT agent_id, acquired_at, expires_at, fencing_token, ${now} AS now FROM ${lock} WHERE id = 1`
+  )
+
+  // Takes the lock the look saw — same token and holder, and no other agent's lock live now.
+  const takeLockStatement = compile<
+    { agentId: string; token: number; seenToken: number; seenAgent: string | null },
+    { at: Numeric }
+  >(db, (p, now) =>
+    sql`UPDATE ${lock} AS v_lock SET agent_id = ${p.agentId}, acquired_at = ${now},
+        expires_at = ${now} + ${db.lockTimeoutMillis}, fencing_token = ${p.token}
+      WHERE id = 1 AND fencing_token = ${p.seenToken} AND agent_id IS ${p.seenAgent}
+        AND NOT (${live(sql, now)} AND v_lock.agent_id <> ${p.agentId})
+      RETURNING acquired_at AS at`)
+
+  const claimEntry = compile<{ agentId: string; token: number; at: number }, EntryRow>(
+    db,
+    (p) =>
+      sql`UPDATE ${entries} SET status = 'claimed', agent_id = ${p.agentId}, fencing_token = ${p.token},
+        started_at = ${p.at}, state_changed_at = ${p.at}, attempt_count = attempt_count + 1
+      WHERE id = (SELECT id FROM ${entries} WHERE status = 'pending' ORDER BY priority, created_at, id LIMIT 1)
+      RETURNING *`
+  )
+
+  const releaseAudit = compile<{ token: number }, { id: Numeric }>(
+    db,
+    (p, now) =>
+      sql`INSERT INTO ${audit} (at, action, agent_id, fencing_token)
+      SELECT ${now}, 'lock_released', agent_id, fencing_token FROM ${lock}
+      WHERE id = 1 AND agent_id IS NOT NULL AND fencing_token = ${p.token}
+      RETURNING id`
+  )
+
+  const releaseLock = compile(
+    db,
+    () => sql`UPDATE ${lock} SET agent_id = NULL, acquired_at = NULL, expires_at = NULL WHERE id = 1`
+  )
+
+  const extendStatement = compile<
+    { token: number; extraMillis: number },
+    { agent_id: string; expires_at: Numeric; at: Numeric }
+  >(db, (p, now) =>
+    sql`UPDATE ${lock} AS v_lock SET expires_at = max(expires_at, ${now} + ${p.extraMillis})
+      WHERE id = 1 AND fencing_token = ${p.token} AND ${live(sql, now)}
+      RETURNING agent_id, expires_at, ${now} AS at`)
+
+  // Audit rows in one statement, a text per number of rows (a call writes one to three).
+  const auditInserts: Array<Compiled<{ rows: ReadonlyArray<AuditInsert> }, object>> = []
+  const insertAuditRows = (connection: Held, rows: ReadonlyArray<AuditInsert>) => {
+    const compiled = auditInserts[rows.length] ??= compileAuditInsert(db, rows.length)
+    return connection.run(compiled, { rows })
+  }
+
+  // A transition's three statements, compiled per target status (its rules are constants of the text).
+  interface MoveStatements {
+    /** Writes the audit row only when the move is allowed (it records the entry as it was). */
+    readonly audit: Compiled<MoveParams, { at: Numeric }>
+    /** The move, at the audit row's time. */
+    readonly update: Compiled<MoveParams & { at: number }, EntryRow>
+    /** Why it was refused (only a refused move pays for this read). */
+    readonly why: Compiled<MoveParams, Exclude<Verdict, { outcome: "ok" }> | { readonly outcome: "ok" }>
+  }
+  type MoveParams = { id: number; token: number | null; error: string | null }
+  const compileMove = (to: Status): MoveStatements => {
+    const facts = moveFacts(to)
+    const inputs = (p: Slots<MoveParams>, at: Statement.Fragment) => ({
+      now: at,
+      token: sql`${p.token}`,
+      to: sql`${to}`,
+      needsClaim: sql`${facts.needsClaim ? 1 : 0}`,
+      fromInProgress: inProgress("v_entry.status"),
+      fromAllowed: statusIn(sql, "v_entry.status", facts.allowedFrom),
+      staysActive: sql`${facts.staysActive ? 1 : 0}`,
+      error: sql`${p.error}`
+    } satisfies MoveInputs)
+    return {
+      audit: compile(
+        db,
+        (p, now) =>
+          sql`INSERT INTO ${audit} (at, action, agent_id, entry_id, fencing_token, from_status, to_status, detail)
+          SELECT ${now}, 'transition', v_entry.agent_id, v_entry.id, v_entry.fencing_token, v_entry.status,
+            ${to}, ${p.error}
+          FROM ${lock} AS v_lock JOIN ${entries} AS v_entry ON v_entry.id = ${p.id}
+          WHERE v_lock.id = 1 AND ${verdict(sql, inputs(p, now))} = 'ok'
+          RETURNING at`
+      ),
+      update: compile(
+        db,
+        (p) => sql`UPDATE ${entries} SET ${moveSet(sql, inputs(p, sql`${p.at}`))} WHERE id = ${p.id} RETURNING *`
+      ),
+      why: compile(db, (p, now) =>
+        sql`SELECT ${verdict(sql, inputs(p, now))} AS outcome, v_entry.status AS status,
+            v_entry.fencing_token AS fencing_token, v_lock.expires_at AS lock_expires_at
+          FROM ${lock} AS v_lock LEFT JOIN ${entries} AS v_entry ON v_entry.id = ${p.id} WHERE v_lock.id = 1`)
+    }
+  }
+  const moves = new Map<Status, MoveStatements>()
+  const moveStatements = (to: Status) => {
+    let found = moves.get(to)
+    if (found === undefined) moves.set(to, found = compileMove(to))
+    return found
+  }
 
   /** The lock as a write took it, the time it took it at, and the audit rows that taking it writes. */
   interface Taken {
@@ -182,11 +304,7 @@ const sqlite = (db: Db): Statements => {
     const seenToken = Number(seen.fencing_token)
     const token = newToken || seen.agent_id !== agentId ? seenToken + 1 : seenToken
     return Effect.map(
-      connection.exec(sql<{ at: Numeric }>`UPDATE ${lock} AS v_lock SET agent_id = ${agentId}, acquired_at = ${now()},
-          expires_at = ${now()} + ${db.lockTimeoutMillis}, fencing_token = ${token}
-        WHERE id = 1 AND fencing_token = ${seenToken} AND agent_id IS ${seen.agent_id}
-          AND NOT (${isLiveNow()} AND v_lock.agent_id <> ${agentId})
-        RETURNING acquired_at AS at`),
+      connection.run(takeLockStatement, { agentId, token, seenToken, seenAgent: seen.agent_id }),
       (rows) => {
         if (rows[0] === undefined) return conflict
         const at = Number(rows[0].at)
@@ -208,26 +326,10 @@ const sqlite = (db: Db): Statements => {
     )
   }
 
-  // An idle poller's look (another agent's lock is live) reads the lock row and stops there.
-  const look = (agentId: string) => {
-    const busy = sql`(${isLiveNow()} AND v_lock.agent_id <> ${agentId})`
-    const stale = needsRecovery(sql, entries, { now: now(), inProgress: statusIn(sql, "status", Statuses.inProgress) })
-    return sql<Look>`SELECT v_lock.agent_id AS lock_agent_id, v_lock.acquired_at AS lock_acquired_at,
-        v_lock.expires_at AS lock_expires_at, v_lock.fencing_token AS lock_fencing_token, ${now()} AS now,
-        CASE WHEN ${busy} THEN 0 ELSE ${stale} END AS stale,
-        CASE WHEN ${busy} THEN 0 ELSE EXISTS (SELECT 1 FROM ${entries} WHERE status = 'pending') END AS pending,
-        own.*
-      FROM ${lock} AS v_lock LEFT JOIN ${entries} AS own ON ${isLiveNow()} AND v_lock.agent_id = ${agentId}
-        AND ${statusIn(sql, "own.status", Statuses.inProgress)} AND own.fencing_token = v_lock.fencing_token
-      WHERE v_lock.id = 1 LIMIT 1`
-  }
+  type Claimed = Effect.Effect<ClaimOutcome | typeof conflict, SqlError>
 
-  const claimOnce = (
-    connection: Held,
-    agentId: string,
-    checkStale: boolean
-  ): Effect.Effect<ClaimOutcome | typeof conflict, SqlError> =>
-    Effect.flatMap(connection.exec(look(agentId)), (rows): Effect.Effect<ClaimOutcome | typeof conflict, SqlError> => {
+  const claimOnce = (connection: Held, agentId: string, checkStale: boolean): Claimed =>
+    Effect.flatMap(connection.run(look, { agentId }), (rows): Claimed => {
       const seen = rows[0]!
       const lockRow: LockRow = {
         agent_id: seen.lock_agent_id,
@@ -249,14 +351,10 @@ const sqlite = (db: Db): Statements => {
       return connection.write(Effect.gen(function*() {
         const taken = yield* takeLock(connection, lockRow, agentId, true)
         if (taken === conflict) return conflict
-        const claimed = yield* connection.exec(sql<EntryRow>`UPDATE ${entries} SET status = 'claimed',
-            agent_id = ${agentId}, fencing_token = ${taken.token}, started_at = ${taken.at},
-            state_changed_at = ${taken.at}, attempt_count = attempt_count + 1
-          WHERE id = (SELECT id FROM ${entries} WHERE status = 'pending' ORDER BY priority, created_at, id LIMIT 1)
-          RETURNING *`)
+        const claimed = yield* connection.run(claimEntry, { agentId, token: taken.token, at: taken.at })
         const entry = claimed[0]
         if (entry === undefined) return yield* new NothingPending()
-        yield* connection.exec(insertAudit(db, [...taken.audit, {
+        yield* insertAuditRows(connection, [...taken.audit, {
           at: taken.at,
           action: "claimed",
           agent_id: agentId,
@@ -264,48 +362,28 @@ const sqlite = (db: Db): Statements => {
           fencing_token: taken.token,
           from_status: "pending",
           to_status: "claimed"
-        }]))
+        }])
         return { outcome: "claimed" as const, token: taken.token, entry }
       })).pipe(Effect.catchTag("NothingPending", () => Effect.succeed({ outcome: "none" as const })))
     })
 
   const transitionOnce = (connection: Held, move: Move): Effect.Effect<Verdict | typeof conflict, SqlError> => {
-    const facts = moveFacts(move.to)
-    const inputs = (at: Statement.Fragment): MoveInputs => ({
-      now: at,
-      token: sql`${move.token ?? null}`,
-      to: sql`${move.to}`,
-      needsClaim: sql`${facts.needsClaim ? 1 : 0}`,
-      fromInProgress: statusIn(sql, "v_entry.status", Statuses.inProgress),
-      fromAllowed: statusIn(sql, "v_entry.status", facts.allowedFrom),
-      staysActive: sql`${facts.staysActive ? 1 : 0}`,
-      error: sql`${move.error ?? null}`
-    })
-    return connection.write(Effect.gen(function*() {
-      // The audit row first, written only when the move is allowed (it records the entry as it was), then
-      // the move itself, at the same time.
-      const audited = yield* connection.exec(sql<{ at: Numeric }>`INSERT INTO ${audit}
-          (at, action, agent_id, entry_id, fencing_token, from_status, to_status, detail)
-        SELECT ${now()}, 'transition', v_entry.agent_id, v_entry.id, v_entry.fencing_token, v_entry.status,
-          ${move.to}, ${move.error ?? null}
-        FROM ${lock} AS v_lock JOIN ${entries} AS v_entry ON v_entry.id = ${move.id}
-        WHERE v_lock.id = 1 AND ${verdict(sql, inputs(now()))} = 'ok'
-        RETURNING at`)
-      if (audited[0] !== undefined) {
-        const at = sql`${Number(audited[0].at)}`
-        const moved = yield* connection.exec(sql<EntryRow>`UPDATE ${entries} SET ${moveSet(sql, inputs(at))}
-          WHERE id = ${move.id} RETURNING *`)
-        return { outcome: "ok" as const, entry: moved[0]! }
-      }
-      // Refused: why (only a refused move pays for this read).
-      const [why] = yield* connection.exec(sql<
-        Exclude<Verdict, { outcome: "ok" }> | { readonly outcome: "ok" }
-      >`SELECT ${verdict(sql, inputs(now()))} AS outcome, v_entry.status AS status,
-          v_entry.fencing_token AS fencing_token, v_lock.expires_at AS lock_expires_at
-        FROM ${lock} AS v_lock LEFT JOIN ${entries} AS v_entry ON v_entry.id = ${move.id} WHERE v_lock.id = 1`)
-      // Allowed now but not a moment ago: the clock moved back between the statements. Try again.
-      return why!.outcome === "ok" ? conflict : why as Verdict
-    }))
+    const statements = moveStatements(move.to)
+    const params: MoveParams = { id: move.id, token: move.token ?? null, error: move.error ?? null }
+    // The audit row first, written only when the move is allowed, then the move itself, at the same time.
+    return connection.write(
+      Effect.flatMap(connection.run(statements.audit, params), (audited) =>
+        audited[0] !== undefined
+          ? Effect.map(
+            connection.run(statements.update, { ...params, at: Number(audited[0].at) }),
+            (moved): Verdict => ({ outcome: "ok", entry: moved[0]! })
+          )
+          : Effect.map(
+            connection.run(statements.why, params),
+            // Allowed now but not a moment ago: the clock moved back between the statements. Try again.
+            ([why]) => why!.outcome === "ok" ? conflict : why as Verdict
+          ))
+    )
   }
 
   return {
@@ -317,13 +395,13 @@ const sqlite = (db: Db): Statements => {
     acquire: (agentId) =>
       held((connection) =>
         untilSettled(
-          Effect.flatMap(connection.exec(readLockStatement(db, false)), ([seen]) =>
+          Effect.flatMap(connection.run(readLock, {}), ([seen]) =>
             isLive(seen!, Number(seen!.now)) && seen!.agent_id !== agentId
               ? Effect.succeed(undefined)
               : connection.write(Effect.gen(function*() {
                 const taken = yield* takeLock(connection, seen!, agentId, false)
                 if (taken === conflict) return conflict
-                yield* connection.exec(insertAudit(db, taken.audit))
+                yield* insertAuditRows(connection, taken.audit)
                 return taken.token
               }))),
           Effect.succeed(undefined)
@@ -331,34 +409,24 @@ const sqlite = (db: Db): Statements => {
       ),
     release: (token) =>
       held((connection) =>
-        connection.write(Effect.gen(function*() {
-          const released = yield* connection.exec(sql`INSERT INTO ${audit} (at, action, agent_id, fencing_token)
-            SELECT ${now()}, 'lock_released', agent_id, fencing_token FROM ${lock}
-            WHERE id = 1 AND agent_id IS NOT NULL AND fencing_token = ${token}
-            RETURNING id`)
-          if (released.length === 0) return false
-          yield* connection.exec(
-            sql`UPDATE ${lock} SET agent_id = NULL, acquired_at = NULL, expires_at = NULL WHERE id = 1`
-          )
-          return true
-        }))
+        connection.write(Effect.flatMap(connection.run(releaseAudit, { token }), (released) =>
+          released.length === 0
+            ? Effect.succeed(false)
+            : Effect.as(connection.run(releaseLock, {}), true)))
       ),
     extend: (token, extraMillis) =>
       held((connection) =>
         connection.write(Effect.gen(function*() {
-          const extended = yield* connection.exec(sql<{ agent_id: string; expires_at: Numeric; at: Numeric }>`UPDATE
-              ${lock} AS v_lock SET expires_at = max(expires_at, ${now()} + ${extraMillis})
-            WHERE id = 1 AND fencing_token = ${token} AND ${isLiveNow()}
-            RETURNING agent_id, expires_at, ${now()} AS at`)
+          const extended = yield* connection.run(extendStatement, { token, extraMillis })
           const row = extended[0]
           if (row === undefined) return false
-          yield* connection.exec(insertAudit(db, [{
+          yield* insertAuditRows(connection, [{
             at: Number(row.at),
             action: "lock_extended",
             agent_id: row.agent_id,
             fencing_token: token,
             detail: `until ${row.expires_at}`
-          }]))
+          }])
           return true
         }))
       ),
@@ -369,6 +437,16 @@ const sqlite = (db: Db): Statements => {
           Effect.dieMessage("MergeQueue: the database's clock keeps moving back")
         )
       )
+  }
+}
+
+/** Audit rows inserted by one statement, `count` of them: the text `insertAudit` makes, compiled once. */
+const compileAuditInsert = (db: Db, count: number): Compiled<{ rows: ReadonlyArray<AuditInsert> }, object> => {
+  const empty: AuditInsert = { at: 0, action: "claimed" }
+  const text = insertAudit(db, Array.from({ length: count }, () => empty)).compile()[0]
+  return {
+    text,
+    values: ({ rows }) => rows.flatMap((row) => Object.values(auditRow(row)))
   }
 }
 
