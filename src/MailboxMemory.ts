@@ -328,7 +328,8 @@ export const make = <A, R = never>(
           const entry = store.takeReady()
           if (entry === undefined) break
           entry.deliveryCount++
-          const handle = randomUUID()
+          // Flattened by `toLowerCase` (a no-op on a UUID): Node's UUID is a tree of strings, several times the size.
+          const handle = randomUUID().toLowerCase()
           entry.receiptHandle = handle
           store.hide(entry, now + visibilityMillis)
           received.push(new MemoryMessage<A, R>(name, clock, store, entry, handle, entry.deliveryCount))

@@ -39,13 +39,11 @@
  */
 import * as Cause from "effect/Cause"
 import * as Context from "effect/Context"
-import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
-import * as FiberRef from "effect/FiberRef"
 import * as MetricLabel from "effect/MetricLabel"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
@@ -53,21 +51,21 @@ import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { setCurrent } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { loopNameProblem } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
-import { exporting, parseTraceparent } from "./internal/tracing.js"
-import { annotated, makeCell } from "./internal/worker/annotations.js"
+import { parseTraceparent } from "./internal/tracing.js"
+import * as Environment from "./internal/worker/environment.js"
 import * as HeldLeases from "./internal/worker/heldLease.js"
 import * as Metrics from "./internal/worker/metrics.js"
 import * as Receive from "./internal/worker/receive.js"
 import {
   interruptGrace as grace,
+  Latch,
+  prepareRun,
   type RunState,
-  stopWithin as stop,
-  validateRunOptions
+  stopWithin as stop
 } from "./internal/worker/runState.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import * as SettleFailure from "./internal/worker/settleFailure.js"
@@ -208,6 +206,7 @@ export const make = <A, R, Out, E, Req>(
     const heartbeat = yield* Heartbeat.make
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
+    const environment = Environment.make(name, context as Context.Context<never>, heartbeat)
     let state: RunState<A, R> | undefined
 
     const nackAll = (messages: ReadonlyArray<Message<A, R>>) =>
@@ -286,11 +285,15 @@ export const make = <A, R, Out, E, Req>(
       Metrics.messagesProcessed.unsafeUpdate(1, run.metricLabels)
       // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
       // overlap and handing it to the settler would cost a wake-up for nothing.
-      if (run.next >= run.pending.length && run.settler.idle()) {
-        return run.settler.settleGroup([{ message, reply }])
+      if (run.next >= run.pending.length && (run.settler === undefined || run.settler.idle())) {
+        return Settler.settleGroup([{ message, reply }], retryAfter)
       }
-      if (run.traced) return run.settler.queueInSpan({ message, reply })
-      run.settler.queue({ message, reply })
+      const settler = run.settler ??= Settler.make(
+        retryAfter,
+        (body) => Environment.forkSettler(environment, run.caller, body)
+      )
+      if (run.traced) return settler.queueInSpan({ message, reply })
+      settler.queue({ message, reply })
       return Effect.void
     }
 
@@ -348,7 +351,7 @@ export const make = <A, R, Out, E, Req>(
             yield* heartbeat.beat
             // A closed mailbox answers every receive at once with nothing: looked at only then.
             if (run.pending.length === 0 && (yield* mailbox.isClosed)) return
-            const previous = run.settler.nextBatch()
+            const previous = run.settler?.nextBatch()
             if (previous !== undefined) yield* restore(previous)
             while (run.next < run.pending.length) {
               const message = run.pending[run.next++]!
@@ -372,22 +375,24 @@ export const make = <A, R, Out, E, Req>(
 
     /**
      * Starts the loop fiber of `current`. It is interruptible however `run` was called (a layer, a
-     * finalizer), so a shutdown can always stop it. The settler is its child: it stops after the loop, once
-     * every settle is done, and cannot outlive it. However the loop ends, what it had received and not
+     * finalizer), so a shutdown can always stop it. The settler, when the run has one, stops after the loop,
+     * once every settle is done, and cannot outlive it. However the loop ends, what it had received and not
      * settled goes back: unstarted messages at once, a message in hand when the loop died after `retryAfter`
      * (it may be what killed the loop; it must not come straight back and kill the next one).
      */
     const startLoop = (
       current: RunState<A, R>,
-      loopContext: Context.Context<Req | MailboxResolver>,
       receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
       maxIterations: number
     ) => {
-      // The loop's fiber runs under its heartbeat: `Heartbeat.beat` anywhere in a handler (or a fiber it forks)
-      // beats it. Set on the fiber, which does nothing else, rather than around the loop (`Heartbeat.within`).
-      const body = Effect.zipRight(
-        setCurrent(heartbeat),
-        loop(current, receiveOptions, maxIterations).pipe(Effect.provide(loopContext))
+      // The fiber first sets what it runs with, once (`internal/worker/environment`): its context, heartbeat
+      // (`Heartbeat.beat` anywhere in a handler, or a fiber it forks, beats it), annotations and loggers. Built
+      // in the fiber's first step, so that no frame holds the set-up or the loop's description for the run.
+      const body = Effect.suspend(() =>
+        Effect.zipRight(
+          Environment.setUpLoop(environment, options.annotations === undefined ? undefined : current.annotations),
+          loop(current, receiveOptions, maxIterations) as Effect.Effect<void>
+        )
       )
       const giveBack = (exit: Exit.Exit<void>) =>
         Effect.suspend(() => {
@@ -395,6 +400,8 @@ export const make = <A, R, Out, E, Req>(
           const pending = current.pending.slice(current.next)
           current.pending = []
           current.inHand = undefined
+          // The loop's own logs after a message do not carry its annotations (these are about other messages).
+          current.annotations.current = undefined
           const died = Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
           return Effect.zipRight(
             nackAll(pending),
@@ -403,87 +410,89 @@ export const make = <A, R, Out, E, Req>(
               : logSettleFailure("nack of the message in hand")(inHand.nack(died ? retryAfter(inHand) : Duration.zero))
           )
         })
-      return Effect.uninterruptible(Effect.flatMap(
-        Effect.fork(
-          Effect.interruptible(
-            Effect.provideService(current.settler.run, MailboxResolver, Context.get(loopContext, MailboxResolver))
-          )
-        ),
-        (settlerFiber) =>
-          Effect.interruptible(options.annotations === undefined ? body : annotated(current.annotations, body)).pipe(
-            Effect.onExit((exit) =>
-              giveBack(exit).pipe(
-                Effect.zipRight(current.extender.stop),
-                Effect.zipRight(current.settler.drained),
-                Effect.zipRight(Fiber.interrupt(settlerFiber))
-              )
+      return Effect.uninterruptible(
+        Effect.interruptible(body).pipe(
+          Effect.onExit((exit) =>
+            giveBack(exit).pipe(
+              Effect.zipRight(current.extender.stop),
+              Effect.zipRight(Effect.suspend(() => current.settler?.stop ?? Effect.void))
             )
           )
-      )).pipe(Effect.fork)
+        )
+      ).pipe(Effect.fork)
     }
 
+    /** Ends a run's claim on the loop: it can run again, and the `shutdown`s waiting for it hear it stopped. */
+    const release = (current: RunState<A, R>) =>
+      Effect.sync(() => {
+        if (state !== current) return
+        state = undefined
+        current.done.open()
+      })
+
+    /** A loop that died: counted and logged (a loop never dies silently), and `run` fails with its cause. */
+    const died = (cause: Cause.Cause<never>, metricLabels: ReadonlyArray<MetricLabel.MetricLabel>) => {
+      Metrics.loopFailures.unsafeUpdate(1, [...metricLabels, MetricLabel.make("loop", name)])
+      return Effect.zipRight(
+        Effect.logError(`Loop "${name}" died`, cause).pipe(Environment.annotateLogs(name)),
+        Effect.failCause(cause)
+      )
+    }
+
+    /**
+     * Claims the loop, starts its fiber and waits for it. Past the checks, a chain of a few steps (no generator,
+     * `ensuring` or `onInterrupt`): `run`'s fiber holds it for the whole run.
+     */
     const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError | AlreadyRunningError> =>
-      Effect.gen(function*() {
-        const { maxIterations, receiveOptions } = yield* validateRunOptions(runOptions)
-        const cell = yield* makeCell
-        const traced = yield* exporting
-        const metricLabels = yield* FiberRef.get(FiberRef.currentMetricLabels)
-        const done = yield* Deferred.make<void>()
-        // Replies need the resolver; a worker without one (the dead-letter consumer) only acknowledges.
-        const resolver = Option.getOrElse(
-          Context.getOption(context as Context.Context<never>, MailboxResolver),
-          () => MailboxResolver.fromMailboxes()
-        )
-        const loopContext = Context.add(context, MailboxResolver, resolver)
-        let mine: RunState<A, R> | undefined
+      Effect.flatMap(prepareRun(runOptions), ({ caller, cell, maxIterations, metricLabels, receiveOptions, traced }) =>
         // From claiming the loop to awaiting its fiber nothing can be interrupted: an interruption in between
         // would leave the loop marked running with nobody to finish it.
-        const exit = yield* Effect.uninterruptibleMask((restore) =>
-          Effect.gen(function*() {
+        Effect.uninterruptibleMask((restore) =>
+          Effect.suspend(() => {
             // Checked and claimed in one step: two runs cannot both start.
-            if (state !== undefined) {
-              return yield* new AlreadyRunningError({ name: `Loop "${name}"` })
-            }
-            const binding = yield* bind(heartbeat)
-            const current: RunState<A, R> = {
-              done,
-              stopping: false,
-              interruptedWork: false,
-              interrupting: false,
-              phase: "processing",
-              pending: [],
-              next: 0,
-              inHand: undefined,
-              fiber: undefined,
-              extender: binding,
-              settler: Settler.make(retryAfter),
-              annotations: cell,
-              traced,
-              metricLabels
-            }
-            mine = current
-            state = current
-            const fiber = yield* startLoop(current, loopContext, receiveOptions, maxIterations)
-            current.fiber = fiber
-            // Interrupting `run` interrupts the loop (and so the in-flight handler, which gives its message
-            // back), waiting at most `interruptGrace` for it.
-            return yield* restore(Fiber.await(fiber)).pipe(
-              Effect.onInterrupt(() => stopWithin(current, fiber, "run was interrupted"))
-            )
-          }).pipe(
-            Effect.ensuring(Effect.suspend(() => {
-              if (mine === undefined || state !== mine) return Effect.void
-              state = undefined
-              return Deferred.succeed(done, undefined)
-            }))
-          )
-        )
-        // Stopped (maxIterations, the mailbox closed) or stopped by a shutdown: nothing to report.
-        if (Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)) return
-        Metrics.loopFailures.unsafeUpdate(1, [...metricLabels, MetricLabel.make("loop", name)])
-        yield* Effect.logError(`Loop "${name}" died`, exit.cause)
-        return yield* Effect.failCause(exit.cause)
-      }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
+            if (state !== undefined) return Effect.fail(new AlreadyRunningError({ name: `Loop "${name}"` }))
+            return Effect.flatMap(bind(heartbeat), (binding) => {
+              const current: RunState<A, R> = {
+                done: new Latch(),
+                stopping: false,
+                interruptedWork: false,
+                interrupting: false,
+                phase: "processing",
+                pending: [],
+                next: 0,
+                inHand: undefined,
+                fiber: undefined,
+                extender: binding,
+                settler: undefined,
+                caller,
+                annotations: cell,
+                traced,
+                metricLabels
+              }
+              state = current
+              return Effect.flatMap(startLoop(current, receiveOptions, maxIterations), (fiber) => {
+                current.fiber = fiber
+                // However the wait ends, the claim ends with it. Interrupting `run` interrupts the loop (and so the
+                // in-flight handler, which gives its message back), waiting at most `interruptGrace` for it.
+                return Effect.matchCauseEffect(restore(Fiber.await(fiber)), {
+                  onFailure: (cause) =>
+                    Effect.zipRight(
+                      Cause.isInterruptedOnly(cause) ? stopWithin(current, fiber, "run was interrupted") : Effect.void,
+                      Effect.zipRight(release(current), Effect.failCause(cause))
+                    ),
+                  // Stopped (maxIterations, the mailbox closed) or stopped by a shutdown: nothing to report.
+                  onSuccess: (exit) =>
+                    Effect.zipRight(
+                      release(current),
+                      Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)
+                        ? Effect.void
+                        : died(exit.cause, metricLabels)
+                    )
+                })
+              })
+            })
+          })
+        ))
 
     const stopWithin = (current: RunState<A, R>, fiber: Fiber.RuntimeFiber<void>, why: string) =>
       stop(name, current, fiber, why)
@@ -508,7 +517,7 @@ export const make = <A, R, Out, E, Req>(
         if (current.phase === "receiving" && current.fiber !== undefined) yield* Fiber.interruptFork(current.fiber)
         // Interruptible even when the caller is not (a finalizer, an `onInterrupt`): otherwise the timeout
         // could never interrupt the wait, and a stuck handler would hold the stop for ever.
-        const stopped = yield* Effect.timeoutOption(Effect.interruptible(Deferred.await(current.done)), timeout)
+        const stopped = yield* Effect.timeoutOption(Effect.interruptible(current.done.await), timeout)
         if (Option.isNone(stopped)) {
           current.interruptedWork = true
           yield* Effect.logWarning(`Shutdown timed out after ${Duration.format(timeout)}; interrupting in-flight work`)
@@ -516,7 +525,7 @@ export const make = <A, R, Out, E, Req>(
         }
         // Whoever stopped it: a second caller of `shutdown` hears about the first one's interruption too.
         return !current.interruptedWork
-      }).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
+      }).pipe(Environment.annotateLogs(name))
 
     return {
       name,

@@ -4,12 +4,12 @@
  *
  * Two FiberRef writes and a HashMap per message cost more than a short
  * handler's whole turn, so a run keeps the annotations of the message in hand
- * in a cell that its loggers read: `annotated` wraps the loggers it finds once
- * per run, the loop fills the cell while a message is in hand, and a fiber
- * forked meanwhile keeps a copy of the cell as it was when forked (it keeps
- * the message it was forked for after the loop moves on). A worker running
- * inside another's handler chains its cell to the outer one, the inner
- * annotations winning.
+ * in a cell that its loggers read: `setAnnotated` wraps the loop fiber's
+ * loggers as the run starts, the loop fills the cell while a message is in
+ * hand, and a fiber forked meanwhile keeps a copy of the cell as it was when
+ * forked (it keeps the message it was forked for after the loop moves on). A
+ * worker running inside another's handler chains its cell to the outer one,
+ * the inner annotations winning.
  */
 import * as Effect from "effect/Effect"
 import * as FiberRef from "effect/FiberRef"
@@ -71,9 +71,26 @@ const annotating = (logger: Logger.Logger<unknown, unknown>): Logger.Logger<unkn
   return wrapped
 }
 
-/** Runs `loop` with `cell` as its fiber's cell and the loggers it finds wrapped to add the cell's annotations. */
-export const annotated = <A, E, R>(cell: AnnotationCell, loop: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
-  loop.pipe(
-    Effect.locallyWith(FiberRef.currentLoggers, HashSet.map(annotating)),
-    Effect.locally(annotationCell, cell)
-  )
+/**
+ * The wrapped set of each set of loggers met so far: loops started under the same loggers share one, rather
+ * than each holding a copy for its whole run.
+ */
+type Loggers = typeof FiberRef.currentLoggers extends FiberRef.FiberRef<infer A> ? A : never
+const wrappedSets = new WeakMap<Loggers, Loggers>()
+
+const wrapLoggers = (loggers: Loggers): Loggers => {
+  let wrapped = wrappedSets.get(loggers)
+  if (wrapped === undefined) {
+    wrapped = HashSet.map(loggers, annotating)
+    wrappedSets.set(loggers, wrapped)
+  }
+  return wrapped
+}
+
+/**
+ * Makes `cell` the calling fiber's cell and wraps the loggers it has to add the cell's annotations, for the rest
+ * of the fiber's life: for a fiber that does nothing but the run (a worker's loop), where `Effect.locally` would
+ * keep a frame on its stack for the whole run.
+ */
+export const setAnnotated = (cell: AnnotationCell): Effect.Effect<void> =>
+  Effect.zipRight(FiberRef.update(FiberRef.currentLoggers, wrapLoggers), FiberRef.set(annotationCell, cell))

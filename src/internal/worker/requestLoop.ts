@@ -25,7 +25,6 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
-import { randomUUID } from "node:crypto"
 import { hostname } from "node:os"
 import * as Budget from "../../Budget.js"
 import * as DeadLetter from "../../DeadLetter.js"
@@ -41,6 +40,7 @@ import { counter } from "../metrics.js"
 import * as Options from "../options.js"
 import { idsOf, perMessageHere } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
+import { randomUUID } from "./uuid.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
 export interface Envelope {

@@ -2,21 +2,50 @@
  * The state of one `MailboxWorker` run, which the loop, its stop and its cleanup share, and the check of
  * `run`'s options.
  */
-import type * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
+import * as FiberRef from "effect/FiberRef"
 import type * as MetricLabel from "effect/MetricLabel"
 import { InvalidParameterError, type Message } from "../../Mailbox.js"
 import type { RunOptions } from "../../MailboxWorker.js"
 import type { Binding } from "../leaseExtender.js"
 import { validateReceiveOptions } from "../mailbox/validation.js"
-import type { AnnotationCell } from "./annotations.js"
+import { exporting } from "../tracing.js"
+import { type AnnotationCell, makeCell } from "./annotations.js"
 import type * as Settler from "./settler.js"
+
+/**
+ * Opened once, when a run ends; `await` resumes when it is. A `Deferred` would do, but Effect makes each one by
+ * spreading a prototype into an object literal, which gives it a hidden class of its own: many times the size
+ * of this, for every run.
+ */
+export class Latch {
+  private opened = false
+  private waiters: Array<() => void> | undefined = undefined
+  open(): void {
+    this.opened = true
+    const waiters = this.waiters
+    this.waiters = undefined
+    if (waiters !== undefined) { for (const resume of waiters) resume() }
+  }
+  get await(): Effect.Effect<void> {
+    return Effect.async<void>((resume) => {
+      if (this.opened) return resume(Effect.void)
+      const waiter = () => resume(Effect.void)
+      this.waiters = this.waiters === undefined ? [waiter] : [...this.waiters, waiter]
+      // Interrupted (a shutdown's timeout): forgotten, so a latch never opened keeps no dead waiters.
+      return Effect.sync(() => {
+        this.waiters = this.waiters?.filter((other) => other !== waiter)
+      })
+    })
+  }
+}
 
 /** One run's state. */
 export interface RunState<A, R> {
-  readonly done: Deferred.Deferred<void>
+  /** Opened when the run ends, whoever ends it: what `shutdown` waits for. */
+  readonly done: Latch
   stopping: boolean
   /** Work was interrupted (a shutdown's timeout, an interrupted `run`): the stop is not clean. */
   interruptedWork: boolean
@@ -33,8 +62,13 @@ export interface RunState<A, R> {
   fiber: Fiber.RuntimeFiber<void> | undefined
   /** The lease extender, bound to the loop's heartbeat for the run. */
   readonly extender: Binding
-  /** Successful messages' replies and acknowledgements, committed in the background. */
-  readonly settler: Settler.Settler<A, R>
+  /**
+   * Successful messages' replies and acknowledgements, committed in the background: made with its fiber on the
+   * first settle queued (a loop taking one message at a time settles in line and never makes one).
+   */
+  settler: Settler.Settler<A, R> | undefined
+  /** `run`'s fiber, waiting for the loop's: the settler's fiber starts as a fork of it would. */
+  readonly caller: Fiber.RuntimeFiber<unknown, unknown>
   /** The annotations of the message in hand, which the run's loggers add. */
   readonly annotations: AnnotationCell
   /** Whether handled messages are spans: an exporting tracer was installed when the run started. */
@@ -64,6 +98,20 @@ export const validateRunOptions = (runOptions: RunOptions | undefined) =>
         )
     }
   )
+
+/** What `run` checks and reads before it claims the loop: its options, what it runs with, and its fiber. */
+export const prepareRun = (runOptions: RunOptions | undefined) =>
+  Effect.gen(function*() {
+    const { maxIterations, receiveOptions } = yield* validateRunOptions(runOptions)
+    return {
+      maxIterations,
+      receiveOptions,
+      cell: yield* makeCell,
+      traced: yield* exporting,
+      metricLabels: yield* FiberRef.get(FiberRef.currentMetricLabels),
+      caller: yield* Effect.withFiberRuntime<Fiber.RuntimeFiber<unknown, unknown>>((fiber) => Effect.succeed(fiber))
+    }
+  })
 
 /**
  * How long a stop waits for a loop it interrupted (`MailboxWorker.interruptGrace`) before giving up on it.
@@ -95,6 +143,6 @@ export const stopWithin = <A, R>(
       return Effect.logError(
         `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
           "a settle is stuck (is the store reachable?); giving up on it"
-      )
+      ).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
     }
   )
