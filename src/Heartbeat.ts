@@ -49,7 +49,7 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { age as ageGauge, currentRef, monotonicMillis } from "./internal/heartbeat.js"
+import { age as ageGauge, beatRecords, currentRef, monotonicMillis, runAll } from "./internal/heartbeat.js"
 
 /**
  * A liveness signal with listeners.
@@ -178,10 +178,6 @@ interface State {
 }
 
 /** What a beat runs after the listeners were called: the work they asked for, in order. */
-const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<void> => {
-  if (work === undefined) return Effect.void
-  return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
-}
 
 /**
  * Makes a heartbeat whose first beat counts from now, on the clock of the fiber that makes it.
@@ -213,7 +209,7 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
     return [listeners.length === 0 ? undefined : collect(listeners, now), { last: now, listeners }]
   })
 
-  return {
+  const heartbeat: Heartbeat = {
     beat: Effect.flatMap(record, runAll),
     elapsed: Effect.map(
       Ref.get(state),
@@ -224,6 +220,8 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
     addListener,
     forkOnBeat
   }
+  beatRecords.set(heartbeat, record)
+  return heartbeat
 })
 
 // ---------------------------------------------------------------------------

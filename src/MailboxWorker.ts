@@ -23,9 +23,9 @@
  *
  * **What a message costs.** The loop runs under one `uninterruptibleMask` for the whole run (`restore` around
  * the receive's wait and the handler), the lease extender is bound to the loop's heartbeat once per run
- * (`internal/leaseExtender`: attaching a message is a field write), a beat allocates nothing, and a message
- * alone is settled in line: what is left per message is the Effect steps themselves (BENCHMARKS.md has the
- * figures against a bare receive → acknowledge loop).
+ * (`internal/leaseExtender`: attaching a message is a field write), a beat is one step (the heartbeat's
+ * `Ref.modify`; its listeners' work only when there is some), and a message alone is settled in line: what is
+ * left per message is the Effect steps themselves (BENCHMARKS.md counts them, against a bare loop).
  *
  * Traced (an exporting tracer installed), a message is handled in a span
  * `MailboxWorker.handle`, a child of the span it was sent in (`traceparent`),
@@ -51,6 +51,7 @@ import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
+import { beatRecords, runAll } from "./internal/heartbeat.js"
 import { binders } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { loopNameProblem } from "./internal/names.js"
@@ -204,6 +205,7 @@ export const make = <A, R, Out, E, Req>(
     const bind = binders.get(extender)!
     const keepLease = HeldLeases.keeper(extender.config)
     const heartbeat = yield* Heartbeat.make
+    const beatRecord = beatRecords.get(heartbeat)!
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     const environment = Environment.make(name, context as Context.Context<never>, heartbeat)
@@ -348,7 +350,8 @@ export const make = <A, R, Out, E, Req>(
             run.phase = "processing"
             // Every poll beats, empty ones included, when it returns; that beat counts for the batch's first
             // message, the others beat as they start.
-            yield* heartbeat.beat
+            const work = yield* beatRecord
+            if (work !== undefined) yield* runAll(work)
             // A closed mailbox answers every receive at once with nothing: looked at only then.
             if (run.pending.length === 0 && (yield* mailbox.isClosed)) return
             const previous = run.settler?.nextBatch()
@@ -364,7 +367,10 @@ export const make = <A, R, Out, E, Req>(
                 run.inHand = undefined
                 return yield* nackAll(rest)
               }
-              if (run.next > 1) yield* heartbeat.beat
+              if (run.next > 1) {
+                const work = yield* beatRecord
+                if (work !== undefined) yield* runAll(work)
+              }
               yield* process(run, message, restore)
               run.annotations.current = undefined
               run.inHand = undefined
@@ -385,9 +391,8 @@ export const make = <A, R, Out, E, Req>(
       receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
       maxIterations: number
     ) => {
-      // The fiber first sets what it runs with, once (`internal/worker/environment`): its context, heartbeat
-      // (`Heartbeat.beat` anywhere in a handler, or a fiber it forks, beats it), annotations and loggers. Built
-      // in the fiber's first step, so that no frame holds the set-up or the loop's description for the run.
+      // The fiber first sets what it runs with, once (`internal/worker/environment`: context, heartbeat,
+      // annotations, loggers), in its first step, so that no frame holds the set-up or the loop for the run.
       const body = Effect.suspend(() =>
         Effect.zipRight(
           Environment.setUpLoop(environment, options.annotations === undefined ? undefined : current.annotations),
@@ -439,10 +444,7 @@ export const make = <A, R, Out, E, Req>(
       )
     }
 
-    /**
-     * Claims the loop, starts its fiber and waits for it. Past the checks, a chain of a few steps (no generator,
-     * `ensuring` or `onInterrupt`): `run`'s fiber holds it for the whole run.
-     */
+    /** Claims the loop, starts its fiber and waits for it: a chain of a few steps, which `run`'s fiber holds. */
     const run = (runOptions?: RunOptions): Effect.Effect<void, InvalidParameterError | AlreadyRunningError> =>
       Effect.flatMap(prepareRun(runOptions), ({ caller, cell, maxIterations, metricLabels, receiveOptions, traced }) =>
         // From claiming the loop to awaiting its fiber nothing can be interrupted: an interruption in between

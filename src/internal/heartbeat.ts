@@ -26,6 +26,19 @@ export const currentRef: FiberRef.FiberRef<Heartbeat | undefined> = FiberRef.uns
  */
 export const setCurrent = (heartbeat: Heartbeat): Effect.Effect<void> => FiberRef.set(currentRef, heartbeat)
 
+/**
+ * A heartbeat's record step, for the loop that owns it (`Heartbeat.make` registers it): one `Ref.modify` of its
+ * state that records the beat and gives the work its listeners asked for, if any. The loop runs that work only
+ * when there is some, so a beat costs it one step (`beat` itself is the record step and a step for the work).
+ */
+export const beatRecords: WeakMap<Heartbeat, Effect.Effect<Array<Effect.Effect<void>> | undefined>> = new WeakMap()
+
+/** Runs the listeners' work of a beat, in registration order . */
+export const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<void> => {
+  if (work === undefined) return Effect.void
+  return work.length === 1 ? work[0]! : Effect.forEach(work, (effect) => effect, { discard: true })
+}
+
 /** Seconds since a loop's heartbeat last beat, by loop name (`Heartbeat.age`). */
 export const age: Metric.Metric.Gauge<number> = Metric.gauge("leasehold_heartbeat_age_seconds", {
   description: "Seconds since the loop's heartbeat last beat (monotonic clock)"
