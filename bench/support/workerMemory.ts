@@ -7,7 +7,7 @@
  * Modes: `baseline` imports only `effect` and runs a program that waits; `idle` runs one MainLoop on a
  * SQLite MailboxSql, in its long poll on an empty queue; `received` holds `leases` messages received from
  * one mailbox (10 a call), unacknowledged; `loops` runs `leases` MainLoops on one mailbox, each holding a
- * request in `execute` (lease extender attached, first extension done). Each mode imports only what it uses,
+ * request in `execute` (lease extender attached; no extension has run: `execute` does not beat). Each mode imports only what it uses,
  * so the baseline carries no leasehold or driver code.
  */
 import { performance } from "node:perf_hooks"
