@@ -40,7 +40,7 @@ import { counter } from "../metrics.js"
 import * as Options from "../options.js"
 import { idsOf, perMessageHere } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
-import { randomUUID } from "./uuid.js"
+import { uniqueId } from "./uuid.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
 export interface Envelope {
@@ -152,7 +152,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       const crossed = message.body.traceId === undefined ? idsOf(message.traceparent) : undefined
       return {
         workerId,
-        runId: randomUUID(),
+        runId: uniqueId(),
         requestId: message.body.requestId,
         attempt: message.deliveryCount,
         traceId: crossed?.traceId ?? message.body.traceId,
