@@ -333,19 +333,15 @@ export const make = <A, R, Out, E, Req>(
     ) =>
       Effect.uninterruptibleMask((restore) => {
         const receive = Receive.retrying(mailbox, receiveOptions, run.traced)
-        // Checked in the same step that marks the phase: a shutdown either sees "receiving" (and interrupts
-        // the wait) or was seen here — never a long poll that nobody cuts short.
-        const receiveBatch = Effect.suspend(() => {
-          if (run.stopping) return Effect.succeed([])
-          run.phase = "receiving"
-          return restore(receive())
-        })
         return Effect.gen(function*() {
           for (let iteration = 0; iteration < maxIterations; iteration++) {
+            // Checked in the same step that marks the phase: a shutdown either sees "receiving" (and interrupts
+            // the wait) or was seen here — never a long poll that nobody cuts short.
             if (run.stopping || run.interrupting) return
+            run.phase = "receiving"
             // Recorded in the step that receives (nothing can interrupt in between): a shutdown from here on
             // sees the batch and where it stands.
-            run.pending = yield* receiveBatch
+            run.pending = yield* restore(receive())
             run.next = 0
             run.phase = "processing"
             // Every poll beats, empty ones included, when it returns; that beat counts for the batch's first
