@@ -1,8 +1,12 @@
 /**
  * The `leasehold` command line. Exit codes: 0 done, 1 the work failed (a
- * database that cannot be reached, say — the message names the fix), 2 bad
- * arguments (the usage is printed). `leasehold demo-worker FILE NAME` is the
- * demo's worker process (started by `leasehold demo`, not listed).
+ * database that cannot be reached, a queue or dead letter that is not there —
+ * the message names the fix), 2 bad arguments (the usage is printed; a
+ * destructive command without `--yes` says what it would touch). Help pages
+ * are rendered by cli/help.ts; nothing it prints carries ANSI colour unless
+ * the stream is a terminal and `NO_COLOR` is unset. `leasehold demo-worker
+ * FILE NAME` is the demo's worker process (started by `leasehold demo`, not
+ * listed).
  */
 import * as Command from "@effect/cli/Command"
 import * as ValidationError from "@effect/cli/ValidationError"
@@ -13,11 +17,13 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Logger from "effect/Logger"
 import * as LogLevel from "effect/LogLevel"
+import * as Option from "effect/Option"
 import * as ParseResult from "effect/ParseResult"
 import * as operatorConsole from "../cli/console.js"
 import { InvalidDatabaseError, MissingDatabaseError } from "../cli/database.js"
 import * as demo from "../cli/demo.js"
 import * as health from "../cli/health.js"
+import * as Help from "../cli/help.js"
 import * as mailbox from "../cli/mailbox.js"
 import * as queue from "../cli/queue.js"
 import { InvalidParameterError } from "../Errors.js"
@@ -31,10 +37,33 @@ const root = Command.make("leasehold").pipe(
   Command.withSubcommands([demo.command, queue.command, mailbox.command, health.command, operatorConsole.command])
 )
 
-const cli = Command.run(root, { name: "leasehold", version: "0.1.0" })
+const version = "0.1.0"
+
+const cli = Command.run(root, { name: "leasehold", version })
+
+/** The console, without ANSI codes on a stream that is not a terminal or when `NO_COLOR` is set. */
+const plainWhereNeeded = Effect.consoleWith((console) => {
+  const plain = (stream: NodeJS.WriteStream, write: (...args: ReadonlyArray<unknown>) => Effect.Effect<void>) =>
+    Help.colorFor(stream)
+      ? write
+      : (...args: ReadonlyArray<unknown>) =>
+        write(...args.map((arg) => typeof arg === "string" ? Help.stripAnsi(arg) : arg))
+  return Effect.succeed<Console.Console>({
+    ...console,
+    log: plain(process.stdout, console.log),
+    info: plain(process.stdout, console.info),
+    error: plain(process.stderr, console.error),
+    warn: plain(process.stderr, console.warn)
+  })
+})
 
 // Logs go to stderr: stdout is the command's output (`--json` included), which scripts parse.
-const program = Effect.suspend(() => cli(process.argv)).pipe(
+const program = Effect.gen(function*() {
+  const args = process.argv.slice(2)
+  const help = yield* Help.requested(root, args, Help.styleFor(process.stdout), version)
+  return yield* Option.match(help, { onNone: () => cli(process.argv), onSome: (page) => Console.log(page) })
+}).pipe(
+  (run) => Effect.flatMap(plainWhereNeeded, (console) => Effect.withConsole(run, console)),
   Effect.provide([
     NodeContext.layer,
     Logger.replace(Logger.defaultLogger, Logger.withConsoleError(Logger.logfmtLogger))

@@ -30,10 +30,12 @@ const host = Options.text("host").pipe(
 )
 const allowHost = Options.text("allow-host").pipe(
   Options.withDescription(
-    "A name or address the console may be reached by besides loopback's (repeatable), e.g. the machine's name when\n" +
+    "A name or address the console may be reached by besides loopback's (repeatable), e.g. the machine's name when " +
       "--host binds every interface. Requests addressed to any other name are refused (DNS rebinding)."
   ),
-  Options.repeated
+  Options.repeated,
+  // Optional: shown as such in the usage.
+  Options.withDefault([])
 )
 const readOnly = Options.boolean("read-only").pipe(
   Options.withDescription("Show everything, change nothing: no action is offered or accepted.")
@@ -122,7 +124,7 @@ export const command = Command.make(
     })
 ).pipe(
   Command.withDescription(
-    "Serves the operator's console: mailboxes with in-flight leases and dead letters (redrive, delete), the\n" +
+    "Serves the operator's console: mailboxes with in-flight leases and dead letters (redrive, delete), the " +
       "merge queue's lock and audit log (recover now), work-lease domains. Refreshes live; binds loopback.\n" +
       "Example: leasehold console --db ./.leasehold/demo.db --port 8080 --read-only"
   )

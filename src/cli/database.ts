@@ -41,7 +41,7 @@ export class InvalidDatabaseError extends Schema.TaggedError<InvalidDatabaseErro
 
 export const db = Options.text("db").pipe(
   Options.withDescription(
-    "The database the workers use: a SQLite file (e.g. ./.leasehold/leasehold.db, sqlite:PATH, file:PATH) or a\n" +
+    "The database the workers use: a SQLite file (e.g. ./.leasehold/leasehold.db, sqlite:PATH, file:PATH) or a " +
       "postgres:// URL (percent-encode / ? # @ % and spaces in its password)."
   ),
   Options.optional

@@ -67,7 +67,7 @@ export const command = Command.make("demo", { size, workers, workMs, dir, json }
     if (summary.lost > 0) return yield* Effect.fail(new Error(`${summary.lost} requests were lost`))
   })).pipe(
     Command.withDescription(
-      "Runs every capability on a SQLite file: worker processes answer requests while one is killed, a deadline\n" +
+      "Runs every capability on a SQLite file: worker processes answer requests while one is killed, a deadline " +
         "stops a slow request, a work lease keeps order, a merge queue heals a crash. Ctrl-C drains and reports.\n" +
         "Example: leasehold demo --size 100 --json"
     )

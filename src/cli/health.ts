@@ -1,9 +1,13 @@
-/** `leasehold health`: asks a running worker's health server whether it is live and ready. */
+/**
+ * `leasehold health`: asks a running worker's health server whether it is live and ready. A `--url` that is not
+ * an http(s) URL is a usage error (exit 2); a worker that does not answer, or is not ready, exit 1.
+ */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
+import { InvalidParameterError } from "../Errors.js"
 import { redact, scrub } from "../internal/sql/target.js"
 
 /** The worker did not answer, or answered that it is not ready. `url` is shown without its password. */
@@ -38,8 +42,21 @@ const get = (base: string, path: string) =>
       })
   })
 
+/** Why `url` is not a health server's address, if it is not. */
+const urlProblem = (url: string): string | undefined => {
+  if (!URL.canParse(url)) return "must be an http:// or https:// URL, e.g. http://127.0.0.1:9464"
+  const { protocol } = new URL(url)
+  return protocol === "http:" || protocol === "https:"
+    ? undefined
+    : `must be an http:// or https:// URL, not ${protocol}// (e.g. http://127.0.0.1:9464)`
+}
+
 export const command = Command.make("health", { url, metrics, json }, (options) =>
   Effect.gen(function*() {
+    const problem = urlProblem(options.url)
+    if (problem !== undefined) {
+      return yield* new InvalidParameterError({ parameter: "--url", value: redact(options.url), reason: problem })
+    }
     const live = yield* get(options.url, "/health/live")
     const ready = yield* get(options.url, "/health/ready")
     const readiness = (() => {

@@ -2,7 +2,11 @@
  * `leasehold mailbox …`: look into a durable mailbox database from the shell
  * — `stats` (every queue: queued, in flight, delayed, dead letters), `peek`
  * (the next messages, not received), `dlq list`, `dlq redrive` (back to the
- * source queue) and `purge` (with `--yes`).
+ * source queue), `dlq delete` and `purge`. What acts on everything (a redrive
+ * or delete without `--queue`/`--id`, a delete of a queue's dead letters, a
+ * purge) needs `--yes`, and without it says how many rows it would touch
+ * (exit 2). A queue or dead letter that is not there is a `NotFoundError`
+ * (exit 1): a queue exists while it holds messages or dead letters.
  */
 import * as Args from "@effect/cli/Args"
 import * as Command from "@effect/cli/Command"
@@ -12,42 +16,79 @@ import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
+import { causeOf, clip } from "./errorText.js"
 import { ago, table } from "./table.js"
 
-/** A destructive command run without `--yes`: a usage error. */
-export class ConfirmationRequiredError extends Error {
-  readonly _tag = "ConfirmationRequiredError"
-}
+/** A command that acts on everything, run without `--yes`: a usage error saying how many rows it would touch. */
+export class ConfirmationRequiredError extends Schema.TaggedError<ConfirmationRequiredError>()(
+  "ConfirmationRequiredError",
+  { message: Schema.String }
+) {}
+
+/** A queue or dead letter the command names is not in the database (exit 1). */
+export class NotFoundError extends Schema.TaggedError<NotFoundError>()("NotFoundError", { message: Schema.String }) {}
 
 const common = { db, json, prefix }
 const iso = (time: DateTime.Utc) => DateTime.formatIso(time)
 const since = (time: DateTime.Utc, now: number) => ago(DateTime.toEpochMillis(time), now)
 const print = (asJson: boolean, value: unknown, text: () => string) =>
   Console.log(asJson ? JSON.stringify(value, null, 2) : text())
+const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
 
 type Common = { readonly db: Option.Option<string>; readonly prefix: string }
 
 /** Loaded when a command runs, so that `--help` does not load the SQL mailbox. */
 const admin = Effect.promise(() => import("../MailboxSqlAdmin.js"))
 
-const onQueues = <A, E>(options: Common, body: (queues: MailboxSqlAdmin.Queues) => Effect.Effect<A, E>) =>
+/** The operator's views of the database's queues and dead letters. */
+interface Mailbox {
+  readonly queues: MailboxSqlAdmin.Queues
+  readonly letters: MailboxSqlAdmin.DeadLetters
+  readonly prefix: string
+}
+
+const onMailbox = <A, E>(options: Common, body: (mailbox: Mailbox) => Effect.Effect<A, E>) =>
   admin.pipe(
-    Effect.flatMap((MailboxSqlAdmin) => MailboxSqlAdmin.queues({ prefix: options.prefix, create: false })),
+    Effect.flatMap((MailboxSqlAdmin) => {
+      const open = { prefix: options.prefix, create: false }
+      return Effect.zipWith(
+        MailboxSqlAdmin.queues(open),
+        MailboxSqlAdmin.deadLetters(open),
+        (queues, letters): Mailbox => ({ queues, letters, prefix: options.prefix })
+      )
+    }),
     Effect.flatMap(body),
     withDatabase(Option.getOrUndefined(options.db))
   )
 
-const onDeadLetters = <A, E>(options: Common, body: (letters: MailboxSqlAdmin.DeadLetters) => Effect.Effect<A, E>) =>
-  admin.pipe(
-    Effect.flatMap((MailboxSqlAdmin) => MailboxSqlAdmin.deadLetters({ prefix: options.prefix, create: false })),
-    Effect.flatMap(body),
-    withDatabase(Option.getOrUndefined(options.db))
-  )
+/** How many queue names a not-found message lists. */
+const namesShown = 10
+
+/**
+ * Fails `NotFoundError` unless `queue` holds messages or dead letters (a queue has no row of its own); a name no
+ * queue can have is an `InvalidParameterError`, as `peek` says.
+ */
+const existing = (mailbox: Mailbox, queue: string) =>
+  Effect.gen(function*() {
+    if ((yield* mailbox.queues.peek(queue, { limit: 1 })).length > 0) return
+    if ((yield* mailbox.letters.count({ queue })) > 0) return
+    const names = (yield* mailbox.queues.stats).map((stats) => stats.queue)
+    const known = names.length === 0
+      ? "it holds no queue at all"
+      : `its queues: ${names.slice(0, namesShown).map((name) => JSON.stringify(name)).join(", ")}${
+        names.length > namesShown ? `, and ${names.length - namesShown} more` : ""
+      }`
+    return yield* new NotFoundError({
+      message: `no queue ${JSON.stringify(queue)} with prefix "${mailbox.prefix}" in this database (no message nor ` +
+        `dead letter is stored under that name); ${known}`
+    })
+  })
 
 const stats = Command.make("stats", common, (options) =>
-  onQueues(options, (queues) =>
+  onMailbox(options, ({ queues }) =>
     Effect.gen(function*() {
       const all = yield* queues.stats
       const now = yield* Clock.currentTimeMillis
@@ -90,9 +131,10 @@ const peek = Command.make(
   "peek",
   { ...common, queue: Args.text({ name: "queue" }), limit },
   (options) =>
-    onQueues(options, (queues) =>
+    onMailbox(options, (mailbox) =>
       Effect.gen(function*() {
-        const messages = yield* queues.peek(options.queue, { limit: options.limit })
+        const messages = yield* mailbox.queues.peek(options.queue, { limit: options.limit })
+        if (messages.length === 0) yield* existing(mailbox, options.queue)
         const now = yield* Clock.currentTimeMillis
         yield* print(
           options.json,
@@ -104,7 +146,7 @@ const peek = Command.make(
             replyTo: Option.getOrNull(message.replyTo)
           })),
           () =>
-            messages.length === 0 ? `no messages in ${options.queue}` : table(
+            messages.length === 0 ? `no messages in ${options.queue} (only dead letters)` : table(
               ["id", "state", "deliveries", "enqueued", "reply to", "body"],
               messages.map((message) => [
                 message.id,
@@ -119,7 +161,7 @@ const peek = Command.make(
       }))
 ).pipe(
   Command.withDescription(
-    "The next messages of a queue in delivery order, without receiving them.\n" +
+    "The next messages of a queue in delivery order, without receiving them. A queue that holds nothing exits 1.\n" +
       "Example: leasehold mailbox peek requests --db ./.leasehold/demo.db --limit 5"
   )
 )
@@ -129,91 +171,189 @@ const queueOption = Options.text("queue").pipe(
   Options.optional
 )
 
+/** The most characters of a cause the table shows (`--json` has the whole error). */
+const causeShown = 300
+
 const dlqList = Command.make(
   "list",
   { ...common, queue: queueOption, limit },
   (options) =>
-    onDeadLetters(options, (letters) =>
+    onMailbox(options, (mailbox) =>
       Effect.gen(function*() {
-        const all = yield* letters.list({ queue: Option.getOrUndefined(options.queue), limit: options.limit })
+        const queue = Option.getOrUndefined(options.queue)
+        const all = yield* mailbox.letters.list({ queue, limit: options.limit })
+        if (all.length === 0 && queue !== undefined) yield* existing(mailbox, queue)
         const now = yield* Clock.currentTimeMillis
         yield* print(
           options.json,
           all.map((letter) => ({
             ...letter,
             enqueuedAt: iso(letter.enqueuedAt),
-            deadLetteredAt: iso(letter.deadLetteredAt)
+            deadLetteredAt: iso(letter.deadLetteredAt),
+            cause: causeOf(letter.error)
           })),
           () =>
             all.length === 0 ? "no dead letters" : table(
-              ["id", "queue", "deliveries", "dead-lettered", "error"],
+              ["id", "queue", "deliveries", "dead-lettered", "error (its cause; --json has it whole)"],
               all.map((letter) => [
                 letter.id,
                 letter.queue,
                 String(letter.deliveryCount),
                 since(letter.deadLetteredAt, now),
-                `${letter.errorTag}: ${letter.error.split("\n")[0]!.slice(0, 60)}`
+                clip(`${letter.errorTag}: ${causeOf(letter.error)}`, causeShown)
               ])
             )
         )
       }))
 ).pipe(
   Command.withDescription(
-    "Dead letters, oldest first, with the error that put them there.\n" +
+    "Dead letters, oldest first, with the cause of the error that put them there (--json: the whole error).\n" +
       "Example: leasehold mailbox dlq list --db ./.leasehold/demo.db --queue requests"
   )
 )
 
-const ids = Options.text("id").pipe(Options.withDescription("Only this dead letter (repeatable)."), Options.repeated)
+const ids = Options.text("id").pipe(
+  Options.withDescription("Only this dead letter (repeatable)."),
+  Options.repeated,
+  // Optional: shown as such in the usage.
+  Options.withDefault([])
+)
+
+const yes = Options.boolean("yes")
+
+/** What `dlq redrive` and `dlq delete` do to the dead letters selected. */
+interface LetterAction {
+  readonly verb: string
+  readonly done: (count: string) => string
+  readonly key: string
+  readonly run: (letters: MailboxSqlAdmin.DeadLetters, selection: MailboxSqlAdmin.Selection) => Effect.Effect<
+    number,
+    unknown
+  >
+  /** Whether acting on all of one queue's dead letters needs `--yes` too. */
+  readonly queueNeedsYes: boolean
+}
+
+/**
+ * Runs `action` on the dead letters `--queue` and `--id` select. Ids not there are a `NotFoundError` (exit 1),
+ * after acting on those that are; a `--queue` that holds nothing is one before anything is done; acting on
+ * every queue (and, for a delete, on all of one queue) without `--yes` is a `ConfirmationRequiredError` saying
+ * how many it would touch.
+ */
+const onLetters = (
+  options: Common & {
+    readonly json: boolean
+    readonly queue: Option.Option<string>
+    readonly id: ReadonlyArray<string>
+    readonly yes: boolean
+  },
+  action: LetterAction
+) =>
+  onMailbox(options, (mailbox) =>
+    Effect.gen(function*() {
+      const { letters } = mailbox
+      const queue = Option.getOrUndefined(options.queue)
+      const of = queue === undefined ? "every queue" : JSON.stringify(queue)
+      if (queue !== undefined) yield* existing(mailbox, queue)
+      const report = (n: number, notFound: ReadonlyArray<string>) =>
+        print(
+          options.json,
+          { [action.key]: n, ...(notFound.length > 0 ? { notFound } : {}) },
+          () => action.done(plural(n, "dead letter"))
+        )
+      if (options.id.length === 0) {
+        if (!options.yes && (queue === undefined || action.queueNeedsYes)) {
+          const count = yield* letters.count({ queue })
+          return yield* new ConfirmationRequiredError({
+            message: `${action.verb} would ${action.verb} ${plural(count, "dead letter")} of ${of}; add --yes` +
+              (queue === undefined ? ", or choose some with --queue or --id" : "")
+          })
+        }
+        return yield* Effect.flatMap(action.run(letters, { queue }), (n) => report(n, []))
+      }
+      const asked = [...new Set(options.id)]
+      const present = new Set(
+        (yield* letters.list({ queue, ids: asked, limit: Math.min(asked.length, 100_000) })).map((letter) => letter.id)
+      )
+      const notFound = asked.filter((id) => !present.has(id))
+      const missing = () =>
+        new NotFoundError({
+          message: `no dead letter with id ${notFound.join(", ")}${queue === undefined ? "" : ` from ${of}`}` +
+            " (already redriven or deleted? `leasehold mailbox dlq list` shows them)"
+        })
+      if (present.size === 0) return yield* missing()
+      yield* Effect.flatMap(action.run(letters, { queue, ids: [...present] }), (n) => report(n, notFound))
+      if (notFound.length > 0) return yield* missing()
+    }))
+
+const letterOptions = (what: string) => ({
+  ...common,
+  queue: queueOption,
+  id: ids,
+  yes: yes.pipe(Options.withDescription(`Really ${what}.`))
+})
 
 const dlqRedrive = Command.make(
   "redrive",
-  { ...common, queue: queueOption, id: ids },
+  letterOptions("redrive every queue's dead letters (without --queue or --id)"),
   (options) =>
-    onDeadLetters(options, (letters) =>
-      Effect.flatMap(
-        letters.redrive({
-          queue: Option.getOrUndefined(options.queue),
-          ids: options.id.length === 0 ? undefined : options.id
-        }),
-        (moved) =>
-          print(options.json, { redriven: moved }, () => `moved ${moved} dead letter(s) back to their source queue`)
-      ))
+    onLetters(options, {
+      verb: "redrive",
+      done: (count) => `moved ${count} back to their source queue`,
+      key: "redriven",
+      run: (letters, selection) => letters.redrive(selection),
+      queueNeedsYes: false
+    })
 ).pipe(
   Command.withDescription(
-    "Moves dead letters back to their source queue as new messages.\n" +
+    "Moves dead letters back to their source queue as new messages. Without --queue or --id it needs --yes.\n" +
       "Example: leasehold mailbox dlq redrive --db ./.leasehold/demo.db --queue requests"
   )
 )
 
-const dlq = Command.make("dlq").pipe(
-  Command.withDescription("The dead-letter table: list and redrive."),
-  Command.withSubcommands([dlqList, dlqRedrive])
+const dlqDelete = Command.make(
+  "delete",
+  letterOptions("delete every dead letter of --queue (or, without it, of every queue)"),
+  (options) =>
+    onLetters(options, {
+      verb: "delete",
+      done: (count) => `deleted ${count}`,
+      key: "deleted",
+      run: (letters, selection) => letters.purge(selection),
+      queueNeedsYes: true
+    })
+).pipe(
+  Command.withDescription(
+    "Deletes dead letters: by --id, or every one of --queue (or of every queue) with --yes.\n" +
+      "Example: leasehold mailbox dlq delete --db ./.leasehold/demo.db --id 42"
+  )
 )
 
-const yes = Options.boolean("yes").pipe(Options.withDescription("Really delete."))
+const dlq = Command.make("dlq").pipe(
+  Command.withDescription("The dead-letter table: list, redrive, delete."),
+  Command.withSubcommands([dlqList, dlqRedrive, dlqDelete])
+)
 
 const purge = Command.make(
   "purge",
-  { ...common, queue: Args.text({ name: "queue" }), yes },
+  { ...common, queue: Args.text({ name: "queue" }), yes: yes.pipe(Options.withDescription("Really delete.")) },
   (options) =>
-    onQueues(options, (queues) =>
+    onMailbox(options, (mailbox) =>
       Effect.gen(function*() {
+        yield* existing(mailbox, options.queue)
         if (!options.yes) {
-          const stats = (yield* queues.stats).find((queue) => queue.queue === options.queue)
+          const stats = (yield* mailbox.queues.stats).find((queue) => queue.queue === options.queue)
           const count = stats === undefined ? 0 : stats.queued + stats.inFlight + stats.delayed
-          return yield* Effect.fail(
-            new ConfirmationRequiredError(
-              `purge would delete ${count} message(s) of "${options.queue}", in flight ones included; add --yes`
-            )
-          )
+          return yield* new ConfirmationRequiredError({
+            message: `purge would delete ${count} message(s) of "${options.queue}", in flight ones included; add --yes`
+          })
         }
-        const deleted = yield* queues.purge(options.queue)
+        const deleted = yield* mailbox.queues.purge(options.queue)
         yield* print(options.json, { deleted }, () => `deleted ${deleted} message(s) from ${options.queue}`)
       }))
 ).pipe(
   Command.withDescription(
-    "Deletes every message of a queue (in flight ones too). Needs --yes.\n" +
+    "Deletes every message of a queue (in flight ones too; not its dead letters). Needs --yes.\n" +
       "Example: leasehold mailbox purge requests --db ./.leasehold/demo.db --yes"
   )
 )

@@ -123,7 +123,9 @@ const status = Command.make("status", common, (options) =>
 
 const statusFilter = Options.choice("status", statuses).pipe(
   Options.withDescription("Only entries in this status (repeatable)."),
-  Options.repeated
+  Options.repeated,
+  // Optional: shown as such in the usage.
+  Options.withDefault([])
 )
 const limit = limitOption("At most this many entries").pipe(Options.optional)
 
@@ -175,7 +177,7 @@ const recover = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "Self-heal now: clear an expired lock and return stuck in-progress entries to pending. Safe to repeat;\n" +
+    "Self-heal now: clear an expired lock and return stuck in-progress entries to pending. Safe to repeat; " +
       "never touches an entry whose agent still holds a live lock.\n" +
       "Example: leasehold queue recover --db postgres://user@host/db"
   )
