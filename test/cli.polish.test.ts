@@ -265,7 +265,9 @@ describe("leasehold's targets", () => {
           for (
             const [target, reason] of [
               ["mysql://root:hunter22@127.0.0.1/app", "unsupported scheme \"mysql:\""],
-              ["postgres://me:hunter22@127.0.0.1:port/app", "not a valid URL"]
+              ["postgres://me:hunter22@127.0.0.1:port/app", "not a valid URL"],
+              // No file by that name, and a URL that lost its colon.
+              ["postgres//me:hunter22@127.0.0.1/app", "no file by that name, and not a URL leasehold takes"]
             ] as const
           ) {
             const run = yield* leasehold(...args, "--db", target)

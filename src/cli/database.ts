@@ -4,10 +4,11 @@
  * same settings the library's layers use — `--prefix`, `--json` and a checked
  * `--limit`. A missing file or an unreachable server is a
  * `Database.DatabaseError` whose message says what to fix; a target that
- * names nothing leasehold opens (another scheme, a malformed URL) is a usage
- * error. No password ever reaches a message. A SQLite file is opened as it is
- * (its journal mode untouched), and the commands open existing tables only,
- * so looking never changes a database.
+ * names nothing leasehold opens (another scheme, a malformed URL, a missing
+ * "file" that reads as a mistyped URL) is a usage error. No password ever
+ * reaches a message. A SQLite file is opened as it is (its journal mode
+ * untouched), and the commands open existing tables only, so looking never
+ * changes a database.
  */
 import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as Options from "@effect/cli/Options"
@@ -81,6 +82,9 @@ export const targetOf = (target: string | undefined): string | undefined =>
     value !== undefined && value.trim() !== ""
   )?.trim()
 
+/** A name that reads as a mistyped URL (`postgres//host/db`, `me@host:5432/db`) rather than a file's. */
+const urlLike = /^[a-z][a-z0-9+.-]*\/\/|^[^/]*@/i
+
 /** The client for `--db` (falling back to `LEASEHOLD_DATABASE_URL` / `DATABASE_URL`). */
 export const client = (
   target: string | undefined
@@ -101,6 +105,15 @@ export const client = (
     )
   }
   const { filename } = parsed.right
+  if (!existsSync(filename) && urlLike.test(filename)) {
+    return Layer.fail(
+      new InvalidDatabaseError({
+        database: Target.redact(resolved),
+        reason: "no file by that name, and not a URL leasehold takes: write PostgreSQL as " +
+          "postgres://user:password@host:port/database"
+      })
+    )
+  }
   if (!existsSync(filename)) {
     return Layer.fail(
       new Database.DatabaseError({
