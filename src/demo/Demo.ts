@@ -2,23 +2,25 @@
  * `leasehold demo`: every capability working on the embedded default, in one
  * command. On a SQLite file it starts worker processes (each a `LoopGroup` of
  * `MainLoop.agent` loops, see worker.ts), enqueues requests and shows live
- * progress; part way through it SIGKILLs one worker, whose leased requests
- * come back after their visibility timeout and finish elsewhere; one request
- * carries a deadline too short for its work, and one stored body no longer
- * decodes and is dead-lettered. Then a `WorkLease` keeps
- * per-domain order across fibers and a `MergeQueue` drains with one crashed
- * agent healed. Ctrl-C (SIGINT) at any moment drains the workers and
- * reports what was left queued. It ends with a summary (or `--json`) and the
- * health URL it served.
+ * progress; part way through it SIGKILLs one worker mid-work, whose leased
+ * requests come back after their visibility timeout and finish elsewhere (a
+ * run too small for that kills none, and says so); one request carries a
+ * deadline too short for its work, and one stored body no longer decodes and
+ * is dead-lettered. Then every request id is matched to its replies, dead
+ * letters or place in the queue (collect.ts, ledger.ts): lost, duplicated and
+ * doubly-settled ids are named, and the replies are acknowledged as they are
+ * read. A `WorkLeaseSql` keeps per-domain order across fibers and a
+ * `MergeQueue` drains with one crashed agent healed, on the same file, so the
+ * operator's console shows every part. Ctrl-C (SIGINT) at any moment drains
+ * the workers and reports what was left queued. It ends with a summary (or
+ * `--json`) that states what the run proved, and the health URL it served.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
-import * as Schedule from "effect/Schedule"
 import type * as Scope from "effect/Scope"
 import { type ChildProcess, spawn } from "node:child_process"
 import { mkdirSync, rmSync } from "node:fs"
@@ -28,8 +30,11 @@ import * as Health from "../Health.js"
 import * as MailboxSql from "../MailboxSql.js"
 import * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import * as MainLoop from "../MainLoop.js"
-import * as MergeQueue from "../MergeQueue.js"
-import * as WorkLease from "../WorkLease.js"
+import * as Collect from "./collect.js"
+import { mergeQueuePhase, workLeasePhase } from "./coordination.js"
+import * as Faults from "./faults.js"
+import * as Ledger from "./ledger.js"
+import { corruptId, type DemoSummary, type Kill, plural, proof } from "./report.js"
 import { DemoRequest, DemoResponse } from "./schema.js"
 
 /** How big and how fast. */
@@ -42,29 +47,15 @@ export interface DemoOptions {
   readonly print: (line: string) => void
   /** Redraws the progress line in place (a terminal); otherwise prints a line now and then. */
   readonly live: boolean
+  /** Faults the demo's tests inject (faults.ts); none by default. */
+  readonly faults?: ReadonlyArray<Faults.Fault> | undefined
 }
 
-/** What the demo saw. */
-export interface DemoSummary {
-  readonly requests: number
-  readonly answered: number
-  readonly succeeded: number
-  readonly deadlineErrors: number
-  readonly otherErrors: number
-  readonly deadLettered: number
-  readonly redelivered: number
-  readonly executedMoreThanOnce: number
-  readonly lost: number
-  readonly leftQueued: number
-  readonly workers: number
-  readonly killed: Option.Option<{ readonly worker: string; readonly pid: number }>
-  readonly workLease: { readonly domains: number; readonly offsets: number; readonly inOrder: boolean }
-  readonly mergeQueue: { readonly merged: number; readonly entries: number; readonly healed: number }
-  readonly interrupted: boolean
-  readonly healthUrl: string | undefined
-  readonly database: string
-  readonly seconds: number
-}
+export type { DemoSummary, Kill } from "./report.js"
+export { format } from "./report.js"
+
+/** The kill happens once 30% is done; it needs a backlog left by then: at least 4 requests per loop (2 a worker). */
+export const smallestToKill = (workers: number): number => 4 * 2 * workers
 
 interface Worker {
   readonly name: string
@@ -94,81 +85,13 @@ const bar = (done: number, total: number, width = 30) => {
   return `[${"#".repeat(filled)}${".".repeat(width - filled)}]`
 }
 
-/** Per-domain order with a WorkLease: offsets arrive in order; one holder per domain at a time works them in order. */
-const workLeasePhase = Effect.gen(function*() {
-  const leases = yield* WorkLease.make({ maxRetries: 3 })
-  const domains = ["repo-a", "repo-b"]
-  const offsets = 6
-  const processed = new Map<string, Array<number>>(domains.map((domain) => [domain, []]))
-  const work = (domain: string, first: { token: string }, offset: number): Effect.Effect<void> =>
-    Effect.gen(function*() {
-      let token = first.token
-      let current = offset
-      for (;;) {
-        processed.get(domain)!.push(current)
-        yield* Effect.sleep("5 millis")
-        const next = yield* Effect.orDie(leases.succeed(domain, token))
-        if (next._tag === "NoBacklog") return
-        const acquired = yield* Effect.orDie(leases.tryAcquire(domain, next.offset))
-        if (acquired._tag !== "Acquired") return
-        token = acquired.token
-        current = next.offset
-      }
-    })
-  // Offsets arrive in order; whoever acquires one works through the backlog behind it on its own fiber.
-  // An arrival while the next holder is being handed the backlog head is told to wait (BacklogOrderingError).
-  const deliver = (domain: string) =>
-    Effect.gen(function*() {
-      const holders: Array<Fiber.RuntimeFiber<void>> = []
-      for (let offset = 0; offset < offsets; offset++) {
-        const result = yield* leases.tryAcquire(domain, offset).pipe(
-          Effect.retry({ schedule: Schedule.spaced("1 millis"), while: (e) => e._tag === "BacklogOrderingError" }),
-          Effect.orDie
-        )
-        if (result._tag === "Acquired") holders.push(yield* Effect.fork(work(domain, result, offset)))
-        yield* Effect.sleep("2 millis")
-      }
-      yield* Fiber.joinAll(holders)
-    })
-  yield* Effect.forEach(domains, deliver, { concurrency: "unbounded", discard: true })
-  const inOrder = domains.every((domain) =>
-    processed.get(domain)!.join(",") === Array.from({ length: offsets }, (_, i) => i).join(",")
-  )
-  return { domains: domains.length, offsets: domains.length * offsets, inOrder, processed }
-})
-
-/** A merge queue drains while one agent crashes holding the lock: its entry heals back after the lock timeout. */
-const mergeQueuePhase = Effect.gen(function*() {
-  const queue = yield* MergeQueue.make({ lockTimeout: "1 second" })
-  const entries = 5
-  for (let i = 1; i <= entries; i++) yield* queue.enqueue(`feature/${i}`, { priority: i === 3 ? 0 : 2 })
-  const crashed = Option.getOrThrow(yield* queue.nextWithLock("merger-1"))
-  yield* queue.transition(crashed, "rebasing") // …and merger-1 dies here, holding the lock
-  let last: MergeQueue.Claim | undefined
-  for (;;) {
-    const next = yield* queue.nextWithLock("merger-2")
-    if (Option.isNone(next)) {
-      const stats = yield* queue.stats
-      if (stats.byStatus.merged === entries) break
-      yield* Effect.sleep("100 millis")
-      continue
-    }
-    last = next.value
-    for (const status of ["rebasing", "testing", "ready_to_merge", "merging", "merged"] as const) {
-      yield* queue.transition(next.value, status)
-    }
-  }
-  if (last !== undefined) yield* queue.releaseProcessingLock(last)
-  const healed = (yield* queue.auditLog()).filter((row) => row.action === "entry_reclaimed").length
-  return { merged: (yield* queue.stats).byStatus.merged, entries, healed }
-})
-
 /** Runs the demo. Interrupting it (or SIGINT) drains the workers and still returns a summary. */
 export const run = (
   options: DemoOptions
 ): Effect.Effect<DemoSummary, unknown, Scope.Scope> =>
   Effect.gen(function*() {
     const started = yield* Clock.currentTimeMillis
+    const faults = options.faults ?? []
     mkdirSync(options.dir, { recursive: true })
     const filename = resolve(options.dir, "demo.db")
     for (const suffix of ["", "-wal", "-shm"]) rmSync(filename + suffix, { force: true })
@@ -193,31 +116,35 @@ export const run = (
     const responses = yield* MailboxSql.make({ name: "responses", schema: MainLoop.resultSchema(DemoResponse) }).pipe(
       Effect.provide(database)
     )
+    // Every request id sent, in order, with its message id: what the accounting matches against.
+    const sent = new Map<string, string>()
+    const send = (requestId: string, body: DemoRequest, deadline?: Deadline.Deadline) =>
+      Effect.map(
+        requests.send(MainLoop.request(body, { requestId, ...(deadline === undefined ? {} : { deadline }) }), {
+          replyTo: "responses"
+        }),
+        (seq) => void sent.set(requestId, seq)
+      )
     // One request whose deadline is far shorter than its work: it ends as a deadline error.
-    yield* requests.send(
-      MainLoop.request({ task: "too-slow", workMs: 10_000 }, {
-        requestId: "deadline-demo",
-        deadline: yield* Deadline.after("2 seconds")
-      }),
-      { replyTo: "responses" }
-    )
+    yield* send("deadline-demo", { task: "too-slow", workMs: 10_000 }, yield* Deadline.after("2 seconds"))
     // One request written by an older version of the app: its body no longer decodes, so it is dead-lettered.
-    const stale = yield* requests.send(
-      MainLoop.request({ task: "from-v1", workMs: options.workMs }, { requestId: "corrupt-demo" }),
-      { replyTo: "responses" }
-    )
+    yield* send(corruptId, { task: "from-v1", workMs: options.workMs })
     yield* sql`UPDATE leasehold_mailbox_messages SET body = ${
-      JSON.stringify({ requestId: "corrupt-demo", request: { task: 1 } })
-    } WHERE seq = ${Number(stale)}`
-    for (let i = 2; i < options.size; i++) {
-      yield* requests.send(MainLoop.request({ task: `task-${i}`, workMs: options.workMs }, { requestId: `r${i}` }), {
-        replyTo: "responses"
-      })
-    }
+      JSON.stringify({ requestId: corruptId, request: { task: 1 } })
+    } WHERE seq = ${Number(sent.get(corruptId))}`
+    for (let i = 2; i < options.size; i++) yield* send(`r${i}`, { task: `task-${i}`, workMs: options.workMs })
+    yield* Faults.afterSend(sql, faults, sent)
+    const killPlanned = options.size >= smallestToKill(options.workers)
     options.print(
       `leasehold demo: ${options.size} requests on ${filename}, ${options.workers} worker processes × 2 loops; ` +
         `health and metrics at ${health.url ?? "(none)"}`
     )
+    if (!killPlanned) {
+      options.print(
+        `no worker will be killed: --size ${options.size} is too small to kill one of ${options.workers} workers ` +
+          `mid-run (that takes at least ${smallestToKill(options.workers)} requests)`
+      )
+    }
 
     const workers: Array<Worker> = []
     yield* Effect.addFinalizer(() =>
@@ -243,7 +170,7 @@ export const run = (
       }
     })
 
-    let killed: Option.Option<{ readonly worker: string; readonly pid: number }> = Option.none()
+    let kill: { readonly worker: Worker; readonly held: ReadonlyArray<string> } | undefined
     let lastPrinted = 0
     let interrupted = false
     for (;;) {
@@ -256,18 +183,22 @@ export const run = (
         options.print(line)
         lastPrinted = yield* Clock.currentTimeMillis
       }
-      if (now.done + now.deadLettered >= options.size) break
+      // Done when no request is left in the queue (a lost one is never counted as done: this does not wait for it).
+      if (now.queued + now.inFlight === 0) break
       const victim = workers[0]!
       // Mid-work (compiling), so the kill really takes a leased request with it.
       const working = (victim.output.match(/^compiling$/gm)?.length ?? 0) >
         (victim.output.match(/^compiled$/gm)?.length ?? 0)
-      if (Option.isNone(killed) && now.done >= options.size * 0.3 && working) {
+      if (killPlanned && kill === undefined && now.done >= options.size * 0.3 && working) {
         victim.child.kill("SIGKILL")
-        killed = Option.some({ worker: victim.name, pid: victim.child.pid! })
+        yield* Effect.promise(() => victim.exited)
+        const held = yield* Collect.heldBy(sql, "requests", victim.child.pid!)
+        kill = { worker: victim, held }
         if (options.live) process.stderr.write("\n")
         options.print(
-          `killed ${victim.name} (pid ${victim.child.pid}) with SIGKILL mid-work: its leased requests come back ` +
-            "after their 2 s visibility timeout and finish on the other workers"
+          `killed ${victim.name} (pid ${victim.child.pid}) with SIGKILL mid-work, holding ` +
+            `${plural(held.length, "leased request")}${Ledger.named(held)}: they come back after their 2 s ` +
+            "visibility timeout and finish on the other workers"
         )
       }
       if (yield* Deferred.isDone(stop)) {
@@ -286,34 +217,53 @@ export const run = (
     const exits = yield* Effect.promise(() => Promise.all(workers.map((worker) => worker.exited)))
     // A worker stopped before it was ready had claimed nothing; one killed on purpose is the crash.
     const unclean = workers.filter((worker, i) =>
-      exits[i] !== 0 && /^ready$/m.test(worker.output) &&
-      !(Option.isSome(killed) && killed.value.worker === worker.name)
+      exits[i] !== 0 && /^ready$/m.test(worker.output) && worker !== kill?.worker
     )
     if (unclean.length > 0) {
       options.print(`workers that did not exit cleanly: ${unclean.map((worker) => worker.name).join(", ")}`)
     }
 
-    const replies = new Map<string, MainLoop.MainLoopResult<DemoResponse>>()
-    for (;;) {
-      const batch = yield* responses.receive({ maxMessages: 10, visibilityTimeout: "1 hour" })
-      if (batch.length === 0) break
-      for (const reply of batch) replies.set(reply.body.requestId, reply.body)
-    }
-    const letters = (yield* counts).deadLettered
-    const leftQueued = yield* requests.approximateCount
+    // What became of every request, by id.
+    yield* Faults.beforeReading(sql, faults, "responses")
+    const replies = yield* Effect.provide(Collect.replies(responses), database)
+    const ledger = Ledger.reconcile([...sent.keys()], {
+      replies: replies.map((reply) => reply.requestId),
+      deadLetters: yield* Effect.provide(Collect.deadLetters("requests"), database),
+      queued: yield* Effect.provide(Collect.queued("requests"), database)
+    })
+    const repliesOf = new Map<string, Array<MainLoop.MainLoopResult<DemoResponse>>>()
+    for (const reply of replies) repliesOf.set(reply.requestId, [...(repliesOf.get(reply.requestId) ?? []), reply])
+    const first = [...repliesOf.values()].map((all) => all[0]!)
+    const deadlineErrors = first.filter((result) => /deadline/i.test(result.error?.message ?? "")).length
     const executions = new Map<string, number>()
     for (const worker of workers) {
       for (const match of worker.output.matchAll(/^start (\S+) \d+$/gm)) {
         executions.set(match[1]!, (executions.get(match[1]!) ?? 0) + 1)
       }
     }
-    const results = [...replies.values()]
-    const deadlineErrors = results.filter((result) => /deadline/i.test(result.error?.message ?? "")).length
+    const letters = yield* Effect.provide(Collect.deadLetters("requests"), database)
+    const killed = Option.fromNullable(kill).pipe(Option.map(({ held, worker }): Kill => ({
+      worker: worker.name,
+      pid: worker.child.pid!,
+      held: { count: held.length, ids: held.slice(0, Ledger.shown) },
+      finishedElsewhere: held.filter((id) =>
+        letters.includes(id) ||
+        (repliesOf.get(id) ?? []).some((reply) => reply.runContext.workerId !== worker.name)
+      ).length
+    })))
+    const notKilled = Option.isSome(killed) ? Option.none() : Option.some(
+      !killPlanned
+        ? `--size ${options.size} is too small to kill one of ${options.workers} workers mid-run, ` +
+          `which takes at least ${smallestToKill(options.workers)} requests`
+        : interrupted
+        ? "the run was interrupted before the kill"
+        : `every request was settled before ${workers[0]!.name} was caught mid-work (the kill waits for 30% done)`
+    )
 
     let workLease: DemoSummary["workLease"] = { domains: 0, offsets: 0, inOrder: false }
     let mergeQueue: DemoSummary["mergeQueue"] = { merged: 0, entries: 0, healed: 0 }
     if (!interrupted) {
-      const lease = yield* workLeasePhase
+      const lease = yield* Effect.provide(workLeasePhase, database)
       workLease = { domains: lease.domains, offsets: lease.offsets, inOrder: lease.inOrder }
       options.print(
         `WorkLease: ${[...lease.processed].map(([domain, order]) => `${domain} ${order.join(" → ")}`).join("; ")} (${
@@ -328,65 +278,31 @@ export const run = (
       )
     }
 
-    return {
-      requests: options.size,
-      answered: replies.size,
-      succeeded: results.filter((result) => result.success).length,
+    const summary: Omit<DemoSummary, "proved"> = {
+      requests: sent.size,
+      replies: replies.length,
+      answered: ledger.answered,
+      succeeded: first.filter((result) => result.error === undefined).length,
       deadlineErrors,
-      otherErrors: results.filter((result) => !result.success).length - deadlineErrors,
-      deadLettered: letters,
-      redelivered: results.filter((result) => result.runContext.attempt > 1).length,
+      otherErrors: first.filter((result) => result.error !== undefined).length - deadlineErrors,
+      deadLettered: ledger.deadLettered,
+      leftQueued: ledger.leftQueued,
+      lost: ledger.lost,
+      duplicated: ledger.duplicated,
+      doublySettled: ledger.doublySettled,
+      unknown: ledger.unknown,
+      accountedFor: Ledger.accountedFor(ledger),
+      redelivered: replies.filter((result) => result.runContext.attempt > 1).length,
       executedMoreThanOnce: [...executions.values()].filter((count) => count > 1).length,
-      lost: options.size - replies.size - letters - leftQueued,
-      leftQueued,
       workers: options.workers,
       killed,
+      notKilled,
       workLease,
       mergeQueue,
       interrupted,
       healthUrl: health.url,
       database: filename,
       seconds: Math.round(((yield* Clock.currentTimeMillis) - started) / 100) / 10
-    } satisfies DemoSummary
+    }
+    return { ...summary, proved: proof(summary) } satisfies DemoSummary
   })
-
-/** The summary as a table. */
-export const format = (summary: DemoSummary): string => {
-  const rows: Array<[string, string]> = [
-    ["requests", String(summary.requests)],
-    [
-      "answered",
-      `${summary.answered} (${summary.succeeded} ok, ${summary.deadlineErrors} deadline error, ${summary.otherErrors} other errors)`
-    ],
-    ["dead-lettered", String(summary.deadLettered)],
-    ["redelivered after the crash", `${summary.redelivered} answered on a later delivery`],
-    ["executed more than once", `${summary.executedMoreThanOnce} (at-least-once: allowed, never lost)`],
-    ["left queued", String(summary.leftQueued)],
-    ["lost", String(summary.lost)],
-    [
-      "workers",
-      `${summary.workers}${
-        Option.match(summary.killed, { onNone: () => "", onSome: (k) => `, ${k.worker} killed with SIGKILL` })
-      }`
-    ],
-    [
-      "work lease",
-      summary.interrupted
-        ? "skipped (interrupted)"
-        : `${summary.workLease.offsets} offsets over ${summary.workLease.domains} domains, order ${
-          summary.workLease.inOrder ? "kept" : "BROKEN"
-        }`
-    ],
-    [
-      "merge queue",
-      summary.interrupted
-        ? "skipped (interrupted)"
-        : `${summary.mergeQueue.merged}/${summary.mergeQueue.entries} merged, ${summary.mergeQueue.healed} healed after a crash`
-    ],
-    ["database", summary.database],
-    ["health served at", `${summary.healthUrl ?? "-"} (/health/live, /health/ready, /metrics)`],
-    ["time", `${summary.seconds} s`]
-  ]
-  const width = Math.max(...rows.map(([label]) => label.length))
-  return rows.map(([label, value]) => `${label.padEnd(width)}  ${value}`).join("\n")
-}
