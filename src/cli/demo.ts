@@ -13,7 +13,9 @@ const size = Options.integer("size").pipe(
   Options.withDefault(200)
 )
 const workers = Options.integer("workers").pipe(
-  Options.withDescription("Worker processes to start (2 … 8; one is killed part way)."),
+  Options.withDescription(
+    "Worker processes to start (2 … 8; one is killed part way when --size is at least 8 per worker)."
+  ),
   Options.withDefault(3)
 )
 const workMs = Options.integer("work-ms").pipe(
@@ -85,6 +87,7 @@ export const command = Command.make("demo", { size, workers, workMs, dir, json }
     Command.withDescription(
       "Runs every capability on a SQLite file: worker processes answer requests while one is killed, a deadline " +
         "stops a slow request, a work lease keeps order, a merge queue heals a crash. Ctrl-C drains and reports.\n" +
+        "Every request id is matched to its reply or dead letter: exit 1 if one is lost or settled twice.\n" +
         "Example: leasehold demo --size 100 --json"
     )
   )
