@@ -183,7 +183,8 @@ export const run = (
         options.print(line)
         lastPrinted = yield* Clock.currentTimeMillis
       }
-      // Done when no request is left in the queue (a lost one is never counted as done: this does not wait for it).
+      // Done when the requests queue is empty (waiting for replies and letters to reach --size would wait for ever
+      // on a lost request); what became of each is then read from the file, by id.
       if (now.queued + now.inFlight === 0) break
       const victim = workers[0]!
       // Mid-work (compiling), so the kill really takes a leased request with it.
@@ -196,9 +197,10 @@ export const run = (
         kill = { worker: victim, held }
         if (options.live) process.stderr.write("\n")
         options.print(
-          `killed ${victim.name} (pid ${victim.child.pid}) with SIGKILL mid-work, holding ` +
-            `${plural(held.length, "leased request")}${Ledger.named(held)}: they come back after their 2 s ` +
-            "visibility timeout and finish on the other workers"
+          `killed ${victim.name} (pid ${victim.child.pid}) with SIGKILL mid-work, ` + (held.length === 0
+            ? "but it held no request at that instant"
+            : `holding ${plural(held.length, "leased request")}${Ledger.named(held)}: they come back after ` +
+              "their 2 s visibility timeout and finish on the other workers")
         )
       }
       if (yield* Deferred.isDone(stop)) {
@@ -226,9 +228,10 @@ export const run = (
     // What became of every request, by id.
     yield* Faults.beforeReading(sql, faults, "responses")
     const replies = yield* Effect.provide(Collect.replies(responses), database)
+    const letters = yield* Effect.provide(Collect.deadLetters("requests"), database)
     const ledger = Ledger.reconcile([...sent.keys()], {
       replies: replies.map((reply) => reply.requestId),
-      deadLetters: yield* Effect.provide(Collect.deadLetters("requests"), database),
+      deadLetters: letters,
       queued: yield* Effect.provide(Collect.queued("requests"), database)
     })
     const repliesOf = new Map<string, Array<MainLoop.MainLoopResult<DemoResponse>>>()
@@ -241,7 +244,6 @@ export const run = (
         executions.set(match[1]!, (executions.get(match[1]!) ?? 0) + 1)
       }
     }
-    const letters = yield* Effect.provide(Collect.deadLetters("requests"), database)
     const killed = Option.fromNullable(kill).pipe(Option.map(({ held, worker }): Kill => ({
       worker: worker.name,
       pid: worker.child.pid!,
