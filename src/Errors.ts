@@ -22,6 +22,7 @@ import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Predicate from "effect/Predicate"
 import * as Schema from "effect/Schema"
+import { installSpec } from "./internal/peers.js"
 
 /**
  * An argument of an operation is out of range or malformed; `parameter` names it and `reason` says what is
@@ -55,7 +56,8 @@ export class AlreadyRunningError extends Schema.TaggedError<AlreadyRunningError>
 
 /**
  * A feature needs a package that is not installed: leasehold's drivers, its HTTP server, its exporter and its
- * model providers are optional peer dependencies, loaded only by the module that uses them.
+ * model providers are optional peer dependencies, loaded only by the module that uses them. The message's
+ * install line names the range this release works with (a bare name would resolve an Effect 4 release).
  *
  * @category errors
  */
@@ -67,7 +69,7 @@ export class MissingPackageError extends Schema.TaggedError<MissingPackageError>
 }) {
   override get message(): string {
     return `${this.neededBy} needs the package ${this.packageName}, which is not installed: ` +
-      `npm install ${this.packageName}`
+      `npm install ${installSpec(this.packageName)}`
   }
 }
 

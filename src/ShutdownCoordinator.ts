@@ -75,11 +75,19 @@ export const make: Effect.Effect<ShutdownCoordinator["Type"]> = Effect.sync(() =
 export const forcedExitCode = 130
 
 /**
+ * A signal's name, such as `"SIGTERM"` (every `NodeJS.Signals` is one). Spelled without `@types/node`, so that
+ * a program without it type-checks these declarations; `layer` refuses a name Node does not know.
+ *
+ * @category models
+ */
+export type SignalName = `SIG${string}`
+
+/**
  * The signals `layer` handles unless told otherwise.
  *
  * @category constants
  */
-export const defaultSignals: ReadonlyArray<NodeJS.Signals> = ["SIGTERM", "SIGINT"]
+export const defaultSignals: ReadonlyArray<SignalName> = ["SIGTERM", "SIGINT"]
 
 /**
  * Options of `layer`.
@@ -88,7 +96,7 @@ export const defaultSignals: ReadonlyArray<NodeJS.Signals> = ["SIGTERM", "SIGINT
  */
 export interface Options {
   /** The signals that trigger shutdown (default SIGTERM and SIGINT; not SIGKILL, SIGSTOP or a fault). */
-  readonly signals?: ReadonlyArray<NodeJS.Signals> | undefined
+  readonly signals?: ReadonlyArray<SignalName> | undefined
 }
 
 /** Signals a handler cannot be installed for (Node throws), or that report a fault rather than ask for a stop. */
@@ -121,7 +129,7 @@ export const layer = (options?: Options): Layer.Layer<ShutdownCoordinator, Parse
       const runtime = yield* Effect.runtime<never>()
       const signals = [...new Set(decoded.signals)]
       let received = 0
-      const onSignal = (signal: NodeJS.Signals) => {
+      const onSignal = (signal: string) => {
         received++
         if (received > 1) {
           process.stderr.write(`leasehold: second ${signal}, exiting now\n`)

@@ -7,12 +7,15 @@
  * Schemas) and tool-call resolution turned off: the tool calls come back to
  * leasehold's `InnerLoop`, which runs them with heartbeats and deadlines.
  * `@effect/ai` is an optional peer dependency, loaded when an adapter is made
- * (whoever provides a `LanguageModel` has it installed).
+ * (whoever provides a `LanguageModel` has it installed). The exported types
+ * name none of its types, so a program that imports the root without
+ * `@effect/ai` installed type-checks with `skipLibCheck` off.
  */
-import type * as LanguageModel from "@effect/ai/LanguageModel"
+import type * as AiLanguageModel from "@effect/ai/LanguageModel"
 import type * as AiPrompt from "@effect/ai/Prompt"
 import type * as AiTool from "@effect/ai/Tool"
 import type * as Toolkit from "@effect/ai/Toolkit"
+import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
@@ -65,7 +68,17 @@ const toAiTool = (AiTool: AiToolModule, tool: Tool.Any): AiTool.Any =>
 
 type AiToolModule = typeof import("@effect/ai/Tool")
 
-const complete = (model: LanguageModel.Service, AiTool: AiToolModule): InnerLoop.Complete => (request) =>
+/**
+ * The service this adapter needs: `@effect/ai`'s `LanguageModel` tag, named by its key rather than imported,
+ * so that these declarations do not need `@effect/ai` to type-check. Providing `@effect/ai`'s
+ * `LanguageModel` (a provider's layer, or `Effect.provideService`) satisfies it.
+ *
+ * @category models
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- the service's shape is @effect/ai's to define
+export interface LanguageModel extends Context.TagClassShape<"@effect/ai/LanguageModel", any> {}
+
+const complete = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.Complete => (request) =>
   Effect.gen(function*() {
     const prompt = request.messages.map(toAiMessage)
     const tools = Object.fromEntries(request.tools.map((tool) => [tool.name, toAiTool(AiTool, tool)]))
@@ -95,12 +108,12 @@ const complete = (model: LanguageModel.Service, AiTool: AiToolModule): InnerLoop
  */
 export const make = (
   options?: InnerLoop.Options
-): Effect.Effect<ProviderAdapter["Type"], ParseResult.ParseError, LanguageModel.LanguageModel> =>
+): Effect.Effect<ProviderAdapter["Type"], ParseResult.ParseError, LanguageModel> =>
   Effect.flatMap(
     Effect.promise(() => Promise.all([import("@effect/ai/LanguageModel"), import("@effect/ai/Tool")])),
-    ([LanguageModel, AiTool]) =>
+    ([AiLanguageModel, AiTool]) =>
       Effect.flatMap(
-        LanguageModel.LanguageModel,
+        AiLanguageModel.LanguageModel,
         (model) => InnerLoop.makeAdapter("effect-ai", complete(model, AiTool), options)
       )
   )
@@ -112,5 +125,4 @@ export const make = (
  */
 export const layer = (
   options?: InnerLoop.Options
-): Layer.Layer<ProviderAdapter, ParseResult.ParseError, LanguageModel.LanguageModel> =>
-  Layer.effect(ProviderAdapter, make(options))
+): Layer.Layer<ProviderAdapter, ParseResult.ParseError, LanguageModel> => Layer.effect(ProviderAdapter, make(options))
