@@ -161,6 +161,12 @@ describe("the package", () => {
           const { version } = JSON.parse(readFileSync(join(project, "node_modules", peer, "package.json"), "utf8"))
           expect(semver.satisfies(version, manifest.peerDependencies[peer]!), `${peer}@${version}`).toBe(true)
         }
+        // The licence and the changelog travel with the code.
+        const files = readdirSync(join(project, "node_modules", "leasehold"))
+        expect(files).toEqual(expect.arrayContaining(["LICENSE", "CHANGELOG.md", "README.md"]))
+        expect(readFileSync(join(project, "node_modules", "leasehold", "LICENSE"), "utf8")).toMatch(
+          /^MIT License\n\nCopyright \(c\) 2026 leasehold contributors\n/
+        )
         const installed = readdirSync(join(project, "node_modules", "@effect"))
         for (const optional of ["sql-pg", "sql-sqlite-node", "platform-node", "opentelemetry", "ai", "ai-anthropic"]) {
           expect(installed).not.toContain(optional)
