@@ -33,7 +33,7 @@ import * as Target from "./internal/sql/target.js"
 
 /**
  * The drivers, loaded when a layer is built: they are optional peer dependencies (install the one you use),
- * and a missing one is a `DatabaseError` naming the package to install.
+ * and a missing one is a `DatabaseError` giving the line that installs it (`MissingPackageError`'s message).
  */
 const driver = <M>(
   database: string,
