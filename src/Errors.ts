@@ -90,6 +90,35 @@ export class TablesNotFoundError extends Schema.TaggedError<TablesNotFoundError>
   }
 }
 
+/**
+ * A service opened with `create: false` (run no migration) found its tables at an older schema version than
+ * this release needs, or not created at all (`current` null): run `leasehold migrate` (or
+ * `Migrations.run`) against the database first. A database migrated by a newer release is no error here:
+ * its older functions and columns are kept for processes of earlier releases (see docs/operating.md).
+ *
+ * @category errors
+ */
+export class SchemaVersionError extends Schema.TaggedError<SchemaVersionError>()("SchemaVersionError", {
+  /** The service: `mailbox`, `work lease` or `merge queue`. */
+  service: Schema.String,
+  prefix: Schema.String,
+  /** The service's migrations table. */
+  table: Schema.String,
+  /** The highest migration the table records; null when there is no such table. */
+  current: Schema.NullOr(Schema.Number),
+  /** The version this release needs. */
+  required: Schema.Number
+}) {
+  override get message(): string {
+    const found = this.current === null
+      ? `have not been created (no table ${this.table})`
+      : `are at schema version ${this.current} (${this.table})`
+    return `the ${this.service} tables with prefix "${this.prefix}" ${found}; this release needs version ` +
+      `${this.required}, and was started with create: false (no migrations at start). Run ` +
+      `\`leasehold migrate --db <the database> --prefix ${this.prefix}\` first.`
+  }
+}
+
 const formatValue = (value: unknown): string => {
   if (Duration.isDuration(value)) return Duration.format(value)
   try {

@@ -3,7 +3,8 @@
  * machine, the embedded default) or PostgreSQL (many machines).
  *
  * Every queue of a database lives in one table, `<prefix>mailbox_messages`,
- * created by a migration on first use. A row is visible when its `visible_at`
+ * created by a migration on first use (or by `leasehold migrate`, for
+ * mailboxes made with `create: false`). A row is visible when its `visible_at`
  * (epoch ms) has passed by the database's own clock, read in each statement:
  * workers on machines whose clocks drift judge every lease alike, and a
  * SQLite claim reads the time once it holds the file (under `TestClock` the
@@ -76,6 +77,7 @@ import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Database from "./Database.js"
+import type { SchemaVersionError } from "./Errors.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
 import * as Validation from "./internal/mailbox/validation.js"
 import { counter } from "./internal/metrics.js"
@@ -93,7 +95,8 @@ import {
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
-import { acquire, connectionError, prepare, type Row, storeFor } from "./internal/sql/mailbox/store.js"
+import { acquire, connectionError, prepare, requireMigrated, type Row, storeFor } from "./internal/sql/mailbox/store.js"
+import { createFromEnv } from "./internal/sql/version.js"
 import { validTraceparent } from "./internal/tracing.js"
 import {
   type Mailbox,
@@ -144,6 +147,12 @@ export interface Options<A, I, R, IR> {
    * a `SerializationError` at `send`. Replies sent to this queue are held to it too.
    */
   readonly maxBodyBytes?: number | undefined
+  /**
+   * Create or upgrade the tables at start (default true, or `LEASEHOLD_MIGRATE` when set). False runs no
+   * migration: the tables must be at the version this release needs (`leasehold migrate` puts them there),
+   * else `make` fails with a `SchemaVersionError` saying so.
+   */
+  readonly create?: boolean | undefined
 }
 
 /**
@@ -180,13 +189,14 @@ const decodeOptions = Options_.decoder("MailboxSql.make", {
   maxBodyBytes: Schema.optionalWith(
     Options_.intBetween(1, maxBodyBytesLimit, `must be an integer in 1..${maxBodyBytesLimit} (256 MiB)`),
     { exact: true, default: () => defaultMaxBodyBytes }
-  )
+  ),
+  create: Schema.optionalWith(Schema.Boolean, { exact: true, default: () => true })
 })
 
 /**
  * Makes a mailbox on the `SqlClient` in the context, creating the tables on
- * first use; closed when the scope closes (its messages stay in the
- * database). Bad options are a `ParseError` naming them.
+ * first use (unless `create: false`); closed when the scope closes (its
+ * messages stay in the database). Bad options are a `ParseError` naming them.
  *
  * @category constructors
  */
@@ -194,12 +204,14 @@ export const make = <A, I, R = never, IR = never>(
   options: Options<A, I, R, IR>
 ): Effect.Effect<
   Mailbox<A, R>,
-  ParseResult.ParseError | MailboxConnectionError,
+  ParseResult.ParseError | MailboxConnectionError | SchemaVersionError,
   SqlClient.SqlClient | Scope.Scope
 > =>
   Effect.gen(function*() {
-    const { maxBodyBytes, maxSize, name, pollInterval, prefix } = yield* decodeOptions(options)
-    const store = yield* prepare(prefix)
+    const { create, maxBodyBytes, maxSize, name, pollInterval, prefix } = yield* decodeOptions(
+      yield* createFromEnv(options)
+    )
+    const store = yield* (create ? prepare(prefix) : requireMigrated(prefix))
     const maxPollMillis = Math.max(1, Duration.toMillis(pollInterval ?? (store.dialect === "pg" ? 1000 : 250)))
     const clock = yield* Effect.clock
     const statements_ = statements(store)

@@ -24,7 +24,8 @@
  * statements on SQLite. Every write holds the single lock row first, so
  * writers are serialised and the audit log's order is the order things
  * happened in. Tables (and the functions) are created on first use under
- * `prefix` (default `leasehold_`).
+ * `prefix` (default `leasehold_`), or by `leasehold migrate` for queues
+ * opened with `create: false`.
  *
  * Where it lives: this module is the API; `internal/mergeQueue/` holds the
  * rest — `service.ts` (the calls: arguments, retries, errors, metrics),
@@ -47,7 +48,7 @@ import type * as ParseResult from "effect/ParseResult"
 import type * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import * as Database from "./Database.js"
-import type { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
+import type { InvalidParameterError, SchemaVersionError, TablesNotFoundError } from "./Errors.js"
 import * as Errors_ from "./internal/mergeQueue/errors.js"
 import {
   AlreadyQueuedError,
@@ -61,6 +62,7 @@ import * as Service from "./internal/mergeQueue/service.js"
 import * as Statuses from "./internal/mergeQueue/statuses.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
+import { createFromEnv } from "./internal/sql/version.js"
 import type { Extendable } from "./LeaseExtender.js"
 
 // ---------------------------------------------------------------------------
@@ -262,10 +264,11 @@ export class MergeQueueConfig extends Schema.Class<MergeQueueConfig>("leasehold/
   /** Longest retry delay of a claim (default 2 s; 0..1 min, at least `initialBackoff`). */
   maxBackoff: Schema.optionalWith(Backoff, { default: () => Duration.seconds(2) }),
   /**
-   * Create or upgrade the tables when they are missing or older (default true). False opens existing tables
-   * only and writes nothing while opening (`TablesNotFoundError` without them): what an operator's inspection
-   * wants — its reads and `detectAndRecoverStale` work on tables an earlier version made, while claims, lock
-   * calls and transitions on PostgreSQL need the functions a `create: true` open installs.
+   * Create or upgrade the tables when they are missing or older (default true, or `LEASEHOLD_MIGRATE` when
+   * set). False runs no migration and writes nothing while opening: the tables must be at the version this
+   * release needs (`leasehold migrate` puts them there), else a `SchemaVersionError` saying so — what workers
+   * started after a separate migration step want. (The operator's commands and console open the queue as it
+   * is, even at an earlier version: their reads and `detectAndRecoverStale` work on any version's tables.)
    */
   create: Schema.optionalWith(Schema.Boolean, { default: () => true })
 }) {}
@@ -428,9 +431,9 @@ export const make = (
   options?: Options
 ): Effect.Effect<
   MergeQueueService,
-  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError,
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError | SchemaVersionError,
   SqlClient.SqlClient
-> => Effect.flatMap(decodeOptions(options), Service.make)
+> => Effect.flatMap(Effect.flatMap(createFromEnv(options), decodeOptions), (config) => Service.make(config))
 
 // ---------------------------------------------------------------------------
 // Layers
@@ -443,8 +446,11 @@ export const make = (
  */
 export const layer = (
   options?: Options
-): Layer.Layer<MergeQueue, MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError, SqlClient.SqlClient> =>
-  Layer.effect(MergeQueue, make(options))
+): Layer.Layer<
+  MergeQueue,
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError | SchemaVersionError,
+  SqlClient.SqlClient
+> => Layer.effect(MergeQueue, make(options))
 
 /**
  * Options of `layerSqlite`: the queue's and `Database.layerSqlite`'s.
@@ -466,7 +472,7 @@ export const layerSqlite = (
   options: SqliteOptions
 ): Layer.Layer<
   MergeQueue | SqlClient.SqlClient,
-  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError | SchemaVersionError
 > => {
   const { busyTimeout, filename, ...rest } = options ?? {} as SqliteOptions
   return Layer.provideMerge(
@@ -502,7 +508,7 @@ export const layerPg = (
   options?: PgOptions
 ): Layer.Layer<
   MergeQueue | SqlClient.SqlClient,
-  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError | ConfigError.ConfigError
+  MergeQueueStoreError | ParseResult.ParseError | TablesNotFoundError | SchemaVersionError | ConfigError.ConfigError
 > => {
   const { url, ...rest } = options ?? {}
   return Layer.provideMerge(

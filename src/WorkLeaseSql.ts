@@ -17,7 +17,8 @@
  * database judges (the test's time under `TestClock`). Terminal offsets use
  * the same low-water-mark retention: processed offsets below the mark are
  * dropped, failed ones are kept. Tables are created on first use, under
- * `prefix` (default `leasehold_`).
+ * `prefix` (default `leasehold_`), or by `leasehold migrate` for leases made
+ * with `create: false`.
  *
  * With `leaseTimeout`, a lease expires by the database's clock (the test's
  * under `TestClock`), read inside the statement that judges it: machines
@@ -40,9 +41,11 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { randomUUID } from "node:crypto"
+import type { SchemaVersionError } from "./Errors.js"
 import { storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
+import { createFromEnv } from "./internal/sql/version.js"
 import * as Schema_ from "./internal/sql/workLease/schema.js"
 import * as Statements from "./internal/sql/workLease/statements.js"
 import { assemble, LeaseTimeout, timeoutMillis } from "./internal/workLease/assemble.js"
@@ -98,30 +101,42 @@ export interface Options {
    * over (1 ms..24 h; none by default: a lease is its holder's until it settles, as in the seed).
    */
   readonly leaseTimeout?: Duration.DurationInput | undefined
+  /**
+   * Create or upgrade the tables at start (default true, or `LEASEHOLD_MIGRATE` when set). False runs no
+   * migration: the tables must be at the version this release needs (`leasehold migrate` puts them there),
+   * else `make` fails with a `SchemaVersionError` saying so.
+   */
+  readonly create?: boolean | undefined
 }
 
 const decodeOptions = Options_.decoder("WorkLeaseSql.make", {
   maxRetries: Schema.optionalWith(Options_.NonNegativeInt32, { exact: true, default: () => 3 }),
   prefix: Sql.Prefix,
-  leaseTimeout: LeaseTimeout
+  leaseTimeout: LeaseTimeout,
+  create: Schema.optionalWith(Schema.Boolean, { exact: true, default: () => true })
 })
 
 /**
- * Makes a SQL WorkLease on the `SqlClient` in the context, creating its tables if needed. Bad options are a
- * `ParseError` naming them.
+ * Makes a SQL WorkLease on the `SqlClient` in the context, creating its tables if needed (unless
+ * `create: false`). Bad options are a `ParseError` naming them.
  *
  * @category constructors
  */
 export const make = (
   options?: Options
-): Effect.Effect<SqlWorkLease, WorkLeaseStoreError | ParseResult.ParseError, SqlClient.SqlClient> =>
+): Effect.Effect<
+  SqlWorkLease,
+  WorkLeaseStoreError | ParseResult.ParseError | SchemaVersionError,
+  SqlClient.SqlClient
+> =>
   Effect.gen(function*() {
-    const { leaseTimeout, maxRetries, prefix } = yield* decodeOptions(options)
+    const { create, leaseTimeout, maxRetries, prefix } = yield* decodeOptions(yield* createFromEnv(options))
     const sql = yield* SqlClient.SqlClient
     const store = (operation: string) => Sql.mapSqlError((cause) => new WorkLeaseStoreError({ operation, cause }))
-    yield* Schema_.migrate(sql, prefix).pipe(
-      Effect.mapError((cause) => new WorkLeaseStoreError({ operation: "setup", cause }))
-    )
+    const setupError = (cause: unknown) => new WorkLeaseStoreError({ operation: "setup", cause })
+    yield* create
+      ? Effect.mapError(Schema_.migrate(sql, prefix), setupError)
+      : Effect.catchTag(Schema_.requireMigrated(sql, prefix), "SqlError", (cause) => Effect.fail(setupError(cause)))
     const statements = Statements.make(
       sql,
       prefix,
@@ -258,5 +273,5 @@ export class WorkLeaseSql extends Context.Tag("leasehold/WorkLeaseSql")<WorkLeas
  */
 export const layer = (
   options?: Options
-): Layer.Layer<WorkLeaseSql, WorkLeaseStoreError | ParseResult.ParseError, SqlClient.SqlClient> =>
+): Layer.Layer<WorkLeaseSql, WorkLeaseStoreError | ParseResult.ParseError | SchemaVersionError, SqlClient.SqlClient> =>
   Layer.effect(WorkLeaseSql, make(options))

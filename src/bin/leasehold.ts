@@ -25,6 +25,7 @@ import * as demo from "../cli/demo.js"
 import * as health from "../cli/health.js"
 import * as Help from "../cli/help.js"
 import * as mailbox from "../cli/mailbox.js"
+import * as migrate from "../cli/migrate.js"
 import * as queue from "../cli/queue.js"
 import { InvalidParameterError } from "../Errors.js"
 import * as Target from "../internal/sql/target.js"
@@ -34,7 +35,15 @@ const root = Command.make("leasehold").pipe(
     "Operate leasehold workers: merge queues, mailboxes, health and a browser console, on SQLite or PostgreSQL.\n" +
       "Example: leasehold queue status --db ./.leasehold/demo.db"
   ),
-  Command.withSubcommands([demo.command, queue.command, mailbox.command, health.command, operatorConsole.command])
+  Command.withSubcommands([
+    demo.command,
+    queue.command,
+    mailbox.command,
+    health.command,
+    operatorConsole.command,
+    migrate.migrateCommand,
+    migrate.statusCommand
+  ])
 )
 
 const version = "0.1.0"

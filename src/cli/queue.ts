@@ -73,10 +73,10 @@ const withQueue = <A, E>(
   options: { readonly db: Option.Option<string>; readonly prefix: string },
   body: (queue: MergeQueue.MergeQueueService) => Effect.Effect<A, E>
 ) =>
-  // `create: false`: a command looks at the queue that is there, and never makes one (a wrong --db or --prefix
-  // says so instead).
-  Effect.promise(() => import("../MergeQueue.js")).pipe(
-    Effect.flatMap((MergeQueue) => MergeQueue.make({ prefix: options.prefix, create: false })),
+  // A look: a command opens the queue that is there, at whatever version, and never makes one (a wrong --db or
+  // --prefix says so instead).
+  Effect.promise(() => import("../internal/mergeQueue/look.js")).pipe(
+    Effect.flatMap(({ look }) => look({ prefix: options.prefix })),
     Effect.flatMap(body),
     withDatabase(Option.getOrUndefined(options.db))
   )

@@ -105,8 +105,8 @@ export const make = (options: Options) =>
     const admin = Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     const deadLetters = Effect.flatMap(admin, (module) => module.deadLetters({ prefix: options.prefix, create: false }))
     const mergeQueue = Effect.flatMap(
-      Effect.promise(() => import("../../MergeQueue.js")),
-      (module) => module.make({ prefix: options.prefix, create: false })
+      Effect.promise(() => import("../mergeQueue/look.js")),
+      (module) => module.look({ prefix: options.prefix })
     )
 
     /** Checks the request, runs `work` with its form, and redirects to the page saying what happened. */

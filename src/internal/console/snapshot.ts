@@ -26,6 +26,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as MergeQueue from "../../MergeQueue.js"
+import { look } from "../mergeQueue/look.js"
 import * as Sql from "../sql/common.js"
 import { openExisting } from "../sql/mailbox/store.js"
 import * as WorkLeaseTables from "../sql/workLease/schema.js"
@@ -458,7 +459,7 @@ const columnsOf = (sql: SqlClient.SqlClient, table: string) =>
 
 const mergeQueue = (prefix: string) =>
   Effect.gen(function*() {
-    const queue = yield* MergeQueue.make({ prefix, create: false })
+    const queue = yield* look({ prefix })
     const [stats, entries, audit] = yield* Effect.all([
       queue.stats,
       queue.list({ status: [...MergeQueue.inProgress, "pending"], limit: pageLimit }),

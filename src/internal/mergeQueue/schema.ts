@@ -1,18 +1,20 @@
 /**
  * The merge queue's tables and, on PostgreSQL, its coordination functions: their names under the prefix,
  * the migrations that create them (a database made by an earlier version gains the functions on its next
- * `create: true` open; the tables keep their columns — SQLite's audit table is rebuilt once, rows and ids
- * as they were — so older and newer processes can share one database), and `open`, which hands the
- * statements everything they run against.
+ * `create: true` open or `leasehold migrate`; the tables keep their columns — SQLite's audit table is
+ * rebuilt once, rows and ids as they were — so older and newer processes can share one database), and
+ * `open`, which migrates, checks the version (`create: false`) or only looks, and hands the statements
+ * everything they run against.
  */
 import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import { TablesNotFoundError } from "../../Errors.js"
+import { type SchemaVersionError, TablesNotFoundError } from "../../Errors.js"
 import type { MergeQueueConfig } from "../../MergeQueue.js"
 import * as Sql from "../sql/common.js"
+import { requireVersion } from "../sql/version.js"
 import { live, type MoveInputs, moveSet, needsRecovery, verdict } from "./conditions.js"
 import { MergeQueueStoreError } from "./errors.js"
 
@@ -63,14 +65,35 @@ export interface Db {
   readonly writeTransaction: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | SqlError, R>
 }
 
+/** What the migrations run against: the tables' names and identifiers on one client. */
+export type Tables = Pick<Db, "sql" | "dialect" | "names" | "entries" | "lock" | "audit">
+
+const tablesOf = (sql: SqlClient.SqlClient, prefix: string): Tables => {
+  const queueNames = names(prefix)
+  return {
+    sql,
+    dialect: Sql.dialectOf(sql),
+    names: queueNames,
+    entries: sql(queueNames.entries),
+    lock: sql(queueNames.lock),
+    audit: sql(queueNames.audit)
+  }
+}
+
 /**
- * Opens the queue: creates or upgrades its tables (`create`), or checks that they are there and writes
- * nothing (an operator's look).
+ * How `open` treats the tables: `migrate` creates or upgrades them (`create: true`); `require` runs no
+ * migration and needs them at this release's version (`create: false`: a `SchemaVersionError` otherwise);
+ * `look` only checks that they are there and writes nothing (an operator's look, which works on the tables
+ * of an earlier version too).
  */
+export type OpenMode = "migrate" | "require" | "look"
+
+/** Opens the queue, its tables treated as `mode` says (by default as `config.create` says). */
 export const open = (
   sql: SqlClient.SqlClient,
-  config: MergeQueueConfig
-): Effect.Effect<Db, MergeQueueStoreError | TablesNotFoundError> =>
+  config: MergeQueueConfig,
+  mode: OpenMode = config.create ? "migrate" : "require"
+): Effect.Effect<Db, MergeQueueStoreError | TablesNotFoundError | SchemaVersionError> =>
   Effect.gen(function*() {
     const testNow = Sql.testTime(yield* Effect.clock)
     const databaseNow = Sql.databaseNow(sql)
@@ -89,12 +112,13 @@ export const open = (
       writeTransaction: Sql.writeTransaction(sql)
     }
     const tables = [queueNames.entries, queueNames.lock, queueNames.audit]
-    yield* config.create
-      ? migrate(db).pipe(
-        Effect.mapError((cause) => new MergeQueueStoreError({ operation: "setup", cause })),
-        Effect.withSpan("MergeQueue.migrate")
-      )
-      : Effect.flatMap(
+    const setupError = (cause: unknown) => new MergeQueueStoreError({ operation: "setup", cause })
+    if (mode === "migrate") {
+      yield* migrate(db).pipe(Effect.mapError(setupError), Effect.withSpan("MergeQueue.migrate"))
+    } else if (mode === "require") {
+      yield* Effect.catchTag(requireMigrated(sql, config.prefix), "SqlError", (cause) => Effect.fail(setupError(cause)))
+    } else {
+      yield* Effect.flatMap(
         Sql.missingTables(sql, tables).pipe(
           Effect.mapError((cause) => new MergeQueueStoreError({ operation: "setup", cause }))
         ),
@@ -103,12 +127,32 @@ export const open = (
             ? Effect.void
             : Effect.fail(new TablesNotFoundError({ what: "merge queue tables", prefix: config.prefix, missing }))
       )
+    }
     return db
   })
 
-const migrate = (db: Db) => {
+/** Creates or upgrades the tables; answers the migrations it applied. */
+export const migrate = (db: Tables) => Sql.migrate(db.sql, db.names.migrations, migrationsOf(db))
+
+/** Checks, writing nothing, that the tables are at the version this release needs (`create: false`). */
+export const requireMigrated = (
+  sql: SqlClient.SqlClient,
+  prefix: string
+): Effect.Effect<void, SqlError | SchemaVersionError> =>
+  requireVersion(sql, {
+    service: "merge queue",
+    prefix,
+    table: names(prefix).migrations,
+    required: Object.keys(migrations(sql, prefix)).length
+  })
+
+/** The migrations, by name, in order (`leasehold migrate` lists them; a test builds an older database from the first). */
+export const migrations = (sql: SqlClient.SqlClient, prefix: string): Record<string, Effect.Effect<void, SqlError>> =>
+  migrationsOf(tablesOf(sql, prefix))
+
+const migrationsOf = (db: Tables): Record<string, Effect.Effect<void, SqlError>> => {
   const { audit, entries, lock, names, sql } = db
-  return Sql.migrate(sql, names.migrations, {
+  return {
     "1_create_merge_queue": Effect.all([
       sql`CREATE TABLE IF NOT EXISTS ${entries} (
         id ${Sql.identityColumn(sql)},
@@ -158,11 +202,11 @@ const migrate = (db: Db) => {
     // AUTOINCREMENT gave. Its entry index leaves out the lock's rows (no entry), which no read by entry looks
     // at. Columns, ids and rows stay as they were, so processes of either version share the table.
     "3_audit_pages": db.dialect === "pg" ? Effect.void : rebuildAudit(db)
-  })
+  }
 }
 
 /** The SQLite audit table of migration 3: copied into a table of the same columns, then put in its place. */
-const rebuildAudit = (db: Db) => {
+const rebuildAudit = (db: Tables) => {
   const { audit, names, sql } = db
   const rebuilt = sql(`${names.audit}_rebuilt`)
   const columns = sql.literal("id, at, action, agent_id, entry_id, fencing_token, from_status, to_status, detail")
@@ -190,7 +234,7 @@ const ddl = (statement: Statement.Statement<unknown>): Effect.Effect<void, SqlEr
     ? Effect.asVoid(statement)
     : Effect.dieMessage(`MergeQueue: a function body has bound parameters: ${statement.compile()[0]}`)
 
-const createFunctions = (db: Db): Effect.Effect<void, SqlError> => {
+const createFunctions = (db: Tables): Effect.Effect<void, SqlError> => {
   const { audit, entries, lock, names, sql } = db
   const p = (name: string) => sql.literal(name)
   const now = p("p_now")

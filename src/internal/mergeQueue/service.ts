@@ -13,7 +13,7 @@ import * as Option from "effect/Option"
 import * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
-import { InvalidParameterError, type TablesNotFoundError } from "../../Errors.js"
+import { InvalidParameterError, type SchemaVersionError, type TablesNotFoundError } from "../../Errors.js"
 import type {
   AuditRecord,
   LockHold,
@@ -140,13 +140,21 @@ const refusal = (
   }
 }
 
-/** Makes the service on the `SqlClient` in the context, opening (and by default creating) its tables. */
+/**
+ * Makes the service on the `SqlClient` in the context, opening its tables as `mode` says (by default as
+ * `config.create` says: created, or checked at this release's version).
+ */
 export const make = (
-  config: MergeQueueConfig
-): Effect.Effect<MergeQueueService, MergeQueueStoreError | TablesNotFoundError, SqlClient.SqlClient> =>
+  config: MergeQueueConfig,
+  mode?: Schema_.OpenMode
+): Effect.Effect<
+  MergeQueueService,
+  MergeQueueStoreError | TablesNotFoundError | SchemaVersionError,
+  SqlClient.SqlClient
+> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
-    const db = yield* Schema_.open(sql, config)
+    const db = yield* Schema_.open(sql, config, mode)
     const statements = Statements.make(db)
     const { entries } = db
     // Written out as the workspace index's condition is (migration 1), not bound: SQLite uses a partial index

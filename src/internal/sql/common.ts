@@ -224,15 +224,15 @@ export const identityColumn = (sql: SqlClient.SqlClient) =>
   )
 
 /**
- * Runs `migrations` (by name, in order) recorded in `table`. When another
- * process holds the migration, waits until its work is visible instead of
- * failing, so processes may start together on an empty database.
+ * Runs `migrations` (by name, in order) recorded in `table`; answers those this call applied (`[id, name]`).
+ * When another process holds the migration, waits until its work is visible instead of failing (and answers
+ * none), so processes may start together on an empty database.
  */
 export const migrate = (
   sql: SqlClient.SqlClient,
   table: string,
   migrations: Record<string, Effect.Effect<void, SqlError>>
-): Effect.Effect<void, SqlError | Migrator.MigrationError> => {
+): Effect.Effect<ReadonlyArray<readonly [id: number, name: string]>, SqlError | Migrator.MigrationError> => {
   const expected = Object.keys(migrations).length
   const run = Migrator.make({})({ table, loader: Migrator.fromRecord(migrations) })
   const latest = sql<{ id: number | string | null }>`SELECT max(migration_id) AS id FROM ${sql(table)}`.pipe(
@@ -244,7 +244,7 @@ export const migrate = (
     Effect.provideService(run, SqlClient.SqlClient, sql),
     (defect) => isSqlError(defect) ? Option.some(Effect.fail(defect)) : Option.none()
   )
-  return Effect.zipRight(
+  return Effect.zipLeft(
     retryCreateRace(migrated),
     Effect.flatMap(latest, (id) => id >= expected ? Effect.void : Effect.fail("pending" as const)).pipe(
       Effect.retry({ times: 50, schedule: Schedule.spaced("100 millis") }),

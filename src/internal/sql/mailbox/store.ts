@@ -1,7 +1,8 @@
 /**
  * The store: what every mailbox on one database and table prefix shares in a
- * process — its tables (created and upgraded by `migrate`, the operator's
- * read-only `openExisting`), the wake-up signals of its queues, PostgreSQL's
+ * process — its tables (created and upgraded by `migrate`, checked by
+ * `requireMigrated` under `create: false`, the operator's read-only
+ * `openExisting`), the wake-up signals of its queues, PostgreSQL's
  * LISTEN connection and the lane (a connection of its own for claims,
  * acknowledgements, sends, extensions and nacks: see `Store.onLane`).
  */
@@ -22,6 +23,7 @@ import { hostname } from "node:os"
 import { TablesNotFoundError } from "../../../Errors.js"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
 import * as Sql from "../common.js"
+import { requireVersion } from "../version.js"
 
 export interface Row {
   readonly seq: number | string
@@ -191,10 +193,19 @@ export const storeFor = (sql: SqlClient.SqlClient, prefix: string): Store => {
 export const connectionError = (mailbox: string) =>
   Sql.mapSqlError((cause) => new MailboxConnectionError({ mailbox, cause }))
 
-/** Creates the tables (idempotent; concurrent processes are fine). */
-export const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.MigrationError> => {
+/** The mailbox's migrations table under `prefix`. */
+export const migrationsTable = (prefix: string) => `${prefix}mailbox_migrations`
+
+/** Creates the tables (idempotent; concurrent processes are fine); answers the migrations it applied. */
+export const migrate = (
+  store: Store
+): Effect.Effect<ReadonlyArray<readonly [number, string]>, SqlError | Migrator.MigrationError> =>
+  Sql.migrate(store.sql, migrationsTable(store.prefix), migrations(store))
+
+/** The migrations, by name, in order (`leasehold migrate` lists them; a test builds an older database from the first). */
+export const migrations = (store: Store): Record<string, Effect.Effect<void, SqlError>> => {
   const { deadLetters, messages, sql } = store
-  return Sql.migrate(sql, `${store.prefix}mailbox_migrations`, {
+  return {
     "1_create_mailbox": Effect.all([
       sql`CREATE TABLE IF NOT EXISTS ${sql(messages)} (
         seq ${Sql.identityColumn(sql)},
@@ -269,7 +280,7 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError | Migrator.M
     "8_dead_letter_traceparent": store.dialect === "pg"
       ? sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN IF NOT EXISTS traceparent TEXT`
       : sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN traceparent TEXT`
-  })
+  }
 }
 
 /**
@@ -414,6 +425,22 @@ export const prepare = (prefix: string) =>
     yield* migrate(store).pipe(
       Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${prefix}mailbox`, cause }))
     )
+    return store
+  })
+
+/**
+ * The store of `prefix` for a mailbox made with `create: false`: no migration runs, and tables behind the
+ * version this release needs are a `SchemaVersionError` (see `version.ts`).
+ */
+export const requireMigrated = (prefix: string) =>
+  Effect.gen(function*() {
+    const store = storeFor(yield* SqlClient.SqlClient, prefix)
+    yield* requireVersion(store.sql, {
+      service: "mailbox",
+      prefix,
+      table: migrationsTable(prefix),
+      required: Object.keys(migrations(store)).length
+    }).pipe(connectionError(`${prefix}mailbox`))
     return store
   })
 

@@ -24,7 +24,9 @@ import type * as Migrator from "@effect/sql/Migrator"
 import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
+import type { SchemaVersionError } from "../../../Errors.js"
 import * as Sql from "../common.js"
+import { requireVersion } from "../version.js"
 
 /** The tables of `prefix`. */
 export const tables = (prefix: string) => ({
@@ -49,8 +51,20 @@ export const staleCondition = (row: string, now: string) =>
 export const migrate = (
   sql: SqlClient.SqlClient,
   prefix: string
-): Effect.Effect<void, SqlError | Migrator.MigrationError> =>
+): Effect.Effect<ReadonlyArray<readonly [number, string]>, SqlError | Migrator.MigrationError> =>
   Sql.migrate(sql, tables(prefix).migrations, migrations(sql, prefix))
+
+/** Checks, writing nothing, that the tables are at the version this release needs (`create: false`). */
+export const requireMigrated = (
+  sql: SqlClient.SqlClient,
+  prefix: string
+): Effect.Effect<void, SqlError | SchemaVersionError> =>
+  requireVersion(sql, {
+    service: "work lease",
+    prefix,
+    table: tables(prefix).migrations,
+    required: Object.keys(migrations(sql, prefix)).length
+  })
 
 /** The migrations, by name, in order (a test builds a database as an earlier release left it from the first ones). */
 export const migrations = (
