@@ -31,6 +31,7 @@ import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Heartbeat from "../src/Heartbeat.js"
+import { look as lookAt } from "../src/internal/mergeQueue/look.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import { captureLogs, refusedOptions, skewedClock } from "./helpers.js"
@@ -578,8 +579,13 @@ for (const backend of backends) {
           yield* sql.unsafe(`DROP TABLE ${audit}_old`)
         }
         yield* sql`DELETE FROM ${sql(`${prefix}merge_queue_migrations`)} WHERE migration_id > 1`
-        // An operator's look (`create: false`) writes nothing, and its reads and recovery work on it as it is.
-        const look = yield* queueOn(sql, { create: false })
+        // A worker that runs no migration (`create: false`) refuses it, naming the versions and the command.
+        const refused = yield* Effect.flip(queueOn(sql, { create: false }))
+        expect(refused).toMatchObject({ _tag: "SchemaVersionError", current: 1, required: 3 })
+        expect(refused.message).toContain("leasehold migrate")
+        // An operator's look (the CLI's, the console's) writes nothing, and its reads and recovery work on it as
+        // it is.
+        const look = yield* lookAt({ prefix }).pipe(Effect.provideService(SqlClient.SqlClient, sql))
         expect(yield* look.getRecoveryStats).toMatchObject({ locksCleaned: 0, entriesReclaimed: 0 })
         expect(yield* look.detectAndRecoverStale).toMatchObject({ locksCleaned: 0, entriesReclaimed: 0 })
         expect((yield* look.stats).byStatus).toMatchObject({ claimed: 1, pending: 1 })
