@@ -312,6 +312,21 @@ describe("leasehold migrate and leasehold status", () => {
       }))
   }
 
+  it.live("never prints the password of --db (the cluster trusts any: the advice line shows the URL redacted)", () =>
+    Effect.gen(function*() {
+      const secret = "s3cret-Pa55"
+      const url = pgUrl.replace("postgres://postgres@", `postgres://postgres:${secret}@`)
+      for (const args of [["status"], ["migrate", "--dry-run"], ["status", "--json"]]) {
+        const result = yield* leasehold(...args, "--db", url, "--prefix", "secret_")
+        expect(result.code).toBe(args[0] === "status" ? 3 : 0)
+        expect(`${result.stdout}${result.stderr}`).not.toContain(secret)
+      }
+      const status = yield* leasehold("status", "--db", url, "--prefix", "secret_")
+      expect(status.stdout).toMatch(
+        /Run `leasehold migrate --db postgres:\/\/postgres:\S+@127\.0\.0\.1:\d+\/postgres --prefix secret_`/
+      )
+    }))
+
   it.live("a bad --prefix is a usage error (exit 2)", () =>
     Effect.gen(function*() {
       const result = yield* leasehold("status", "--db", pgUrl, "--prefix", "Bad-Prefix")
