@@ -174,6 +174,11 @@ for (const backend of sqlBackends("migrations")) {
           fromEnv("false")
         )
         expect(envRefusal).toMatchObject({ _tag: "SchemaVersionError", current: 7, required: 8 })
+        expect(yield* Effect.flip(MergeQueue.make({ prefix })).pipe(fromEnv("0"))).toMatchObject({
+          _tag: "SchemaVersionError",
+          current: 2,
+          required: 3
+        })
         const bad = yield* Effect.flip(WorkLeaseSql.make({ prefix })).pipe(fromEnv("maybe"))
         expect(bad._tag).toBe("ParseError")
         expect(bad.message).toContain("LEASEHOLD_MIGRATE must be true or false")
