@@ -13,6 +13,7 @@ import { parse } from "yaml"
 import * as Database from "../src/Database.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
+import * as Migrations from "../src/Migrations.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
 import { pgbouncer } from "./support/pgbouncer.js"
 import * as Postgres from "./support/postgres.js"
@@ -86,7 +87,10 @@ const rolesScript = (): string => {
 }
 
 /** Runs `effect` with a pool of its own on `url`. */
-const on = <A, E>(url: string, effect: Effect.Effect<A, E, SqlClient.SqlClient | MailboxSql.Services>) =>
+const on = <A, E>(
+  url: string,
+  effect: Effect.Effect<A, E, SqlClient.SqlClient | MailboxSql.Services | Scope.Scope>
+) =>
   Effect.runPromise(
     effect.pipe(
       Effect.scoped,
@@ -100,15 +104,15 @@ const on = <A, E>(url: string, effect: Effect.Effect<A, E, SqlClient.SqlClient |
 
 /** One of everything a worker does: a request sent, received and acknowledged, a work lease, a merge cycle. */
 const workerCycle = Effect.gen(function*() {
-  const box = yield* MailboxSql.make({ name: "production-jobs", schema: Schema.String })
+  const box = yield* MailboxSql.make({ name: "production-jobs", schema: Schema.String, create: false })
   yield* box.send("job")
   const received = yield* box.receive({ maxMessages: 1, waitTime: "5 seconds" })
   for (const message of received) yield* message.acknowledge
-  const leases = yield* WorkLeaseSql.make({})
+  const leases = yield* WorkLeaseSql.make({ create: false })
   const domain = `domain-${Math.random()}`
   const lease = yield* leases.tryAcquire(domain, 0)
   if (lease._tag === "Acquired") yield* leases.succeed(domain, lease.token)
-  const queue = yield* MergeQueue.make({})
+  const queue = yield* MergeQueue.make({ create: false })
   yield* queue.enqueue(`workspace-${Math.random()}`, {})
   const claim = yield* queue.nextWithLock("worker")
   if (Option.isSome(claim)) {
@@ -131,7 +135,7 @@ describe("PostgreSQL recipes (a throwaway cluster)", () => {
 
   it("the roles script: the owner migrates, the worker works and cannot change the schema", async () => {
     // Migrations, as the owner (every service creates its tables under the owner's search_path: the schema).
-    expect(await on(as("leasehold_owner"), workerCycle)).toMatchObject({ received: ["job"], lease: "Acquired" })
+    await on(as("leasehold_owner"), Migrations.run())
     const tables = await on(
       cluster.url,
       Effect.flatMap(
@@ -181,7 +185,7 @@ describe("PostgreSQL recipes (a throwaway cluster)", () => {
     const waiting = on(
       url,
       Effect.flatMap(
-        MailboxSql.make({ name: "production-wake", schema: Schema.String }),
+        MailboxSql.make({ name: "production-wake", schema: Schema.String, create: false }),
         (box) =>
           Effect.flatMap(
             box.receive({ maxMessages: 1, waitTime: "20 seconds" }),
@@ -193,7 +197,10 @@ describe("PostgreSQL recipes (a throwaway cluster)", () => {
     await Effect.runPromise(Effect.sleep("500 millis"))
     await on(
       url,
-      Effect.flatMap(MailboxSql.make({ name: "production-wake", schema: Schema.String }), (box) => box.send("wake"))
+      Effect.flatMap(
+        MailboxSql.make({ name: "production-wake", schema: Schema.String, create: false }),
+        (box) => box.send("wake")
+      )
     )
     expect(await waiting).toEqual(["wake"])
   })
