@@ -2,7 +2,8 @@
  * The `leasehold` command line. Exit codes: 0 done, 1 the work failed (a
  * database that cannot be reached, a queue or dead letter that is not there —
  * the message names the fix), 2 bad arguments (the usage is printed; a
- * destructive command without `--yes` says what it would touch). Help pages
+ * destructive command without `--yes` says what it would touch), 3 `status`
+ * found a schema that is not current (run `leasehold migrate`). Help pages
  * are rendered by cli/help.ts; nothing it prints carries ANSI colour unless
  * the stream is a terminal and `NO_COLOR` is unset. `leasehold demo-worker
  * FILE NAME` is the demo's worker process (started by `leasehold demo`, not
