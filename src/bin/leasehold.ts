@@ -27,6 +27,7 @@ import * as health from "../cli/health.js"
 import * as Help from "../cli/help.js"
 import * as mailbox from "../cli/mailbox.js"
 import * as migrate from "../cli/migrate.js"
+import * as prune from "../cli/prune.js"
 import * as queue from "../cli/queue.js"
 import { InvalidParameterError } from "../Errors.js"
 import * as Target from "../internal/sql/target.js"
@@ -40,6 +41,7 @@ const root = Command.make("leasehold").pipe(
     demo.command,
     queue.command,
     mailbox.command,
+    prune.command,
     health.command,
     operatorConsole.command,
     migrate.migrateCommand,
