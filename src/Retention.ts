@@ -131,7 +131,8 @@ export const pruned = counter("leasehold_retention_pruned_total", "Rows deleted 
 
 const decodeOptions = Options_.classDecoder("Retention.prune", RetentionConfig)
 
-const decodeEvery = Options_.decoder("Retention.layer", {
+const decodeLayerOptions = Options_.decoder("Retention.layer", {
+  ...RetentionConfig.fields,
   every: Options_.duration({ positive: true })
 })
 
@@ -223,8 +224,8 @@ export const layer = (
   options: ScheduleOptions
 ): Layer.Layer<never, ParseResult.ParseError, SqlClient.SqlClient> =>
   Layer.scopedDiscard(Effect.gen(function*() {
-    const { every } = yield* decodeEvery(options)
-    const config = yield* decodeOptions(options)
+    const { every, ...fields } = yield* decodeLayerOptions(options)
+    const config = new RetentionConfig(fields, true)
     const pass = run(config).pipe(
       Effect.flatMap((result) => {
         const total = result.entries + result.audit + result.deadLetters + result.replies

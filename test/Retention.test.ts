@@ -17,6 +17,7 @@ import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import * as Retention from "../src/Retention.js"
+import { captureLogs } from "./helpers.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 const backends = sqlBackends("retention")
@@ -283,6 +284,45 @@ for (const backend of backends) {
           yield* TestClock.adjust("90 minutes")
           expect(yield* eventually(count("mailbox_dead_letters"), (n) => n === 0)).toBe(0)
           yield* eventually(TestClock.sleeps(), (sleeps) => sleeps.length === 2)
+        }).pipe(onDb),
+      TIMEOUT
+    )
+
+    it.scoped(
+      "a failed pass is logged as a warning, and the next pass runs on schedule",
+      () =>
+        Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          const logs = captureLogs()
+          const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+          const id = yield* jobs.send({ n: 1 })
+          yield* sql`UPDATE ${sql(`${prefix}mailbox_messages`)} SET body = '[]' WHERE seq = ${Number(id)}`
+          yield* jobs.receive()
+          // A fault inside the database: every delete of a dead letter fails.
+          const table = `${prefix}mailbox_dead_letters`
+          const name = `${prefix}refuse_delete`
+          const pg = backend.label === "PostgreSQL"
+          if (pg) {
+            yield* sql.unsafe(`CREATE FUNCTION ${name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'injected fault'; END $$`)
+            yield* sql.unsafe(
+              `CREATE TRIGGER ${name} BEFORE DELETE ON ${table} FOR EACH ROW EXECUTE FUNCTION ${name}()`
+            )
+          } else {
+            yield* sql.unsafe(`CREATE TRIGGER ${name} BEFORE DELETE ON ${table} BEGIN
+            SELECT RAISE(ABORT, 'injected fault'); END`)
+          }
+          yield* TestClock.adjust("2 hours")
+          yield* Layer.build(Retention.layer({ every: "1 hour", olderThan: "1 hour", prefix, pause: 0 })).pipe(
+            Effect.provide(logs.layer)
+          )
+          yield* eventually(TestClock.sleeps(), (sleeps) => sleeps.length === 1)
+          const warning = logs.lines.find((line) => line.level === "WARN")
+          expect(warning?.message).toContain("Retention pass failed")
+          expect(yield* count("mailbox_dead_letters")).toBe(1)
+          yield* sql.unsafe(pg ? `DROP TRIGGER ${name} ON ${table}` : `DROP TRIGGER ${name}`)
+          yield* TestClock.adjust("1 hour")
+          expect(yield* eventually(count("mailbox_dead_letters"), (n) => n === 0)).toBe(0)
         }).pipe(onDb),
       TIMEOUT
     )

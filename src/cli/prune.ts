@@ -60,8 +60,9 @@ const dryRun = Options.boolean("dry-run").pipe(Options.withDescription("Count wh
 
 const replyQueue = Options.text("reply-queue").pipe(
   Options.withDescription(
-    "A queue that receives replies (a replyTo): its unread replies older than --older-than go (repeatable).\n" +
-      "Without it no reply is pruned: leasehold cannot tell a reply queue from a work queue."
+    "A queue that receives replies (a replyTo): its unread replies older than --older-than\n" +
+      "go (repeatable). Without it no reply is pruned: leasehold cannot tell a reply queue\n" +
+      "from a work queue."
   ),
   Options.repeated
 )
@@ -132,9 +133,10 @@ export const command = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "Delete old rows that nothing reads any more, in short batches: merge-queue entries that are merged,\n" +
-      "failed for good or cancelled, the merge-queue audit log, dead letters, and unread replies (of the\n" +
-      "queues given with --reply-queue). Never a queued, delayed, in-flight or in-progress row.\n" +
-      "Example: leasehold prune --db ./.leasehold/demo.db --older-than 7d --reply-queue responses --dry-run"
+    "Delete old rows that nothing reads any more, in short batches: merge-queue entries\n" +
+      "that are merged, failed for good or cancelled, the merge-queue audit log, dead letters,\n" +
+      "and unread replies of the queues given with --reply-queue. Never a queued, delayed,\n" +
+      "in-flight or in-progress row.\n" +
+      "Example: leasehold prune --db ./app.db --older-than 7d --reply-queue responses --dry-run"
   )
 )
