@@ -199,7 +199,7 @@ describe("leasehold prune's usage", () => {
   )
 
   it.live(
-    "a database without leasehold's tables exits 1 naming them, and is left as it was",
+    "a database without leasehold's tables exits 1 naming them; an unreachable one exits 1 without its password",
     () =>
       Effect.gen(function*() {
         const empty = join(directory, "empty.db")
@@ -210,6 +210,16 @@ describe("leasehold prune's usage", () => {
         expect(run.stderr).toContain("leasehold_mailbox_dead_letters")
         const wrongPrefix = yield* leasehold("prune", "--db", sqliteFile, "--older-than", "7d", "--prefix", "nope_")
         expect(wrongPrefix.code).toBe(1)
+        // An unreachable server: exit 1, its password never shown.
+        const unreachable = yield* leasehold(
+          "prune",
+          "--db",
+          "postgres://app:hunter22@127.0.0.1:1/app",
+          "--older-than",
+          "7d"
+        )
+        expect(unreachable.code).toBe(1)
+        expect(unreachable.stdout + unreachable.stderr).not.toContain("hunter22")
       }),
     TIMEOUT
   )
