@@ -34,7 +34,8 @@ import * as Target from "../internal/sql/target.js"
 
 const root = Command.make("leasehold").pipe(
   Command.withDescription(
-    "Operate leasehold workers: merge queues, mailboxes, health and a browser console, on SQLite or PostgreSQL.\n" +
+    "Operate leasehold workers: schema migrations, merge queues, mailboxes, retention, health and a browser\n" +
+      "console, on SQLite or PostgreSQL.\n" +
       "Example: leasehold queue status --db ./.leasehold/demo.db"
   ),
   Command.withSubcommands([
