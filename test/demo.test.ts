@@ -105,11 +105,11 @@ describe("leasehold demo", () => {
         expect(summary.killed.finishedElsewhere).toBe(summary.killed.held.count)
         expect(summary.redelivered).toBeGreaterThanOrEqual(1)
         expect(summary.proved).toMatch(
-          /^Proved: every one of 40 requests was answered exactly once or dead-lettered on purpose \(corrupt-demo\); worker-1 was SIGKILLed with \d+ requests? leased \(r\d+[^)]*\), (all )?finished elsewhere\.$/
+          /^Proved: every one of 40 requests was answered exactly once or dead-lettered on purpose \(corrupt-demo\); worker-1 was SIGKILLed with \d+ requests? leased \((r\d+|deadline-demo)[^)]*\), (all )?finished elsewhere\.$/
         )
         expect(summary.healthUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
         expect(run.stderr).toMatch(
-          /killed worker-1 \(pid \d+\) with SIGKILL mid-work, holding \d+ leased requests? \(r\d+/
+          /killed worker-1 \(pid \d+\) with SIGKILL mid-work, holding \d+ leased requests? \((r\d+|deadline-demo)/
         )
         expect(summary.consoleCommand).toBe(`npx leasehold console --db ${summary.database}`)
         // What the console opens on: no lease held (the replies were read and acknowledged, so their queue is
