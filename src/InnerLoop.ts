@@ -10,13 +10,23 @@
  * decodes the final answer with the prompt's Schema (`reason: "output"`).
  * Retries of a failed request re-check the deadline before each attempt,
  * and a wait between two attempts ends when the deadline passes.
+ *
+ * A streaming adapter supplies its turns as streams of parts instead
+ * (`{ stream }`): the loop assembles the turn from them (text deltas, tool
+ * calls, the usage of the last part) and every part beats the heartbeat
+ * through `Heartbeat.beatEvery` (at most once per `beatInterval`), so a model
+ * that keeps writing keeps its request leased and one that stalls stops
+ * beating. Once the first part has arrived the model is answering: a
+ * deadline that passes then stops the stream with `phase: "response"`.
  */
 import * as Clock from "effect/Clock"
+import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
+import * as Stream from "effect/Stream"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
@@ -76,6 +86,33 @@ export class ProviderError extends Schema.TaggedError<ProviderError>()("Provider
 export type Complete = (request: ModelRequest) => Effect.Effect<ModelTurn, ProviderError>
 
 /**
+ * A piece of a streamed model turn: text as the model writes it, a tool call once its parameters are complete,
+ * the turn's token usage (from the stream's last part), or progress that carries nothing the loop keeps (the
+ * model thinking, writing a tool call's parameters, metadata) but proves the model is working.
+ *
+ * @category models
+ */
+export type TurnPart =
+  | { readonly _tag: "Text"; readonly delta: string }
+  | { readonly _tag: "ToolCall"; readonly call: Prompt.ToolCall }
+  | { readonly _tag: "Usage"; readonly usage: Session.Usage }
+  | { readonly _tag: "Progress" }
+
+/**
+ * One model turn as a stream of parts, supplied by a streaming adapter.
+ *
+ * @category models
+ */
+export type CompleteStream = (request: ModelRequest) => Stream.Stream<TurnPart, ProviderError>
+
+/**
+ * How an adapter supplies its model turns: whole (`Complete`) or streamed (`{ stream }`).
+ *
+ * @category models
+ */
+export type Turns = Complete | { readonly stream: CompleteStream }
+
+/**
  * Options of the loop.
  *
  * @category models
@@ -85,7 +122,36 @@ export interface Options {
   readonly retry?: Schedule.Schedule<unknown, unknown> | undefined
   /** Stop after this many model turns (default 32). */
   readonly maxTurns?: number | undefined
+  /** A streamed turn beats the heartbeat at most once per this interval as its parts arrive (default 1 second). */
+  readonly beatInterval?: Duration.DurationInput | undefined
 }
+
+/** What a streamed turn adds up to, part by part. */
+const addPart = (turn: ModelTurn, part: TurnPart): ModelTurn => {
+  switch (part._tag) {
+    case "Text":
+      return { ...turn, text: turn.text + part.delta }
+    case "ToolCall":
+      return { ...turn, toolCalls: [...turn.toolCalls, part.call] }
+    case "Usage":
+      return { ...turn, usage: part.usage }
+    case "Progress":
+      return turn
+  }
+}
+
+const emptyTurn: ModelTurn = { text: "", toolCalls: [], usage: { inputTokens: 0, outputTokens: 0 } }
+
+/**
+ * Runs a streamed turn to its end: `onPart` hears of each part as it arrives, and the current heartbeat beats
+ * on them (at most once per `interval`).
+ */
+const collect = (
+  parts: Stream.Stream<TurnPart, ProviderError>,
+  interval: Duration.DurationInput,
+  onPart: Effect.Effect<void>
+): Effect.Effect<ModelTurn, ProviderError> =>
+  parts.pipe(Stream.tap(() => onPart), Heartbeat.beatEvery(interval), Stream.runFold(emptyTurn, addPart))
 
 /**
  * Runs `prompt` to its final output.
@@ -94,7 +160,7 @@ export interface Options {
  */
 export const run = <Out>(
   adapter: ProviderAdapter["Type"],
-  complete: Complete,
+  turns: Turns,
   prompt: Prompt.Prompt<Out>,
   options: EvaluateOptions,
   loopOptions?: Options
@@ -119,8 +185,8 @@ export const run = <Out>(
       return yield* fail("preflight", "deadline", "the deadline had already passed", deadlinePayload(options.deadline))
     }
     const deadline = Deadline.earliest(options.deadline, Option.getOrUndefined(yield* Deadline.current))
-    const deadlineFailure = (phase: "request" | "response") =>
-      fail(phase, "deadline", `deadline ${deadline?.iso} passed`, deadlinePayload(deadline))
+    const deadlineFailure = (phase: "request" | "response", detail = `deadline ${deadline?.iso} passed`) =>
+      fail(phase, "deadline", detail, deadlinePayload(deadline))
     const checkpoint = (phase: "request" | "response") =>
       deadline !== undefined
         ? Effect.flatMap(
@@ -144,6 +210,21 @@ export const run = <Out>(
       adapter
     }
 
+    // A streamed turn runs under the heartbeat (its parts beat it) and notes when the model starts answering:
+    // a deadline that passes after that stops the response, not the request.
+    let answering = false
+    const startAnswering = Effect.sync(() => {
+      answering = true
+    })
+    const beatInterval = loopOptions?.beatInterval ?? "1 second"
+    const complete: Complete = typeof turns === "function"
+      ? turns
+      : (request) =>
+        Effect.suspend(() => {
+          answering = false
+          const turn = collect(turns.stream(request), beatInterval, startAnswering)
+          return heartbeat === undefined ? turn : Heartbeat.within(turn, heartbeat)
+        })
     const attempt = (request: ModelRequest) => Effect.zipRight(checkpoint("request"), complete(request))
     const retried = (model: ModelRequest) =>
       loopOptions?.retry === undefined
@@ -158,7 +239,12 @@ export const run = <Out>(
       (deadline === undefined
         ? retried(model)
         : Deadline.within(retried(model), deadline).pipe(
-          Effect.catchTag("DeadlineExceededError", () => Effect.fail(deadlineFailure("request")))
+          Effect.catchTag("DeadlineExceededError", () =>
+            Effect.fail(
+              answering
+                ? deadlineFailure("response", `deadline ${deadline.iso} passed while the model was answering`)
+                : deadlineFailure("request")
+            ))
         )).pipe(
           Effect.catchTag("ProviderError", (error) => Effect.fail(fail("request", "provider", error.detail)))
         )
@@ -230,25 +316,27 @@ const decodeOutput = <Out>(
 
 const decodeOptions = Options_.decoder("InnerLoop.makeAdapter", {
   maxTurns: Schema.optionalWith(Options_.PositiveInt, { exact: true }),
-  retry: Schema.optionalWith(Options_.ScheduleValue, { exact: true })
+  retry: Schema.optionalWith(Options_.ScheduleValue, { exact: true }),
+  beatInterval: Schema.optionalWith(Options_.duration(), { exact: true })
 })
 
 /**
- * An adapter whose model turns come from `complete`: what an adapter for a new provider is made with. Bad
- * options (a `maxTurns` that is not a positive integer, a `retry` that is not a `Schedule`) are a `ParseError`
- * naming them.
+ * An adapter whose model turns come from `turns` (a `Complete`, or `{ stream }` for a streaming provider): what
+ * an adapter for a new provider is made with. Bad options (a `maxTurns` that is not a positive integer, a
+ * `retry` that is not a `Schedule`, a `beatInterval` that is not a finite duration) are a `ParseError` naming
+ * them.
  *
  * @category constructors
  */
 export const makeAdapter = (
   name: string,
-  complete: Complete,
+  turns: Turns,
   loopOptions?: Options
 ): Effect.Effect<ProviderAdapter["Type"], ParseResult.ParseError> =>
   Effect.map(decodeOptions(loopOptions), () => {
     const adapter: ProviderAdapter["Type"] = {
       name,
-      evaluate: (prompt, options) => run(adapter, complete, prompt, options, loopOptions)
+      evaluate: (prompt, options) => run(adapter, turns, prompt, options, loopOptions)
     }
     return adapter
   })

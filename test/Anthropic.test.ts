@@ -1,11 +1,12 @@
 /**
  * The Anthropic adapter against a small stub of the Messages API (`POST /v1/messages`, non-streaming) started
  * on a free local port (real HTTP): the stub answers each request from a script, optionally after a delay, and
- * records what it received.
+ * records what it received. With `stream: true` it runs the streaming suite (`support/streamingAgent.ts`)
+ * against a stubbed `HttpClient` that writes the Messages API's server-sent events on the TestClock.
  */
-import { FetchHttpClient } from "@effect/platform"
+import { FetchHttpClient, HttpClient } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Redacted, TestClock } from "effect"
+import { Duration, Effect, Exit, Fiber, Redacted, TestClock } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as Anthropic from "../src/adapters/Anthropic.js"
@@ -13,6 +14,8 @@ import * as Budget from "../src/Budget.js"
 import * as Deadline from "../src/Deadline.js"
 import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
+import type { SseEvent, SseReply } from "./support/sse.js"
+import { streamingSuite } from "./support/streamingAgent.js"
 import { weatherPrompt } from "./support/weather.js"
 
 /** An Anthropic `Message` as the API returns it. */
@@ -233,4 +236,72 @@ describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
       expect(plainKey.message).toContain("[\"model\"]")
       expect(plainKey.message).not.toContain("sk-plain")
     }))
+})
+
+/**
+ * A streamed Messages API answer: `message_start` (after `first`), one content block of `deltas` (one every
+ * `every`), the usage, `message_stop`.
+ */
+const messageStream = (options: {
+  readonly block: unknown
+  readonly deltas: ReadonlyArray<unknown>
+  readonly first?: Duration.DurationInput | undefined
+  readonly every: Duration.DurationInput
+  readonly stopReason: "end_turn" | "tool_use"
+  readonly usage: { readonly input: number; readonly output: number }
+  readonly stallAfter?: number | undefined
+}): SseReply => {
+  const event = (data: { readonly type: string }, after?: Duration.DurationInput): SseEvent => ({
+    event: data.type,
+    data,
+    ...(after !== undefined ? { after } : {})
+  })
+  const deltas = options.deltas.map((delta, i) =>
+    event({ type: "content_block_delta", index: 0, delta } as { type: string }, i === 0 ? undefined : options.every)
+  )
+  const start = [
+    event({
+      type: "message_start",
+      message: { ...message("msg_s", [], "end_turn", { input: options.usage.input, output: 1 }), stop_reason: null }
+    } as { type: string }, options.first),
+    event({ type: "content_block_start", index: 0, content_block: options.block } as { type: string })
+  ]
+  if (options.stallAfter !== undefined) return [...start, ...deltas.slice(0, options.stallAfter), "stall"]
+  return [
+    ...start,
+    ...deltas,
+    event({ type: "content_block_stop", index: 0 } as { type: string }),
+    event({
+      type: "message_delta",
+      delta: { stop_reason: options.stopReason, stop_sequence: null },
+      usage: { output_tokens: options.usage.output }
+    } as { type: string }),
+    event({ type: "message_stop" })
+  ]
+}
+
+streamingSuite({
+  name: "Anthropic",
+  adapter: (client) =>
+    Anthropic.make({ model: "claude-stub", apiKey: Redacted.make("test-key"), stream: true }).pipe(
+      Effect.provideService(HttpClient.HttpClient, client)
+    ),
+  text: ({ every, first, pieces, stallAfter, usage }) =>
+    messageStream({
+      block: { type: "text", text: "" },
+      deltas: pieces.map((text) => ({ type: "text_delta", text })),
+      first,
+      every,
+      stopReason: "end_turn",
+      usage,
+      stallAfter
+    }),
+  toolCall: ({ every, id, name, pieces, usage }) =>
+    messageStream({
+      block: { type: "tool_use", id, name, input: {} },
+      deltas: pieces.map((partial_json) => ({ type: "input_json_delta", partial_json })),
+      every,
+      stopReason: "tool_use",
+      usage
+    })
 })

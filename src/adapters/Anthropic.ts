@@ -5,7 +5,9 @@
  * It only builds the provider's `LanguageModel` (an `AnthropicClient` on the
  * `HttpClient` in the context, then `AnthropicLanguageModel`) and hands it to
  * `EffectAi`, so deadlines, heartbeats, budgets and tool execution behave
- * exactly as for any other `@effect/ai` model. `@effect/ai-anthropic` (and
+ * exactly as for any other `@effect/ai` model; with `stream: true` it reads
+ * the Messages API's server-sent events, each of which beats the heartbeat
+ * (see `EffectAi`). `@effect/ai-anthropic` (and
  * `@effect/ai` beside it) are optional peer dependencies, loaded when an
  * adapter is made: a program without them is told which to install.
  */
@@ -17,7 +19,6 @@ import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type { MissingPackageError } from "../Errors.js"
-import type * as InnerLoop from "../InnerLoop.js"
 import * as Optional from "../internal/optional.js"
 import * as Options_ from "../internal/options.js"
 import { ProviderAdapter } from "../ProviderAdapter.js"
@@ -28,7 +29,7 @@ import * as EffectAi from "./EffectAi.js"
  *
  * @category models
  */
-export interface Options extends InnerLoop.Options {
+export interface Options extends EffectAi.Options {
   /** The model, e.g. `"claude-sonnet-4-5"`. */
   readonly model: string
   /** The API key, sent as `x-api-key`; `Redacted` so it never reaches a log. */
@@ -55,8 +56,10 @@ const decodeOptions = Options_.decoder("Anthropic.make", {
   ),
   apiUrl: Schema.optionalWith(Options_.ruledString(isHttpUrl), { exact: true }),
   maxTokens: Schema.optionalWith(Options_.PositiveInt, { exact: true }),
-  // Checked again by `InnerLoop.makeAdapter`; here so that the error names `Anthropic.make`.
-  maxTurns: Schema.optionalWith(Options_.PositiveInt, { exact: true })
+  // Checked again by `EffectAi.make` and `InnerLoop.makeAdapter`; here so that the error names `Anthropic.make`.
+  maxTurns: Schema.optionalWith(Options_.PositiveInt, { exact: true }),
+  stream: Schema.optionalWith(Options_.worded(Schema.Boolean, () => "must be a boolean"), { exact: true }),
+  beatInterval: Schema.optionalWith(Options_.duration(), { exact: true })
 })
 
 const packages = ["@effect/ai-anthropic", "@effect/ai"]
@@ -93,7 +96,8 @@ export const make = (
       model,
       ...(maxTokens !== undefined ? { config: { max_tokens: maxTokens } } : {})
     }).pipe(Effect.provideService(AnthropicClient.AnthropicClient, client))
-    return yield* EffectAi.make({ retry: options.retry, maxTurns: options.maxTurns }).pipe(
+    const { beatInterval, maxTurns, retry, stream } = options
+    return yield* EffectAi.make({ retry, maxTurns, stream, beatInterval }).pipe(
       Effect.provideService(LanguageModel.LanguageModel, languageModel)
     )
   })

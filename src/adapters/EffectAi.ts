@@ -6,6 +6,10 @@
  * to the provider (their parameter Schemas become the provider's JSON
  * Schemas) and tool-call resolution turned off: the tool calls come back to
  * leasehold's `InnerLoop`, which runs them with heartbeats and deadlines.
+ * With `stream: true` each turn is one `streamText` call instead: its parts
+ * reach the `InnerLoop` as they arrive (text deltas, tool calls once their
+ * parameters are complete, the usage of the `finish` part), so every chunk
+ * beats the heartbeat and a deadline can stop the response mid-way.
  * `@effect/ai` is an optional peer dependency, loaded when an adapter is made
  * (whoever provides a `LanguageModel` has it installed). The exported types
  * name none of its types, so a program that imports the root without
@@ -13,6 +17,7 @@
  */
 import type * as AiLanguageModel from "@effect/ai/LanguageModel"
 import type * as AiPrompt from "@effect/ai/Prompt"
+import type * as AiResponse from "@effect/ai/Response"
 import type * as AiTool from "@effect/ai/Tool"
 import type * as Toolkit from "@effect/ai/Toolkit"
 import type * as Context from "effect/Context"
@@ -20,7 +25,9 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
+import * as Stream from "effect/Stream"
 import * as InnerLoop from "../InnerLoop.js"
+import * as Options_ from "../internal/options.js"
 import type * as Prompt from "../Prompt.js"
 import { ProviderAdapter } from "../ProviderAdapter.js"
 import type * as Tool from "../Tool.js"
@@ -78,27 +85,89 @@ type AiToolModule = typeof import("@effect/ai/Tool")
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- the service's shape is @effect/ai's to define
 export interface LanguageModel extends Context.TagClassShape<"@effect/ai/LanguageModel", any> {}
 
+/** The options of one model call: the conversation, and leasehold's tools declared with resolution off. */
+const callOptions = (AiTool: AiToolModule, request: InnerLoop.ModelRequest) => {
+  const prompt = request.messages.map(toAiMessage)
+  const tools = Object.fromEntries(request.tools.map((tool) => [tool.name, toAiTool(AiTool, tool)]))
+  // Never called: resolution is off, so the calls come back to the InnerLoop.
+  const toolkit = {
+    tools,
+    handle: () => Effect.dieMessage("leasehold runs tools itself")
+  } as unknown as Toolkit.WithHandler<Record<string, AiTool.Any>>
+  return { prompt, ...(request.tools.length > 0 ? { toolkit, disableToolCallResolution: true as const } : {}) }
+}
+
+const toUsage = (usage: AiResponse.Usage): { inputTokens: number; outputTokens: number } => ({
+  inputTokens: usage.inputTokens ?? 0,
+  outputTokens: usage.outputTokens ?? 0
+})
+
 const complete = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.Complete => (request) =>
-  Effect.gen(function*() {
-    const prompt = request.messages.map(toAiMessage)
-    const tools = Object.fromEntries(request.tools.map((tool) => [tool.name, toAiTool(AiTool, tool)]))
-    // Never called: resolution is off, so the calls come back to the InnerLoop.
-    const toolkit = {
-      tools,
-      handle: () => Effect.dieMessage("leasehold runs tools itself")
-    } as unknown as Toolkit.WithHandler<Record<string, AiTool.Any>>
-    const response = yield* model.generateText({
-      prompt,
-      ...(request.tools.length > 0 ? { toolkit, disableToolCallResolution: true as const } : {})
-    }).pipe(
+  Effect.map(
+    model.generateText(callOptions(AiTool, request)).pipe(
       Effect.mapError((error) => new InnerLoop.ProviderError({ detail: error.message }))
-    )
-    return {
+    ),
+    (response) => ({
       text: response.text,
       toolCalls: response.toolCalls.map((call) => ({ id: call.id, name: call.name, params: call.params })),
-      usage: { inputTokens: response.usage.inputTokens ?? 0, outputTokens: response.usage.outputTokens ?? 0 }
-    }
-  })
+      usage: toUsage(response.usage)
+    })
+  )
+
+const progress: InnerLoop.TurnPart = { _tag: "Progress" }
+
+/** A part of `@effect/ai`'s stream as the InnerLoop's: tool calls the provider ran itself are only progress. */
+const toTurnPart = (
+  part: AiResponse.StreamPart<Record<string, AiTool.Any>>
+): Effect.Effect<InnerLoop.TurnPart, InnerLoop.ProviderError> => {
+  switch (part.type) {
+    case "text-delta":
+      return Effect.succeed({ _tag: "Text", delta: part.delta })
+    case "tool-call":
+      return Effect.succeed(
+        part.providerExecuted === true
+          ? progress
+          : { _tag: "ToolCall", call: { id: part.id, name: part.name, params: part.params } }
+      )
+    case "finish":
+      return Effect.succeed({ _tag: "Usage", usage: toUsage(part.usage) })
+    case "error":
+      return Effect.fail(
+        new InnerLoop.ProviderError({ detail: `the stream reported an error: ${describe(part.error)}` })
+      )
+    default:
+      return Effect.succeed(progress)
+  }
+}
+
+const describe = (error: unknown): string => {
+  if (error instanceof Error) return error.message
+  const json = JSON.stringify(error)
+  return json === undefined ? String(error) : json
+}
+
+const completeStream = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.CompleteStream => (request) =>
+  model.streamText(callOptions(AiTool, request)).pipe(
+    Stream.mapError((error) => new InnerLoop.ProviderError({ detail: error.message })),
+    Stream.mapEffect(toTurnPart)
+  )
+
+/**
+ * Options of the adapter: the loop's, and whether to stream.
+ *
+ * @category models
+ */
+export interface Options extends InnerLoop.Options {
+  /**
+   * Stream each model response (`streamText`) rather than wait for it whole (`generateText`): every chunk beats
+   * the heartbeat (at most once per `beatInterval`) and a deadline stops the response mid-way (default false).
+   */
+  readonly stream?: boolean | undefined
+}
+
+const decodeOptions = Options_.decoder("EffectAi.make", {
+  stream: Schema.optionalWith(Options_.worded(Schema.Boolean, () => "must be a boolean"), { exact: true })
+})
 
 /**
  * An adapter over the `LanguageModel` in the context. Bad options are a `ParseError` naming them (see
@@ -107,16 +176,22 @@ const complete = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLo
  * @category constructors
  */
 export const make = (
-  options?: InnerLoop.Options
+  options?: Options
 ): Effect.Effect<ProviderAdapter["Type"], ParseResult.ParseError, LanguageModel> =>
-  Effect.flatMap(
-    Effect.promise(() => Promise.all([import("@effect/ai/LanguageModel"), import("@effect/ai/Tool")])),
-    ([AiLanguageModel, AiTool]) =>
-      Effect.flatMap(
-        AiLanguageModel.LanguageModel,
-        (model) => InnerLoop.makeAdapter("effect-ai", complete(model, AiTool), options)
-      )
-  )
+  Effect.flatMap(decodeOptions(options), ({ stream }) =>
+    Effect.flatMap(
+      Effect.promise(() => Promise.all([import("@effect/ai/LanguageModel"), import("@effect/ai/Tool")])),
+      ([AiLanguageModel, AiTool]) =>
+        Effect.flatMap(
+          AiLanguageModel.LanguageModel,
+          (model) =>
+            InnerLoop.makeAdapter(
+              "effect-ai",
+              stream === true ? { stream: completeStream(model, AiTool) } : complete(model, AiTool),
+              options
+            )
+        )
+    ))
 
 /**
  * The adapter as the `ProviderAdapter` service.
@@ -124,5 +199,5 @@ export const make = (
  * @category layers
  */
 export const layer = (
-  options?: InnerLoop.Options
+  options?: Options
 ): Layer.Layer<ProviderAdapter, ParseResult.ParseError, LanguageModel> => Layer.effect(ProviderAdapter, make(options))
