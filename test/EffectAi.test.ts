@@ -2,22 +2,33 @@
  * The EffectAi adapter over @effect/ai-openai, against a small
  * OpenAI-compatible server started on a free local port (real HTTP). The
  * server replies from a script: first a tool call, then a structured answer.
+ * With `stream: true` it runs the streaming suite (`support/streamingAgent.ts`)
+ * against a stubbed `HttpClient` that writes the Responses API's server-sent
+ * events on the TestClock.
  */
 import { OpenAiClient, OpenAiLanguageModel } from "@effect/ai-openai"
-import { FetchHttpClient } from "@effect/platform"
+import { FetchHttpClient, HttpClient } from "@effect/platform"
 import { describe, expect, it } from "@effect/vitest"
+import type { Duration } from "effect"
 import { Effect, Layer, Redacted } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as EffectAi from "../src/adapters/EffectAi.js"
 import * as Session from "../src/Session.js"
+import type { SseEvent, SseReply } from "./support/sse.js"
+import { streamingSuite } from "./support/streamingAgent.js"
 import { weatherPrompt } from "./support/weather.js"
 
-const responseEnvelope = (id: string, output: ReadonlyArray<unknown>, usage: { input: number; output: number }) => ({
+const responseEnvelope = (
+  id: string,
+  output: ReadonlyArray<unknown>,
+  usage: { input: number; output: number },
+  status: "completed" | "in_progress" = "completed"
+) => ({
   id,
   object: "response",
   created_at: 0,
-  status: "completed",
+  status,
   error: null,
   incomplete_details: null,
   instructions: null,
@@ -110,4 +121,89 @@ describe("EffectAi adapter (OpenAI-compatible server over real HTTP)", () => {
       expect(JSON.stringify(stub.bodies[0]!["tools"])).toContain("\"city\"")
       expect(JSON.stringify(stub.bodies[1]!["input"])).toContain("celsius")
     }).pipe(Effect.scoped))
+})
+
+/**
+ * A streamed Responses API answer: `response.created` (after `first`), one output item whose `deltas` come one
+ * every `every`, the item done, then `response.completed` with the usage.
+ */
+const responseStream = (options: {
+  readonly item: Record<string, unknown>
+  readonly done: Record<string, unknown>
+  readonly deltas: ReadonlyArray<Record<string, unknown>>
+  readonly first?: Duration.DurationInput | undefined
+  readonly every: Duration.DurationInput
+  readonly usage: { readonly input: number; readonly output: number }
+  readonly stallAfter?: number | undefined
+}): SseReply => {
+  let sequence = 0
+  const event = (
+    data: Record<string, unknown> & { readonly type: string },
+    after?: Duration.DurationInput
+  ): SseEvent => ({
+    event: data.type,
+    data: { ...data, sequence_number: sequence++ },
+    ...(after !== undefined ? { after } : {})
+  })
+  const start = [
+    event(
+      { type: "response.created", response: responseEnvelope("resp_s", [], options.usage, "in_progress") },
+      options.first
+    ),
+    event({ type: "response.output_item.added", output_index: 0, item: options.item })
+  ]
+  const deltas = options.deltas.map((delta, i) =>
+    event({ ...delta, type: delta["type"] as string, output_index: 0 }, i === 0 ? undefined : options.every)
+  )
+  if (options.stallAfter !== undefined) return [...start, ...deltas.slice(0, options.stallAfter), "stall"]
+  return [
+    ...start,
+    ...deltas,
+    event({ type: "response.output_item.done", output_index: 0, item: options.done }),
+    event({ type: "response.completed", response: responseEnvelope("resp_s", [options.done], options.usage) })
+  ]
+}
+
+streamingSuite({
+  name: "EffectAi over @effect/ai-openai",
+  adapter: (client) =>
+    EffectAi.make({ stream: true }).pipe(
+      Effect.provide(
+        OpenAiLanguageModel.layer({ model: "stub-model" }).pipe(
+          Layer.provide(OpenAiClient.layer({ apiKey: Redacted.make("test-key"), apiUrl: "http://stub/v1" })),
+          Layer.provide(Layer.succeed(HttpClient.HttpClient, client))
+        )
+      )
+    ),
+  text: ({ every, first, pieces, stallAfter, usage }) => {
+    const message = { type: "message", id: "msg_1", role: "assistant" }
+    return responseStream({
+      item: { ...message, status: "in_progress", content: [] },
+      done: {
+        ...message,
+        status: "completed",
+        content: [{ type: "output_text", text: pieces.join(""), annotations: [] }]
+      },
+      deltas: pieces.map((delta) => ({
+        type: "response.output_text.delta",
+        item_id: "msg_1",
+        content_index: 0,
+        delta
+      })),
+      first,
+      every,
+      usage,
+      stallAfter
+    })
+  },
+  toolCall: ({ every, id, name, pieces, usage }) => {
+    const call = { type: "function_call", id: "fc_1", call_id: id, name }
+    return responseStream({
+      item: { ...call, arguments: "", status: "in_progress" },
+      done: { ...call, arguments: pieces.join(""), status: "completed" },
+      deltas: pieces.map((delta) => ({ type: "response.function_call_arguments.delta", item_id: "fc_1", delta })),
+      every,
+      usage
+    })
+  }
 })
