@@ -17,7 +17,8 @@
  * through `Heartbeat.beatEvery` (at most once per `beatInterval`), so a model
  * that keeps writing keeps its request leased and one that stalls stops
  * beating. Once the first part has arrived the model is answering: a
- * deadline that passes then stops the stream with `phase: "response"`.
+ * deadline that passes while it streams stops it with `phase: "response"`
+ * (a stream that breaks is a failed request, retried as any other).
  */
 import * as Clock from "effect/Clock"
 import type * as Duration from "effect/Duration"
@@ -210,19 +211,24 @@ export const run = <Out>(
       adapter
     }
 
-    // A streamed turn runs under the heartbeat (its parts beat it) and notes when the model starts answering:
-    // a deadline that passes after that stops the response, not the request.
+    // A streamed turn runs under the heartbeat (its parts beat it) and notes while the model is answering: a
+    // deadline that passes then stops the response, not the request. A broken stream is no longer answering
+    // (a wait before its retry is part of the request).
     let answering = false
     const startAnswering = Effect.sync(() => {
       answering = true
     })
+    const stopAnswering = () =>
+      Effect.sync(() => {
+        answering = false
+      })
     const beatInterval = loopOptions?.beatInterval ?? "1 second"
     const complete: Complete = typeof turns === "function"
       ? turns
       : (request) =>
         Effect.suspend(() => {
           answering = false
-          const turn = collect(turns.stream(request), beatInterval, startAnswering)
+          const turn = Effect.tapError(collect(turns.stream(request), beatInterval, startAnswering), stopAnswering)
           return heartbeat === undefined ? turn : Heartbeat.within(turn, heartbeat)
         })
     const attempt = (request: ModelRequest) => Effect.zipRight(checkpoint("request"), complete(request))

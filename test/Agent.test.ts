@@ -1,9 +1,10 @@
 import { describe, expect, it } from "@effect/vitest"
-import { DateTime, Effect, Fiber, Option, Ref, Schedule, Schema, TestClock } from "effect"
+import { DateTime, type Duration, Effect, Fiber, Option, Ref, Schedule, Schema, Stream, TestClock } from "effect"
 import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
 import * as Budget from "../src/Budget.js"
 import * as Deadline from "../src/Deadline.js"
 import * as Heartbeat from "../src/Heartbeat.js"
+import * as InnerLoop from "../src/InnerLoop.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import type * as MailboxWorker from "../src/MailboxWorker.js"
@@ -169,6 +170,74 @@ describe("InnerLoop with the scripted adapter", () => {
       expect([error.phase, error.reason]).toEqual(["request", "deadline"])
       expect(error.providerPayload).toEqual({ deadline_expires_at: deadline.iso })
       expect((yield* adapter.requests).length).toBe(1)
+    }))
+})
+
+describe("InnerLoop with a streaming adapter", () => {
+  /** A streamed answer: `count` words, one every `every`, then the usage; `breakAfter` words then a failure. */
+  const streamed =
+    (count: number, every: Duration.DurationInput, breakAfter?: number): InnerLoop.CompleteStream => () => {
+      const words = Stream.range(1, count).pipe(
+        Stream.mapEffect((i) => Effect.as(Effect.sleep(every), { _tag: "Text" as const, delta: `w${i} ` }))
+      )
+      return breakAfter === undefined
+        ? Stream.concat(words, Stream.make({ _tag: "Usage" as const, usage: { inputTokens: 5, outputTokens: count } }))
+        : Stream.concat(
+          Stream.take(words, breakAfter),
+          Stream.fail(new InnerLoop.ProviderError({ detail: "connection reset" }))
+        )
+    }
+
+  it.scoped("a stream of 100 words over 10 s beats once per beatInterval, not once per word", () =>
+    Effect.gen(function*() {
+      const adapter = yield* InnerLoop.makeAdapter("streamed", { stream: streamed(100, "100 millis") }, {
+        beatInterval: "1 second"
+      })
+      const heartbeat = yield* Heartbeat.make
+      const beats = yield* Ref.make(0)
+      yield* heartbeat.onBeat(Ref.update(beats, (n) => n + 1))
+      const fiber = yield* Effect.fork(
+        adapter.evaluate(Prompt.make({ name: "p", instructions: "" }), { session: yield* Session.make, heartbeat })
+      )
+      for (let t = 0; t < 11; t++) {
+        yield* settle
+        yield* TestClock.adjust("1 second")
+      }
+      const response = yield* Fiber.join(fiber)
+      expect(response.text.split(" ").filter((word) => word.length > 0)).toHaveLength(100)
+      expect(response.usage).toEqual({ inputTokens: 5, outputTokens: 100 })
+      // One beat for the turn, then one per second of streaming (the first word, then every 10th).
+      expect(yield* Ref.get(beats)).toBe(11)
+    }))
+
+  it.effect("a beatInterval that is not a finite duration is a ParseError naming it", () =>
+    Effect.gen(function*() {
+      for (const beatInterval of ["soon", -1, Infinity]) {
+        const error = yield* Effect.flip(InnerLoop.makeAdapter("streamed", { stream: streamed(1, "1 second") }, {
+          beatInterval: beatInterval as Duration.DurationInput
+        }))
+        expect(refusedOptions(error)).toEqual(["beatInterval"])
+      }
+    }))
+
+  it.effect("a stream that breaks is a failed request: a deadline during the wait before its retry is phase request", () =>
+    Effect.gen(function*() {
+      const adapter = yield* InnerLoop.makeAdapter("streamed", { stream: streamed(10, "1 second", 3) }, {
+        retry: Schedule.spaced("1 minute")
+      })
+      const deadline = yield* Deadline.after("10 seconds")
+      const fiber = yield* Effect.fork(
+        Effect.flip(adapter.evaluate(Prompt.make({ name: "p", instructions: "" }), {
+          session: yield* Session.make,
+          deadline
+        }))
+      )
+      for (let t = 0; t < 10; t++) {
+        yield* settle
+        yield* TestClock.adjust("1 second")
+      }
+      const error = yield* Fiber.join(fiber)
+      expect([error.phase, error.reason]).toEqual(["request", "deadline"])
     }))
 })
 
