@@ -235,6 +235,18 @@ describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
       expect(plainKey.message).toContain("must be a non-empty Redacted string")
       expect(plainKey.message).toContain("[\"model\"]")
       expect(plainKey.message).not.toContain("sk-plain")
+
+      const badStream = yield* Effect.flip(
+        Anthropic.make({
+          model: "claude-stub",
+          apiKey: Redacted.make("k"),
+          stream: "yes" as unknown as boolean,
+          beatInterval: "soon" as Duration.DurationInput
+        }).pipe(Effect.provide(FetchHttpClient.layer), Effect.scoped)
+      )
+      expect(badStream.message).toContain("[\"stream\"]")
+      expect(badStream.message).toContain("must be a boolean")
+      expect(badStream.message).toContain("[\"beatInterval\"]")
     }))
 })
 

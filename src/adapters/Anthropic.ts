@@ -25,7 +25,7 @@ import { ProviderAdapter } from "../ProviderAdapter.js"
 import * as EffectAi from "./EffectAi.js"
 
 /**
- * Options of the Anthropic adapter: the model and how to reach it, plus the loop's options.
+ * Options of the Anthropic adapter: the model and how to reach it, plus the loop's and `EffectAi`'s (`stream`).
  *
  * @category models
  */
