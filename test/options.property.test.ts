@@ -590,7 +590,7 @@ const cases: ReadonlyArray<Case> = [
   },
   {
     label: "ScriptedAdapter.make (InnerLoop.makeAdapter, EffectAi.make)",
-    fields: ["maxTurns", "retry"],
+    fields: ["maxTurns", "retry", "beatInterval"],
     use: (options) =>
       Effect.gen(function*() {
         const adapter = yield* ScriptedAdapter.make([{ text: "done" }], as(options))
@@ -601,7 +601,7 @@ const cases: ReadonlyArray<Case> = [
   },
   {
     label: "Anthropic.make",
-    fields: ["maxTokens", "maxTurns", "apiUrl", "model", "apiKey", "retry"],
+    fields: ["maxTokens", "maxTurns", "apiUrl", "model", "apiKey", "retry", "stream", "beatInterval"],
     base: { model: "claude-stub", apiKey: Redacted.make("key"), apiUrl: "http://127.0.0.1:9" },
     use: (options) =>
       Effect.gen(function*() {
