@@ -2,7 +2,9 @@
  * MailboxSqlAdmin: the operator's view of the SQL mailboxes (what the
  * `leasehold mailbox` and `queue` commands use) — the queues with their
  * counts and a peek at their messages, and the dead-letter table: list,
- * count, redrive, purge.
+ * count, redrive, purge — and `browse`, a queue's messages page by page
+ * (queued, delayed, in flight, dead-lettered; cursor-paged, filtered by id
+ * or body text, each page bounded) and one message whole.
  *
  * With `create: false` nothing is ever created or altered: a database or a
  * prefix without the mailbox tables is a `TablesNotFoundError` naming them.
@@ -20,6 +22,7 @@ import { TablesNotFoundError } from "./Errors.js"
 import { nameProblem, storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
+import * as Browse from "./internal/sql/mailbox/browse.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
@@ -386,3 +389,72 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
       purge: (queue) => nameProblem(queue) === undefined ? withStore(statements_.purge(queue)) : Effect.succeed(0)
     }
   })
+
+/**
+ * Where a message is: visible now (`queued`), waiting for its delay (`delayed`), leased (`inFlight`), or in
+ * the dead-letter table (`dead`).
+ *
+ * @category models
+ */
+export type MessageState = Browse.MessageState
+
+/**
+ * A page of a queue's messages to read: `state`, `order` (`oldest`, the default, or `newest` first), `after` (a
+ * page's `next` cursor), `filter` (`id`: that message only; `text`: bodies — and dead letters' errors — that
+ * contain it, in any case) and `limit` (1..100, default 50).
+ *
+ * @category models
+ */
+export type MessageQuery = Browse.MessageQuery
+
+/**
+ * A message of a page: its body and error cut to a preview (`bodyLength` is the whole body's).
+ *
+ * @category models
+ */
+export type MessageRow = Browse.MessageRow
+
+/**
+ * A page of messages and the cursor of the next (`undefined` after the last). A text search looks at a bounded
+ * number of rows per page: `searchCut` says it stopped there, and `next` continues it.
+ *
+ * @category models
+ */
+export type MessagePage = Browse.MessagePage
+
+/**
+ * One message, or one dead letter, whole: body (cut past 256 Ki characters, `bodyLength` says), delivery count,
+ * reply-to, trace context, times, and a dead letter's error as stored.
+ *
+ * @category models
+ */
+export type MessageDetail = Browse.MessageDetail
+
+/**
+ * A look into the queues, message by message (used by the console's browse and message pages).
+ *
+ * @category models
+ */
+export interface Browser {
+  /** A page of `query.queue`'s messages in `query.state`, keyset-paged (see `MessageQuery`). */
+  readonly messages: (query: MessageQuery) => Effect.Effect<MessagePage, MailboxConnectionError | InvalidParameterError>
+  /** The message `id` of `queue` (queued, delayed or in flight), if it is there. */
+  readonly message: (queue: string, id: string) => Effect.Effect<Option.Option<MessageDetail>, MailboxConnectionError>
+  /** The dead letter `id` of `queue`, if it is there. */
+  readonly deadLetter: (
+    queue: string,
+    id: string
+  ) => Effect.Effect<Option.Option<MessageDetail>, MailboxConnectionError>
+  /** Deletes the message `id` of `queue` unless a receiver holds it now; whether it did. */
+  readonly remove: (queue: string, id: string) => Effect.Effect<boolean, MailboxConnectionError>
+}
+
+/**
+ * The messages of a database and prefix, message by message, creating the tables if needed. Every page is
+ * bounded: at most 100 rows with previews of bodies and errors; a text search looks at 2,000 rows of the queue
+ * (the first 64 Ki characters of each body) per page; on PostgreSQL each read has a 5 s statement timeout.
+ *
+ * @category constructors
+ */
+export const browse = (options?: Options): Effect.Effect<Browser, OpenError, SqlClient.SqlClient> =>
+  Effect.flatMap(open(options), (store) => Effect.map(Effect.clock, (clock) => Browse.make(store, clock)))
