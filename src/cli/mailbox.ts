@@ -17,9 +17,9 @@ import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
+import { causeOf, clip } from "../internal/errorText.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
-import { causeOf, clip } from "./errorText.js"
 import { ago, table } from "./table.js"
 
 /** A command that acts on everything, run without `--yes`: a usage error saying how many rows it would touch. */

@@ -2,7 +2,8 @@
  * A stored error as one line that starts with its cause. A schema error (Effect's tree formatter) names the
  * type it failed on first — often a long dump — and what was wrong last, nested under the path that led there:
  * the one-line view is each innermost line with its path (`["task"] Expected string, actual 1`), so a table
- * shows the cause even when it cuts the rest. Any other error's line is its first.
+ * shows the cause even when it cuts the rest. Any other error's line is its first. Shared by the command line
+ * (`leasehold dlq list`) and the console's message page, which shows each cause above the whole error.
  */
 
 /** A line of the tree formatter: `├─ `/`└─ ` after the ancestors' `│  ` or `   `. */
@@ -11,14 +12,14 @@ const treeLine = /^((?:[│ ] {2})*)[├└]─ (.*)$/
 /** A path segment of the tree: `["task"]`, `[0]`. */
 const pathSegment = /^\[.*\]$/
 
-/** The cause of `error`: each innermost line of a schema error's tree after its path, joined by "; ", else its first line. */
-export const causeOf = (error: string): string => {
+/** The causes of `error`: each innermost line of a schema error's tree after its path, else its first line. */
+export const causesOf = (error: string): ReadonlyArray<string> => {
   const lines = error.split("\n")
   const nodes = lines.flatMap((line) => {
     const match = treeLine.exec(line)
     return match === null ? [] : [{ depth: match[1]!.length / 3, text: match[2]! }]
   })
-  if (nodes.length === 0) return (lines[0] ?? "").trim()
+  if (nodes.length === 0) return [(lines[0] ?? "").trim()]
   const path: Array<string> = []
   const causes: Array<string> = []
   nodes.forEach((node, i) => {
@@ -30,8 +31,11 @@ export const causeOf = (error: string): string => {
     }
     path.push(node.text)
   })
-  return causes.join("; ")
+  return causes
 }
+
+/** The cause of `error` on one line: its causes (`causesOf`) joined by "; ". */
+export const causeOf = (error: string): string => causesOf(error).join("; ")
 
 /** At most `max` characters of `text`; what is cut ends in "…". */
 export const clip = (text: string, max: number): string => text.length > max ? `${text.slice(0, max - 1)}…` : text
