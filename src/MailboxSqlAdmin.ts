@@ -399,6 +399,20 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
 export type MessageState = Browse.MessageState
 
 /**
+ * The states, in the order the console shows them.
+ *
+ * @category models
+ */
+export const messageStates: ReadonlyArray<MessageState> = Browse.states
+
+/**
+ * How many rows of a queue a body-text search looks at per page (`MessagePage.searchCut`).
+ *
+ * @category models
+ */
+export const searchScanLimit: number = Browse.scanLimit
+
+/**
  * A page of a queue's messages to read: `state`, `order` (`oldest`, the default, or `newest` first), `after` (a
  * page's `next` cursor), `filter` (`id`: that message only; `text`: bodies — and dead letters' errors — that
  * contain it, in any case) and `limit` (1..100, default 50).
@@ -423,7 +437,7 @@ export type MessageRow = Browse.MessageRow
 export type MessagePage = Browse.MessagePage
 
 /**
- * One message, or one dead letter, whole: body (cut past 256 Ki characters, `bodyLength` says), delivery count,
+ * One message, or one dead letter, whole: body (cut past 64 Ki characters, `bodyLength` says), delivery count,
  * reply-to, trace context, times, and a dead letter's error as stored.
  *
  * @category models

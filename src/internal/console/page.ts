@@ -8,7 +8,8 @@
  * Every value from the database is escaped and cut to a bounded preview,
  * and every list is bounded (see snapshot.ts), so the page is bounded
  * however big the database is. Actions are plain forms posting the
- * process's token; a read-only console renders none.
+ * process's token; a read-only console renders none. Queue names and
+ * message ids link to the browse and message pages (browse.ts, message.ts).
  */
 import * as Option from "effect/Option"
 import { ago } from "../../cli/table.js"
@@ -91,6 +92,15 @@ const button = (view: View, action: string, label: string, fields: Record<string
       ).join("")
     }<button type="submit"${danger ? " class=\"danger\"" : ""}>${escape(label)}</button></form>`
 
+/**
+ * `html` linking to `path?params` (the browse and message pages); not linked when a value is too long to be a
+ * name (a damaged row's), which keeps the page bounded.
+ */
+const link = (path: string, params: Record<string, string>, html: string) =>
+  Object.values(params).some((value) => value.length > cellLimits.name)
+    ? html
+    : `<a href="${escape(`${path}?${new URLSearchParams(params).toString()}`)}">${html}</a>`
+
 const preview = (body: string) => `<code class="body">${shown(body, cellLimits.body)}</code>`
 
 /** The last 30 buckets as bars; a bucket nothing left in draws none (most queues, most of the time). */
@@ -144,7 +154,7 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
     table(
       ["queue", "queued", "in flight", "delayed", "dead letters", "oldest visible", "done / min", "last 5 min"],
       queues.map((queue) => [
-        shown(queue.queue),
+        link("/queue", { name: queue.queue }, shown(queue.queue)),
         `<span data-count="queued">${queue.queued}</span>`,
         `<span data-count="inFlight">${queue.inFlight}</span>`,
         `<span data-count="delayed">${queue.delayed}</span>`,
@@ -177,7 +187,7 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
     table(
       ["id", "queue", "deliveries", "lease ends", "last extended", "held by", "enqueued", "body"],
       inFlight.map((message) => [
-        shown(message.id),
+        link("/message", { queue: message.queue, id: message.id }, shown(message.id)),
         shown(message.queue),
         String(message.deliveryCount),
         clock(message.leaseUntil, now),
@@ -208,7 +218,7 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
     table(
       ["id", "queue", "deliveries", "dead-lettered", "error", "body", ""],
       deadLetters.map((letter) => [
-        shown(letter.id),
+        link("/dead-letter", { queue: letter.queue, id: letter.id }, shown(letter.id)),
         shown(letter.queue),
         String(letter.deliveryCount),
         clock(letter.deadLetteredAt, now),
@@ -333,7 +343,8 @@ export const live = (snapshot: Snapshot.Snapshot, view: View): string =>
   ${workLeases(snapshot.workLeases, snapshot.at)}
   </div>`
 
-const style = `
+/** The styles of every page of the console. */
+export const style = `
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:16px;align-items:baseline}
 header h1{font-size:18px;margin:0}header .db{font-family:ui-monospace,monospace;opacity:.8}

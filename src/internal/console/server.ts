@@ -2,11 +2,15 @@
  * The operator's console as an HTTP app (`leasehold console` serves it):
  *
  * - `GET /` the page, `GET /live` its live part (see page.ts), `GET /console.js`.
+ * - `GET /queue?name=…` a queue's messages page by page (browse.ts), `GET /message?queue=…&id=…` and
+ *   `GET /dead-letter?queue=…&id=…` one message whole (message.ts).
  * - `POST /actions/dead-letters/redrive` and `…/delete` (one letter by `id`, or all), and
- *   `POST /actions/merge-queue/recover` (self-healing now). Each redirects back to the page with what it did.
+ *   `POST /actions/merge-queue/recover` (self-healing now), `POST /actions/messages/delete` (one message no
+ *   receiver holds, by `queue` and `id`). Each redirects back to the page with what it did.
  *
  * The page and its live part take `?q=` (queues whose name contains it) and `?page=` (which page of the queue
- * table); an action redirects back to the page and search it was taken from (its `Referer`).
+ * table); an action redirects back to the page and search it was taken from (its `Referer`), or from a browse
+ * or message page to the queue's browse page.
  *
  * Actions are guarded against cross-site requests: the form must carry the token this process drew at start
  * (it is only in the console's own page, which no other site can read), and a request whose `Origin` is another
@@ -31,6 +35,8 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
 import * as HttpServers from "../httpServer.js"
+import * as Browse from "./browse.js"
+import * as Message from "./message.js"
 import * as Page from "./page.js"
 import * as Snapshot from "./snapshot.js"
 
@@ -71,7 +77,11 @@ const refused = (status: number, reason: string) =>
     status
   )
 
-const ActionForm = Schema.Struct({ token: Schema.String, id: Schema.optional(Schema.String) })
+const ActionForm = Schema.Struct({
+  token: Schema.String,
+  id: Schema.optional(Schema.String),
+  queue: Schema.optional(Schema.String)
+})
 
 /** An action's form is a token and an id: a larger body is refused before it is read whole. */
 const maxActionBody = Option.some(16 * 1024)
@@ -112,7 +122,7 @@ export const make = (options: Options) =>
     /** Checks the request, runs `work` with its form, and redirects to the page saying what happened. */
     const action = <E extends { readonly message: string }>(
       anchor: string,
-      work: (id: string | undefined) => Effect.Effect<string, E, SqlClient.SqlClient>
+      work: (id: string | undefined, form: typeof ActionForm.Type) => Effect.Effect<string, E, SqlClient.SqlClient>
     ) =>
       Effect.gen(function*() {
         if (options.readOnly) return yield* refused(403, "This console is read-only (started with --read-only).")
@@ -128,7 +138,7 @@ export const make = (options: Options) =>
         if (Option.isNone(form) || !sameToken(form.value.token, token)) {
           return yield* refused(403, "Refused: the console's token is missing or wrong. Use the console's own page.")
         }
-        const notice = yield* work(form.value.id).pipe(
+        const notice = yield* work(form.value.id, form.value).pipe(
           Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`)),
           Effect.provideService(SqlClient.SqlClient, sql)
         )
@@ -138,13 +148,27 @@ export const make = (options: Options) =>
           ? Snapshot.query(new URL(referer).searchParams)
           : { q: "", page: 1 }
         const back = Page.search(from.q, from.page > 1 ? from.page : undefined)
+        // From a browse or message page: back to the queue's browse page.
+        const browsed = referer !== undefined && URL.canParse(referer) ? Browse.returnTo(new URL(referer)) : undefined
         return HttpServerResponse.redirect(
-          `/${back === "" ? "?" : `${back}&`}notice=${encodeURIComponent(notice)}#${anchor}`,
+          browsed !== undefined
+            ? `${browsed}&notice=${encodeURIComponent(notice)}#messages`
+            : `/${back === "" ? "?" : `${back}&`}notice=${encodeURIComponent(notice)}#${anchor}`,
           { status: 303, headers }
         )
       })
 
     const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
+    const pages: Browse.Context = {
+      sql,
+      prefix: options.prefix,
+      database: options.database,
+      token,
+      readOnly: options.readOnly
+    }
+    const answer = (made: Effect.Effect<Browse.Answer>) => Effect.flatMap(made, (page) => html(page.body, page.status))
+    const paramsOf = (request: HttpServerRequest.HttpServerRequest) =>
+      new URL(request.url, "http://console").searchParams
 
     const router = HttpRouter.empty.pipe(
       HttpRouter.get(
@@ -157,6 +181,27 @@ export const make = (options: Options) =>
         })
       ),
       HttpRouter.get("/favicon.ico", HttpServerResponse.empty({ status: 204 })),
+      HttpRouter.get(
+        "/queue",
+        Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
+          const params = paramsOf(request)
+          return answer(Browse.page(pages, Browse.query(params), params.get("notice") ?? undefined))
+        })
+      ),
+      HttpRouter.get(
+        "/message",
+        Effect.flatMap(
+          HttpServerRequest.HttpServerRequest,
+          (request) => answer(Message.page(pages, false, paramsOf(request)))
+        )
+      ),
+      HttpRouter.get(
+        "/dead-letter",
+        Effect.flatMap(
+          HttpServerRequest.HttpServerRequest,
+          (request) => answer(Message.page(pages, true, paramsOf(request)))
+        )
+      ),
       HttpRouter.get(
         "/live",
         Effect.gen(function*() {
@@ -188,6 +233,21 @@ export const make = (options: Options) =>
               letters.purge(id === undefined ? {} : { ids: [id] }),
               (n) => `Deleted ${plural(n, "dead letter")}.`
             )))
+      ),
+      HttpRouter.post(
+        "/actions/messages/delete",
+        action("messages", (id, form) =>
+          Effect.flatMap(
+            Effect.flatMap(admin, (module) => module.browse({ prefix: options.prefix, create: false })),
+            (browser) =>
+              Effect.map(
+                browser.remove(form.queue ?? "", id ?? ""),
+                (removed) =>
+                  removed
+                    ? `Deleted message ${id}.`
+                    : `Message ${id} was not deleted: it is gone, or a receiver holds it now.`
+              )
+          ))
       ),
       HttpRouter.post(
         "/actions/merge-queue/recover",

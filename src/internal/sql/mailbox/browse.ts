@@ -111,7 +111,7 @@ export const searchLength = 64 * 1024
 export const maxSearchLength = 200
 
 /** How much of a body the message page reads (characters). */
-export const detailLength = 256 * 1024
+export const detailLength = 64 * 1024
 
 /** PostgreSQL stops a read that takes longer (SQLite's reads are bounded by `scanLimit`). */
 export const statementTimeoutMillis = 5_000
