@@ -8,7 +8,8 @@
  *   first; a queued message's page shows its pretty-printed body and trace id, and its Delete button deletes it
  *   and returns to the queue with a notice; with UPDATE_SCREENSHOTS=1 the dead letter's page is saved as
  *   docs/console-message.png;
- * - hostile bodies, errors, names and ids are shown as text on both pages.
+ * - hostile bodies, errors, names and ids are shown as text on both pages; a read-only console's message pages
+ *   offer no action.
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
@@ -236,6 +237,13 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
         expect(pages[3]!.body).toContain("&lt;script&gt;alert(1)&lt;/script&gt;")
         expect(pages[4]!.body).toContain(`<li><code>[&quot;&lt;b&gt;&quot;] &lt;script&gt;`)
         expect(pages.map((answer) => answer.status)).toEqual([200, 200, 200, 200, 200, 404, 200])
+        // Read-only: the message pages offer no action.
+        const readOnly = yield* startConsole(["--db", db(), "--prefix", prefix, "--read-only"])
+        for (const path of [`/message?queue=${q}&id=${id}`, `/dead-letter?queue=${q}&id=${q}`]) {
+          const answer = yield* get(readOnly.url, path)
+          expect(answer.status).toBe(200)
+          expect(answer.body).not.toContain(`<form method="post"`)
+        }
       }).pipe(Effect.scoped, Effect.provide(layer())), 60_000)
   })
 

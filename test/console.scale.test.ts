@@ -2,7 +2,8 @@
  * `leasehold console` over a big database: 10,000 queues, 10,000 dead letters, 10,000 merge-queue entries and
  * audit rows, 10,000 work-lease domains, and a few rows whose text is a megabyte — inserted in bulk with SQL,
  * on SQLite and PostgreSQL. The page and its live part stay under 1 MB; the queue table is paged and
- * searchable, the live part keeps the page and the search. The time each answer took is printed (not asserted:
+ * searchable, the live part keeps the page and the search; the browse and message pages of the queue whose rows
+ * are a megabyte stay under 1 MB too, and say what they cut. The time each answer took is printed (not asserted:
  * two shared CPUs make times a poor assertion).
  */
 import { SqlClient } from "@effect/sql"
@@ -213,6 +214,23 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           const wide = yield* measure("/?q=queue-01")
           expect(wide.body).toContain(`href="/?q=queue-01&amp;page=2"`)
           expect(listed((yield* measure("/?q=nothing-like-it")).body)).toEqual([])
+
+          // The browse and message pages of the queue whose in-flight body and dead letter are a megabyte.
+          const inFlight = yield* measure("/queue?name=queue-00000&state=inFlight")
+          const id = /<tr data-id="(\d+)">/.exec(inFlight.body)?.[1]
+          expect(id).toBeDefined()
+          const views = [
+            inFlight,
+            yield* measure("/queue?name=queue-00000&state=dead"),
+            yield* measure(`/message?queue=queue-00000&id=${id}`),
+            yield* measure("/dead-letter?queue=queue-00000&id=dead-00000")
+          ]
+          for (const page of views) {
+            expect(page.status).toBe(200)
+            expect(page.bytes).toBeLessThan(1024 * 1024)
+          }
+          expect(views[2]!.body).toContain(`(the first 65536 of ${huge.length} characters)`)
+          expect(views[3]!.body).toContain(`The first 65536 of the ${huge.length} characters stored`)
         }).pipe(
           Effect.scoped,
           // The figures for the report, also when an assertion failed.

@@ -65,7 +65,7 @@ export const query = (params: URLSearchParams): Query => {
       ? state as MailboxSqlAdmin.MessageState
       : "queued",
     order: params.get("order") === "newest" ? "newest" : "oldest",
-    after: /^[\w-]{1,400}$/.test(after) ? after : undefined,
+    after: /^[\w-]{1,1200}$/.test(after) ? after : undefined,
     id: short(params.get("id")),
     text: short(params.get("text"))
   }
@@ -137,6 +137,8 @@ export const shown = (text: string, max = 200) => Page.escape(text.length > max 
 export const readFailure = (error: { readonly _tag: string; readonly message: string }) =>
   error._tag === "TablesNotFoundError"
     ? `<p class="empty">${Page.escape(error.message)}</p>`
+    : error._tag === "InvalidParameterError"
+    ? `<p class="error" role="alert">${shown(error.message, 1000)}</p>`
     : `<p class="error" role="alert">Could not read: ${shown(error.message, 1000)}</p>`
 
 /** Runs a read of the console's pages: bounded in time, on the console's database. */
@@ -248,7 +250,8 @@ const list = (page: MailboxSqlAdmin.MessagePage, query: Query, now: number) => {
     [where, first, next].filter((part) => part !== "").join(" · ")
   }</p>`
   const cut = page.searchCut
-    ? `<p class="note">The search looks at ${MailboxSqlAdmin.searchScanLimit} messages a page: these are the matches among them. The next page searches on.</p>`
+    ? `<p class="note">The search looks at ${MailboxSqlAdmin.searchScanLimit} messages a page: these are the ` +
+      "matches among them. The next page searches on.</p>"
     : ""
   const empty = page.searchCut
     ? ""

@@ -106,7 +106,7 @@ export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDe
         Browse.shown(message.queue)
       }</code></a>`
     ],
-    ["state", Browse.stateNames[message.state]],
+    ["state", message.state === "dead" ? "dead-lettered" : Browse.stateNames[message.state]],
     ["deliveries", String(message.deliveryCount)],
     ["reply to", message.replyTo === undefined ? "–" : `<code>${Browse.shown(message.replyTo)}</code>`],
     [
@@ -141,7 +141,7 @@ export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDe
   return `<section id="message"><h2>${dead ? "Dead letter" : "Message"} <code>${Browse.shown(message.id)}</code></h2>
   ${actions === "" ? "" : `<div class="actions">${actions}</div>`}
   <dl class="fields">${fields.map(([name, value]) => `<dt>${name}</dt><dd>${value}</dd>`).join("")}</dl>
-  ${message.error === undefined ? "" : errorPart(message.errorTag ?? "", message.error)}
+  ${message.error === undefined ? "" : errorPart(message.errorTag ?? "", message.error, message.errorLength)}
   <h3>Body${
     whole ? "" : ` <small class="cut">(the first ${message.body.length} of ${message.bodyLength} characters)</small>`
   }${whole && body.cut ? ` <small class="cut">(the first ${maxPretty} characters of it indented)</small>` : ""}</h3>
@@ -150,11 +150,16 @@ export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDe
 }
 
 /** A dead letter's error: its causes first, then the whole text as stored. */
-const errorPart = (tag: string, error: string) =>
+const errorPart = (tag: string, error: string, length = error.length) =>
   `<h3>Error <code>${Browse.shown(tag)}</code></h3>
   <p class="note">Cause${causesOf(error).length === 1 ? "" : "s"}:</p>
   <ol class="causes" id="causes">${
-    causesOf(error).map((cause) => `<li><code>${Page.escape(cause)}</code></li>`).join("")
+    causesOf(error).map((cause) => `<li><code>${Browse.shown(cause, 1000)}</code></li>`).join("")
   }</ol>
-  <p class="note">The whole error, as stored (${error.length} characters):</p>
+  <p class="note">${
+    length > error.length
+      ? `The first ${error.length} of the ${length} characters stored (a row leasehold did not write: ` +
+        `it stores at most ${error.length}):`
+      : `The whole error, as stored (${error.length} characters):`
+  }</p>
   <pre id="error">${Page.escape(error)}</pre>`

@@ -11,7 +11,8 @@
  * page (and the first `searchLength` characters of each body), so a search that matches nothing still ends —
  * its page says how far it looked and its cursor continues from there; on PostgreSQL every read also runs
  * under a statement timeout. One message's body is read up to `detailLength` characters (its full length is
- * given, so the page can say it was cut); its error is read whole, as stored.
+ * given, so the page can say it was cut); its error is read whole, as stored (leasehold stores at most
+ * `detailLength` characters of one: a longer one is a row written by hand, cut alike and said so).
  */
 import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
@@ -90,9 +91,11 @@ export interface MessageDetail {
   readonly receivedBy: string | undefined
   readonly extendedAt: DateTime.Utc | undefined
   readonly deadLetteredAt: DateTime.Utc | undefined
-  /** A dead letter's error tag and its error, whole as stored. */
+  /** A dead letter's error tag, and its error whole as stored (leasehold stores at most `detailLength` characters). */
   readonly errorTag: string | undefined
   readonly error: string | undefined
+  /** The stored error's length in characters (longer than `error` only for a row leasehold did not write). */
+  readonly errorLength: number | undefined
 }
 
 /** The most rows a page holds. */
@@ -110,7 +113,7 @@ export const searchLength = 64 * 1024
 /** The longest text searched for. */
 export const maxSearchLength = 200
 
-/** How much of a body the message page reads (characters). */
+/** How much of a body (and of an error: leasehold stores at most this much of one) one message's read takes. */
 export const detailLength = 64 * 1024
 
 /** PostgreSQL stops a read that takes longer (SQLite's reads are bounded by `scanLimit`). */
@@ -316,7 +319,8 @@ export const make = (store: Store, clock: Clock.Clock) => {
           extendedAt: row.extended_at === null ? undefined : DateTime.unsafeMake(Number(row.extended_at)),
           deadLetteredAt: undefined,
           errorTag: undefined,
-          error: undefined
+          error: undefined,
+          errorLength: undefined
         }))
       }).pipe(bounded, withStore)
     },
@@ -336,9 +340,11 @@ export const make = (store: Store, clock: Clock.Clock) => {
           dead_lettered_at: Count
           error_tag: string
           error: string
+          error_length: Count
         }>`SELECT id, queue, substr(body, 1, ${detailLength}) AS body, length(body) AS body_length, delivery_count,
             reply_to, ${has.deadTraceparent ? sql`traceparent` : sql`NULL AS traceparent`}, enqueued_at,
-            dead_lettered_at, error_tag, error
+            dead_lettered_at, substr(error_tag, 1, ${previewLength}) AS error_tag,
+            substr(error, 1, ${detailLength}) AS error, length(error) AS error_length
           FROM ${letters} WHERE id = ${id} AND queue = ${queue}`
         return Option.map(Option.fromNullable(rows[0]), (row): MessageDetail => ({
           id: row.id,
@@ -355,7 +361,8 @@ export const make = (store: Store, clock: Clock.Clock) => {
           extendedAt: undefined,
           deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
           errorTag: row.error_tag,
-          error: row.error
+          error: row.error,
+          errorLength: Number(row.error_length)
         }))
       }).pipe(bounded, withStore)
     },
