@@ -9,7 +9,7 @@
  *   and returns to the queue with a notice; with UPDATE_SCREENSHOTS=1 the dead letter's page is saved as
  *   docs/console-message.png;
  * - hostile bodies, errors, names and ids are shown as text on both pages; a read-only console's message pages
- *   offer no action.
+ *   offer no action; an action taken on these pages returns to the queue's browse page.
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
@@ -18,6 +18,7 @@ import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import type { Page } from "playwright-core"
+import * as ConsoleBrowse from "../src/internal/console/browse.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as Browsers from "./support/browser.js"
@@ -246,6 +247,19 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
         }
       }).pipe(Effect.scoped, Effect.provide(layer())), 60_000)
   })
+
+describe("an action taken on the browse and message pages", () => {
+  it("returns to the queue's browse page (the same page for a browse page), and to nothing else", () => {
+    const from = (path: string) => ConsoleBrowse.returnTo(new URL(path, "http://127.0.0.1:1"))
+    expect(from("/queue?name=jobs&state=dead&order=newest&after=12&notice=old&evil=1")).toBe(
+      "/queue?name=jobs&state=dead&order=newest&after=12"
+    )
+    expect(from("/message?queue=a%26b&id=7")).toBe("/queue?name=a%26b")
+    expect(from("/dead-letter?queue=jobs&id=x")).toBe("/queue?name=jobs&state=dead")
+    expect(from("/?q=jobs")).toBeUndefined()
+    expect(from("/elsewhere?queue=jobs")).toBeUndefined()
+  })
+})
 
 const suiteScope = Effect.runSync(Scope.make())
 let pgUrl = ""
