@@ -67,6 +67,8 @@ class Store<A> {
   private ready: Array<Entry<A>> = []
   private head = 0
   closed = false
+  /** Paused (see `pause`): receivers get nothing, senders are unaffected. */
+  paused = false
   private signal: Deferred.Deferred<void> | undefined
 
   enqueueReady(entry: Entry<A>): void {
@@ -321,6 +323,7 @@ export const make = <A, R = never>(
 
       /** Delivers up to `max` visible messages now, hiding each for `visibilityMillis`. */
       const take = (max: number, visibilityMillis: number): Array<Message<A, R>> => {
+        if (store.paused) return []
         const now = clock.unsafeCurrentTimeMillis()
         store.promote(now)
         const received: Array<Message<A, R>> = []
@@ -341,6 +344,8 @@ export const make = <A, R = never>(
         insert,
         claim: (max, visibilityMillis) => Effect.sync(() => take(max, visibilityMillis)),
         nextVisibleIn: Effect.sync(() => {
+          // Paused: nothing is coming until a resume, which wakes the receivers.
+          if (store.paused) return undefined
           const at = store.nextVisibleAt()
           return at === undefined ? undefined : at - clock.unsafeCurrentTimeMillis()
         }),
@@ -348,5 +353,35 @@ export const make = <A, R = never>(
         count: Effect.sync(() => store.live),
         purge: Effect.sync(() => store.purge())
       }, clock)
+      stores.set(mailbox, store)
       return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
     }))
+
+/** Each memory mailbox's store, for `pause` and `resume`. */
+const stores = new WeakMap<object, Store<unknown>>()
+
+const setPaused = (mailbox: Mailbox<unknown, unknown>, paused: boolean): Effect.Effect<void> =>
+  Effect.sync(() => {
+    const store = stores.get(mailbox)
+    if (store === undefined) return
+    store.paused = paused
+    if (!paused) store.wake()
+  })
+
+/**
+ * Pauses a mailbox `make` built: its receivers get nothing (a long poll waits, and returns empty at the end of
+ * its wait) until `resume`; sends, acknowledgements and extensions go on. The in-memory twin of
+ * `leasehold mailbox pause` (the SQL backends keep the pause in the database). Anything else: no effect.
+ *
+ * @category operations
+ */
+export const pause = <A, R>(mailbox: Mailbox<A, R>): Effect.Effect<void> =>
+  setPaused(mailbox as Mailbox<unknown, unknown>, true)
+
+/**
+ * Resumes a paused mailbox: its waiting receivers look again at once.
+ *
+ * @category operations
+ */
+export const resume = <A, R>(mailbox: Mailbox<A, R>): Effect.Effect<void> =>
+  setPaused(mailbox as Mailbox<unknown, unknown>, false)

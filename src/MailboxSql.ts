@@ -94,6 +94,7 @@ import {
 } from "./internal/sql/mailbox/batching.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
+import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
 import { acquire, connectionError, prepare, requireMigrated, type Row, storeFor } from "./internal/sql/mailbox/store.js"
 import { createFromEnv } from "./internal/sql/version.js"
@@ -222,10 +223,14 @@ export const make = <A, I, R = never, IR = never>(
     // Sends group-commit too: concurrent producers share one statement and one commit.
     const sender = new GroupCommit<SendItem, string | undefined, SqlError>(
       (items) =>
-        Effect.map(statements_.insert(name, items, now(), maxSize), (ids) => {
-          if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
-          return ids
-        }),
+        // The queue is recorded (queues.ts) before this process's first send to it; later sends write nothing more.
+        Effect.map(
+          Effect.zipRight(recordQueue(store, name, now()), statements_.insert(name, items, now(), maxSize)),
+          (ids) => {
+            if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
+            return ids
+          }
+        ),
       { ...batchLimits, sizeOf: (item) => 64 + item.body.length, retryAlone: Sql.isDataError }
     )
     const context: MailboxContext = {

@@ -1,16 +1,18 @@
 /**
  * MailboxSqlAdmin: the operator's view of the SQL mailboxes (what the
  * `leasehold mailbox` and `queue` commands use) — the queues with their
- * counts and a peek at their messages, and the dead-letter table: list,
- * count, redrive, purge — and `browse`, a queue's messages page by page
- * (queued, delayed, in flight, dead-lettered; cursor-paged, filtered by id
- * or body text, each page bounded) and one message whole.
+ * counts and a peek at their messages, the queues table (pause, resume,
+ * drop), and the dead-letter table: list, count, redrive, purge — and
+ * `browse`, a queue's messages page by page (queued, delayed, in flight,
+ * dead-lettered; cursor-paged, filtered by id or body text, each page
+ * bounded) and one message whole.
  *
  * With `create: false` nothing is ever created or altered: a database or a
  * prefix without the mailbox tables is a `TablesNotFoundError` naming them.
  * A stored body that is not JSON is shown raw, never a failure.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -24,6 +26,7 @@ import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import * as Browse from "./internal/sql/mailbox/browse.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
 import { currentTraceparent } from "./internal/tracing.js"
@@ -304,7 +307,43 @@ export interface Queues {
   ) => Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError>
   /** Deletes every message of `queue`, in flight or not; returns how many. */
   readonly purge: (queue: string) => Effect.Effect<number, MailboxConnectionError>
+  /**
+   * The queues recorded in the queues table (mailbox migration 10: a queue is recorded when first sent to and
+   * stays until dropped, empty or not), by name; none on a database before that migration.
+   */
+  readonly recorded: Effect.Effect<ReadonlyArray<RecordedQueue>, MailboxConnectionError>
+  /**
+   * Pauses `queue` (recording it if it was not): its receivers, in every process, get nothing until `resume`;
+   * sends and the settling of deliveries already received go on.
+   */
+  readonly pause: (queue: string) => Effect.Effect<void, QueueAdminError>
+  /** Resumes `queue`: its receivers take messages again (on PostgreSQL they are woken at once). */
+  readonly resume: (queue: string) => Effect.Effect<void, QueueAdminError>
+  /**
+   * Removes `queue` from the queues table if it has no messages: "dropped", "not empty" (nothing changed), or
+   * "unknown" (not recorded). A queue with dead letters stays listed while they last.
+   */
+  readonly drop: (queue: string) => Effect.Effect<"dropped" | "not empty" | "unknown", QueueAdminError>
 }
+
+/**
+ * A queue of the queues table.
+ *
+ * @category models
+ */
+export interface RecordedQueue {
+  readonly queue: string
+  readonly createdAt: DateTime.Utc
+  readonly paused: boolean
+}
+
+/**
+ * Why pausing, resuming or dropping a queue failed: the database, a bad name, or a database before mailbox
+ * migration 10 (no queues table: `leasehold migrate` adds it).
+ *
+ * @category errors
+ */
+export type QueueAdminError = MailboxConnectionError | InvalidParameterError | TablesNotFoundError
 
 /**
  * The queues of a database and prefix, creating the tables if needed.
@@ -320,6 +359,27 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
     const clock = yield* Effect.clock
     const withStore = connectionError(store.messages)
     const statements_ = statements(store)
+    /** Runs `work` on the queues table: a valid name, and the table there. */
+    const onQueueTable = <A>(queue: string, work: Effect.Effect<A, SqlError>): Effect.Effect<A, QueueAdminError> =>
+      Effect.suspend(() => {
+        const problem = nameProblem(queue)
+        if (problem !== undefined) {
+          return Effect.fail(new InvalidParameterError({ parameter: "queue", value: queue, reason: problem }))
+        }
+        return Effect.flatMap(
+          withStore(QueueTable.present(store)),
+          (present): Effect.Effect<A, QueueAdminError> =>
+            present
+              ? withStore(work)
+              : Effect.fail(
+                new TablesNotFoundError({
+                  what: "mailbox queues table (mailbox migration 10; leasehold migrate adds it)",
+                  prefix: store.prefix,
+                  missing: [QueueTable.tableOf(store.prefix)]
+                })
+              )
+        )
+      })
     return {
       stats: Effect.suspend(() => {
         const now = statements_.at(nowOf(clock)())
@@ -386,7 +446,19 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
             )
           }
         ),
-      purge: (queue) => nameProblem(queue) === undefined ? withStore(statements_.purge(queue)) : Effect.succeed(0)
+      purge: (queue) => nameProblem(queue) === undefined ? withStore(statements_.purge(queue)) : Effect.succeed(0),
+      recorded: Effect.flatMap(QueueTable.present(store), (present) =>
+        present
+          ? Effect.map(QueueTable.list(store), (rows) =>
+            rows.map((row): RecordedQueue => ({
+              queue: row.name,
+              createdAt: DateTime.unsafeMake(row.createdAt),
+              paused: row.paused
+            })))
+          : Effect.succeed([])).pipe(withStore),
+      pause: (queue) => onQueueTable(queue, QueueTable.setPaused(store, queue, true)),
+      resume: (queue) => onQueueTable(queue, QueueTable.setPaused(store, queue, false)),
+      drop: (queue) => onQueueTable(queue, QueueTable.drop(store, queue))
     }
   })
 

@@ -3,7 +3,10 @@ import { Cause, Effect, Exit } from "effect"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
 
-mailboxContract("memory", (options) => MailboxMemory.make<string, string>(options))
+mailboxContract("memory", (options) => MailboxMemory.make<string, string>(options), {
+  pause: MailboxMemory.pause,
+  resume: MailboxMemory.resume
+})
 
 describe("MailboxMemory.make", () => {
   it.scoped("refuses a maxSize that is not a positive integer, naming it", () =>

@@ -73,7 +73,20 @@ for (const backend of backends) {
     (options) =>
       MailboxSql.make<string, string, string, string>({ ...options, schema: Schema.String, prefix }).pipe(
         Effect.provideService(SqlClient.SqlClient, backend.client())
-      )
+      ),
+    // In the database, as `leasehold mailbox pause` sets it.
+    {
+      pause: (mailbox) =>
+        MailboxSqlAdmin.queues({ prefix }).pipe(
+          Effect.flatMap((queues) => queues.pause(mailbox.name)),
+          Effect.provideService(SqlClient.SqlClient, backend.client())
+        ),
+      resume: (mailbox) =>
+        MailboxSqlAdmin.queues({ prefix }).pipe(
+          Effect.flatMap((queues) => queues.resume(mailbox.name)),
+          Effect.provideService(SqlClient.SqlClient, backend.client())
+        )
+    }
   )
 }
 

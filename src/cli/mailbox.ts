@@ -2,7 +2,8 @@
  * `leasehold mailbox …`: look into a durable mailbox database from the shell
  * — `stats` (every queue: queued, in flight, delayed, dead letters), `peek`
  * (the next messages, not received), `dlq list`, `dlq redrive` (back to the
- * source queue), `dlq delete` and `purge`. What acts on everything (a redrive
+ * source queue), `dlq delete`, `purge`, and `pause` / `resume` / `drop` (the
+ * queues table, mailbox migration 10). What acts on everything (a redrive
  * or delete without `--queue`/`--id`, a delete of a queue's dead letters, a
  * purge) needs `--yes`, and without it says how many rows it would touch
  * (exit 2). A queue or dead letter that is not there is a `NotFoundError`
@@ -358,8 +359,76 @@ const purge = Command.make(
   )
 )
 
+/** A queue that `drop` found holding messages: nothing was changed (exit 1). */
+export class QueueNotEmptyError extends Schema.TaggedError<QueueNotEmptyError>()("QueueNotEmptyError", {
+  message: Schema.String
+}) {}
+
+const queueArg = Args.text({ name: "queue" })
+
+/** `pause` and `resume`: the queue's state in the queues table (mailbox migration 10). */
+const pausing = (name: "pause" | "resume", description: string) =>
+  Command.make(
+    name,
+    { ...common, queue: queueArg },
+    (options) =>
+      onMailbox(options, (mailbox) =>
+        Effect.gen(function*() {
+          yield* (name === "pause" ? mailbox.queues.pause(options.queue) : mailbox.queues.resume(options.queue))
+          const paused = name === "pause"
+          yield* print(
+            options.json,
+            { queue: options.queue, paused },
+            () => `${options.queue}: ${paused ? "paused (its receivers get nothing until resumed)" : "resumed"}`
+          )
+        }))
+  ).pipe(Command.withDescription(description))
+
+const pause = pausing(
+  "pause",
+  "Pauses a queue: receivers of it, in every process, get nothing (a long poll waits and returns empty) until " +
+    "it is resumed; sends go on. The state is in the database.\n" +
+    "Example: leasehold mailbox pause requests --db ./.leasehold/demo.db"
+)
+const resume = pausing(
+  "resume",
+  "Resumes a paused queue: its receivers take messages again.\n" +
+    "Example: leasehold mailbox resume requests --db ./.leasehold/demo.db"
+)
+
+const drop = Command.make(
+  "drop",
+  { ...common, queue: queueArg },
+  (options) =>
+    onMailbox(options, (mailbox) =>
+      Effect.gen(function*() {
+        const result = yield* mailbox.queues.drop(options.queue)
+        if (result === "unknown") {
+          return yield* new NotFoundError({
+            message: `no queue ${JSON.stringify(options.queue)} recorded with prefix "${mailbox.prefix}" in this ` +
+              "database (leasehold mailbox stats lists the queues)"
+          })
+        }
+        if (result === "not empty") {
+          return yield* new QueueNotEmptyError({
+            message: `queue ${JSON.stringify(options.queue)} still has messages: nothing dropped (leasehold mailbox ` +
+              "purge deletes them first)"
+          })
+        }
+        yield* print(options.json, { dropped: options.queue }, () => `dropped ${options.queue}`)
+      }))
+).pipe(
+  Command.withDescription(
+    "Removes an empty queue from the queues table, so the console lists it no more (a queue with messages is " +
+      "refused; its dead letters, if any, keep it listed while they last).\n" +
+      "Example: leasehold mailbox drop old-requests --db ./.leasehold/demo.db"
+  )
+)
+
 /** `leasehold mailbox`. */
 export const command = Command.make("mailbox").pipe(
-  Command.withDescription("Inspect durable mailboxes (SQLite file or PostgreSQL): stats, peek, dead letters, purge."),
-  Command.withSubcommands([stats, peek, dlq, purge])
+  Command.withDescription(
+    "Inspect durable mailboxes (SQLite file or PostgreSQL): stats, peek, dead letters, purge, pause, resume, drop."
+  ),
+  Command.withSubcommands([stats, peek, dlq, purge, pause, resume, drop])
 )

@@ -19,7 +19,13 @@ const bodies = (messages: ReadonlyArray<{ readonly body: string }>) => messages.
 /** Lets forked fibers run up to their next wait. */
 const settle = Effect.repeatN(Effect.yieldNow(), 20)
 
-export const mailboxContract = (label: string, make: MakeMailbox) =>
+/** How a backend pauses and resumes a mailbox's queue (the SQL backends: in the database; memory: in process). */
+export interface Pausing {
+  readonly pause: (mailbox: Mailbox<string, string>) => Effect.Effect<void, unknown>
+  readonly resume: (mailbox: Mailbox<string, string>) => Effect.Effect<void, unknown>
+}
+
+export const mailboxContract = (label: string, make: MakeMailbox, pausing?: Pausing) =>
   describe(`Mailbox contract: ${label}`, () => {
     const fresh = (maxSize?: number) =>
       make(maxSize === undefined ? { name: "requests" } : { name: "requests", maxSize })
@@ -261,6 +267,56 @@ export const mailboxContract = (label: string, make: MakeMailbox) =>
           expect((yield* Effect.flip(mailbox.send("late")))._tag).toBe("MailboxClosedError")
         }))
     })
+
+    if (pausing !== undefined) {
+      describe("pause and resume", () => {
+        it.scoped("a paused queue's receivers get nothing; sends go on; after resume they receive", () =>
+          Effect.gen(function*() {
+            const mailbox = yield* fresh()
+            yield* mailbox.send("a")
+            yield* pausing.pause(mailbox)
+            yield* mailbox.send("b")
+            expect(yield* mailbox.receive({ maxMessages: 10 })).toEqual([])
+            expect(yield* mailbox.approximateCount).toBe(2)
+            yield* pausing.resume(mailbox)
+            expect(bodies(yield* mailbox.receive({ maxMessages: 10 }))).toEqual(["a", "b"])
+          }))
+
+        it.scoped("a long poll of a paused queue waits its whole wait and returns empty; one waiting when resumed receives", () =>
+          Effect.gen(function*() {
+            const mailbox = yield* fresh()
+            yield* mailbox.send("a")
+            yield* pausing.pause(mailbox)
+            const waiting = yield* mailbox.receive({ waitTime: "5 seconds" }).pipe(Effect.fork)
+            yield* settle
+            yield* TestClock.adjust("2 seconds")
+            yield* settle
+            expect(Option.isNone(yield* Fiber.poll(waiting))).toBe(true)
+            yield* TestClock.adjust("3 seconds")
+            expect(yield* Fiber.join(waiting)).toEqual([])
+            // A receiver waiting when the queue is resumed takes the message before its wait ends.
+            const next = yield* mailbox.receive({ waitTime: "20 seconds" }).pipe(Effect.fork)
+            yield* settle
+            yield* pausing.resume(mailbox)
+            yield* settle
+            yield* TestClock.adjust("2 seconds")
+            yield* settle
+            expect(bodies(yield* Fiber.join(next))).toEqual(["a"])
+          }))
+
+        it.scoped("a delivery received before the pause is still settled: acknowledged, it is gone", () =>
+          Effect.gen(function*() {
+            const mailbox = yield* fresh()
+            yield* mailbox.send("a")
+            const [message] = yield* mailbox.receive()
+            yield* pausing.pause(mailbox)
+            yield* message!.extendVisibility("1 minute")
+            yield* message!.acknowledge
+            yield* pausing.resume(mailbox)
+            expect(yield* mailbox.approximateCount).toBe(0)
+          }))
+      })
+    }
 
     describe("capacity and housekeeping", () => {
       it.scoped("maxSize bounds unacknowledged messages: MailboxFullError, room again after an ack", () =>

@@ -8,6 +8,7 @@ import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Sql from "../common.js"
+import { tableOf } from "./queues.js"
 import type { Row, Store } from "./store.js"
 
 /**
@@ -158,8 +159,10 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         // Every row of the queue, visible ones too: a row that became visible since the claim looked (its
         // visibility ran out in between) gives a time <= 0, so the receiver looks again at once instead of
         // sleeping a whole poll interval beside a visible message.
+        // A paused queue has nothing coming: its receivers sleep their poll interval (or until woken by a resume).
         sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
-          WHERE queue = ${queue}`,
+          WHERE queue = ${queue}
+            AND NOT EXISTS (SELECT 1 FROM ${sql(tableOf(store.prefix))} WHERE name = ${queue} AND paused <> 0)`,
         (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
       ),
     count: (queue) =>
@@ -179,6 +182,8 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
 const sqlite = (store: Store): Statements => {
   const { sql } = store
   const messages = sql(store.messages)
+  // A paused queue (queues.ts) gives nothing: one primary-key look-up per claim.
+  const queues = sql(tableOf(store.prefix))
   const at = atOf(store)
   return {
     ...shared(store, at),
@@ -189,6 +194,7 @@ const sqlite = (store: Store): Statements => {
             receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
             received_by = ${store.receiver}, extended_at = NULL
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
+            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)
             ORDER BY visible_at, seq LIMIT ${max})
           RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent`
       ),

@@ -24,6 +24,7 @@ import { TablesNotFoundError } from "../../../Errors.js"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
 import * as Sql from "../common.js"
 import { requireVersion } from "../version.js"
+import * as Queues from "./queues.js"
 
 export interface Row {
   readonly seq: number | string
@@ -45,6 +46,8 @@ export class Store {
   private readonly signals = new Map<string, Deferred.Deferred<void>>()
   /** Mailboxes open on this store, by queue name (the resolver's view). */
   readonly open = new Map<string, Set<ReplyTarget>>()
+  /** Queues this process has recorded in the queues table (see queues.ts): a send records its queue once. */
+  readonly recorded = new Set<string>()
   /** A mailbox of the store is open (see `acquire`): the lane and the listener live only then. */
   inUse = false
   /** Restarts the LISTEN connection (PostgreSQL), after the server went away. */
@@ -279,22 +282,40 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
     // continues the trace it was sent in.
     "8_dead_letter_traceparent": store.dialect === "pg"
       ? sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN IF NOT EXISTS traceparent TEXT`
-      : sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN traceparent TEXT`
+      : sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN traceparent TEXT`,
+    // (9 is the workers table: issue 36's other part.)
+    // The queues table (queues.ts): a queue stays listed while empty, until dropped, and a paused queue's
+    // receivers get nothing. PostgreSQL's claim (the overload migration 7 made, same signature) is replaced by
+    // one that returns nothing for a paused queue, so a process still on the previous version honours a pause too.
+    "10_queues_and_pause": Effect.zipRight(
+      Queues.create(store),
+      store.dialect === "pg" ? createClaimFunction(store, { receiver: true, pause: true }) : Effect.void
+    )
   }
 }
 
 /**
  * The claim (PostgreSQL): up to `p_max` visible messages of a queue in index order, skipping rows another claim
- * holds. With `receiver` (migration 7 on), an overload that also records who received them.
+ * holds. With `receiver` (migration 7 on), an overload that also records who received them; with `pause`
+ * (migration 10 on), nothing for a paused queue.
  */
-const createClaimFunction = (store: Store, options?: { readonly receiver: boolean }) => {
+const createClaimFunction = (
+  store: Store,
+  options?: { readonly receiver: boolean; readonly pause?: boolean }
+) => {
   const { messages, sql } = store
   const receiver = options?.receiver === true
+  // One primary-key look-up per claim: a paused queue (queues.ts) gives nothing.
+  const pause = options?.pause === true
+    ? sql`IF EXISTS (SELECT 1 FROM ${sql(Queues.tableOf(store.prefix))} q WHERE q.name = p_queue AND q.paused <> 0)
+          THEN RETURN; END IF;`
+    : sql``
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_claim`)}(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer${receiver ? sql`, p_receiver text` : sql``})
         RETURNS SETOF ${sql(messages)} LANGUAGE plpgsql VOLATILE
         SET enable_bitmapscan = off SET enable_sort = off
         AS $$ BEGIN
+          ${pause}
           RETURN QUERY
           UPDATE ${sql(messages)} m SET visible_at = p_visible_at, receipt_handle = gen_random_uuid()::text,
             delivery_count = m.delivery_count + 1${
@@ -439,7 +460,8 @@ export const requireMigrated = (prefix: string) =>
       service: "mailbox",
       prefix,
       table: migrationsTable(prefix),
-      required: Object.keys(migrations(store)).length
+      // The highest migration's number (the numbers need not be contiguous while a release is assembled).
+      required: Math.max(...Object.keys(migrations(store)).map((name) => Number.parseInt(name, 10)))
     }).pipe(connectionError(`${prefix}mailbox`))
     return store
   })
