@@ -390,8 +390,9 @@ describe("leasehold console when things are wrong", () => {
           )
         const back = yield* post(`${url}?q=jobs&page=3&notice=old&evil=1`)
         expect(back.status).toBe(303)
-        expect(back.headers.get("location")).toMatch(/^\/\?q=jobs&page=3&notice=[^&#]+#merge-queue$/)
-        expect((yield* post(undefined)).headers.get("location")).toMatch(/^\/\?notice=[^&#]+#merge-queue$/)
+        // The notice names the part it is about, and is shown there (next to what changed).
+        expect(back.headers.get("location")).toMatch(/^\/\?q=jobs&page=3&notice=[^&#]+&at=merge-queue#merge-queue$/)
+        expect((yield* post(undefined)).headers.get("location")).toMatch(/^\/\?notice=[^&#]+&at=merge-queue#merge-queue$/)
       }).pipe(Effect.scoped),
     60_000
   )
@@ -433,7 +434,9 @@ describe("the console's page", () => {
             deadLetters: 0,
             oldestVisibleAt: 0,
             perMinute: 0,
-            recent: []
+            recent: [],
+            paused: true,
+            recorded: true
           }],
           inFlight: [{
             id: "1",
@@ -482,7 +485,9 @@ describe("the console's page, bounded", () => {
             deadLetters: 1e15,
             oldestVisibleAt: 0,
             perMinute: 1e15,
-            recent: Array.from({ length: Snapshot.bars }, (_, bar) => bar + 1)
+            recent: Array.from({ length: Snapshot.bars }, (_, bar) => bar + 1),
+            paused: true,
+            recorded: true
           })),
           // A search is at most 200 characters (Snapshot.query).
           queuePage: { q: huge.slice(0, 200), page: 2, pages: 3, matching: 1e15, total: 1e15, offset: 50 },

@@ -2,20 +2,25 @@
  * `leasehold console`: the operator's console in a browser — mailboxes, in-flight leases counting down, dead
  * letters (redrive, delete), the merge queue's lock and audit log (recover now), work-lease domains — served
  * until the process is stopped. It binds loopback unless `--host` says otherwise, never creates tables, and
- * with `--read-only` offers no action. The page and its guards are in src/internal/console/; the server is
+ * with `--read-only` offers no action. Over a SQLite file it notices the file being replaced or deleted and
+ * reads the new one (or says it is gone). The page and its guards are in src/internal/console/; the server is
  * every leasehold server's (src/internal/httpServer.ts: clients that hold a connection without using it are
  * cut, open connections are capped, and all are closed when the console stops).
  */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as HttpServer from "@effect/platform/HttpServer"
+import * as SqlClient from "@effect/sql/SqlClient"
 import * as Console from "effect/Console"
+import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import { isIPv6 } from "node:net"
 import { InvalidParameterError } from "../Errors.js"
 import * as HttpServers from "../internal/httpServer.js"
+import * as Target from "../internal/sql/target.js"
 import { client, db, prefix, redact, targetOf } from "./database.js"
 
 const port = Options.integer("port").pipe(
@@ -49,6 +54,19 @@ const hostName = (host: string): string | undefined => {
   const parsed = HttpServers.parseHost(isIPv6(host) ? `[${host}]` : host)
   return parsed === undefined || parsed.port !== undefined ? undefined : parsed.name
 }
+/**
+ * A SQLite target's file, which the console watches for replacement (the demo deletes and re-creates its
+ * database), and how to open it again; none for PostgreSQL.
+ */
+const watched = (target: string | undefined) => {
+  const parsed = target === undefined ? undefined : Target.parse(target)
+  if (parsed === undefined || Either.isLeft(parsed) || parsed.right._tag !== "Sqlite") return undefined
+  return {
+    path: parsed.right.filename,
+    open: Layer.build(client(target)).pipe(Effect.map(Context.get(SqlClient.SqlClient)))
+  }
+}
+
 const wildcard = (host: string) => host === "0.0.0.0" || host === "::" || host === "[::]"
 
 export const command = Command.make(
@@ -99,7 +117,8 @@ export const command = Command.make(
             ...(wildcard(bind) || bound === undefined || Server.isLoopback(bound) ? [] : [bound]),
             ...options.allowHost.flatMap((name) => hostName(name) ?? [])
           ],
-          port: address._tag === "TcpAddress" ? address.port : 0
+          port: address._tag === "TcpAddress" ? address.port : 0,
+          file: watched(target)
         })
         yield* HttpServer.serveEffect(app)
         const url = address._tag === "TcpAddress"

@@ -21,8 +21,10 @@ export interface View {
   readonly database: string
   readonly token: string
   readonly readOnly: boolean
-  /** What the last action did (shown once, after its redirect). */
+  /** What the last action did (shown after its redirect, next to what it changed: `noticeAt`). */
   readonly notice?: string | undefined
+  /** The part the notice is about: one of `noticeAnchors` (else the notice goes at the top). */
+  readonly noticeAt?: string | undefined
   /** The queue table's page and search the request asked for. */
   readonly query: Snapshot.Query
 }
@@ -38,11 +40,18 @@ const clip = (value: string, max: number) => value.length > max ? `${value.slice
 /** Escaped, and cut to `max` characters. */
 const shown = (value: string, max: number = cellLimits.name) => escape(clip(value, max))
 
-/** `?q=…&page=…` for a page of the queue table (without what is not given). */
-export const search = (q: string, page?: number): string => {
+/** The parts an action's notice can be shown in (the heading each action's redirect scrolls to). */
+export const noticeAnchors = ["mailboxes", "dead-letters", "merge-queue"] as const
+
+/** `?q=…&page=…` for a page of the queue table (without what is not given), with an action's notice if given. */
+export const search = (q: string, page?: number, notice?: { readonly text: string; readonly at: string }): string => {
   const params = new URLSearchParams()
   if (q !== "") params.set("q", q)
   if (page !== undefined) params.set("page", String(page))
+  if (notice !== undefined) {
+    params.set("notice", notice.text)
+    params.set("at", notice.at)
+  }
   const text = params.toString()
   return text === "" ? "" : `?${text}`
 }
@@ -144,6 +153,22 @@ const pager = (at: Snapshot.QueuePage, shownCount: number) => {
   return `<p class="pager" id="queue-pages">${count}${range}${links}</p>`
 }
 
+/**
+ * A queue's actions: pause or resume it (the state is the database's: every worker's receive honours it), and
+ * drop it from the queues table once it has no messages. A name too long to show whole is not one the console
+ * can name in a form.
+ */
+const queueActions = (view: View, queue: Snapshot.QueueView) =>
+  queue.queue.length > cellLimits.name ? "" : `${
+    queue.paused
+      ? button(view, "/actions/queues/resume", "Resume", { queue: queue.queue })
+      : button(view, "/actions/queues/pause", "Pause", { queue: queue.queue })
+  }${
+    queue.recorded && queue.queued + queue.inFlight + queue.delayed === 0
+      ? button(view, "/actions/queues/drop", "Drop", { queue: queue.queue })
+      : ""
+  }`
+
 const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: number) => {
   if (part._tag !== "Present") return `<section id="mailboxes"><h2>Mailboxes</h2>${failedOrAbsent(part)}</section>`
   const { deadLetterTotal, deadLetters, inFlight, inFlightTotal, queuePage, queues, sampledAt, totalPerMinute } =
@@ -152,16 +177,19 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
     ${queuePage.total === 0 ? "" : pager(queuePage, queues.length)}
     ${
     table(
-      ["queue", "queued", "in flight", "delayed", "dead letters", "oldest visible", "done / min", "last 5 min"],
+      ["queue", "queued", "in flight", "delayed", "dead letters", "oldest visible", "done / min", "last 5 min", ""],
       queues.map((queue) => [
-        link("/queue", { name: queue.queue }, shown(queue.queue)),
+        `${link("/queue", { name: queue.queue }, shown(queue.queue))}${
+          queue.paused ? ` <span class="paused" data-paused="true">paused</span>` : ""
+        }`,
         `<span data-count="queued">${queue.queued}</span>`,
         `<span data-count="inFlight">${queue.inFlight}</span>`,
         `<span data-count="delayed">${queue.delayed}</span>`,
         `<span data-count="deadLetters">${queue.deadLetters}</span>`,
         clock(queue.oldestVisibleAt, now),
         `<span data-count="perMinute">${rate(queue.perMinute)}</span>`,
-        sparkline(queue.recent)
+        sparkline(queue.recent),
+        queueActions(view, queue)
       ]),
       queuePage.total === 0 ? "No messages and no dead letters yet." : "No queue's name contains that.",
       "queues",
@@ -334,8 +362,28 @@ const workLeases = (part: Snapshot.Section<Snapshot.Domains>, now: number) =>
     }`
   }</section>`
 
+/** The notice of the last action, as an element. */
+const noticeElement = (notice: string) =>
+  `<p class="notice" role="status" id="notice">${shown(notice, cellLimits.text)}</p>`
+
+/** Whether the notice goes next to the part it is about (else at the top of the page). */
+const placed = (view: View) =>
+  view.notice !== undefined && (noticeAnchors as ReadonlyArray<string | undefined>).includes(view.noticeAt)
+
+/** `html` with the view's notice right after the heading of the part it is about (see `placed`). */
+const withNotice = (html: string, view: View) => {
+  if (view.notice === undefined || !placed(view)) return html
+  const start = html.indexOf(`id="${view.noticeAt}"`)
+  const heading = start < 0 ? -1 : html.slice(start).search(/<\/h[23]>/)
+  if (heading < 0) return html
+  const at = start + heading + 5
+  return `${html.slice(0, at)}${noticeElement(view.notice)}${html.slice(at)}`
+}
+
 /** The part refreshed live. */
-export const live = (snapshot: Snapshot.Snapshot, view: View): string =>
+export const live = (snapshot: Snapshot.Snapshot, view: View): string => withNotice(liveParts(snapshot, view), view)
+
+const liveParts = (snapshot: Snapshot.Snapshot, view: View): string =>
   `<div id="snapshot" data-now="${snapshot.at}">
   <p class="updated">Updated ${showable(snapshot.at) ? escape(new Date(snapshot.at).toISOString()) : "–"}</p>
   ${mailboxes(snapshot.mailboxes, view, snapshot.at)}
@@ -360,10 +408,12 @@ th{font-weight:600;color:#5a6272;font-size:12px}
 button{font:inherit;font-size:12px;padding:2px 10px;border:1px solid #9aa3b2;border-radius:4px;background:#fff;cursor:pointer}
 button.danger{border-color:#d08a8c;color:#a4161a}.status{margin-right:14px}
 .spark rect{fill:#3a6ea5}.pager{color:#5a6272;font-size:12px}.pager a{margin:0 3px}
-.search{margin:12px 0 0}.search input{font:inherit;padding:2px 8px;width:260px}`
+.search{margin:12px 0 0}.search input{font:inherit;padding:2px 8px;width:260px}
+.paused{color:#1d2330;background:#e0a100;border-radius:3px;padding:0 5px;font-size:11px;font-weight:600}
+#connection{position:sticky;top:0;z-index:1}`
 
-/** The whole document. */
-export const page = (snapshot: Snapshot.Snapshot, view: View): string =>
+/** The whole document, around a snapshot or a live part rendered already. */
+export const page = (snapshot: Snapshot.Snapshot | string, view: View): string =>
   `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>leasehold console</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -372,15 +422,22 @@ export const page = (snapshot: Snapshot.Snapshot, view: View): string =>
 <body><header><h1>leasehold console</h1><span class="db">${escape(view.database)}</span>${
     view.readOnly ? `<span class="badge">read-only</span>` : ""
   }</header>
-<main>${view.notice === undefined ? "" : `<p class="notice" role="status">${shown(view.notice, cellLimits.text)}</p>`}
+<main><p id="connection" class="error" role="alert" hidden></p>${
+    view.notice === undefined || placed(view) ? "" : noticeElement(view.notice)
+  }
 <form method="get" action="/" role="search" class="search"><input type="search" name="q" value="${
     escape(view.query.q)
   }" placeholder="Queue name contains…" aria-label="Search queues by name"><button type="submit">Search</button>${
     view.query.q === "" ? "" : ` <a href="/">All queues</a>`
   }</form>
-<div id="live" data-src="/live${escape(search(view.query.q, view.query.page > 1 ? view.query.page : undefined))}">${
-    live(snapshot, view)
-  }</div></main>
+<div id="live" data-src="/live${
+    escape(search(
+      view.query.q,
+      view.query.page > 1 ? view.query.page : undefined,
+      // The live part keeps the notice where it is.
+      view.notice !== undefined && placed(view) ? { text: view.notice, at: view.noticeAt! } : undefined
+    ))
+  }">${typeof snapshot === "string" ? snapshot : live(snapshot, view)}</div></main>
 <script src="/console.js" defer></script></body></html>`
 
 /**
@@ -401,7 +458,25 @@ export const script = `"use strict";
       : Math.round(delta / 3600000) + " h";
     return millis <= now ? text + " ago" : "in " + text;
   };
+  // While the last refresh failed, the page says so and its clocks stop: nothing on it is live.
+  const connection = document.getElementById("connection");
+  let failedSince;
+  const hhmmss = (date) => date.toTimeString().slice(0, 8);
+  const failed = (why) => {
+    if (failedSince === undefined) failedSince = new Date();
+    connection.textContent = why + " since " + hhmmss(failedSince) +
+      ": what this page shows is as of then (lease clocks stopped). Retrying every second.";
+    connection.hidden = false;
+    document.body.dataset.stale = "true";
+  };
+  const recovered = () => {
+    failedSince = undefined;
+    connection.hidden = true;
+    connection.textContent = "";
+    delete document.body.dataset.stale;
+  };
   const tick = () => {
+    if (failedSince !== undefined) return;
     const now = Date.now() + offset;
     for (const time of live.querySelectorAll("time[data-at]")) time.textContent = ago(Number(time.dataset.at), now);
   };
@@ -417,8 +492,9 @@ export const script = `"use strict";
     try {
       // The same page of queues and the same search as the page (the server put them in data-src).
       const response = await fetch(live.dataset.src || "/live", { cache: "no-store", signal: abort.signal });
-      if (response.ok) { live.innerHTML = await response.text(); sync(); tick(); }
-    } catch {}
+      if (response.ok) { live.innerHTML = await response.text(); recovered(); sync(); tick(); }
+      else failed("The last refresh failed (HTTP " + response.status + ")");
+    } catch { failed("Disconnected"); }
     clearTimeout(limit);
     setTimeout(refresh, 1000);
   };

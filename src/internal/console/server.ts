@@ -6,7 +6,13 @@
  *   `GET /dead-letter?queue=…&id=…` one message whole (message.ts).
  * - `POST /actions/dead-letters/redrive` and `…/delete` (one letter by `id`, or all), and
  *   `POST /actions/merge-queue/recover` (self-healing now), `POST /actions/messages/delete` (one message no
- *   receiver holds, by `queue` and `id`). Each redirects back to the page with what it did.
+ *   receiver holds, by `queue` and `id`), `POST /actions/queues/pause`, `…/resume` and `…/drop` (a `queue`).
+ *   Each action redirects back to the page with what it did, shown next to what it changed. A delete first
+ *   answers a confirmation page and is carried out only when posted again with its one-time value
+ *   (confirm.ts).
+ *
+ * What is read comes through `Source` (source.ts): over a SQLite file, a file replaced or deleted under the
+ * console is noticed at the next look, and the page says so rather than showing the old file as live.
  *
  * The page and its live part take `?q=` (queues whose name contains it) and `?page=` (which page of the queue
  * table); an action redirects back to the page and search it was taken from (its `Referer`), or from a browse
@@ -28,17 +34,19 @@ import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Cause from "effect/Cause"
+import * as Clock from "effect/Clock"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
 import * as HttpServers from "../httpServer.js"
 import * as Browse from "./browse.js"
+import * as Confirm from "./confirm.js"
 import * as Message from "./message.js"
 import * as Page from "./page.js"
 import * as Snapshot from "./snapshot.js"
+import * as Source from "./source.js"
 
 export interface Options {
   /** Table name prefix the workers use. */
@@ -56,6 +64,8 @@ export interface Options {
   readonly port: number
   /** How often throughput is sampled (default 2 s). */
   readonly sampleEvery?: Duration.DurationInput | undefined
+  /** The SQLite file read, watched for replacement (none on PostgreSQL). */
+  readonly file?: Source.File | undefined
 }
 
 const headers = {
@@ -80,8 +90,10 @@ const refused = (status: number, reason: string) =>
 const ActionForm = Schema.Struct({
   token: Schema.String,
   id: Schema.optional(Schema.String),
-  queue: Schema.optional(Schema.String)
+  queue: Schema.optional(Schema.String),
+  confirm: Schema.optional(Schema.String)
 })
+type ActionForm = typeof ActionForm.Type
 
 /** An action's form is a token and an id: a larger body is refused before it is read whole. */
 const maxActionBody = Option.some(16 * 1024)
@@ -102,16 +114,31 @@ export const make = (options: Options) =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const token = randomBytes(24).toString("base64url")
-    const sampler = yield* Snapshot.makeSampler(sql, options.prefix)
-    yield* sampler.sample.pipe(Effect.repeat(Schedule.spaced(options.sampleEvery ?? "2 seconds")), Effect.forkScoped)
-    const view = (query: Snapshot.Query, notice?: string): Page.View => ({
+    const source = yield* Source.make(sql, options.prefix, options.sampleEvery ?? "2 seconds", options.file)
+    const confirmations = Confirm.make()
+    const view = (query: Snapshot.Query, notice?: { readonly text: string; readonly at: string }): Page.View => ({
       database: options.database,
       token,
       readOnly: options.readOnly,
-      notice,
+      notice: notice?.text,
+      noticeAt: notice?.at,
       query
     })
-    const snapshot = (query: Snapshot.Query) => Snapshot.snapshot(sql, options.prefix, sampler, query)
+    /** The live part, or what is wrong with the database file instead (never the old file's contents). */
+    const livePart = (query: Snapshot.Query, shown: Page.View) =>
+      Effect.flatMap(source.current, (current) =>
+        current._tag === "Open"
+          ? Effect.map(
+            Snapshot.snapshot(current.sql, options.prefix, current.sampler, query),
+            (snapshot) => Page.live(snapshot, shown)
+          )
+          : Effect.map(
+            Clock.currentTimeMillis,
+            (at) =>
+              `<div id="snapshot" data-now="${at}"><p class="error" role="alert" id="database-problem">${
+                Page.escape(current.problem)
+              }</p></div>`
+          ))
     const admin = Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     const deadLetters = Effect.flatMap(admin, (module) => module.deadLetters({ prefix: options.prefix, create: false }))
     const mergeQueue = Effect.flatMap(
@@ -119,10 +146,15 @@ export const make = (options: Options) =>
       (module) => module.look({ prefix: options.prefix })
     )
 
-    /** Checks the request, runs `work` with its form, and redirects to the page saying what happened. */
+    /**
+     * Checks the request, runs `work` with its form, and redirects to the page saying what happened. With
+     * `confirm`, the first POST answers the confirmation page it describes, and `work` runs only when the form
+     * carries the one-time value that page was given for this action and target.
+     */
     const action = <E extends { readonly message: string }>(
-      anchor: string,
-      work: (id: string | undefined, form: typeof ActionForm.Type) => Effect.Effect<string, E, SqlClient.SqlClient>
+      anchor: (typeof Page.noticeAnchors)[number],
+      work: (form: ActionForm) => Effect.Effect<string, E, SqlClient.SqlClient>,
+      confirm?: (form: ActionForm) => Effect.Effect<Omit<Confirm.Request, "fields" | "back">, E, SqlClient.SqlClient>
     ) =>
       Effect.gen(function*() {
         if (options.readOnly) return yield* refused(403, "This console is read-only (started with --read-only).")
@@ -138,24 +170,57 @@ export const make = (options: Options) =>
         if (Option.isNone(form) || !sameToken(form.value.token, token)) {
           return yield* refused(403, "Refused: the console's token is missing or wrong. Use the console's own page.")
         }
-        const notice = yield* work(form.value.id, form.value).pipe(
-          Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`)),
-          Effect.provideService(SqlClient.SqlClient, sql)
-        )
         // Back to the page and search the form was on (only those two are taken from the Referer).
         const referer = request.headers["referer"]
         const from = referer !== undefined && URL.canParse(referer)
           ? Snapshot.query(new URL(referer).searchParams)
           : { q: "", page: 1 }
-        const back = Page.search(from.q, from.page > 1 ? from.page : undefined)
+        const page = from.page > 1 ? from.page : undefined
+        const current = yield* source.current
+        const onDatabase = <A>(
+          effect: Effect.Effect<A, E, SqlClient.SqlClient>
+        ): Effect.Effect<A, { readonly message: string }> =>
+          current._tag === "Open"
+            ? Effect.provideService(effect, SqlClient.SqlClient, current.sql)
+            : Effect.fail({ message: current.problem })
         // From a browse or message page: back to the queue's browse page.
         const browsed = referer !== undefined && URL.canParse(referer) ? Browse.returnTo(new URL(referer)) : undefined
-        return HttpServerResponse.redirect(
-          browsed !== undefined
-            ? `${browsed}&notice=${encodeURIComponent(notice)}#messages`
-            : `/${back === "" ? "?" : `${back}&`}notice=${encodeURIComponent(notice)}#${anchor}`,
-          { status: 303, headers }
+        const back = (notice: string) =>
+          HttpServerResponse.redirect(
+            browsed !== undefined
+              ? `${browsed}&notice=${encodeURIComponent(notice)}#messages`
+              : `/${Page.search(from.q, page, { text: notice, at: anchor })}#${anchor}`,
+            { status: 303, headers }
+          )
+        const target = form.value.id ?? form.value.queue ?? ""
+        if (confirm !== undefined) {
+          const given = form.value.confirm
+          if (given === undefined) {
+            const asked = yield* onDatabase(confirm(form.value)).pipe(Effect.either)
+            // Nothing is done unconfirmed: a failure to ask is the notice.
+            if (asked._tag === "Left") return back(`Failed: ${asked.left.message}`)
+            return yield* html(Confirm.page({
+              ...asked.right,
+              fields: {
+                token,
+                ...(form.value.id === undefined ? {} : { id: form.value.id }),
+                ...(form.value.queue === undefined ? {} : { queue: form.value.queue }),
+                confirm: confirmations.issue(request.url, target)
+              },
+              back: browsed ?? `/${Page.search(from.q, page)}#${anchor}`
+            }))
+          } else if (!confirmations.take(given, request.url, target)) {
+            return yield* refused(
+              403,
+              "Refused: that confirmation was used already, expired, or was given for another action. Nothing was " +
+                "deleted; start again from the console's page."
+            )
+          }
+        }
+        const notice = yield* onDatabase(work(form.value)).pipe(
+          Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`))
         )
+        return back(notice)
       })
 
     const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
@@ -170,14 +235,36 @@ export const make = (options: Options) =>
     const paramsOf = (request: HttpServerRequest.HttpServerRequest) =>
       new URL(request.url, "http://console").searchParams
 
+    const queues = Effect.flatMap(admin, (module) => module.queues({ prefix: options.prefix, create: false }))
+    /** Pause, resume or drop the form's `queue` (the queues table: see MailboxSqlAdmin). */
+    const queueAction = (what: "pause" | "resume" | "drop") =>
+      action("mailboxes", ({ queue }) => {
+        if (queue === undefined) return Effect.succeed("Failed: no queue named.")
+        const name = JSON.stringify(queue)
+        return Effect.flatMap(queues, (admin) =>
+          what === "drop"
+            ? Effect.map(admin.drop(queue), (result) =>
+              result === "dropped"
+                ? `Dropped queue ${name}.`
+                : result === "not empty"
+                ? `Queue ${name} has messages: not dropped.`
+                : `Queue ${name} is not recorded (dropped meanwhile?).`)
+            : Effect.as(
+              what === "pause" ? admin.pause(queue) : admin.resume(queue),
+              what === "pause"
+                ? `Paused queue ${name}: its receivers get nothing until it is resumed.`
+                : `Resumed queue ${name}.`
+            ))
+      })
+
     const router = HttpRouter.empty.pipe(
       HttpRouter.get(
         "/",
         Effect.gen(function*() {
           const request = yield* HttpServerRequest.HttpServerRequest
-          const notice = new URL(request.url, "http://console").searchParams.get("notice") ?? undefined
           const query = queryOf(request)
-          return yield* html(Page.page(yield* snapshot(query), view(query, notice)))
+          const shown = view(query, noticeOf(request))
+          return yield* html(Page.page(yield* livePart(query, shown), shown))
         })
       ),
       HttpRouter.get("/favicon.ico", HttpServerResponse.empty({ status: 204 })),
@@ -205,8 +292,9 @@ export const make = (options: Options) =>
       HttpRouter.get(
         "/live",
         Effect.gen(function*() {
-          const query = queryOf(yield* HttpServerRequest.HttpServerRequest)
-          return yield* html(Page.live(yield* snapshot(query), view(query)))
+          const request = yield* HttpServerRequest.HttpServerRequest
+          const query = queryOf(request)
+          return yield* html(yield* livePart(query, view(query, noticeOf(request))))
         })
       ),
       HttpRouter.get(
@@ -215,7 +303,7 @@ export const make = (options: Options) =>
       ),
       HttpRouter.post(
         "/actions/dead-letters/redrive",
-        action("dead-letters", (id) =>
+        action("dead-letters", ({ id }) =>
           Effect.flatMap(deadLetters, (letters) =>
             Effect.map(
               letters.redrive(id === undefined ? {} : { ids: [id] }),
@@ -227,27 +315,55 @@ export const make = (options: Options) =>
       ),
       HttpRouter.post(
         "/actions/dead-letters/delete",
-        action("dead-letters", (id) =>
-          Effect.flatMap(deadLetters, (letters) =>
-            Effect.map(
-              letters.purge(id === undefined ? {} : { ids: [id] }),
-              (n) => `Deleted ${plural(n, "dead letter")}.`
-            )))
+        action(
+          "dead-letters",
+          ({ id }) =>
+            Effect.flatMap(deadLetters, (letters) =>
+              Effect.map(
+                letters.purge(id === undefined ? {} : { ids: [id] }),
+                (n) => `Deleted ${plural(n, "dead letter")}.`
+              )),
+          ({ id }) =>
+            Effect.flatMap(deadLetters, (letters) =>
+              Effect.map(letters.count(id === undefined ? {} : { ids: [id] }), (n) => ({
+                action: "/actions/dead-letters/delete",
+                question: id === undefined ? `Delete all ${plural(n, "dead letter")}?` : `Delete dead letter ${id}?`,
+                detail: id === undefined
+                  ? "Every dead letter of every queue is deleted for good (those that arrive meanwhile too); " +
+                    "\"Redrive all\" would send them back to their queues instead."
+                  : "The letter is deleted for good; \"Redrive\" would send it back to its queue instead.",
+                label: id === undefined ? "Delete all" : "Delete"
+              })))
+        )
       ),
+      HttpRouter.post("/actions/queues/pause", queueAction("pause")),
+      HttpRouter.post("/actions/queues/resume", queueAction("resume")),
+      HttpRouter.post("/actions/queues/drop", queueAction("drop")),
       HttpRouter.post(
         "/actions/messages/delete",
-        action("messages", (id, form) =>
-          Effect.flatMap(
-            Effect.flatMap(admin, (module) => module.browse({ prefix: options.prefix, create: false })),
-            (browser) =>
-              Effect.map(
-                browser.remove(form.queue ?? "", id ?? ""),
-                (removed) =>
-                  removed
-                    ? `Deleted message ${id}.`
-                    : `Message ${id} was not deleted: it is gone, or a receiver holds it now.`
-              )
-          ))
+        action(
+          "mailboxes",
+          ({ id, queue }) =>
+            Effect.flatMap(
+              Effect.flatMap(admin, (module) =>
+                module.browse({ prefix: options.prefix, create: false })),
+              (browser) =>
+                Effect.map(
+                  browser.remove(queue ?? "", id ?? ""),
+                  (removed) =>
+                    removed
+                      ? `Deleted message ${id}.`
+                      : `Message ${id} was not deleted: it is gone, or a receiver holds it now.`
+                )
+            ),
+          ({ id, queue }) =>
+            Effect.succeed({
+              action: "/actions/messages/delete",
+              question: `Delete message ${id ?? ""} of ${queue ?? ""}?`,
+              detail: "The message is deleted for good, unless a receiver holds it by then (then nothing is deleted).",
+              label: "Delete"
+            })
+        )
       ),
       HttpRouter.post(
         "/actions/merge-queue/recover",
@@ -284,6 +400,13 @@ export const make = (options: Options) =>
             "leasehold console --allow-host NAME adds a name)."
         ))
   })
+
+/** The notice an action's redirect carries, and the part it is about. */
+const noticeOf = (request: HttpServerRequest.HttpServerRequest) => {
+  const params = new URL(request.url, "http://console").searchParams
+  const text = params.get("notice")
+  return text === null ? undefined : { text, at: params.get("at") ?? "" }
+}
 
 const errorMessage = (error: unknown) => error instanceof Error ? error.message : "see its log"
 

@@ -28,6 +28,7 @@ import * as Ref from "effect/Ref"
 import * as MergeQueue from "../../MergeQueue.js"
 import { look } from "../mergeQueue/look.js"
 import * as Sql from "../sql/common.js"
+import * as QueueTable from "../sql/mailbox/queues.js"
 import { openExisting } from "../sql/mailbox/store.js"
 import * as WorkLeaseTables from "../sql/workLease/schema.js"
 
@@ -49,6 +50,10 @@ export interface QueueView {
   readonly perMinute: number
   /** Messages that left per sampling bucket, oldest first (the sparkline). */
   readonly recent: ReadonlyArray<number>
+  /** Paused: its receivers get nothing (the queues table, mailbox migration 10). */
+  readonly paused: boolean
+  /** In the queues table: listed until dropped, even empty. */
+  readonly recorded: boolean
 }
 
 export interface InFlightView {
@@ -349,6 +354,8 @@ const mailboxes = (
     const letters = sql(store.deadLetters)
     // Workers of a version before mailbox migration 7 record neither: the console reads what is there.
     const recorded = (yield* columnsOf(sql, store.messages)).has("received_by")
+    // Before mailbox migration 10 there is no queues table: a queue is listed while it has rows, never paused.
+    const registry = (yield* QueueTable.present(store)) ? yield* QueueTable.list(store) : []
     const [counts, dead, inFlight, deadLetters] = yield* Effect.all([
       sql<{
         queue: string
@@ -391,8 +398,12 @@ const mailboxes = (
     ])
     const counted = new Map(counts.map((row) => [row.queue, row]))
     const deadByQueue = new Map(dead.map((row) => [row.queue, Number(row.n)]))
-    // A queue stays on the page while it had traffic in the window, even once it is empty.
+    // A queue stays on the page while it had traffic in the window, even once it is empty, and while it is
+    // recorded in the queues table (until dropped).
+    const paused = new Set(registry.filter((row) => row.paused).map((row) => row.name))
+    const recordedNames = new Set(registry.map((row) => row.name))
     const names = new Set(counted.keys())
+    for (const row of registry) names.add(row.name)
     for (const queue of deadByQueue.keys()) names.add(queue)
     for (const bucket of rates.buckets) for (const queue of bucket.left.keys()) names.add(queue)
     for (const queue of rates.last?.rows.keys() ?? []) names.add(queue)
@@ -413,7 +424,9 @@ const mailboxes = (
         deadLetters: deadByQueue.get(queue) ?? 0,
         oldestVisibleAt: num(row?.oldest_visible),
         perMinute: perMinute(rates.buckets, leftOf),
-        recent: recent(rates.buckets, leftOf)
+        recent: recent(rates.buckets, leftOf),
+        paused: paused.has(queue),
+        recorded: recordedNames.has(queue)
       }
     })
     return {

@@ -1,0 +1,74 @@
+/**
+ * The console's second step for destructive actions (deleting dead letters). The first POST of such an
+ * action answers a confirmation page instead of acting: it says what would be deleted and carries a form that
+ * posts the same action again with a one-time confirmation value. The server issued that value for that action
+ * and that target (one dead letter's id, or all of them) and takes it once: an action posted without it, with
+ * one issued for another action or target, or with one already used, is not carried out. Plain forms: it works
+ * without JavaScript.
+ */
+import { randomUUID } from "node:crypto"
+import { escape } from "./page.js"
+
+/** The confirmation values issued and not yet used, each bound to its action and target. */
+export interface Confirmations {
+  /** A new value for `action` on `target` (`""`: all). */
+  readonly issue: (action: string, target: string) => string
+  /** Whether `value` was issued for `action` on `target` and not used; it cannot be used again either way. */
+  readonly take: (value: string, action: string, target: string) => boolean
+}
+
+/** How many unused values are kept (the oldest are forgotten first): a page left open long asks again. */
+const kept = 256
+
+export const make = (): Confirmations => {
+  const issued = new Map<string, string>()
+  const key = (action: string, target: string) => `${action}\n${target}`
+  return {
+    issue: (action, target) => {
+      const value = randomUUID()
+      issued.set(value, key(action, target))
+      if (issued.size > kept) issued.delete(issued.keys().next().value!)
+      return value
+    },
+    take: (value, action, target) => {
+      const bound = issued.get(value)
+      issued.delete(value)
+      return bound !== undefined && bound === key(action, target)
+    }
+  }
+}
+
+/** What a confirmation page shows and posts. */
+export interface Request {
+  /** Where the confirmed form posts (the same action). */
+  readonly action: string
+  /** The question, e.g. "Delete all 3 dead letters?". */
+  readonly question: string
+  /** What follows if confirmed. */
+  readonly detail: string
+  /** The button's label. */
+  readonly label: string
+  /** The form's fields: the token, the target, the confirmation value. */
+  readonly fields: Readonly<Record<string, string>>
+  /** Where "Cancel" goes back to. */
+  readonly back: string
+}
+
+/** The confirmation page (the console's style, no script). */
+export const page = (request: Request): string =>
+  `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Confirm: ${escape(request.question)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{font:14px/1.45 system-ui,sans-serif;margin:40px auto;max-width:640px;color:#1d2330}
+.box{border:1px solid #d08a8c;border-radius:6px;padding:8px 20px 16px;background:#fff}
+button{font:inherit;padding:4px 14px;border:1px solid #d08a8c;border-radius:4px;background:#fff;color:#a4161a;cursor:pointer}
+a{margin-left:14px}</style></head>
+<body><div class="box" role="alertdialog" aria-labelledby="question"><h1 id="question" style="font-size:18px">${
+    escape(request.question)
+  }</h1><p>${escape(request.detail)}</p>
+<form method="post" action="${escape(request.action)}" id="confirm">${
+    Object.entries(request.fields).map(([name, value]) =>
+      `<input type="hidden" name="${escape(name)}" value="${escape(value)}">`
+    ).join("")
+  }<button type="submit">${escape(request.label)}</button><a href="${escape(request.back)}">Cancel</a></form></div>
+</body></html>`

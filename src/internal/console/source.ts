@@ -1,0 +1,115 @@
+/**
+ * The database the console reads, kept honest: over a SQLite file, every look (each page, each refresh, each
+ * throughput sample) first compares the file the path names now with the one the console opened (device and
+ * inode). A file replaced under the console (the demo deletes and re-creates its database) is opened anew and
+ * the throughput starts over; a file that is gone, or that cannot be opened, is a `problem` the page shows
+ * instead of the old file's contents, until a file is there again. PostgreSQL (no file) is read as it is.
+ *
+ * A replaced file's old connection is not closed: closing the last connection to a WAL database deletes the
+ * `-wal` file by its name, which now names the new database's. It is one connection per replacement, left to
+ * the process's end.
+ */
+import type * as SqlClient from "@effect/sql/SqlClient"
+import * as Clock from "effect/Clock"
+import type * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as ExecutionStrategy from "effect/ExecutionStrategy"
+import * as Exit from "effect/Exit"
+import * as Schedule from "effect/Schedule"
+import * as Scope from "effect/Scope"
+import { statSync } from "node:fs"
+import * as Snapshot from "./snapshot.js"
+
+/** What the console reads now: a database and its sampler, or why there is none. */
+export type Current =
+  | { readonly _tag: "Open"; readonly sql: SqlClient.SqlClient; readonly sampler: Snapshot.Sampler }
+  | { readonly _tag: "Problem"; readonly problem: string }
+
+/** The file behind a SQLite console, and how to open it again. */
+export interface File {
+  readonly path: string
+  /** Opens the file (a new client, kept open until the process ends: see the module comment). */
+  readonly open: Effect.Effect<SqlClient.SqlClient, { readonly message: string }, Scope.Scope>
+}
+
+export interface Source {
+  /** Looks at the file (if any) and answers what to read now. */
+  readonly current: Effect.Effect<Current>
+}
+
+type Identity = { readonly dev: number; readonly ino: number } | undefined
+
+const identity = (path: string): Identity => {
+  const stats = statSync(path, { throwIfNoEntry: false })
+  return stats === undefined ? undefined : { dev: stats.dev, ino: stats.ino }
+}
+
+const same = (a: Identity, b: Identity) => a !== undefined && b !== undefined && a.dev === b.dev && a.ino === b.ino
+
+const iso = (millis: number) => new Date(millis).toISOString()
+
+/**
+ * The console's source over `sql` (open already); with `file`, watched as the module comment says. Each
+ * database's throughput sampler runs every `sampleEvery` until the database is replaced or `Scope` closes.
+ */
+export const make = (
+  sql: SqlClient.SqlClient,
+  prefix: string,
+  sampleEvery: Duration.DurationInput,
+  file: File | undefined
+): Effect.Effect<Source, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const outer = yield* Effect.scope
+    /** Starts a database's sampler in a scope of its own (closed when the database is replaced). */
+    const start = (client: SqlClient.SqlClient) =>
+      Effect.gen(function*() {
+        const scope = yield* Scope.fork(outer, ExecutionStrategy.sequential)
+        const sampler = yield* Snapshot.makeSampler(client, prefix)
+        yield* sampler.sample.pipe(
+          Effect.repeat(Schedule.spaced(sampleEvery)),
+          Effect.forkIn(scope)
+        )
+        return { current: { _tag: "Open", sql: client, sampler } as Current, scope }
+      })
+    let state = yield* start(sql)
+    if (file === undefined) return { current: Effect.sync(() => state.current) }
+
+    let opened = identity(file.path)
+    const lock = yield* Effect.makeSemaphore(1)
+    const stop = Effect.suspend(() => Scope.close(state.scope, Exit.void))
+    /** The file the path names is not the one open: says so, then opens it if it is there. */
+    const changed = (now: Identity, at: number) =>
+      Effect.gen(function*() {
+        const gone = now === undefined
+        yield* stop
+        const what = gone
+          ? `The database file ${file.path} was deleted at ${iso(at)}; this console shows nothing until it is back.`
+          : `The database file ${file.path} was replaced at ${iso(at)}`
+        state = { current: { _tag: "Problem", problem: what }, scope: state.scope }
+        opened = now
+        if (gone) return
+        // Opened in the console's own scope: never closed early (see the module comment).
+        const client = yield* Scope.extend(file.open, outer).pipe(Effect.either)
+        if (client._tag === "Left") {
+          state = {
+            current: { _tag: "Problem", problem: `${what}, and could not be opened: ${client.left.message}` },
+            scope: state.scope
+          }
+          // Tried again at the next look.
+          opened = undefined
+          return
+        }
+        state = yield* start(client.right)
+        yield* Effect.logInfo(`leasehold console: ${what}; reading the new file`)
+      })
+    const current = lock.withPermits(1)(Effect.gen(function*() {
+      const now = identity(file.path)
+      if (!same(now, opened) && !(now === undefined && opened === undefined)) {
+        yield* changed(now, yield* Clock.currentTimeMillis)
+      }
+      return state.current
+    }))
+    // Looked at with each sample too, so a replaced file's sampler stops even while no page is open.
+    yield* current.pipe(Effect.repeat(Schedule.spaced(sampleEvery)), Effect.forkScoped)
+    return { current }
+  })
