@@ -392,7 +392,9 @@ describe("leasehold console when things are wrong", () => {
         expect(back.status).toBe(303)
         // The notice names the part it is about, and is shown there (next to what changed).
         expect(back.headers.get("location")).toMatch(/^\/\?q=jobs&page=3&notice=[^&#]+&at=merge-queue#merge-queue$/)
-        expect((yield* post(undefined)).headers.get("location")).toMatch(/^\/\?notice=[^&#]+&at=merge-queue#merge-queue$/)
+        expect((yield* post(undefined)).headers.get("location")).toMatch(
+          /^\/\?notice=[^&#]+&at=merge-queue#merge-queue$/
+        )
       }).pipe(Effect.scoped),
     60_000
   )
