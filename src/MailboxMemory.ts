@@ -15,6 +15,8 @@
  * (`internal/mailbox/frontEnd.ts`: option checks, closing, the long poll,
  * the reply guard). A send or a nack wakes sleeping receivers at once; they
  * otherwise sleep until the next visibility expiry, never polling.
+ * `pause` / `resume` are the in-process twin of the SQL backends' paused
+ * queues: a paused mailbox's receivers get nothing.
  */
 import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"

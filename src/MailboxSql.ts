@@ -40,6 +40,11 @@
  * A message keeps its sender's W3C trace context in a nullable `traceparent`
  * column (migration 6); a value that is not well-formed reads as none.
  *
+ * A process records each queue it sends to in `<prefix>mailbox_queues` the
+ * first time (migration 10: see `internal/sql/mailbox/queues.ts`); a queue
+ * paused there (`MailboxSqlAdmin`, `leasehold mailbox pause`) gives its
+ * receivers nothing — the claim looks the queue's row up.
+ *
  * A stored body that no longer decodes with the mailbox's Schema is moved to
  * `<prefix>mailbox_dead_letters` with the decode error; it never reaches the
  * worker. `MailboxSqlAdmin.deadLetters` lists, counts, redrives and purges that

@@ -10,6 +10,9 @@
  * however big the database is. Actions are plain forms posting the
  * process's token; a read-only console renders none. Queue names and
  * message ids link to the browse and message pages (browse.ts, message.ts).
+ * An action's notice is shown in the part it acted on (`noticeAt`), and the
+ * live refresh keeps it there. When a refresh fails the script says since
+ * when, and stops the clocks, until the server answers again.
  */
 import * as Option from "effect/Option"
 import { ago } from "../../cli/table.js"
