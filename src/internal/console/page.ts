@@ -378,7 +378,8 @@ const withNotice = (html: string, view: View) => {
   if (view.notice === undefined || !placed(view)) return html
   const start = html.indexOf(`id="${view.noticeAt}"`)
   const heading = start < 0 ? -1 : html.slice(start).search(/<\/h[23]>/)
-  if (heading < 0) return html
+  // The part is not drawn (its read failed): the notice goes first.
+  if (heading < 0) return `${noticeElement(view.notice)}${html}`
   const at = start + heading + 5
   return `${html.slice(0, at)}${noticeElement(view.notice)}${html.slice(at)}`
 }
