@@ -6,7 +6,7 @@
  *   links, newest first, and the last page; a walk over every page (through HTTP, for speed) sees each id once;
  * - a dead letter's page shows its whole long schema error, the causes (the innermost lines with their paths)
  *   first; a queued message's page shows its pretty-printed body and trace id, and its Delete button deletes it
- *   and returns to the queue with a notice; with UPDATE_SCREENSHOTS=1 the dead letter's page is saved as
+ *   once confirmed and returns to the queue with a notice; with UPDATE_SCREENSHOTS=1 the dead letter's page is saved as
  *   docs/console-message.png;
  * - hostile bodies, errors, names and ids are shown as text on both pages; a read-only console's message pages
  *   offer no action; an action taken on these pages returns to the queue's browse page.
@@ -192,6 +192,12 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
             JSON.stringify({ task: "resize", size: { width: 640, height: 480 } }, null, 2)
           )
           yield* Effect.promise(() => page.getByRole("button", { name: "Delete" }).click())
+          // The server asks first (a second step it checks); nothing is deleted until that is confirmed.
+          expect(yield* Effect.promise(() => page.locator("#question").textContent())).toBe(
+            `Delete message ${sent} of jobs?`
+          )
+          expect((yield* get(url, `/message?queue=jobs&id=${sent}`)).status).toBe(200)
+          yield* Effect.promise(() => page.locator("#confirm").getByRole("button", { name: "Delete" }).click())
           expect(yield* Effect.promise(() => page.locator(".notice").textContent())).toBe(`Deleted message ${sent}.`)
           expect(new URL(page.url()).pathname).toBe("/queue")
           expect(yield* jobs.receive({ waitTime: 0 })).toEqual([])

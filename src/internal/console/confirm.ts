@@ -11,29 +11,35 @@ import { escape } from "./page.js"
 
 /** The confirmation values issued and not yet used, each bound to its action and target. */
 export interface Confirmations {
-  /** A new value for `action` on `target` (`""`: all). */
-  readonly issue: (action: string, target: string) => string
-  /** Whether `value` was issued for `action` on `target` and not used; it cannot be used again either way. */
-  readonly take: (value: string, action: string, target: string) => boolean
+  /**
+   * A new value for `action` on `target` (`""`: all); `back` is where the confirmed action returns to (a path
+   * the server made, kept here rather than trusted from the form).
+   */
+  readonly issue: (action: string, target: string, back?: string) => string
+  /**
+   * Whether `value` was issued for `action` on `target` and not used — with the `back` it was issued with — or
+   * `undefined`; it cannot be used again either way.
+   */
+  readonly take: (value: string, action: string, target: string) => { readonly back: string | undefined } | undefined
 }
 
 /** How many unused values are kept (the oldest are forgotten first): a page left open long asks again. */
 const kept = 256
 
 export const make = (): Confirmations => {
-  const issued = new Map<string, string>()
+  const issued = new Map<string, { readonly key: string; readonly back: string | undefined }>()
   const key = (action: string, target: string) => `${action}\n${target}`
   return {
-    issue: (action, target) => {
+    issue: (action, target, back) => {
       const value = randomUUID()
-      issued.set(value, key(action, target))
+      issued.set(value, { key: key(action, target), back })
       if (issued.size > kept) issued.delete(issued.keys().next().value!)
       return value
     },
     take: (value, action, target) => {
       const bound = issued.get(value)
       issued.delete(value)
-      return bound !== undefined && bound === key(action, target)
+      return bound !== undefined && bound.key === key(action, target) ? { back: bound.back } : undefined
     }
   }
 }

@@ -170,12 +170,6 @@ export const make = (options: Options) =>
         if (Option.isNone(form) || !sameToken(form.value.token, token)) {
           return yield* refused(403, "Refused: the console's token is missing or wrong. Use the console's own page.")
         }
-        // Back to the page and search the form was on (only those two are taken from the Referer).
-        const referer = request.headers["referer"]
-        const from = referer !== undefined && URL.canParse(referer)
-          ? Snapshot.query(new URL(referer).searchParams)
-          : { q: "", page: 1 }
-        const page = from.page > 1 ? from.page : undefined
         const current = yield* source.current
         const onDatabase = <A>(
           effect: Effect.Effect<A, E, SqlClient.SqlClient>
@@ -183,7 +177,24 @@ export const make = (options: Options) =>
           current._tag === "Open"
             ? Effect.provideService(effect, SqlClient.SqlClient, current.sql)
             : Effect.fail({ message: current.problem })
-        // From a browse or message page: back to the queue's browse page.
+        const target = form.value.id ?? form.value.queue ?? ""
+        const given = confirm === undefined ? undefined : form.value.confirm
+        // A confirmed action returns where the first step came from (kept with its confirmation value).
+        const confirmed = given === undefined ? undefined : confirmations.take(given, request.url, target)
+        if (given !== undefined && confirmed === undefined) {
+          return yield* refused(
+            403,
+            "Refused: that confirmation was used already, expired, or was given for another action. Nothing was " +
+              "deleted; start again from the console's page."
+          )
+        }
+        // Back to the page and search the form was on (only those two are taken from the Referer), or from a
+        // browse or message page to the queue's browse page.
+        const referer = confirmed !== undefined ? confirmed.back : request.headers["referer"]
+        const from = referer !== undefined && URL.canParse(referer)
+          ? Snapshot.query(new URL(referer).searchParams)
+          : { q: "", page: 1 }
+        const page = from.page > 1 ? from.page : undefined
         const browsed = referer !== undefined && URL.canParse(referer) ? Browse.returnTo(new URL(referer)) : undefined
         const back = (notice: string) =>
           HttpServerResponse.redirect(
@@ -192,30 +203,20 @@ export const make = (options: Options) =>
               : `/${Page.search(from.q, page, { text: notice, at: anchor })}#${anchor}`,
             { status: 303, headers }
           )
-        const target = form.value.id ?? form.value.queue ?? ""
-        if (confirm !== undefined) {
-          const given = form.value.confirm
-          if (given === undefined) {
-            const asked = yield* onDatabase(confirm(form.value)).pipe(Effect.either)
-            // Nothing is done unconfirmed: a failure to ask is the notice.
-            if (asked._tag === "Left") return back(`Failed: ${asked.left.message}`)
-            return yield* html(Confirm.page({
-              ...asked.right,
-              fields: {
-                token,
-                ...(form.value.id === undefined ? {} : { id: form.value.id }),
-                ...(form.value.queue === undefined ? {} : { queue: form.value.queue }),
-                confirm: confirmations.issue(request.url, target)
-              },
-              back: browsed ?? `/${Page.search(from.q, page)}#${anchor}`
-            }))
-          } else if (!confirmations.take(given, request.url, target)) {
-            return yield* refused(
-              403,
-              "Refused: that confirmation was used already, expired, or was given for another action. Nothing was " +
-                "deleted; start again from the console's page."
-            )
-          }
+        if (confirm !== undefined && given === undefined) {
+          const asked = yield* onDatabase(confirm(form.value)).pipe(Effect.either)
+          // Nothing is done unconfirmed: a failure to ask is the notice.
+          if (asked._tag === "Left") return back(`Failed: ${asked.left.message}`)
+          return yield* html(Confirm.page({
+            ...asked.right,
+            fields: {
+              token,
+              ...(form.value.id === undefined ? {} : { id: form.value.id }),
+              ...(form.value.queue === undefined ? {} : { queue: form.value.queue }),
+              confirm: confirmations.issue(request.url, target, referer)
+            },
+            back: browsed ?? `/${Page.search(from.q, page)}#${anchor}`
+          }))
         }
         const notice = yield* onDatabase(work(form.value)).pipe(
           Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`))
