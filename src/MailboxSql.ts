@@ -104,6 +104,7 @@ import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailb
 import { acquire, connectionError, prepare, requireMigrated, type Row, storeFor } from "./internal/sql/mailbox/store.js"
 import { createFromEnv } from "./internal/sql/version.js"
 import { validTraceparent } from "./internal/tracing.js"
+import * as Pulse from "./internal/worker/pulse.js"
 import {
   type Mailbox,
   MailboxConnectionError,
@@ -362,6 +363,8 @@ export const make = <A, I, R = never, IR = never>(
 
     const target = mailbox as unknown as ReplyTarget
     registered.set(target, { store, queue: name, encode })
+    // Loops made on it are listed in the process's row of the workers table (internal/sql/mailbox/workers.ts).
+    Pulse.registries.set(mailbox, store.loops)
     let open = store.open.get(name)
     if (open === undefined) store.open.set(name, open = new Set())
     open.add(target)

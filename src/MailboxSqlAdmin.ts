@@ -2,10 +2,11 @@
  * MailboxSqlAdmin: the operator's view of the SQL mailboxes (what the
  * `leasehold mailbox` and `queue` commands use) — the queues with their
  * counts and a peek at their messages, the queues table (pause, resume,
- * drop), and the dead-letter table: list, count, redrive, purge — and
- * `browse`, a queue's messages page by page (queued, delayed, in flight,
- * dead-lettered; cursor-paged, filtered by id or body text, each page
- * bounded) and one message whole.
+ * drop), and the dead-letter table: list, count, redrive, purge — the
+ * worker processes with their loops (`workers`: which are alive, what each
+ * loop holds, how old its heartbeat is) — and `browse`, a queue's messages
+ * page by page (queued, delayed, in flight, dead-lettered; cursor-paged,
+ * filtered by id or body text, each page bounded) and one message whole.
  *
  * With `create: false` nothing is ever created or altered: a database or a
  * prefix without the mailbox tables is a `TablesNotFoundError` naming them.
@@ -14,6 +15,7 @@
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
@@ -29,6 +31,7 @@ import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
+import * as WorkersTable from "./internal/sql/mailbox/workers.js"
 import { currentTraceparent } from "./internal/tracing.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
@@ -544,3 +547,126 @@ export interface Browser {
  */
 export const browse = (options?: Options): Effect.Effect<Browser, OpenError, SqlClient.SqlClient> =>
   Effect.flatMap(open(options), (store) => Effect.map(Effect.clock, (clock) => Browse.make(store, clock)))
+
+/**
+ * A loop of a worker process: its queue, its state, the message in its hand and how long ago its heartbeat beat.
+ *
+ * @category models
+ */
+export interface WorkerLoop {
+  readonly name: string
+  readonly queue: string
+  readonly state: "running" | "draining" | "stopped"
+  readonly messageId: Option.Option<string>
+  /** Since its heartbeat last beat, on the database's clock: it keeps growing when the loop or its process stalls. */
+  readonly heartbeatAge: Duration.Duration
+  /** Running or draining with a heartbeat older than `stalledAfter`: no proof of progress. */
+  readonly stalled: boolean
+}
+
+/**
+ * A worker process, as its row in the workers table says (mailbox migration 9) and the database's clock judges it.
+ *
+ * @category models
+ */
+export interface WorkerProcess {
+  /** `host:pid`: what an in-flight message's "received by" names. */
+  readonly process: string
+  /** The name it was started with (`LEASEHOLD_WORKER_NAME`), if any. */
+  readonly name: Option.Option<string>
+  /** When it registered (its clock). */
+  readonly startedAt: DateTime.Utc
+  /** Its leasehold version. */
+  readonly version: string
+  /** When it last refreshed its row (the database's clock). */
+  readonly refreshedAt: DateTime.Utc
+  /** Not refreshed for longer than `lostAfter`: the process is gone (killed, frozen, cut off). */
+  readonly lost: boolean
+  readonly loops: ReadonlyArray<WorkerLoop>
+}
+
+/**
+ * The verdicts of `Workers.list`: a loop whose heartbeat is older than `stalledAfter` is stalled (default
+ * `LEASEHOLD_WORKER_STALLED_AFTER`, else 60 s), a process not refreshed for longer than `lostAfter` is lost
+ * (default `LEASEHOLD_WORKER_LOST_AFTER`, else 30 s; workers refresh every `LEASEHOLD_WORKER_REFRESH`, 5 s).
+ *
+ * @category models
+ */
+export interface WorkersOptions {
+  readonly stalledAfter?: Duration.DurationInput | undefined
+  readonly lostAfter?: Duration.DurationInput | undefined
+}
+
+/**
+ * The worker processes of a database and prefix (used by `leasehold workers` and the console).
+ *
+ * @category models
+ */
+export interface Workers {
+  /** Every process that has a row, by id: those gone recently too (`lost`), none that exited gracefully. */
+  readonly list: (
+    options?: WorkersOptions
+  ) => Effect.Effect<ReadonlyArray<WorkerProcess>, MailboxConnectionError | InvalidParameterError>
+}
+
+/** The most processes a listing returns. */
+const maxWorkers = 10_000
+
+const decodeThresholds = Schema.decodeUnknownEither(Schema.Struct({
+  stalledAfter: Schema.optionalWith(Options_.duration({ positive: true }), { exact: true }),
+  lostAfter: Schema.optionalWith(Options_.duration({ positive: true }), { exact: true })
+}))
+
+/**
+ * The workers table of a database and prefix, creating the tables if needed; with `create: false`, a database
+ * whose mailbox tables predate it (migration 9) is a `TablesNotFoundError` naming it.
+ *
+ * @category constructors
+ */
+export const workers = (options?: Options): Effect.Effect<Workers, OpenError, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const store = yield* open(options)
+    const table = WorkersTable.workersTable(store.prefix)
+    const missing = yield* Sql.missingTables(store.sql, [table]).pipe(connectionError(table))
+    if (missing.length > 0) {
+      return yield* new TablesNotFoundError({
+        what: "workers table (run leasehold migrate)",
+        prefix: store.prefix,
+        missing
+      })
+    }
+    return {
+      list: (listOptions) =>
+        Effect.gen(function*() {
+          const given = decodeThresholds(listOptions ?? {})
+          if (Either.isLeft(given)) {
+            return yield* new InvalidParameterError({
+              parameter: "workers options",
+              value: listOptions,
+              reason: given.left.message
+            })
+          }
+          const defaults = yield* WorkersTable.thresholdsFromEnv
+          const rows = yield* WorkersTable.list(store, {
+            stalledAfter: given.right.stalledAfter ?? defaults.stalledAfter,
+            lostAfter: given.right.lostAfter ?? defaults.lostAfter
+          }, maxWorkers).pipe(connectionError(table))
+          return rows.map((row): WorkerProcess => ({
+            process: row.process,
+            name: Option.fromNullable(row.name),
+            startedAt: DateTime.unsafeMake(row.startedAt),
+            version: row.version,
+            refreshedAt: DateTime.unsafeMake(row.refreshedAt),
+            lost: row.lost,
+            loops: row.loops.map((loop): WorkerLoop => ({
+              name: loop.name,
+              queue: loop.queue,
+              state: loop.state,
+              messageId: Option.fromNullable(loop.messageId),
+              heartbeatAge: Duration.millis(loop.heartbeatAgeMillis),
+              stalled: loop.stalled
+            }))
+          }))
+        })
+    }
+  })

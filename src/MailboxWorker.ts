@@ -60,6 +60,7 @@ import { parseTraceparent } from "./internal/tracing.js"
 import * as Environment from "./internal/worker/environment.js"
 import * as HeldLeases from "./internal/worker/heldLease.js"
 import * as Metrics from "./internal/worker/metrics.js"
+import * as Pulse from "./internal/worker/pulse.js"
 import * as Receive from "./internal/worker/receive.js"
 import {
   interruptGrace as grace,
@@ -210,6 +211,7 @@ export const make = <A, R, Out, E, Req>(
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     const environment = Environment.make(name, context as Context.Context<never>, heartbeat)
     let state: RunState<A, R> | undefined
+    Pulse.track(mailbox, name, heartbeat.elapsed, () => state as RunState<unknown, unknown> | undefined)
 
     const nackAll = (messages: ReadonlyArray<Message<A, R>>) =>
       Effect.forEach(messages, (message) => logSettleFailure("nack of an unstarted message")(message.nack(0)), {

@@ -25,8 +25,8 @@ import { sqlBackends } from "./support/sqlBackends.js"
 
 const Job = Schema.Struct({ n: Schema.Number })
 const latest = { mailbox: 10, "work lease": 4, "merge queue": 3 } as const
-/** How many migrations each service has (the mailbox's 9, the workers table, comes with issue 36's other part). */
-const known = { mailbox: 9, "work lease": 4, "merge queue": 3 } as const
+/** How many migrations each service has. */
+const known = latest
 
 let prefixes = 0
 const freshPrefix = () => `mig${++prefixes}_`
@@ -131,7 +131,7 @@ for (const backend of sqlBackends("migrations")) {
         const objects = (yield* objectsOf(prefix)).sort()
         const behind = yield* Migrations.run({ prefix, dryRun: true })
         expect(behind.map((result) => [result.from, result.to, result.applied])).toEqual([
-          [8, 10, ["10_queues_and_pause"]],
+          [8, 10, ["9_workers", "10_queues_and_pause"]],
           [3, 4, ["4_array_answers"]],
           [2, 3, ["3_audit_pages"]]
         ])
@@ -160,7 +160,7 @@ for (const backend of sqlBackends("migrations")) {
         // Nothing was created by trying.
         expect(yield* objectsOf(prefix)).toEqual([])
         // Behind: the versions, both.
-        yield* migrateFirst(prefix, { mailbox: 7, "work lease": 3, "merge queue": 2 })
+        yield* migrateFirst(prefix, { mailbox: 8, "work lease": 3, "merge queue": 2 })
         const behind = yield* Effect.flip(WorkLeaseSql.make({ prefix, create: false }))
         expect(behind).toMatchObject({ _tag: "SchemaVersionError", current: 3, required: 4, prefix })
         expect(behind.message).toContain(`are at schema version 3 (${prefix}work_lease_migrations)`)
@@ -208,7 +208,7 @@ for (const backend of sqlBackends("migrations")) {
     for (
       const [label, count] of [
         ["its first schema (each service's first migration)", { mailbox: 1, "work lease": 1, "merge queue": 1 }],
-        ["the release before (all but each service's last)", { mailbox: 8, "work lease": 3, "merge queue": 2 }]
+        ["the release before (all but each service's last)", { mailbox: 9, "work lease": 3, "merge queue": 2 }]
       ] as const
     ) {
       it.scoped(`a database as ${label} left it is brought current, and a worker works on what was in it`, () =>
@@ -286,9 +286,9 @@ describe("leasehold migrate and leasehold status", () => {
         }
         expect(plan.dryRun).toBe(true)
         expect(plan.services.map((service) => [service.service, service.from, service.to, service.applied.length]))
-          .toEqual([["mailbox", null, 10, 9], ["work lease", null, 4, 4], ["merge queue", null, 3, 3]])
+          .toEqual([["mailbox", null, 10, 10], ["work lease", null, 4, 4], ["merge queue", null, 3, 3]])
         const text = yield* leasehold("migrate", "--db", db, "--prefix", prefix, "--dry-run")
-        expect(text.stdout).toContain("dry run: 16 migrations would run; nothing was changed.")
+        expect(text.stdout).toContain("dry run: 17 migrations would run; nothing was changed.")
 
         const behind = yield* leasehold("status", "--db", db, "--prefix", prefix)
         expect(behind.code).toBe(3)
@@ -302,7 +302,7 @@ describe("leasehold migrate and leasehold status", () => {
         expect(migrated.stdout).toMatch(/mailbox\s+none\s+10\s+1_create_mailbox/)
         expect(migrated.stdout).toMatch(/^\s+10_queues_and_pause$/m)
         expect(migrated.stdout).toMatch(/merge queue\s+none\s+3\s+1_create_merge_queue/)
-        expect(migrated.stdout).toContain("16 migrations applied.")
+        expect(migrated.stdout).toContain("17 migrations applied.")
 
         const current = yield* leasehold("status", "--db", db, "--prefix", prefix, "--json")
         expect(current.code).toBe(0)

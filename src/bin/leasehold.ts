@@ -29,13 +29,15 @@ import * as mailbox from "../cli/mailbox.js"
 import * as migrate from "../cli/migrate.js"
 import * as prune from "../cli/prune.js"
 import * as queue from "../cli/queue.js"
+import * as workers from "../cli/workers.js"
 import { InvalidParameterError } from "../Errors.js"
 import * as Target from "../internal/sql/target.js"
+import { version } from "../internal/version.js"
 
 const root = Command.make("leasehold").pipe(
   Command.withDescription(
-    "Operate leasehold workers: schema migrations, merge queues, mailboxes, retention, health and a browser\n" +
-      "console, on SQLite or PostgreSQL.\n" +
+    "Operate leasehold workers: schema migrations, merge queues, mailboxes, retention, health, the worker\n" +
+      "processes and a browser console, on SQLite or PostgreSQL.\n" +
       "Example: leasehold queue status --db ./.leasehold/demo.db"
   ),
   Command.withSubcommands([
@@ -44,13 +46,12 @@ const root = Command.make("leasehold").pipe(
     mailbox.command,
     prune.command,
     health.command,
+    workers.command,
     operatorConsole.command,
     migrate.migrateCommand,
     migrate.statusCommand
   ])
 )
-
-const version = "0.1.0"
 
 const cli = Command.run(root, { name: "leasehold", version })
 

@@ -3,8 +3,10 @@
  * process — its tables (created and upgraded by `migrate`, checked by
  * `requireMigrated` under `create: false`, the operator's read-only
  * `openExisting`), the wake-up signals of its queues, PostgreSQL's
- * LISTEN connection and the lane (a connection of its own for claims,
- * acknowledgements, sends, extensions and nacks: see `Store.onLane`).
+ * LISTEN connection, the lane (a connection of its own for claims,
+ * acknowledgements, sends, extensions and nacks: see `Store.onLane`) and the
+ * process's row in the workers table (`workers.ts`), refreshed while a
+ * mailbox of the store is open.
  */
 import type * as PgClient from "@effect/sql-pg/PgClient"
 import * as Migrator from "@effect/sql/Migrator"
@@ -14,6 +16,7 @@ import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
 import * as FiberId from "effect/FiberId"
 import * as Layer from "effect/Layer"
 import * as RcMap from "effect/RcMap"
@@ -22,9 +25,11 @@ import * as Stream from "effect/Stream"
 import { hostname } from "node:os"
 import { TablesNotFoundError } from "../../../Errors.js"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
+import type { TrackedLoop } from "../../worker/pulse.js"
 import * as Sql from "../common.js"
 import { requireVersion } from "../version.js"
 import * as Queues from "./queues.js"
+import * as Workers from "./workers.js"
 
 export interface Row {
   readonly seq: number | string
@@ -44,6 +49,10 @@ export class Store {
   /** This process, as a claim records it in `received_by` (`host:pid`). */
   readonly receiver = `${hostname()}:${process.pid}`
   private readonly signals = new Map<string, Deferred.Deferred<void>>()
+  /** The loops made on the store's mailboxes, by name (`internal/worker/pulse.ts`): what the process's row lists. */
+  readonly loops = new Map<string, TrackedLoop>()
+  /** The process's row is written (and so is deleted when the store closes). */
+  registered = false
   /** Mailboxes open on this store, by queue name (the resolver's view). */
   readonly open = new Map<string, Set<ReplyTarget>>()
   /** Queues this process has recorded in the queues table (see queues.ts): a send records its queue once. */
@@ -283,7 +292,8 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
     "8_dead_letter_traceparent": store.dialect === "pg"
       ? sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN IF NOT EXISTS traceparent TEXT`
       : sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN traceparent TEXT`,
-    // (9 is the workers table: issue 36's other part.)
+    // The worker processes and their loops, for the operator (`leasehold workers`, the console): see workers.ts.
+    "9_workers": Workers.createTable(store),
     // The queues table (queues.ts): a queue stays listed while empty, until dropped, and a paused queue's
     // receivers get nothing. PostgreSQL's claim (the overload migration 7 made, same signature) is replaced by
     // one that returns nothing for a paused queue, so a process still on the previous version honours a pause too.
@@ -413,6 +423,14 @@ const openLife = (store: Store): Effect.Effect<Store, never, Scope.Scope> =>
     // The PostgreSQL client is the SqlClient itself (whatever tag it was provided under).
     const client = store.sql as SqlClient.SqlClient & Partial<Pick<PgClient.PgClient, "listen">>
     if (store.dialect === "pg" && client.listen !== undefined) yield* Effect.forkScoped(listening(store, client.listen))
+    // The process's row: refreshed while the store is open, deleted when it closes (the refresh stopped first).
+    const registry = yield* Effect.forkScoped(Effect.interruptible(Workers.keepRegistered(store)))
+    yield* Effect.addFinalizer(() =>
+      Effect.zipRight(
+        Fiber.interrupt(registry),
+        Effect.zipRight(Workers.unregister(store), Effect.sync(() => store.loops.clear()))
+      )
+    )
     return store
   })
 

@@ -1,0 +1,59 @@
+/**
+ * What a worker's loops show of themselves to the operator (`leasehold workers`, the console's Workers panel):
+ * a loop made on a mailbox whose backend records workers (the SQL mailboxes: see
+ * `internal/sql/mailbox/workers.ts`) is tracked by name, and that backend reads each tracked loop's state, the
+ * message in its hand and its heartbeat's age when it refreshes the process's row — every few seconds, on a fiber
+ * of its own. The loop itself writes nothing and does nothing more per message: the backend looks at the run's
+ * state as it stands. A leaf, so that `MailboxWorker` needs no SQL and the SQL side no worker.
+ */
+import type * as Duration from "effect/Duration"
+import type * as Effect from "effect/Effect"
+import type { RunState } from "./runState.js"
+
+/** A loop as its process's row records it. */
+export interface LoopPulse {
+  readonly state: "running" | "draining" | "stopped"
+  /** The message being handled or settled, if any. */
+  readonly messageId: string | undefined
+}
+
+/** A loop a backend records: its name, queue, heartbeat and how to look at it now. */
+export interface TrackedLoop {
+  readonly name: string
+  readonly queue: string
+  readonly elapsed: Effect.Effect<Duration.Duration>
+  /** Its state now; `undefined` while it has never run (not listed). */
+  readonly look: () => LoopPulse | undefined
+}
+
+/** The loops of a store that records workers, by loop name: what a SQL mailbox registers here, by mailbox. */
+export const registries: WeakMap<object, Map<string, TrackedLoop>> = new WeakMap()
+
+/**
+ * Tracks a loop over `mailbox` if its backend records workers (a later loop of the same name replaces it). `run`
+ * is read when the process's row is refreshed: the run in progress, or `undefined` between runs.
+ */
+export const track = (
+  mailbox: { readonly name: string },
+  name: string,
+  elapsed: Effect.Effect<Duration.Duration>,
+  run: () => RunState<unknown, unknown> | undefined
+): void => {
+  const loops = registries.get(mailbox)
+  if (loops === undefined) return
+  let ran = false
+  loops.set(name, {
+    name,
+    queue: mailbox.name,
+    elapsed,
+    look: () => {
+      const current = run()
+      if (current === undefined) return ran ? { state: "stopped", messageId: undefined } : undefined
+      ran = true
+      return {
+        state: current.stopping || current.interrupting ? "draining" : "running",
+        messageId: current.inHand?.id
+      }
+    }
+  })
+}
