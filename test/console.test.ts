@@ -458,6 +458,30 @@ describe("the console's page", () => {
           sampledAt: undefined
         }
       },
+      workers: {
+        _tag: "Present",
+        value: {
+          processes: [{
+            process: hostile,
+            name: hostile,
+            startedAt: 0,
+            version: hostile,
+            refreshedAt: 0,
+            sinceRefreshMillis: 99_000,
+            lost: true,
+            loops: [{
+              name: hostile,
+              queue: hostile,
+              state: "running",
+              messageId: hostile,
+              heartbeatAgeMillis: 1,
+              stalled: true
+            }]
+          }],
+          stalledAfter: 60_000,
+          lostAfter: 30_000
+        }
+      },
       mergeQueue: { _tag: "Failed", error: hostile },
       workLeases: { _tag: "Absent", reason: hostile }
     }, { database: "db", token: "t", readOnly: false, query: { q: hostile, page: 1 } })
@@ -552,6 +576,31 @@ describe("the console's page, bounded", () => {
             toStatus: Option.some(MergeQueue.inProgress[0]!),
             detail: some
           }))
+        }
+      },
+      // Every process with more loops than the panel shows, every value huge.
+      workers: {
+        _tag: "Present",
+        value: {
+          processes: Array.from({ length: Snapshot.pageLimit }, () => ({
+            process: huge,
+            name: huge,
+            startedAt: 0,
+            version: huge,
+            refreshedAt: 0,
+            sinceRefreshMillis: 1e15,
+            lost: true,
+            loops: Array.from({ length: 1000 }, () => ({
+              name: huge,
+              queue: huge,
+              state: "draining" as const,
+              messageId: huge,
+              heartbeatAgeMillis: 1e15,
+              stalled: true
+            }))
+          })),
+          stalledAfter: 1e15,
+          lostAfter: 1e15
         }
       },
       workLeases: {

@@ -17,7 +17,9 @@
 import * as Option from "effect/Option"
 import { ago } from "../../cli/table.js"
 import * as MergeQueue from "../../MergeQueue.js"
+import { escape } from "./html.js"
 import * as Snapshot from "./snapshot.js"
+import * as Workers from "./workers.js"
 
 export interface View {
   /** The database, its secrets redacted. */
@@ -59,10 +61,8 @@ export const search = (q: string, page?: number, notice?: { readonly text: strin
   return text === "" ? "" : `?${text}`
 }
 
-const escapes: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }
-
 /** Text made safe for HTML content and attribute values. */
-export const escape = (value: unknown): string => String(value).replace(/[&<>"']/g, (c) => escapes[c]!)
+export { escape }
 
 /** Whether `millis` is a time a `Date` can show (a damaged row's can be anything). */
 const showable = (millis: number | undefined): millis is number =>
@@ -223,7 +223,7 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
         String(message.deliveryCount),
         clock(message.leaseUntil, now),
         clock(message.extendedAt, now),
-        message.receivedBy === undefined ? "–" : `<code>${shown(message.receivedBy)}</code>`,
+        message.receivedBy === undefined ? "–" : Workers.heldBy(message.receivedBy),
         clock(message.enqueuedAt, now),
         preview(message.body)
       ]),
@@ -391,6 +391,7 @@ const liveParts = (snapshot: Snapshot.Snapshot, view: View): string =>
   `<div id="snapshot" data-now="${snapshot.at}">
   <p class="updated">Updated ${showable(snapshot.at) ? escape(new Date(snapshot.at).toISOString()) : "–"}</p>
   ${mailboxes(snapshot.mailboxes, view, snapshot.at)}
+  ${Workers.panel(snapshot.workers, snapshot.at)}
   ${mergeQueue(snapshot.mergeQueue, view, snapshot.at)}
   ${workLeases(snapshot.workLeases, snapshot.at)}
   </div>`
@@ -414,7 +415,8 @@ button.danger{border-color:#d08a8c;color:#a4161a}.status{margin-right:14px}
 .spark rect{fill:#3a6ea5}.pager{color:#5a6272;font-size:12px}.pager a{margin:0 3px}
 .search{margin:12px 0 0}.search input{font:inherit;padding:2px 8px;width:260px}
 .paused{color:#1d2330;background:#e0a100;border-radius:3px;padding:0 5px;font-size:11px;font-weight:600}
-#connection{position:sticky;top:0;z-index:1}`
+#connection{position:sticky;top:0;z-index:1}
+#workers tr.lost{background:#fbeaea}#workers tr.stalled{background:#fff6e0}#workers tr:target{outline:2px solid #3a6ea5}`
 
 /** The whole document, around a snapshot or a live part rendered already. */
 export const page = (snapshot: Snapshot.Snapshot | string, view: View): string =>

@@ -1,6 +1,7 @@
 /**
  * What the operator's console shows, read from the database in one go: the
- * mailboxes (counts, in-flight leases, dead letters), the merge queue (lock,
+ * mailboxes (counts, in-flight leases, dead letters), the worker processes
+ * (their loops and heartbeat ages, judged STALLED or LOST), the merge queue (lock,
  * entries, audit tail) and the work-lease domains. Nothing is ever created:
  * a part whose tables are not there is `Absent` (workers may make them
  * later; the next snapshot looks again), and a part whose read failed — a
@@ -22,6 +23,7 @@ import * as SqlClient from "@effect/sql/SqlClient"
 import * as Cause from "effect/Cause"
 import * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
@@ -30,6 +32,7 @@ import { look } from "../mergeQueue/look.js"
 import * as Sql from "../sql/common.js"
 import * as QueueTable from "../sql/mailbox/queues.js"
 import { openExisting } from "../sql/mailbox/store.js"
+import * as WorkersTable from "../sql/mailbox/workers.js"
 import * as WorkLeaseTables from "../sql/workLease/schema.js"
 
 /** A part of the page: its data, or why there is none. */
@@ -146,9 +149,19 @@ export interface DomainView {
   readonly backlog: number
 }
 
+/** The worker processes (the mailbox's workers table), judged by the database's clock. */
+export interface WorkersView {
+  /** The first `pageLimit` by process id. */
+  readonly processes: ReadonlyArray<WorkersTable.ListedWorker>
+  /** The thresholds they were judged by (milliseconds): STALLED and LOST. */
+  readonly stalledAfter: number
+  readonly lostAfter: number
+}
+
 export interface Snapshot {
   readonly at: number
   readonly mailboxes: Section<Mailboxes>
+  readonly workers: Section<WorkersView>
   readonly mergeQueue: Section<MergeQueueView>
   readonly workLeases: Section<Domains>
 }
@@ -470,6 +483,26 @@ const columnsOf = (sql: SqlClient.SqlClient, table: string) =>
     (rows) => new Set(rows.map((row) => row.name))
   )
 
+/** The workers part: absent until the mailbox tables are at migration 9 (workers of an older release record none). */
+const workers = (sql: SqlClient.SqlClient, prefix: string) =>
+  Effect.gen(function*() {
+    const store = yield* openExisting(prefix)
+    const table = WorkersTable.workersTable(prefix)
+    if ((yield* Sql.missingTables(sql, [table])).length > 0) {
+      return yield* Effect.fail({
+        _tag: "TablesNotFoundError",
+        message: `no workers table "${table}" yet (mailbox migration 9: leasehold migrate adds it)`
+      })
+    }
+    const thresholds = yield* WorkersTable.thresholdsFromEnv
+    const processes = yield* WorkersTable.list(store, thresholds, pageLimit)
+    return {
+      processes,
+      stalledAfter: Duration.toMillis(thresholds.stalledAfter),
+      lostAfter: Duration.toMillis(thresholds.lostAfter)
+    } satisfies WorkersView
+  })
+
 const mergeQueue = (prefix: string) =>
   Effect.gen(function*() {
     const queue = yield* look({ prefix })
@@ -534,12 +567,19 @@ export const snapshot = (
       Effect.orElse(() => Clock.currentTimeMillis)
     )
     const rates = yield* sampler.rates
-    const [mailboxesPart, mergeQueuePart, workLeasesPart] = yield* Effect.all([
+    const [mailboxesPart, workersPart, mergeQueuePart, workLeasesPart] = yield* Effect.all([
       section(mailboxes(sql, prefix, rates, at, query)),
+      section(workers(sql, prefix)),
       section(mergeQueue(prefix)),
       section(workLeases(sql, prefix))
     ])
-    return { at, mailboxes: mailboxesPart, mergeQueue: mergeQueuePart, workLeases: workLeasesPart }
+    return {
+      at,
+      mailboxes: mailboxesPart,
+      workers: workersPart,
+      mergeQueue: mergeQueuePart,
+      workLeases: workLeasesPart
+    }
   }).pipe(Effect.provideService(SqlClient.SqlClient, sql))
 
 const databaseTime = (sql: SqlClient.SqlClient) =>
