@@ -23,6 +23,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
+import * as Durations from "./internal/duration.js"
 import { nameProblem, storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
@@ -612,10 +613,21 @@ export interface Workers {
 /** The most processes a listing returns. */
 const maxWorkers = 10_000
 
-const decodeThresholds = Schema.decodeUnknownEither(Schema.Struct({
-  stalledAfter: Schema.optionalWith(Options_.duration({ positive: true }), { exact: true }),
-  lostAfter: Schema.optionalWith(Options_.duration({ positive: true }), { exact: true })
-}))
+/** A threshold of `Workers.list`, if given: a positive finite duration, else an `InvalidParameterError` naming it. */
+const threshold = (
+  parameter: "stalledAfter" | "lostAfter",
+  value: Duration.DurationInput | undefined
+): Either.Either<Duration.Duration | undefined, InvalidParameterError> => {
+  if (value === undefined) return Either.right(undefined)
+  const parsed = Either.flatMap(
+    Durations.parse(value),
+    (duration) =>
+      Duration.isZero(duration) || !Duration.isFinite(duration)
+        ? Either.left("must be a positive finite duration")
+        : Either.right(duration)
+  )
+  return Either.mapLeft(parsed, (reason) => new InvalidParameterError({ parameter, value, reason }))
+}
 
 /**
  * The workers table of a database and prefix, creating the tables if needed; with `create: false`, a database
@@ -638,18 +650,12 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
     return {
       list: (listOptions) =>
         Effect.gen(function*() {
-          const given = decodeThresholds(listOptions ?? {})
-          if (Either.isLeft(given)) {
-            return yield* new InvalidParameterError({
-              parameter: "workers options",
-              value: listOptions,
-              reason: given.left.message
-            })
-          }
+          const stalledAfter = yield* threshold("stalledAfter", listOptions?.stalledAfter)
+          const lostAfter = yield* threshold("lostAfter", listOptions?.lostAfter)
           const defaults = yield* WorkersTable.thresholdsFromEnv
           const rows = yield* WorkersTable.list(store, {
-            stalledAfter: given.right.stalledAfter ?? defaults.stalledAfter,
-            lostAfter: given.right.lostAfter ?? defaults.lostAfter
+            stalledAfter: stalledAfter ?? defaults.stalledAfter,
+            lostAfter: lostAfter ?? defaults.lostAfter
           }, maxWorkers).pipe(connectionError(table))
           return rows.map((row): WorkerProcess => ({
             process: row.process,
