@@ -3,7 +3,7 @@
  * worker processes (test/fixtures/mailbox-worker.ts: a MainLoop, named by LEASEHOLD_WORKER_NAME) and a loop of
  * this process holding a message: the panel shows all three with their loops; the in-flight message's "held by"
  * links to its worker's row; one worker SIGSTOPped is shown STALLED, then, SIGKILLed, LOST, while the other stays
- * live; `leasehold workers --json` says the same. Short thresholds come from the environment (the children and
+ * live; `leasehold workers` says the same (`--json` and the table), and a bad `--stalled-after` is exit 2. Short thresholds come from the environment (the children and
  * the console inherit it). With LEASEHOLD_SCREENSHOTS=1 the panel is saved as docs/console-workers.png.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
@@ -51,17 +51,15 @@ const worker = (target: string, name: string) =>
     return child
   })
 
-/** `leasehold workers --json` over `target`. */
-const listed = (target: string) =>
-  Effect.async<ReadonlyArray<{ process: string; name: string | null; lost: boolean }>, Error>((resume) => {
+/** `leasehold workers --db target --prefix … args`: its exit code and output. */
+const leaseholdWorkers = (target: string, ...args: ReadonlyArray<string>) =>
+  Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
     const child = execFile(
       "node",
-      [commandLine(), "workers", "--db", target, "--prefix", prefix, "--json"],
+      [commandLine(), "workers", "--db", target, "--prefix", prefix, ...args],
       { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
       (error, stdout, stderr) =>
-        resume(
-          error === null ? Effect.succeed(JSON.parse(stdout)) : Effect.fail(new Error(`${error.message}: ${stderr}`))
-        )
+        resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))
     )
     return Effect.sync(() => child.kill("SIGKILL"))
   })
@@ -137,12 +135,21 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           const betaText = yield* until(page, betaRow, (text) => text.includes("beta"), "beta listed")
           expect(betaText).not.toContain("LOST")
 
-          // The command line says the same.
-          const processes = yield* listed(target())
+          // The command line says the same: as JSON, as a table, and a bad threshold is a usage error naming it.
+          const json = yield* leaseholdWorkers(target(), "--json")
+          expect(json.code).toBe(0)
+          const processes = JSON.parse(json.stdout) as ReadonlyArray<{ process: string; name: string; lost: boolean }>
           const byName = new Map(processes.map((process) => [process.name, process]))
           expect(byName.get("alpha")?.lost).toBe(true)
           expect(byName.get("beta")?.lost).toBe(false)
           expect(byName.get("test-process")?.process).toBe(me)
+          const text = yield* leaseholdWorkers(target())
+          expect(text.code).toBe(0)
+          expect(text.stdout).toMatch(new RegExp(`${hostname()}:${alpha.pid} LOST\\s+alpha`))
+          expect(text.stdout).toContain("STALLED")
+          const bad = yield* leaseholdWorkers(target(), "--stalled-after", "soon")
+          expect(bad.code).toBe(2)
+          expect(bad.stderr).toContain("--stalled-after")
         }).pipe(Effect.scoped, Effect.provide(layer())),
       120_000
     )

@@ -11,6 +11,7 @@ import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import { InvalidParameterError } from "../Errors.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, prefix, withDatabase } from "./database.js"
 import { table } from "./table.js"
@@ -82,6 +83,16 @@ export const command = Command.make("workers", { db, json, prefix, stalledAfter,
         stalledAfter: Option.getOrUndefined(options.stalledAfter) as Duration.DurationInput | undefined,
         lostAfter: Option.getOrUndefined(options.lostAfter) as Duration.DurationInput | undefined
       })
+    ),
+    // The thresholds came from the flags: named as the flags.
+    Effect.mapError((error) =>
+      error instanceof InvalidParameterError
+        ? new InvalidParameterError({
+          parameter: error.parameter === "stalledAfter" ? "--stalled-after" : "--lost-after",
+          value: error.value,
+          reason: error.reason
+        })
+        : error
     ),
     Effect.flatMap((workers) =>
       Console.log(options.json ? JSON.stringify(workers.map(workerJson), null, 2) : text(workers))
