@@ -364,7 +364,7 @@ export const make = <A, I, R = never, IR = never>(
     const target = mailbox as unknown as ReplyTarget
     registered.set(target, { store, queue: name, encode })
     // Loops made on it are listed in the process's row of the workers table (internal/sql/mailbox/workers.ts).
-    Pulse.registries.set(mailbox, store.loops)
+    Pulse.registries.set(mailbox, store.registry)
     let open = store.open.get(name)
     if (open === undefined) store.open.set(name, open = new Set())
     open.add(target)

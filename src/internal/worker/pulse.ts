@@ -26,8 +26,16 @@ export interface TrackedLoop {
   readonly look: () => LoopPulse | undefined
 }
 
-/** The loops of a store that records workers, by loop name: what a SQL mailbox registers here, by mailbox. */
-export const registries: WeakMap<object, Map<string, TrackedLoop>> = new WeakMap()
+/** Where a backend that records workers keeps the loops made on its mailboxes. */
+export interface Registry {
+  /** By loop name. */
+  readonly loops: Map<string, TrackedLoop>
+  /** Called after a loop is tracked: the backend starts refreshing only once there is one. */
+  readonly tracked: () => void
+}
+
+/** The registry of each mailbox whose backend records workers (a SQL mailbox registers itself here). */
+export const registries: WeakMap<object, Registry> = new WeakMap()
 
 /**
  * Tracks a loop over `mailbox` if its backend records workers (a later loop of the same name replaces it). `run`
@@ -39,10 +47,10 @@ export const track = (
   elapsed: Effect.Effect<Duration.Duration>,
   run: () => RunState<unknown, unknown> | undefined
 ): void => {
-  const loops = registries.get(mailbox)
-  if (loops === undefined) return
+  const registry = registries.get(mailbox)
+  if (registry === undefined) return
   let ran = false
-  loops.set(name, {
+  registry.loops.set(name, {
     name,
     queue: mailbox.name,
     elapsed,
@@ -56,4 +64,5 @@ export const track = (
       }
     }
   })
+  registry.tracked()
 }

@@ -25,7 +25,7 @@ import * as Stream from "effect/Stream"
 import { hostname } from "node:os"
 import { TablesNotFoundError } from "../../../Errors.js"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
-import type { TrackedLoop } from "../../worker/pulse.js"
+import type { Registry, TrackedLoop } from "../../worker/pulse.js"
 import * as Sql from "../common.js"
 import { requireVersion } from "../version.js"
 import * as Queues from "./queues.js"
@@ -51,6 +51,13 @@ export class Store {
   private readonly signals = new Map<string, Deferred.Deferred<void>>()
   /** The loops made on the store's mailboxes, by name (`internal/worker/pulse.ts`): what the process's row lists. */
   readonly loops = new Map<string, TrackedLoop>()
+  /** Done once a loop is tracked in the store's open life: the row's refresh starts then (a sender has none). */
+  anyLoop: Deferred.Deferred<void> = Deferred.unsafeMake<void>(FiberId.none)
+  /** The store's registry (`internal/worker/pulse.ts`), which its mailboxes register under. */
+  readonly registry: Registry = {
+    loops: this.loops,
+    tracked: () => Deferred.unsafeDone(this.anyLoop, Exit.void)
+  }
   /** The process's row is written (and so is deleted when the store closes). */
   registered = false
   /** Mailboxes open on this store, by queue name (the resolver's view). */
@@ -428,7 +435,13 @@ const openLife = (store: Store): Effect.Effect<Store, never, Scope.Scope> =>
     yield* Effect.addFinalizer(() =>
       Effect.zipRight(
         Fiber.interrupt(registry),
-        Effect.zipRight(Workers.unregister(store), Effect.sync(() => store.loops.clear()))
+        Effect.zipRight(
+          Workers.unregister(store),
+          Effect.sync(() => {
+            store.loops.clear()
+            store.anyLoop = Deferred.unsafeMake<void>(FiberId.none)
+          })
+        )
       )
     )
     return store

@@ -6,7 +6,8 @@
  *
  * `keepRegistered` refreshes the row every `LEASEHOLD_WORKER_REFRESH` (default 5 s) on a fiber of the store's
  * open life, never the loops': one small upsert per process and interval, none per message, on the store's pool
- * (not the lane the claims use). It writes nothing until a loop has run. A write that fails is logged (once
+ * (not the lane the claims use). It starts its timer once a loop is made on one of the store's mailboxes, and
+ * writes nothing until a loop has run. A write that fails is logged (once
  * until one succeeds again) and tried again at the next interval: the loops never wait for it. The row is
  * deleted when the store's last mailbox closes (a graceful exit); a process that dies leaves its row behind.
  *
@@ -18,6 +19,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Config from "effect/Config"
+import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -147,6 +149,8 @@ export const keepRegistered = (store: Store): Effect.Effect<never> =>
         )
       )
     )
+    // No timer until a loop is tracked: a process that only sends runs none (nor does a test's TestClock see one).
+    yield* Deferred.await(store.anyLoop)
     return yield* Effect.repeat(refresh, Schedule.fixed(every)).pipe(Effect.zipRight(Effect.never))
   }).pipe(Effect.annotateLogs({ module: "MailboxSql", fiber: "worker-registry" }))
 
