@@ -154,6 +154,9 @@ export const keepRegistered = (store: Store): Effect.Effect<never> =>
     return yield* Effect.repeat(refresh, Schedule.fixed(every)).pipe(Effect.zipRight(Effect.never))
   }).pipe(Effect.annotateLogs({ module: "MailboxSql", fiber: "worker-registry" }))
 
+/** How long a graceful exit waits for its row's deletion. */
+const unregisterLimit = "2 seconds"
+
 /** Deletes this process's row, if it wrote one: it is leaving gracefully. */
 export const unregister = (store: Store): Effect.Effect<void> =>
   Effect.suspend(() => {
@@ -161,6 +164,8 @@ export const unregister = (store: Store): Effect.Effect<void> =>
     store.registered = false
     const { sql } = store
     return sql`DELETE FROM ${sql(workersTable(store.prefix))} WHERE process = ${store.receiver}`.pipe(
+      // A database that is gone must not hold the exit: the row is then reported lost, which is the truth.
+      Effect.timeoutFail({ duration: unregisterLimit, onTimeout: () => `no answer within ${unregisterLimit}` }),
       Effect.asVoid,
       Effect.catchAllCause((cause) => Effect.logWarning("Could not delete the worker's row", cause))
     )
