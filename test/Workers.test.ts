@@ -4,7 +4,8 @@
  * hand), its row is refreshed by a fiber of its own, so a loop stuck in its handler shows STALLED while its
  * process stays alive and its other loop fresh; a loop being drained shows draining; the verdicts are the
  * database's clock's (a process clock an hour off changes nothing), a row not refreshed is a lost process;
- * a failing write (the table gone) does not stop the loop, and the row comes back; a graceful exit deletes it.
+ * a failing write (the table gone) does not stop the loop, and the row comes back; a graceful exit deletes it;
+ * loops sharing a name (N loops over one queue) are each listed.
  * Real processes, SIGSTOP and SIGKILL: test/console.workers.test.ts.
  */
 import { SqlClient } from "@effect/sql"
@@ -150,6 +151,22 @@ for (const backend of backends) {
         }).pipe(onDb),
       TIMEOUT
     )
+
+    it.live("several loops of one name over one queue are each listed", () =>
+      Effect.gen(function*() {
+        const admin = yield* MailboxSqlAdmin.workers({ prefix })
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix })
+        const gate = yield* Deferred.make<void>()
+        yield* Effect.addFinalizer(() => Deferred.succeed(gate, undefined))
+        for (let i = 0; i < 3; i++) {
+          yield* (yield* stuckLoop("twin", jobs, gate)).run({ waitTime: "100 millis" }).pipe(Effect.forkScoped)
+        }
+        yield* eventually(
+          admin.list(thresholds),
+          (workers) => mine(workers)?.loops.filter((loop) => loop.name === "twin").length === 3,
+          "three twins"
+        )
+      }).pipe(Effect.scoped, onDb), TIMEOUT)
 
     it.live(
       "a row not refreshed is a lost process, by the database's clock; its loops' ages keep growing",

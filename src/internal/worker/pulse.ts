@@ -1,7 +1,7 @@
 /**
  * What a worker's loops show of themselves to the operator (`leasehold workers`, the console's Workers panel):
  * a loop made on a mailbox whose backend records workers (the SQL mailboxes: see
- * `internal/sql/mailbox/workers.ts`) is tracked by name, and that backend reads each tracked loop's state, the
+ * `internal/sql/mailbox/workers.ts`) is tracked, and that backend reads each tracked loop's state, the
  * message in its hand and its heartbeat's age when it refreshes the process's row — every few seconds, on a fiber
  * of its own. The loop itself writes nothing and does nothing more per message: the backend looks at the run's
  * state as it stands. A leaf, so that `MailboxWorker` needs no SQL and the SQL side no worker.
@@ -28,8 +28,8 @@ export interface TrackedLoop {
 
 /** Where a backend that records workers keeps the loops made on its mailboxes. */
 export interface Registry {
-  /** By loop name. */
-  readonly loops: Map<string, TrackedLoop>
+  /** Every loop made on them (several may share a name: N loops over one queue). */
+  readonly loops: Set<TrackedLoop>
   /** Called after a loop is tracked: the backend starts refreshing only once there is one. */
   readonly tracked: () => void
 }
@@ -38,8 +38,14 @@ export interface Registry {
 export const registries: WeakMap<object, Registry> = new WeakMap()
 
 /**
- * Tracks a loop over `mailbox` if its backend records workers (a later loop of the same name replaces it). `run`
- * is read when the process's row is refreshed: the run in progress, or `undefined` between runs.
+ * The most loops a registry keeps: past it, making a loop forgets those not running (a process that makes loops
+ * again and again keeps no trail of them).
+ */
+const maxTracked = 1000
+
+/**
+ * Tracks a loop over `mailbox` if its backend records workers. `run` is read when the process's row is refreshed:
+ * the run in progress, or `undefined` between runs.
  */
 export const track = (
   mailbox: { readonly name: string },
@@ -49,8 +55,11 @@ export const track = (
 ): void => {
   const registry = registries.get(mailbox)
   if (registry === undefined) return
+  if (registry.loops.size >= maxTracked) {
+    for (const loop of registry.loops) if (loop.look()?.state !== "running") registry.loops.delete(loop)
+  }
   let ran = false
-  registry.loops.set(name, {
+  registry.loops.add({
     name,
     queue: mailbox.name,
     elapsed,

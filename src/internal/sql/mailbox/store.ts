@@ -49,8 +49,8 @@ export class Store {
   /** This process, as a claim records it in `received_by` (`host:pid`). */
   readonly receiver = `${hostname()}:${process.pid}`
   private readonly signals = new Map<string, Deferred.Deferred<void>>()
-  /** The loops made on the store's mailboxes, by name (`internal/worker/pulse.ts`): what the process's row lists. */
-  readonly loops = new Map<string, TrackedLoop>()
+  /** The loops made on the store's mailboxes (`internal/worker/pulse.ts`): what the process's row lists. */
+  readonly loops = new Set<TrackedLoop>()
   /** Done once a loop is tracked in the store's open life: the row's refresh starts then (a sender has none). */
   anyLoop: Deferred.Deferred<void> = Deferred.unsafeMake<void>(FiberId.none)
   /** The store's registry (`internal/worker/pulse.ts`), which its mailboxes register under. */
