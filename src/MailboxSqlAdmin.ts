@@ -28,6 +28,7 @@ import { nameProblem, storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import * as Browse from "./internal/sql/mailbox/browse.js"
+import type * as BrowseModel from "./internal/sql/mailbox/browseModel.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
@@ -472,7 +473,7 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
  *
  * @category models
  */
-export type MessageState = Browse.MessageState
+export type MessageState = BrowseModel.MessageState
 
 /**
  * The states, in the order the console shows them.
@@ -495,14 +496,14 @@ export const searchScanLimit: number = Browse.scanLimit
  *
  * @category models
  */
-export type MessageQuery = Browse.MessageQuery
+export type MessageQuery = BrowseModel.MessageQuery
 
 /**
  * A message of a page: its body and error cut to a preview (`bodyLength` is the whole body's).
  *
  * @category models
  */
-export type MessageRow = Browse.MessageRow
+export type MessageRow = BrowseModel.MessageRow
 
 /**
  * A page of messages and the cursor of the next (`undefined` after the last). A text search looks at a bounded
@@ -510,7 +511,7 @@ export type MessageRow = Browse.MessageRow
  *
  * @category models
  */
-export type MessagePage = Browse.MessagePage
+export type MessagePage = BrowseModel.MessagePage
 
 /**
  * One message, or one dead letter, whole: body (cut past 64 Ki characters, `bodyLength` says), delivery count,
@@ -518,7 +519,7 @@ export type MessagePage = Browse.MessagePage
  *
  * @category models
  */
-export type MessageDetail = Browse.MessageDetail
+export type MessageDetail = BrowseModel.MessageDetail
 
 /**
  * A look into the queues, message by message (used by the console's browse and message pages).

@@ -175,7 +175,7 @@ for (const backend of sqlBackends("migrations")) {
         const envRefusal = yield* Effect.flip(MailboxSql.make({ name: "jobs", schema: Job, prefix })).pipe(
           fromEnv("false")
         )
-        expect(envRefusal).toMatchObject({ _tag: "SchemaVersionError", current: 7, required: 10 })
+        expect(envRefusal).toMatchObject({ _tag: "SchemaVersionError", current: 8, required: 10 })
         expect(yield* Effect.flip(MergeQueue.make({ prefix })).pipe(fromEnv("0"))).toMatchObject({
           _tag: "SchemaVersionError",
           current: 2,

@@ -24,101 +24,22 @@ import type { MailboxConnectionError } from "../../../Mailbox.js"
 import { nameProblem } from "../../names.js"
 import { nowOf, statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
-
-/** Where a message is: visible now, waiting for its delay, leased by a receiver, or dead-lettered. */
-export type MessageState = "queued" | "delayed" | "inFlight" | "dead"
-
-/** The states, in the order the console shows them. */
-export const states: ReadonlyArray<MessageState> = ["queued", "delayed", "inFlight", "dead"]
-
-/** What a page of messages asks for. */
-export interface MessageQuery {
-  readonly queue: string
-  readonly state: MessageState
-  /** By sequence (dead letters: by when they were dead-lettered); default oldest first. */
-  readonly order?: "oldest" | "newest" | undefined
-  /** A page's `next`: the page after it. */
-  readonly after?: string | undefined
-  /** The message whose id is `id` only; or those whose body (a dead letter's: or error) contains `text`. */
-  readonly filter?: { readonly id?: string | undefined; readonly text?: string | undefined } | undefined
-  /** At most `maxPageSize`; default 50. */
-  readonly limit?: number | undefined
-}
-
-/** A message in a page: its body and error cut to a preview. */
-export interface MessageRow {
-  readonly id: string
-  readonly queue: string
-  readonly state: MessageState
-  readonly deliveryCount: number
-  readonly enqueuedAt: DateTime.Utc
-  /** When it becomes visible (queued: became); for a dead letter, when it was dead-lettered. */
-  readonly at: DateTime.Utc
-  /** The process that received it (`host:pid`), where recorded. */
-  readonly receivedBy: string | undefined
-  /** A dead letter's error tag and the start of its error. */
-  readonly errorTag: string | undefined
-  readonly error: string | undefined
-  /** The start of the stored body (`previewLength` characters). */
-  readonly body: string
-  /** The stored body's length in characters. */
-  readonly bodyLength: number
-}
-
-/** A page of messages, and the cursor of the next one (none after the last). */
-export interface MessagePage {
-  readonly rows: ReadonlyArray<MessageRow>
-  readonly next: string | undefined
-  /** A text search stopped after `scanLimit` rows before filling the page: `next` continues the search. */
-  readonly searchCut: boolean
-}
-
-/** One message whole (its body up to `detailLength` characters), as the message page shows it. */
-export interface MessageDetail {
-  readonly id: string
-  readonly queue: string
-  readonly state: MessageState
-  /** The stored body, cut to `detailLength` characters when longer (see `bodyLength`). */
-  readonly body: string
-  readonly bodyLength: number
-  readonly deliveryCount: number
-  readonly replyTo: string | undefined
-  /** The sender's W3C trace context, as stored. */
-  readonly traceparent: string | undefined
-  readonly enqueuedAt: DateTime.Utc
-  /** When a message becomes (or became) visible; none for a dead letter. */
-  readonly visibleAt: DateTime.Utc | undefined
-  readonly receivedBy: string | undefined
-  readonly extendedAt: DateTime.Utc | undefined
-  readonly deadLetteredAt: DateTime.Utc | undefined
-  /** A dead letter's error tag, and its error whole as stored (leasehold stores at most `detailLength` characters). */
-  readonly errorTag: string | undefined
-  readonly error: string | undefined
-  /** The stored error's length in characters (longer than `error` only for a row leasehold did not write). */
-  readonly errorLength: number | undefined
-}
-
-/** The most rows a page holds. */
-export const maxPageSize = 100
-
-/** How much of a body (and of a dead letter's error) a page's row carries. */
-export const previewLength = 200
-
-/** How many rows of a queue a body-text search looks at per page. */
-export const scanLimit = 2_000
-
-/** How much of each body a text search looks at (characters). */
-export const searchLength = 64 * 1024
-
-/** The longest text searched for. */
-export const maxSearchLength = 200
-
-/** How much of a body (and of an error: leasehold stores at most this much of one) one message's read takes. */
-export const detailLength = 64 * 1024
-
-/** PostgreSQL stops a read that takes longer (SQLite's reads are bounded by `scanLimit`). */
-export const statementTimeoutMillis = 5_000
-
+export * from "./browseModel.js"
+import {
+  detailLength,
+  maxPageSize,
+  maxSearchLength,
+  type MessageDetail,
+  type MessagePage,
+  type MessageQuery,
+  type MessageRow,
+  type MessageState,
+  previewLength,
+  scanLimit,
+  searchLength,
+  statementTimeoutMillis,
+  states
+} from "./browseModel.js"
 type Count = number | string
 interface ListedRow {
   readonly id: Count
