@@ -6,7 +6,7 @@
  *   links, newest first, and the last page; a walk over every page (through HTTP, for speed) sees each id once;
  * - a dead letter's page shows its whole long schema error, the causes (the innermost lines with their paths)
  *   first; a queued message's page shows its pretty-printed body and trace id, and its Delete button deletes it
- *   once confirmed and returns to the queue with a notice; with UPDATE_SCREENSHOTS=1 the dead letter's page is saved as
+ *   once confirmed and returns to the queue with a notice; with LEASEHOLD_SCREENSHOTS=1 the dead letter's page is saved as
  *   docs/console-message.png;
  * - hostile bodies, errors, names and ids are shown as text on both pages; a read-only console's message pages
  *   offer no action; an action taken on these pages returns to the queue's browse page.
@@ -25,7 +25,7 @@ import * as Browsers from "./support/browser.js"
 import { startConsole } from "./support/console.js"
 import * as Postgres from "./support/postgres.js"
 
-const screenshots = process.env.UPDATE_SCREENSHOTS === "1"
+const screenshots = process.env.LEASEHOLD_SCREENSHOTS === "1"
 const directory = mkdtempSync(join(tmpdir(), "leasehold-console-browse-"))
 const n = 10_000
 
