@@ -16,6 +16,7 @@
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Cause from "effect/Cause"
+import * as Clock from "effect/Clock"
 import * as Config from "effect/Config"
 import type * as ConfigError from "effect/ConfigError"
 import * as Context from "effect/Context"
@@ -125,16 +126,33 @@ const sqlite = (options: {
   )
   return Layer.unwrapEffect(
     Effect.map(
-      sqliteDriver,
-      (SqliteClient) =>
-        SqliteClient.layer({ filename: options.filename, disableWAL: options.keepJournalMode }).pipe(
+      Effect.zip(sqliteDriver, Clock.currentTimeMillis),
+      ([SqliteClient, startedAt]) => {
+        const open = SqliteClient.layer({ filename: options.filename, disableWAL: options.keepJournalMode }).pipe(
           Layer.tap((context) => {
             const sql = Context.get(context, SqlClient.SqlClient)
             return Effect.all([
               sql.unsafe(`PRAGMA busy_timeout = ${Math.round(Duration.toMillis(options.busyTimeout))}`),
               sql`PRAGMA synchronous = NORMAL`
             ], { discard: true })
-          }),
+          })
+        )
+        // Opening switches the file to WAL, which needs the file to itself. The driver waits for another process's
+        // lock (its own 5 s), but when two processes open a new file at once, each holding the read lock the other
+        // must wait out, SQLite fails one "database is locked" at once rather than deadlock (seen once in CI: four
+        // processes opening one new file). Opened again until `busyTimeout` has passed since the first try.
+        const opened: Layer.Layer<SqlClient.SqlClient, unknown> = Layer.catchAllCause(
+          open,
+          (cause) =>
+            Layer.unwrapEffect(
+              Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                /database is locked|SQLITE_BUSY/.test(causeText(Cause.squash(cause))) &&
+                  now - startedAt < Duration.toMillis(options.busyTimeout)
+                  ? Effect.as(Effect.sleep("20 millis"), opened)
+                  : Effect.succeed(Layer.failCause(cause)))
+            )
+        )
+        return opened.pipe(
           // better-sqlite3 throws when the file cannot be opened: that is the failure's cause.
           Layer.catchAllCause((cause) => {
             const error = Cause.squash(cause)
@@ -147,6 +165,7 @@ const sqlite = (options: {
             )
           })
         )
+      }
     )
   )
 }
