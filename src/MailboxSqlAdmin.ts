@@ -28,7 +28,7 @@ import { nameProblem, storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import * as Browse from "./internal/sql/mailbox/browse.js"
-import type * as BrowseModel from "./internal/sql/mailbox/browseModel.js"
+import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/sql/mailbox/browseModel.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
@@ -467,13 +467,13 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
     }
   })
 
-/**
- * Where a message is: visible now (`queued`), waiting for its delay (`delayed`), leased (`inFlight`), or in
- * the dead-letter table (`dead`).
- *
- * @category models
- */
-export type MessageState = BrowseModel.MessageState
+export type {
+  MessageDetail,
+  MessagePage,
+  MessageQuery,
+  MessageRow,
+  MessageState
+} from "./internal/sql/mailbox/browseModel.js"
 
 /**
  * The states, in the order the console shows them.
@@ -488,38 +488,6 @@ export const messageStates: ReadonlyArray<MessageState> = Browse.states
  * @category models
  */
 export const searchScanLimit: number = Browse.scanLimit
-
-/**
- * A page of a queue's messages to read: `state`, `order` (`oldest`, the default, or `newest` first), `after` (a
- * page's `next` cursor), `filter` (`id`: that message only; `text`: bodies — and dead letters' errors — that
- * contain it, in any case) and `limit` (1..100, default 50).
- *
- * @category models
- */
-export type MessageQuery = BrowseModel.MessageQuery
-
-/**
- * A message of a page: its body and error cut to a preview (`bodyLength` is the whole body's).
- *
- * @category models
- */
-export type MessageRow = BrowseModel.MessageRow
-
-/**
- * A page of messages and the cursor of the next (`undefined` after the last). A text search looks at a bounded
- * number of rows per page: `searchCut` says it stopped there, and `next` continues it.
- *
- * @category models
- */
-export type MessagePage = BrowseModel.MessagePage
-
-/**
- * One message, or one dead letter, whole: body (cut past 64 Ki characters, `bodyLength` says), delivery count,
- * reply-to, trace context, times, and a dead letter's error as stored.
- *
- * @category models
- */
-export type MessageDetail = BrowseModel.MessageDetail
 
 /**
  * A look into the queues, message by message (used by the console's browse and message pages).

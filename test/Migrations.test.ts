@@ -9,7 +9,6 @@
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { ConfigProvider, Effect, Exit, Option, Schema, Scope } from "effect"
-import { execFile } from "node:child_process"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -19,7 +18,7 @@ import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import * as Migrations from "../src/Migrations.js"
 import * as WorkLeaseSql from "../src/WorkLeaseSql.js"
-import { bundle, refusedOptions, spawnTsx } from "./helpers.js"
+import { leasehold, refusedOptions, spawnTsx } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
@@ -252,19 +251,6 @@ beforeAll(async () => {
   pgUrl = (await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))).url
 }, 120_000)
 afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
-
-/** Runs the CLI; resolves with its exit code and output. */
-const leasehold = (...args: ReadonlyArray<string>) =>
-  Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
-    const child = execFile(
-      "node",
-      [bundle("src/bin/leasehold.ts"), ...args],
-      { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
-      (error, stdout, stderr) =>
-        resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))
-    )
-    return Effect.sync(() => child.kill("SIGKILL"))
-  })
 
 describe("leasehold migrate and leasehold status", () => {
   for (const [label, target] of [["SQLite", () => join(directory, "cli.db")], ["PostgreSQL", () => pgUrl]] as const) {

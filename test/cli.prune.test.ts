@@ -9,32 +9,18 @@
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Option, Schema, Scope } from "effect"
-import { execFile } from "node:child_process"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MergeQueue from "../src/MergeQueue.js"
-import { bundle } from "./helpers.js"
+import { leasehold } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-cli-prune-"))
 const sqliteFile = join(directory, "prune.db")
 const TIMEOUT = 120_000
-
-/** Runs the CLI; resolves with its exit code and output. */
-const leasehold = (...args: ReadonlyArray<string>) =>
-  Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
-    const child = execFile(
-      "node",
-      [bundle("src/bin/leasehold.ts"), ...args],
-      { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
-      (error, stdout, stderr) =>
-        resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))
-    )
-    return Effect.sync(() => child.kill("SIGKILL"))
-  })
 
 const Job = Schema.Struct({ n: Schema.Number })
 

@@ -8,33 +8,19 @@ import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, FastCheck as fc, Layer, Scope } from "effect"
 import { Schema } from "effect"
-import { execFile } from "node:child_process"
 import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Health from "../src/Health.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MergeQueue from "../src/MergeQueue.js"
-import { bundle, foreignSqlite } from "./helpers.js"
+import { foreignSqlite, leasehold } from "./helpers.js"
 import * as Postgres from "./support/postgres.js"
 import { expectNoPassword, password } from "./support/secrets.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-cli-"))
 const sqliteFile = join(directory, "queue.db")
 const mailboxFile = join(directory, "mailbox.db")
-
-/** Runs the CLI; resolves with its exit code and output. */
-const leasehold = (...args: ReadonlyArray<string>) =>
-  Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
-    const child = execFile(
-      "node",
-      [bundle("src/bin/leasehold.ts"), ...args],
-      { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
-      (error, stdout, stderr) =>
-        resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))
-    )
-    return Effect.sync(() => child.kill("SIGKILL"))
-  })
 
 /** A queue with five entries, one claimed by agent-1 under a 1 ms lock that has expired. */
 const seed = (layer: Layer.Layer<MergeQueue.MergeQueue, unknown>) =>

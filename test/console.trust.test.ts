@@ -10,7 +10,6 @@
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Exit, Layer, Schedule, Schema, Scope } from "effect"
-import { execFile } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -18,7 +17,7 @@ import type { Browser, Page } from "playwright-core"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MainLoop from "../src/MainLoop.js"
-import { bundle, spawnBundled } from "./helpers.js"
+import { leasehold, spawnBundled } from "./helpers.js"
 import * as Browsers from "./support/browser.js"
 import { startConsole } from "./support/console.js"
 import * as Postgres from "./support/postgres.js"
@@ -64,18 +63,6 @@ const until = (page: Page, selector: string, predicate: (text: string) => boolea
     Effect.map(() => last)
   )
 }
-
-const leasehold = (...args: ReadonlyArray<string>) =>
-  Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
-    const child = execFile(
-      "node",
-      [bundle("src/bin/leasehold.ts"), ...args],
-      { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
-      (error, stdout, stderr) =>
-        resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))
-    )
-    return Effect.sync(() => child.kill("SIGKILL"))
-  })
 
 const executions = (output: string) => [...output.matchAll(/^exec /gm)].length
 

@@ -194,3 +194,19 @@ export const foreignSqlite = (file: string) =>
       )),
     SqliteClient.layer({ filename: file, disableWAL: true })
   ).pipe(Effect.scoped)
+
+/**
+ * Runs the bundled `leasehold` command line with `args` (no colour, no database URL from the environment);
+ * resolves with its exit code and output.
+ */
+export const leasehold = (...args: ReadonlyArray<string>) =>
+  Effect.async<{ readonly code: number; readonly stdout: string; readonly stderr: string }>((resume) => {
+    const child = execFile(
+      "node",
+      [bundle("src/bin/leasehold.ts"), ...args],
+      { timeout: 60_000, env: { ...process.env, NO_COLOR: "1", LEASEHOLD_DATABASE_URL: "", DATABASE_URL: "" } },
+      (error, stdout, stderr) =>
+        resume(Effect.succeed({ code: error === null ? 0 : Number(error.code ?? 1), stdout, stderr }))
+    )
+    return Effect.sync(() => child.kill("SIGKILL"))
+  })

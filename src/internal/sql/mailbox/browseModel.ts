@@ -4,13 +4,24 @@
  * types without pulling in the store (and through it a driver's types).
  */
 import type * as DateTime from "effect/DateTime"
-/** Where a message is: visible now, waiting for its delay, leased by a receiver, or dead-lettered. */
+/**
+ * Where a message is: visible now (`queued`), waiting for its delay (`delayed`), leased (`inFlight`), or in
+ * the dead-letter table (`dead`).
+ *
+ * @category models
+ */
 export type MessageState = "queued" | "delayed" | "inFlight" | "dead"
 
 /** The states, in the order the console shows them. */
 export const states: ReadonlyArray<MessageState> = ["queued", "delayed", "inFlight", "dead"]
 
-/** What a page of messages asks for. */
+/**
+ * A page of a queue's messages to read: `state`, `order` (`oldest`, the default, or `newest` first), `after` (a
+ * page's `next` cursor), `filter` (`id`: that message only; `text`: bodies — and dead letters' errors — that
+ * contain it, in any case) and `limit` (1..100, default 50).
+ *
+ * @category models
+ */
 export interface MessageQuery {
   readonly queue: string
   readonly state: MessageState
@@ -24,7 +35,11 @@ export interface MessageQuery {
   readonly limit?: number | undefined
 }
 
-/** A message in a page: its body and error cut to a preview. */
+/**
+ * A message of a page: its body and error cut to a preview (`bodyLength` is the whole body's).
+ *
+ * @category models
+ */
 export interface MessageRow {
   readonly id: string
   readonly queue: string
@@ -44,7 +59,12 @@ export interface MessageRow {
   readonly bodyLength: number
 }
 
-/** A page of messages, and the cursor of the next one (none after the last). */
+/**
+ * A page of messages and the cursor of the next (`undefined` after the last). A text search looks at a bounded
+ * number of rows per page: `searchCut` says it stopped there, and `next` continues it.
+ *
+ * @category models
+ */
 export interface MessagePage {
   readonly rows: ReadonlyArray<MessageRow>
   readonly next: string | undefined
@@ -52,7 +72,12 @@ export interface MessagePage {
   readonly searchCut: boolean
 }
 
-/** One message whole (its body up to `detailLength` characters), as the message page shows it. */
+/**
+ * One message, or one dead letter, whole: body (cut past 64 Ki characters, `bodyLength` says), delivery count,
+ * reply-to, trace context, times, and a dead letter's error as stored.
+ *
+ * @category models
+ */
 export interface MessageDetail {
   readonly id: string
   readonly queue: string
