@@ -23,7 +23,6 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
-import * as Durations from "./internal/duration.js"
 import { nameProblem, storableText } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
@@ -579,25 +578,6 @@ export interface Workers {
   ) => Effect.Effect<ReadonlyArray<WorkerProcess>, MailboxConnectionError | InvalidParameterError>
 }
 
-/** The most processes a listing returns. */
-const maxWorkers = 10_000
-
-/** A threshold of `Workers.list`, if given: a positive finite duration, else an `InvalidParameterError` naming it. */
-const threshold = (
-  parameter: "stalledAfter" | "lostAfter",
-  value: Duration.DurationInput | undefined
-): Either.Either<Duration.Duration | undefined, InvalidParameterError> => {
-  if (value === undefined) return Either.right(undefined)
-  const parsed = Either.flatMap(
-    Durations.parse(value),
-    (duration) =>
-      Duration.isZero(duration) || !Duration.isFinite(duration)
-        ? Either.left("must be a positive finite duration")
-        : Either.right(duration)
-  )
-  return Either.mapLeft(parsed, (reason) => new InvalidParameterError({ parameter, value, reason }))
-}
-
 /**
  * The workers table of a database and prefix, creating the tables if needed; with `create: false`, a database
  * whose mailbox tables predate it (migration 9) is a `TablesNotFoundError` naming it.
@@ -616,32 +596,5 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
         missing
       })
     }
-    return {
-      list: (listOptions) =>
-        Effect.gen(function*() {
-          const stalledAfter = yield* threshold("stalledAfter", listOptions?.stalledAfter)
-          const lostAfter = yield* threshold("lostAfter", listOptions?.lostAfter)
-          const defaults = yield* WorkersTable.thresholdsFromEnv
-          const rows = yield* WorkersTable.list(store, {
-            stalledAfter: stalledAfter ?? defaults.stalledAfter,
-            lostAfter: lostAfter ?? defaults.lostAfter
-          }, maxWorkers).pipe(connectionError(table))
-          return rows.map((row): WorkerProcess => ({
-            process: row.process,
-            name: Option.fromNullable(row.name),
-            startedAt: DateTime.unsafeMake(row.startedAt),
-            version: row.version,
-            refreshedAt: DateTime.unsafeMake(row.refreshedAt),
-            lost: row.lost,
-            loops: row.loops.map((loop): WorkerLoop => ({
-              name: loop.name,
-              queue: loop.queue,
-              state: loop.state,
-              messageId: Option.fromNullable(loop.messageId),
-              heartbeatAge: Duration.millis(loop.heartbeatAgeMillis),
-              stalled: loop.stalled
-            }))
-          }))
-        })
-    }
+    return { list: (listOptions) => connectionError(table)(WorkersTable.listProcesses(store, listOptions)) }
   })

@@ -19,6 +19,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Config from "effect/Config"
+import * as DateTime from "effect/DateTime"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -26,6 +27,8 @@ import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
+import { InvalidParameterError } from "../../../Errors.js"
+import type * as Admin from "../../../MailboxSqlAdmin.js"
 import * as Durations from "../../duration.js"
 import { version } from "../../version.js"
 import type { LoopPulse } from "../../worker/pulse.js"
@@ -259,4 +262,57 @@ export const list = (
           }
         })
     )
+  })
+
+/** The most processes a listing returns. */
+const maxWorkers = 10_000
+
+/** A threshold of `Workers.list`, if given: a positive finite duration, else an `InvalidParameterError` naming it. */
+const threshold = (
+  parameter: "stalledAfter" | "lostAfter",
+  value: Duration.DurationInput | undefined
+): Either.Either<Duration.Duration | undefined, InvalidParameterError> => {
+  if (value === undefined) return Either.right(undefined)
+  const parsed = Either.flatMap(
+    Durations.parse(value),
+    (duration) =>
+      Duration.isZero(duration) || !Duration.isFinite(duration)
+        ? Either.left("must be a positive finite duration")
+        : Either.right(duration)
+  )
+  return Either.mapLeft(parsed, (reason) => new InvalidParameterError({ parameter, value, reason }))
+}
+
+/**
+ * The processes of the workers table as `MailboxSqlAdmin.workers().list` answers them: the thresholds checked
+ * (`InvalidParameterError` naming one that is not a positive finite duration), else taken from the environment.
+ */
+export const listProcesses = (
+  store: Store,
+  options: Admin.WorkersOptions | undefined
+): Effect.Effect<ReadonlyArray<Admin.WorkerProcess>, SqlError | InvalidParameterError> =>
+  Effect.gen(function*() {
+    const stalledAfter = yield* threshold("stalledAfter", options?.stalledAfter)
+    const lostAfter = yield* threshold("lostAfter", options?.lostAfter)
+    const defaults = yield* thresholdsFromEnv
+    const rows = yield* list(store, {
+      stalledAfter: stalledAfter ?? defaults.stalledAfter,
+      lostAfter: lostAfter ?? defaults.lostAfter
+    }, maxWorkers)
+    return rows.map((row): Admin.WorkerProcess => ({
+      process: row.process,
+      name: Option.fromNullable(row.name),
+      startedAt: DateTime.unsafeMake(row.startedAt),
+      version: row.version,
+      refreshedAt: DateTime.unsafeMake(row.refreshedAt),
+      lost: row.lost,
+      loops: row.loops.map((loop): Admin.WorkerLoop => ({
+        name: loop.name,
+        queue: loop.queue,
+        state: loop.state,
+        messageId: Option.fromNullable(loop.messageId),
+        heartbeatAge: Duration.millis(loop.heartbeatAgeMillis),
+        stalled: loop.stalled
+      }))
+    }))
   })
