@@ -4,7 +4,6 @@
  * across fibers, and a `MergeQueue` drains while one agent crashes holding
  * its lock.
  */
-import type * as SqlClient from "@effect/sql/SqlClient"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
@@ -16,30 +15,22 @@ import * as WorkLeaseSql from "../WorkLeaseSql.js"
  * Per-domain order with a `WorkLeaseSql` on the demo's file: offsets arrive in order; one holder per domain at a
  * time works them in order.
  */
-export const workLeasePhase: Effect.Effect<
-  {
-    readonly domains: number
-    readonly offsets: number
-    readonly inOrder: boolean
-    readonly processed: ReadonlyMap<string, ReadonlyArray<number>>
-  },
-  never,
-  SqlClient.SqlClient
-> = Effect.gen(function*() {
-  const leases = yield* Effect.orDie(WorkLeaseSql.make({ maxRetries: 3 }))
+export const workLeasePhase = Effect.gen(function*() {
+  // A store that fails (a full disk, a lock held too long) is the demo's typed failure, reported by the CLI.
+  const leases = yield* WorkLeaseSql.make({ maxRetries: 3 })
   const domains = ["repo-a", "repo-b"]
   const offsets = 6
   const processed = new Map<string, Array<number>>(domains.map((domain) => [domain, []]))
-  const work = (domain: string, first: { token: string }, offset: number): Effect.Effect<void> =>
+  const work = (domain: string, first: { token: string }, offset: number) =>
     Effect.gen(function*() {
       let token = first.token
       let current = offset
       for (;;) {
         processed.get(domain)!.push(current)
         yield* Effect.sleep("5 millis")
-        const next = yield* Effect.orDie(leases.succeed(domain, token))
+        const next = yield* leases.succeed(domain, token)
         if (next._tag === "NoBacklog") return
-        const acquired = yield* Effect.orDie(leases.tryAcquire(domain, next.offset))
+        const acquired = yield* leases.tryAcquire(domain, next.offset)
         if (acquired._tag !== "Acquired") return
         token = acquired.token
         current = next.offset
@@ -49,11 +40,10 @@ export const workLeasePhase: Effect.Effect<
   // An arrival while the next holder is being handed the backlog head is told to wait (BacklogOrderingError).
   const deliver = (domain: string) =>
     Effect.gen(function*() {
-      const holders: Array<Fiber.RuntimeFiber<void>> = []
+      const holders: Array<Fiber.RuntimeFiber<void, Effect.Effect.Error<ReturnType<typeof work>>>> = []
       for (let offset = 0; offset < offsets; offset++) {
         const result = yield* leases.tryAcquire(domain, offset).pipe(
-          Effect.retry({ schedule: Schedule.spaced("1 millis"), while: (e) => e._tag === "BacklogOrderingError" }),
-          Effect.orDie
+          Effect.retry({ schedule: Schedule.spaced("1 millis"), while: (e) => e._tag === "BacklogOrderingError" })
         )
         if (result._tag === "Acquired") holders.push(yield* Effect.fork(work(domain, result, offset)))
         yield* Effect.sleep("2 millis")
@@ -64,7 +54,12 @@ export const workLeasePhase: Effect.Effect<
   const inOrder = domains.every((domain) =>
     processed.get(domain)!.join(",") === Array.from({ length: offsets }, (_, i) => i).join(",")
   )
-  return { domains: domains.length, offsets: domains.length * offsets, inOrder, processed }
+  return {
+    domains: domains.length,
+    offsets: domains.length * offsets,
+    inOrder,
+    processed
+  }
 })
 
 /** A merge queue drains while one agent crashes holding the lock: its entry heals back after the lock timeout. */
