@@ -199,8 +199,9 @@ const migrationsOf = (db: Tables): Record<string, Effect.Effect<void, SqlError>>
     // SQLite: every write transaction writes two pages fewer, and the file's checkpoints come that much less
     // often. The audit log loses AUTOINCREMENT, whose counter in `sqlite_sequence` each insert rewrote: its
     // newest row is never deleted (retention prunes the log's oldest rows only, `internal/sql/retention.ts`),
-    // so the largest id plus one, which an INTEGER PRIMARY KEY takes, is the id AUTOINCREMENT gave. Its entry index leaves out the lock's rows (no entry), which no read by entry looks
-    // at. Columns, ids and rows stay as they were, so processes of either version share the table.
+    // so the largest id plus one, which an INTEGER PRIMARY KEY takes, is the id AUTOINCREMENT gave. Its entry
+    // index leaves out the lock's rows (no entry), which no read by entry looks at. Columns, ids and rows stay
+    // as they were, so processes of either version share the table.
     "3_audit_pages": db.dialect === "pg" ? Effect.void : rebuildAudit(db)
   }
 }
