@@ -19,6 +19,14 @@
  * beating. Once the first part has arrived the model is answering: a
  * deadline that passes while it streams stops it with `phase: "response"`
  * (a stream that breaks is a failed request, retried as any other).
+ *
+ * With a journal (`EvaluateOptions.journal`, see `Journal`), the evaluation
+ * is a step of it and each model turn and tool call a step inside that: a
+ * turn recorded by an earlier delivery is returned without calling the model
+ * (its tokens count against the budget again, as they were spent), a
+ * completed evaluation returns its recorded outcome, each new step is
+ * recorded before the loop goes on, and a request that differs from the
+ * recorded one stops the evaluation with `JournalDivergedError`.
  */
 import * as Clock from "effect/Clock"
 import type * as Duration from "effect/Duration"
@@ -31,8 +39,9 @@ import * as Stream from "effect/Stream"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { deadlinePayload, since } from "./internal/agent.js"
+import { deadlinePayload, digest, diverged, since } from "./internal/agent.js"
 import * as Options_ from "./internal/options.js"
+import * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
 import {
   type EvaluateOptions,
@@ -165,7 +174,7 @@ export const run = <Out>(
   prompt: Prompt.Prompt<Out>,
   options: EvaluateOptions,
   loopOptions?: Options
-): Effect.Effect<PromptResponse<Out>, PromptEvaluationError> =>
+): Effect.Effect<PromptResponse<Out>, PromptEvaluationError | Journal.JournalError> =>
   Effect.gen(function*() {
     const fail = (
       phase: PromptEvaluationError["phase"],
@@ -200,6 +209,12 @@ export const run = <Out>(
     const heartbeat = options.heartbeat ?? Option.getOrUndefined(yield* Heartbeat.current)
     const beat = heartbeat?.beat ?? Effect.void
     const evaluationId = randomUUID()
+    // The evaluation is a step of the caller's journal; its turns and tools are the steps inside it.
+    const parent = options.journal ?? Journal.unrecorded(options.runContext?.requestId)
+    const evaluationKey = parent.nextKey()
+    const steps = parent.within(evaluationKey)
+    const toolNames = prompt.tools.map((tool) => tool.name)
+    const evaluationAsked = digest(JSON.stringify([prompt.name, prompt.instructions, prompt.messages, toolNames]))
     const context: Tool.ToolContext = {
       deadline,
       heartbeat,
@@ -208,8 +223,51 @@ export const run = <Out>(
       prompt: prompt as Prompt.Prompt<unknown>,
       session: options.session,
       budgetTracker: options.budgetTracker,
-      adapter
+      adapter,
+      journal: undefined, // each tool call gets its own scope (ToolExecutor)
+      idempotencyKey: ""
     }
+    let usage: Session.Usage = { inputTokens: 0, outputTokens: 0 }
+    /** Adds a turn's tokens (live or replayed: they were spent) and checks the budget. */
+    const spend = (spent: Session.Usage) =>
+      Effect.suspend(() => {
+        usage = {
+          inputTokens: usage.inputTokens + spent.inputTokens,
+          outputTokens: usage.outputTokens + spent.outputTokens
+        }
+        const tracker = options.budgetTracker
+        if (tracker === undefined) return Effect.void
+        return Effect.zipRight(
+          tracker.record(evaluationId, usage).pipe(
+            Effect.mapError((error) =>
+              fail("response", "provider", `invalid usage from the provider: ${error.message}`)
+            )
+          ),
+          tracker.check.pipe(
+            Effect.mapError((error) => fail("response", "budget", error.message, { dimension: error.dimension }))
+          )
+        )
+      })
+
+    // Completed on an earlier delivery (it died before its reply): the recorded outcome, decoded again.
+    const done = yield* parent.recorded(evaluationKey)
+    if (done !== undefined) {
+      if (done._tag !== "Evaluation" || done.asked !== evaluationAsked) {
+        return yield* diverged(parent.requestId, evaluationKey, done, `the evaluation of prompt "${prompt.name}"`)
+      }
+      yield* options.session.record({
+        _tag: "ProviderCall",
+        promptName: prompt.name,
+        at: yield* Clock.currentTimeMillis,
+        durationMs: done.durationMs,
+        usage: done.usage,
+        replayed: true
+      })
+      yield* spend(done.usage)
+      const output = yield* decodeOutput(prompt, done.text, fail)
+      return { output, text: done.text, usage }
+    }
+    const evaluationStarted = yield* Clock.currentTimeMillis
 
     // A streamed turn runs under the heartbeat (its parts beat it) and notes while the model is answering: a
     // deadline that passes then stops the response, not the request. A broken stream is no longer answering
@@ -259,40 +317,79 @@ export const run = <Out>(
       { role: "system", content: prompt.instructions },
       ...prompt.messages
     ]
-    let usage: Session.Usage = { inputTokens: 0, outputTokens: 0 }
+    // What each turn asked, as a chain: the digest of the one before and the messages added since.
+    let asked = digest(JSON.stringify([prompt.name, toolNames]))
+    let digested = 0
     const maxTurns = loopOptions?.maxTurns ?? 32
     for (let turnNumber = 1;; turnNumber++) {
       yield* beat
       if (turnNumber > maxTurns) return yield* fail("response", "provider", `no final answer after ${maxTurns} turns`)
-      const started = yield* Clock.currentTimeMillis
-      const turn = yield* request({ prompt: prompt as Prompt.Prompt<unknown>, messages, tools: prompt.tools })
-      yield* options.session.record({
-        _tag: "ProviderCall",
-        promptName: prompt.name,
-        at: started,
-        durationMs: yield* since(started),
-        usage: turn.usage
-      })
-      usage = {
-        inputTokens: usage.inputTokens + turn.usage.inputTokens,
-        outputTokens: usage.outputTokens + turn.usage.outputTokens
+      const key = steps.nextKey()
+      asked = digest(asked + JSON.stringify(messages.slice(digested)))
+      digested = messages.length
+      const recorded = yield* steps.recorded(key)
+      let turn: ModelTurn
+      if (recorded !== undefined) {
+        if (recorded._tag !== "Turn" || recorded.asked !== asked) {
+          return yield* diverged(
+            steps.requestId,
+            key,
+            recorded,
+            recorded._tag === "Turn"
+              ? `a model turn of prompt "${prompt.name}" with another request (the prompt or a tool's result changed)`
+              : `a model turn of prompt "${prompt.name}"`
+          )
+        }
+        turn = { text: recorded.text, toolCalls: recorded.toolCalls, usage: recorded.usage }
+        yield* options.session.record({
+          _tag: "ProviderCall",
+          promptName: prompt.name,
+          at: yield* Clock.currentTimeMillis,
+          durationMs: recorded.durationMs,
+          usage: turn.usage,
+          replayed: true
+        })
+      } else {
+        const started = yield* Clock.currentTimeMillis
+        turn = yield* request({ prompt: prompt as Prompt.Prompt<unknown>, messages, tools: prompt.tools })
+        const durationMs = yield* since(started)
+        // Recorded before anything else: the turn is paid for, whatever the budget says next.
+        yield* steps.append({
+          _tag: "Turn",
+          key,
+          promptName: prompt.name,
+          asked,
+          text: turn.text,
+          toolCalls: turn.toolCalls,
+          usage: turn.usage,
+          durationMs
+        })
+        yield* options.session.record({
+          _tag: "ProviderCall",
+          promptName: prompt.name,
+          at: started,
+          durationMs,
+          usage: turn.usage
+        })
       }
-      if (options.budgetTracker !== undefined) {
-        yield* options.budgetTracker.record(evaluationId, usage).pipe(
-          Effect.mapError((error) => fail("response", "provider", `invalid usage from the provider: ${error.message}`))
-        )
-        yield* options.budgetTracker.check.pipe(
-          Effect.mapError((error) => fail("response", "budget", error.message, { dimension: error.dimension }))
-        )
-      }
+      yield* spend(turn.usage)
       if (turn.toolCalls.length === 0) {
         yield* checkpoint("response")
         const output = yield* decodeOutput(prompt, turn.text, fail)
+        yield* parent.append({
+          _tag: "Evaluation",
+          key: evaluationKey,
+          promptName: prompt.name,
+          asked: evaluationAsked,
+          text: turn.text,
+          usage,
+          durationMs: yield* since(evaluationStarted)
+        })
         return { output, text: turn.text, usage }
       }
       messages = [...messages, { role: "assistant", content: turn.text, toolCalls: turn.toolCalls }]
       for (const call of turn.toolCalls) {
-        const result = yield* ToolExecutor.execute(call, context)
+        const result = yield* ToolExecutor.execute(call, context, steps)
         messages = [...messages, {
           role: "tool",
           toolCallId: call.id,

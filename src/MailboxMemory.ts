@@ -16,7 +16,9 @@
  * the reply guard). A send or a nack wakes sleeping receivers at once; they
  * otherwise sleep until the next visibility expiry, never polling.
  * `pause` / `resume` are the in-process twin of the SQL backends' paused
- * queues: a paused mailbox's receivers get nothing.
+ * queues: a paused mailbox's receivers get nothing. A message's step journal
+ * (see `Journal`) lives beside it until its acknowledgement; the journals of
+ * dead-lettered requests are kept (the latest `keptJournals`), for `journal`.
  */
 import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
@@ -33,6 +35,7 @@ import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
+import { type DeliveryJournal, Journaled, type StoredStep } from "./internal/mailbox/journal.js"
 import { GroupSettle, type GroupSettler, settleInTurn } from "./internal/mailbox/settle.js"
 import { MaxSize, QueueName, validateVisibility } from "./internal/mailbox/validation.js"
 import * as Options_ from "./internal/options.js"
@@ -72,6 +75,20 @@ class Store<A> {
   /** Paused (see `pause`): receivers get nothing, senders are unaffected. */
   paused = false
   private signal: Deferred.Deferred<void> | undefined
+  /** The step journals of unacknowledged messages, by id. */
+  readonly journals = new Map<string, Array<StoredStep>>()
+  /** The journals of dead-lettered messages, oldest first, at most `keptJournals`. */
+  readonly kept = new Map<string, ReadonlyArray<StoredStep>>()
+
+  /** Drops the journal of an acknowledged message, or keeps it (the loop dead-lettered the request). */
+  settleJournal(id: string, keep: boolean): void {
+    const journal = this.journals.get(id)
+    if (journal === undefined) return
+    this.journals.delete(id)
+    if (!keep) return
+    this.kept.set(id, journal)
+    if (this.kept.size > keptJournals) this.kept.delete(this.kept.keys().next().value!)
+  }
 
   enqueueReady(entry: Entry<A>): void {
     entry.state = "ready"
@@ -135,6 +152,7 @@ class Store<A> {
 
   purge(): number {
     const count = this.live
+    this.journals.clear()
     for (let i = this.head; i < this.ready.length; i++) this.ready[i]!.state = "deleted"
     this.hidden.forEach((_, entry) => {
       entry.state = "deleted"
@@ -159,8 +177,12 @@ class Store<A> {
   }
 }
 
+/** How many dead-lettered requests' journals a memory mailbox keeps. */
+export const keptJournals = 1000
+
 class MemoryMessage<A, R> implements Message<A, R> {
   private finalized = false
+  private keepJournal = false
   constructor(
     private readonly mailbox: string,
     private readonly clock: Clock.Clock,
@@ -212,8 +234,32 @@ class MemoryMessage<A, R> implements Message<A, R> {
   get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError> {
     return this.settle((entry) => {
       this.store.delete(entry)
+      this.store.settleJournal(entry.id, this.keepJournal)
       this.finalized = true
     })
+  }
+
+  /** The journal beside the message: read freely, written only while this delivery holds the message. */
+  get [Journaled](): DeliveryJournal {
+    const { store } = this
+    const id = this.entry.id
+    return {
+      load: Effect.sync(() => [...(store.journals.get(id) ?? [])]),
+      append: (step) =>
+        this.settle(() => {
+          const journal = store.journals.get(id)
+          if (journal === undefined) store.journals.set(id, [step])
+          else journal.push(step)
+        }),
+      truncate: (from) =>
+        this.settle(() => {
+          const journal = store.journals.get(id)
+          if (journal !== undefined) store.journals.set(id, journal.filter((step) => step.position < from))
+        }),
+      keep: Effect.sync(() => {
+        this.keepJournal = true
+      })
+    }
   }
 
   nack(
@@ -379,6 +425,21 @@ const setPaused = (mailbox: Mailbox<unknown, unknown>, paused: boolean): Effect.
  */
 export const pause = <A, R>(mailbox: Mailbox<A, R>): Effect.Effect<void> =>
   setPaused(mailbox as Mailbox<unknown, unknown>, true)
+
+/**
+ * The step journal of message `id` of a mailbox `make` built (see `Journal`), as stored: while the message is
+ * unacknowledged, or after the loop dead-lettered it (the latest `keptJournals` of those); none otherwise.
+ *
+ * @category operations
+ */
+export const journal = <A, R>(
+  mailbox: Mailbox<A, R>,
+  id: string
+): Effect.Effect<Option.Option<ReadonlyArray<StoredStep>>> =>
+  Effect.sync(() => {
+    const store = stores.get(mailbox)
+    return Option.fromNullable(store?.journals.get(id) ?? store?.kept.get(id)).pipe(Option.map((steps) => [...steps]))
+  })
 
 /**
  * Resumes a paused mailbox: its waiting receivers look again at once.

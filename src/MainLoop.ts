@@ -27,6 +27,7 @@ import type * as Errors from "./Errors.js"
 import * as RequestLoop from "./internal/worker/requestLoop.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import { randomUUID } from "./internal/worker/uuid.js"
+import type * as Journal from "./Journal.js"
 import type { Mailbox, MailboxResolver, Message } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
 import type * as Prompt from "./Prompt.js"
@@ -354,6 +355,10 @@ export interface AgentOptions<Req, O, Out = O, E = never, R = never> {
  * ends it as a `PromptEvaluationError` (reason `deadline`) that says where it
  * struck — preparing, waiting for the model, in a tool, finalizing — with
  * `providerPayload.deadline_expires_at`, whichever timer noticed it first.
+ * The evaluation keeps a step journal in the request's mailbox (see
+ * `Journal`): a redelivered request resumes from the steps an earlier
+ * delivery recorded, and one that diverges from them replies
+ * `JournalDivergedError`.
  *
  * @category constructors
  */
@@ -364,7 +369,13 @@ export const agent = <Req, O, Out = O, E = never, R = never>(
   return Effect.flatMap(
     Effect.clock,
     (clock) =>
-      RequestLoop.make<MainLoopRequest<Req>, MainLoopResult<Out>, Out, E | PromptEvaluationError, R>({
+      RequestLoop.make<
+        MainLoopRequest<Req>,
+        MainLoopResult<Out>,
+        Out,
+        E | PromptEvaluationError | Journal.JournalError,
+        R
+      >({
         label: "MainLoop.agent",
         name: options.name ?? `main-loop:${options.requests.name}`,
         requests: options.requests,
@@ -383,7 +394,8 @@ export const agent = <Req, O, Out = O, E = never, R = never>(
               deadline: context.deadline,
               budgetTracker: context.budgetTracker,
               heartbeat: context.heartbeat,
-              runContext: context.runContext
+              runContext: context.runContext,
+              journal: context.journal
             })
             progress.stage = "finalizing"
             return options.finalize === undefined

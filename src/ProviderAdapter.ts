@@ -7,7 +7,8 @@
  * way it can stop early is one `PromptEvaluationError`: `phase` says where
  * (`preflight`, `request`, `tool`, `response`) and `reason` why (`deadline`,
  * `budget`, `provider`, `tool`, `output`); a deadline failure carries
- * `providerPayload.deadline_expires_at` for the logs.
+ * `providerPayload.deadline_expires_at` for the logs. With a `journal`, a
+ * journal failure stops it too (`JournalDivergedError`, `JournalStoreError`).
  */
 import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
@@ -15,6 +16,7 @@ import * as Schema from "effect/Schema"
 import type * as Budget from "./Budget.js"
 import type * as Deadline from "./Deadline.js"
 import type * as Heartbeat from "./Heartbeat.js"
+import type * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
 import type { RunContext } from "./RunContext.js"
 import type * as Session from "./Session.js"
@@ -72,6 +74,8 @@ export interface EvaluateOptions {
   readonly budgetTracker?: Budget.BudgetTracker | undefined
   readonly heartbeat?: Heartbeat.Heartbeat | undefined
   readonly runContext?: RunContext | undefined
+  /** Where the evaluation records its steps and replays them from (`MainLoop`'s `context.journal`); none by default. */
+  readonly journal?: Journal.Journal | undefined
 }
 
 /**
@@ -84,5 +88,5 @@ export class ProviderAdapter extends Context.Tag("leasehold/ProviderAdapter")<Pr
   readonly evaluate: <Out>(
     prompt: Prompt.Prompt<Out>,
     options: EvaluateOptions
-  ) => Effect.Effect<PromptResponse<Out>, PromptEvaluationError>
+  ) => Effect.Effect<PromptResponse<Out>, PromptEvaluationError | Journal.JournalError>
 }>() {}

@@ -29,6 +29,8 @@ export type SessionEvent =
     readonly at: number
     readonly durationMs: number
     readonly usage: Usage
+    /** Replayed from the journal: the provider was not called (its duration is the recorded one). */
+    readonly replayed?: boolean | undefined
   }
   | {
     readonly _tag: "ToolCall"
@@ -37,6 +39,8 @@ export type SessionEvent =
     readonly callId: string
     readonly params: unknown
     readonly at: number
+    /** Replayed from the journal (the tool ran on an earlier delivery). */
+    readonly replayed?: boolean | undefined
   }
   | {
     readonly _tag: "ToolResult"
@@ -46,6 +50,8 @@ export type SessionEvent =
     readonly ok: boolean
     readonly value: unknown
     readonly durationMs: number
+    /** Replayed from the journal: the tool did not run now. */
+    readonly replayed?: boolean | undefined
   }
 
 /**

@@ -10,6 +10,15 @@
  * forks — beats the same heartbeat with nothing passed down. A tool
  * that fails does not crash the evaluation: the failure becomes a
  * `ToolResult.error` the model sees. Only a deadline ends the evaluation.
+ *
+ * With a journal (see `Journal`), a tool's result is recorded, and a
+ * redelivered request gets it back without running the tool again
+ * (`replay: "journal"`, the default). A tool that must run again — it reads
+ * state that may have changed — says `replay: "rerun"`. Either way the
+ * context's `idempotencyKey` (the request id and the step's key) is the same
+ * on every delivery: pass it to the services a tool changes outside leasehold,
+ * so a step that ran but was not recorded (the worker died in between) does
+ * not act twice.
  */
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
@@ -17,6 +26,7 @@ import type * as Schema from "effect/Schema"
 import type * as Budget from "./Budget.js"
 import type * as Deadline from "./Deadline.js"
 import type * as Heartbeat from "./Heartbeat.js"
+import type * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
 import type * as ProviderAdapter from "./ProviderAdapter.js"
 import type { RunContext } from "./RunContext.js"
@@ -38,7 +48,19 @@ export interface ToolContext {
   readonly budgetTracker: Budget.BudgetTracker | undefined
   /** The adapter evaluating the prompt, for subagents. */
   readonly adapter: ProviderAdapter.ProviderAdapter["Type"]
+  /** The journal of the steps inside this tool call (a subagent's), when the run keeps one. */
+  readonly journal: Journal.Journal | undefined
+  /** The same on every delivery of the request: `<request id>/<step key>`, for side effects outside leasehold. */
+  readonly idempotencyKey: string
 }
+
+/**
+ * How a recorded tool call is replayed on redelivery: its recorded result (`"journal"`), or by running it again
+ * (`"rerun"`).
+ *
+ * @category models
+ */
+export type Replay = "journal" | "rerun"
 
 /**
  * What the model sees of a tool call: its encoded result, or an error message.
@@ -68,6 +90,8 @@ export interface Tool<P, S, E = never> {
   readonly parameters: Schema.Schema<P, unknown>
   readonly success: Schema.Schema<S, unknown>
   readonly handler: (params: P, context: ToolContext) => Effect.Effect<S, E>
+  /** How a recorded call is replayed (default `"journal"`). */
+  readonly replay?: Replay | undefined
 }
 
 /**
@@ -81,6 +105,7 @@ export interface Any {
   readonly parameters: Schema.Schema<unknown, unknown>
   readonly success: Schema.Schema<unknown, unknown>
   readonly handler: (params: never, context: ToolContext) => Effect.Effect<unknown, unknown>
+  readonly replay?: Replay | undefined
 }
 
 /**
@@ -99,6 +124,11 @@ export interface Options<P, PI, S, SI, E = never> {
   readonly success: Schema.Schema<S, SI>
   /** The work; a failure becomes a `ToolResult.Error` the model sees. */
   readonly handler: (params: P, context: ToolContext) => Effect.Effect<S, E>
+  /**
+   * On redelivery, reuse the recorded result (`"journal"`, the default) or run the tool again (`"rerun"`: it reads
+   * fresh state). A rerun tool whose result changed discards what was recorded after it: the run goes on live.
+   */
+  readonly replay?: Replay | undefined
 }
 
 /**

@@ -16,6 +16,7 @@ import * as Subagent from "../src/Subagent.js"
 import * as Tool from "../src/Tool.js"
 import * as ToolExecutor from "../src/ToolExecutor.js"
 import { refusedOptions } from "./helpers.js"
+import { journalFree } from "./support/journalFree.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)
 
@@ -34,7 +35,8 @@ const evaluate = <Out>(
 ) =>
   Effect.flatMap(
     Session.make,
-    (session) => Effect.map(adapter.evaluate(prompt, { session, ...options }), (response) => ({ response, session }))
+    (session) =>
+      Effect.map(journalFree(adapter.evaluate(prompt, { session, ...options })), (response) => ({ response, session }))
   )
 
 describe("InnerLoop with the scripted adapter", () => {
@@ -227,10 +229,10 @@ describe("InnerLoop with a streaming adapter", () => {
       })
       const deadline = yield* Deadline.after("10 seconds")
       const fiber = yield* Effect.fork(
-        Effect.flip(adapter.evaluate(Prompt.make({ name: "p", instructions: "" }), {
+        Effect.flip(journalFree(adapter.evaluate(Prompt.make({ name: "p", instructions: "" }), {
           session: yield* Session.make,
           deadline
-        }))
+        })))
       )
       for (let t = 0; t < 10; t++) {
         yield* settle
@@ -352,7 +354,7 @@ describe("deadlines on the agent path", () => {
       const deadline = yield* Deadline.after("1 second")
       yield* TestClock.adjust("1 second")
       const adapter = yield* ScriptedAdapter.make([])
-      const error = yield* Effect.flip(ToolExecutor.execute({ id: "c", name: "t", params: {} }, {
+      const error = yield* Effect.flip(journalFree(ToolExecutor.execute({ id: "c", name: "t", params: {} }, {
         deadline,
         heartbeat: undefined,
         beat: Effect.void,
@@ -360,8 +362,10 @@ describe("deadlines on the agent path", () => {
         prompt: Prompt.make({ name: "p", instructions: "", tools: [tool] }) as Prompt.Prompt<unknown>,
         session: yield* Session.make,
         budgetTracker: undefined,
-        adapter
-      }))
+        adapter,
+        journal: undefined,
+        idempotencyKey: "t"
+      })))
       expect([error.phase, error.reason]).toEqual(["tool", "deadline"])
       expect(yield* Ref.get(called)).toBe(false)
     }))

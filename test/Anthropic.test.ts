@@ -14,6 +14,7 @@ import * as Budget from "../src/Budget.js"
 import * as Deadline from "../src/Deadline.js"
 import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
+import { journalFree } from "./support/journalFree.js"
 import type { SseEvent, SseReply } from "./support/sse.js"
 import { streamingSuite } from "./support/streamingAgent.js"
 import { weatherPrompt } from "./support/weather.js"
@@ -181,7 +182,9 @@ describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
       const session = yield* Session.make
       const deadline = yield* Deadline.after("1 second")
       const call = yield* Effect.fork(
-        adapter.evaluate(Prompt.make({ name: "slow", instructions: "", input: "hi" }), { session, deadline })
+        journalFree(
+          adapter.evaluate(Prompt.make({ name: "slow", instructions: "", input: "hi" }), { session, deadline })
+        )
       )
       yield* Effect.promise(() => stub.firstRequest)
       yield* TestClock.adjust("1 second")
@@ -207,7 +210,9 @@ describe("Anthropic adapter (stub Messages API over real HTTP)", () => {
       expect(yield* roomy.consumed).toMatchObject({ inputTokens: 300, outputTokens: 40, totalTokens: 340 })
 
       const tight = yield* Budget.makeTracker(yield* Budget.make({ maxTotalTokens: 100 }))
-      const error = yield* Effect.flip(adapter.evaluate(prompt, { session: yield* Session.make, budgetTracker: tight }))
+      const error = yield* Effect.flip(
+        journalFree(adapter.evaluate(prompt, { session: yield* Session.make, budgetTracker: tight }))
+      )
       expect([error.phase, error.reason]).toEqual(["response", "budget"])
       expect(yield* tight.consumed).toMatchObject({ totalTokens: 340 })
     }).pipe(Effect.scoped))

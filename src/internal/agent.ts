@@ -1,10 +1,13 @@
 /**
  * What the inner loop and the tool executor share: how a deadline failure's
- * provider payload is written, and how long a step took by `Clock`.
+ * provider payload is written, how long a step took by `Clock`, the digest a
+ * journal step records of what was asked, and the divergence error.
  */
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
+import { createHash } from "node:crypto"
 import type * as Deadline from "../Deadline.js"
+import { describe, JournalDivergedError, type Step } from "../Journal.js"
 
 /** The payload of a deadline failure: the cut-off as ISO-8601, under `deadline_expires_at`. */
 export const deadlinePayload = (deadline: Deadline.Deadline | undefined): Record<string, unknown> | undefined =>
@@ -12,3 +15,20 @@ export const deadlinePayload = (deadline: Deadline.Deadline | undefined): Record
 
 /** Milliseconds since `start` by `Clock`. */
 export const since = (start: number): Effect.Effect<number> => Effect.map(Clock.currentTimeMillis, (now) => now - start)
+
+/** A digest of `text` (SHA-256, 132 bits in base64url): what a journal step records of what was asked. */
+export const digest = (text: string): string => createHash("sha256").update(text).digest("base64url").slice(0, 22)
+
+/** The run asked for `asked` at `key`, where its journal recorded `recorded`. */
+export const diverged = (
+  requestId: string | undefined,
+  key: string,
+  recorded: Step,
+  asked: string
+): JournalDivergedError =>
+  new JournalDivergedError({
+    ...(requestId === undefined ? {} : { requestId }),
+    key,
+    recorded: describe(recorded),
+    asked
+  })

@@ -20,6 +20,7 @@ import * as MainLoop from "../../src/MainLoop.js"
 import * as Prompt from "../../src/Prompt.js"
 import type { ProviderAdapter } from "../../src/ProviderAdapter.js"
 import * as Session from "../../src/Session.js"
+import { journalFree } from "./journalFree.js"
 import type { SseReply } from "./sse.js"
 import { sseClient } from "./sse.js"
 import { weatherPrompt } from "./weather.js"
@@ -127,10 +128,10 @@ export const streamingSuite = (provider: StreamingProvider) =>
         const stub = sseClient([provider.text({ pieces: words, every: "10 seconds", usage: { input: 1, output: 1 } })])
         const adapter = yield* provider.adapter(stub.client)
         const deadline = yield* Deadline.after("35 seconds")
-        const fiber = yield* Effect.fork(Effect.flip(adapter.evaluate(
+        const fiber = yield* Effect.fork(Effect.flip(journalFree(adapter.evaluate(
           Prompt.make({ name: "essay", instructions: "", input: "write" }),
           { session: yield* Session.make, deadline }
-        )))
+        ))))
         for (let t = 0; t < 4; t++) {
           yield* settle
           yield* TestClock.adjust("10 seconds")
@@ -148,10 +149,10 @@ export const streamingSuite = (provider: StreamingProvider) =>
         ])
         const adapter = yield* provider.adapter(stub.client)
         const deadline = yield* Deadline.after("30 seconds")
-        const fiber = yield* Effect.fork(Effect.flip(adapter.evaluate(
+        const fiber = yield* Effect.fork(Effect.flip(journalFree(adapter.evaluate(
           Prompt.make({ name: "essay", instructions: "", input: "write" }),
           { session: yield* Session.make, deadline }
-        )))
+        ))))
         yield* settle
         yield* TestClock.adjust("30 seconds")
         const error = yield* Fiber.join(fiber)

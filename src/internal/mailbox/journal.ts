@@ -42,6 +42,11 @@ export interface DeliveryJournal {
   readonly load: Effect.Effect<ReadonlyArray<StoredStep>, MailboxConnectionError>
   /** Records a step while this delivery holds the message. */
   readonly append: (step: StoredStep) => Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError>
+  /**
+   * Deletes the steps at `fromPosition` and after, while this delivery holds the message (checked as `append`
+   * checks): a tool that reran gave a different result, so what was recorded after it no longer follows.
+   */
+  readonly truncate: (fromPosition: number) => Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError>
   /** The journal outlives this delivery's acknowledgement (kept with the dead letter). */
   readonly keep: Effect.Effect<void>
 }

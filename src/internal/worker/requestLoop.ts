@@ -13,7 +13,9 @@
  * request stays leased, then the error reply and the acknowledgement in one
  * lease-checked step) or nack with backoff. Nothing is lost or answered twice
  * on the way: a reply that cannot be sent nacks the request, a dead letter
- * that cannot be stored nacks it too.
+ * that cannot be stored nacks it too. Each attempt gets its request's journal
+ * (when the mailbox keeps journals): an agent resumes from it, and a
+ * dead-lettered request's journal is kept with its letter.
  */
 import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
@@ -31,6 +33,7 @@ import * as DeadLetter from "../../DeadLetter.js"
 import * as Deadline from "../../Deadline.js"
 import * as Errors from "../../Errors.js"
 import * as Heartbeat from "../../Heartbeat.js"
+import * as Journal from "../../Journal.js"
 import type * as LeaseExtender from "../../LeaseExtender.js"
 import type { Mailbox, MailboxResolver, Message } from "../../Mailbox.js"
 import * as MailboxWorker from "../../MailboxWorker.js"
@@ -71,6 +74,11 @@ export interface Attempt {
   readonly deadline: Deadline.Deadline | undefined
   readonly budgetTracker: Budget.BudgetTracker | undefined
   readonly runContext: RunContext
+  /**
+   * The request's step journal (see `Journal`), when its mailbox keeps one: pass it to `evaluate` so the run
+   * resumes from the steps earlier deliveries recorded. `MainLoop.agent` does.
+   */
+  readonly journal: Journal.Journal | undefined
 }
 
 /** The attempt a reply is made for: who ran it and when it started (monotonic milliseconds). */
@@ -205,6 +213,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
             message.nack(DeadLetter.backoff(message.deliveryCount))
           )
         }
+        yield* Journal.keep(message) // the operator reads how far the run got beside the letter
         yield* Metric.increment(deadLettered)
         yield* Effect.logWarning(
           `Request dead-lettered to "${queue.mailbox.name}" after ${message.deliveryCount} deliveries`
@@ -287,7 +296,8 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       current = { message, runContext, startedAt: monotonicMillis(clock) }
       // The request's own budget and deadline override the loop's config.
       const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
-      const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext }
+      const journal = Journal.forDelivery(message, body.requestId)
+      const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext, journal }
       const work = executeSpan(options.execute(body, attempt))
       if (deadline === undefined) return work
       const bounded = Deadline.within(work, deadline)

@@ -1,0 +1,380 @@
+/**
+ * Journal: the step journal of an agent run, so that a redelivered request
+ * resumes where the last delivery stopped instead of paying for every model
+ * call and running every tool again.
+ *
+ * `InnerLoop` records each completed step of an evaluation — a model turn
+ * (its response and tokens), a tool call's result, an evaluation's outcome
+ * (a subagent's, or the run's own) — before the run moves past it, in the
+ * mailbox's store (memory, SQLite, PostgreSQL) beside the request's message.
+ * When the request is delivered again, the evaluation replays the journal:
+ * recorded responses and results come back without calling the model or the
+ * tool, in order, and the run goes on live from the first step not recorded.
+ *
+ * Steps are found by their place in the run, a key: `"1"` is the first
+ * evaluation, `"1.1"` its first model turn, `"1.2"` the first tool it called,
+ * `"1.2.1"` a subagent that tool evaluated, and so on — so a tool that reran
+ * (it was not recorded) still finds its subagents' recorded steps. Each step
+ * also records what was asked (a digest of the model request, the tool's name
+ * and parameters): a run that asks for something else at a recorded step (the
+ * prompt or the code changed) stops there with `JournalDivergedError`, never a
+ * mix of two runs. A tool made with `replay: "rerun"` runs again on replay; if
+ * its result differs from the recorded one, what was recorded after it no
+ * longer follows, and is discarded.
+ *
+ * Appends are checked against the delivery's lease in the store: a delivery
+ * that lost its lease (a zombie) cannot record, and its run stops with
+ * `JournalStoreError` (`reason: "lease lost"`). The journal is deleted with
+ * the message's acknowledgement, and kept when the loop dead-letters it.
+ * `MainLoop` gives each attempt its journal (`context.journal`). Subagents a
+ * tool evaluates at once take their keys in the order they start; two
+ * evaluations started at once by one attempt's own code must not share a scope.
+ */
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import { type DeliveryJournal, journalOf, type StoredStep } from "./internal/mailbox/journal.js"
+
+// ---------------------------------------------------------------------------
+// Steps
+// ---------------------------------------------------------------------------
+
+const Count = Schema.Int.pipe(Schema.nonNegative())
+const Millis = Schema.Number.pipe(Schema.nonNegative())
+const Usage = Schema.Struct({ inputTokens: Count, outputTokens: Count })
+
+/**
+ * A model turn: what the model answered (text, tool calls) and the tokens it used.
+ *
+ * @category schemas
+ */
+export const Turn = Schema.TaggedStruct("Turn", {
+  key: Schema.String,
+  promptName: Schema.String,
+  /** A digest of the model request (the prompt, the conversation so far, the tools on offer). */
+  asked: Schema.String,
+  text: Schema.String,
+  toolCalls: Schema.Array(Schema.Struct({ id: Schema.String, name: Schema.String, params: Schema.Unknown })),
+  usage: Usage,
+  durationMs: Millis
+})
+
+/**
+ * A tool call's outcome: for a `"journal"` tool its result as the model saw it (`value`: the encoded result
+ * when `ok`, the error message when not); for a `"rerun"` tool only a digest of it.
+ *
+ * @category schemas
+ */
+export const ToolStep = Schema.TaggedStruct("Tool", {
+  key: Schema.String,
+  promptName: Schema.String,
+  toolName: Schema.String,
+  callId: Schema.String,
+  /** A digest of the tool's name and parameters. */
+  asked: Schema.String,
+  replay: Schema.Literal("journal", "rerun"),
+  ok: Schema.Boolean,
+  value: Schema.optional(Schema.Unknown),
+  digest: Schema.optional(Schema.String),
+  durationMs: Millis
+})
+
+/**
+ * An evaluation's outcome (a subagent's, or the run's own): its final text and the tokens of all its turns.
+ *
+ * @category schemas
+ */
+export const Evaluation = Schema.TaggedStruct("Evaluation", {
+  key: Schema.String,
+  promptName: Schema.String,
+  /** A digest of the prompt as evaluated (name, instructions, messages, tools). */
+  asked: Schema.String,
+  text: Schema.String,
+  usage: Usage,
+  durationMs: Millis
+})
+
+/**
+ * One recorded step.
+ *
+ * @category schemas
+ */
+export const Step = Schema.Union(Turn, ToolStep, Evaluation)
+
+/**
+ * One recorded step.
+ *
+ * @category models
+ */
+export type Step = typeof Step.Type
+
+/** The largest step recorded (its JSON text): a tool that returns more can say `replay: "rerun"`. */
+export const maxStepBytes = 4 * 1024 * 1024
+
+/**
+ * What a step is, for an error message or a listing: `model turn of prompt "triage"`.
+ *
+ * @category utils
+ */
+export const describe = (step: Step): string => {
+  switch (step._tag) {
+    case "Turn":
+      return `a model turn of prompt "${step.promptName}"`
+    case "Tool":
+      return `tool "${step.toolName}"`
+    case "Evaluation":
+      return `the evaluation of prompt "${step.promptName}"`
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/**
+ * The run asked for something other than what its journal recorded at `key`: replay stops there.
+ *
+ * @category errors
+ */
+export class JournalDivergedError extends Schema.TaggedError<JournalDivergedError>()("JournalDivergedError", {
+  requestId: Schema.optional(Schema.String),
+  key: Schema.String,
+  /** What the journal holds at the step. */
+  recorded: Schema.String,
+  /** What the run asked for there. */
+  asked: Schema.String
+}) {
+  override get message(): string {
+    return `The run diverged from its journal at step ${this.key}${
+      this.requestId === undefined ? "" : ` of request ${this.requestId}`
+    }: the journal recorded ${this.recorded}, the run asked for ${this.asked}. ` +
+      "The prompt, a tool's parameters or the code changed since the step was recorded"
+  }
+}
+
+/**
+ * A step could not be recorded or read: this delivery lost its lease (`"lease lost"`), the store failed
+ * (`"unavailable"`), the step is larger than `maxStepBytes` (`"too large"`), or a stored step does not decode
+ * (`"undecodable"`).
+ *
+ * @category errors
+ */
+export class JournalStoreError extends Schema.TaggedError<JournalStoreError>()("JournalStoreError", {
+  requestId: Schema.optional(Schema.String),
+  key: Schema.optional(Schema.String),
+  reason: Schema.Literal("lease lost", "unavailable", "too large", "undecodable"),
+  detail: Schema.String
+}) {
+  override get message(): string {
+    const where = this.key === undefined ? "" : ` at step ${this.key}`
+    const of = this.requestId === undefined ? "" : ` of request ${this.requestId}`
+    return `The journal${of} failed${where} (${this.reason}): ${this.detail}`
+  }
+}
+
+/**
+ * Either journal failure: a run stops on it.
+ *
+ * @category errors
+ */
+export type JournalError = JournalDivergedError | JournalStoreError
+
+// ---------------------------------------------------------------------------
+// The journal
+// ---------------------------------------------------------------------------
+
+/**
+ * One scope of a run's journal: the steps of the run (`path` `""`), or the steps inside one step.
+ *
+ * @category models
+ */
+export interface Journal {
+  /** The request the run answers, if known. */
+  readonly requestId: string | undefined
+  /** The prefix of this scope's keys: `""` for the run, `"1.2."` for the steps inside step `1.2`. */
+  readonly path: string
+  /** Whether steps are kept anywhere (`false`: `unrecorded`, which only counts keys). */
+  readonly durable: boolean
+  /** The key of this scope's next step (`"1.3"`): steps take keys in the order they start. */
+  readonly nextKey: () => string
+  /** The step earlier deliveries recorded at `key`, if any (the first look reads the journal from the store). */
+  readonly recorded: (key: string) => Effect.Effect<Step | undefined, JournalStoreError>
+  /** Records `step` under its key, while the delivery holds its message. */
+  readonly append: (step: Step) => Effect.Effect<void, JournalStoreError>
+  /** Discards the step recorded at `key` and every step recorded after it (a rerun tool changed its result). */
+  readonly discardFrom: (key: string) => Effect.Effect<void, JournalStoreError>
+  /** The scope of the steps inside step `key`. */
+  readonly within: (key: string) => Journal
+}
+
+const decodeStep = Schema.decodeUnknownEither(Schema.parseJson(Step))
+const encodeStep = Schema.encodeEither(Schema.parseJson(Step))
+
+/** A recorded step and where it sits. */
+interface Placed {
+  readonly position: number
+  readonly step: Step
+}
+
+/** What every scope of one delivery's journal shares: the steps read from the store, and the next position. */
+class Log {
+  private steps: Map<string, Placed> | undefined
+  private next = 1
+  constructor(
+    readonly delivery: DeliveryJournal | undefined,
+    readonly requestId: string | undefined,
+    /** The message's first delivery: nothing can have been recorded, and the store is not asked. */
+    firstDelivery: boolean
+  ) {
+    if (delivery === undefined || firstDelivery) this.steps = new Map()
+  }
+
+  private failure(reason: JournalStoreError["reason"], detail: string, key?: string): JournalStoreError {
+    return new JournalStoreError({
+      ...(this.requestId === undefined ? {} : { requestId: this.requestId }),
+      ...(key === undefined ? {} : { key }),
+      reason,
+      detail
+    })
+  }
+
+  private storeFailure(key: string | undefined) {
+    return (error: { readonly _tag: string; readonly message: string }) =>
+      error._tag === "ReceiptHandleExpiredError"
+        ? this.failure("lease lost", `this delivery no longer holds the request: ${error.message}`, key)
+        : this.failure("unavailable", error.message, key)
+  }
+
+  readonly loaded: Effect.Effect<Map<string, Placed>, JournalStoreError> = Effect.suspend(() => {
+    if (this.steps !== undefined) return Effect.succeed(this.steps)
+    return this.delivery!.load.pipe(
+      Effect.mapError(this.storeFailure(undefined)),
+      Effect.flatMap((stored) => {
+        const steps = new Map<string, Placed>()
+        for (const { entry, key, position } of stored) {
+          const decoded = decodeStep(entry)
+          if (Either.isLeft(decoded) || decoded.right.key !== key) {
+            return Effect.fail(this.failure(
+              "undecodable",
+              Either.isLeft(decoded)
+                ? `the stored step does not decode: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
+                : `the stored step says it is step ${decoded.right.key}`,
+              key
+            ))
+          }
+          steps.set(key, { position, step: decoded.right })
+          this.next = Math.max(this.next, position + 1)
+        }
+        this.steps = steps
+        return Effect.succeed(steps)
+      })
+    )
+  })
+
+  recorded(key: string): Effect.Effect<Step | undefined, JournalStoreError> {
+    return Effect.map(this.loaded, (steps) => steps.get(key)?.step)
+  }
+
+  append(step: Step): Effect.Effect<void, JournalStoreError> {
+    return Effect.flatMap(this.loaded, (steps) => {
+      if (this.delivery === undefined) return Effect.void
+      const encoded = encodeStep(step)
+      if (Either.isLeft(encoded)) {
+        return Effect.fail(this.failure(
+          "undecodable",
+          `the step cannot be encoded: ${ParseResult.TreeFormatter.formatErrorSync(encoded.left)}`,
+          step.key
+        ))
+      }
+      const entry = encoded.right
+      if (entry.length > maxStepBytes) {
+        return Effect.fail(this.failure(
+          "too large",
+          `${describe(step)} is ${entry.length} bytes, more than the ${maxStepBytes} a step may be ` +
+            `(a tool that returns this much can be made with replay: "rerun")`,
+          step.key
+        ))
+      }
+      // The position is taken now: steps of concurrent subagents append at once, each at its own position.
+      const stored: StoredStep = { position: this.next++, key: step.key, entry, requestId: this.requestId }
+      return this.delivery.append(stored).pipe(
+        Effect.mapError(this.storeFailure(step.key)),
+        Effect.tap(() => {
+          steps.set(step.key, { position: stored.position, step })
+        })
+      )
+    })
+  }
+
+  discardFrom(key: string): Effect.Effect<void, JournalStoreError> {
+    return Effect.flatMap(this.loaded, (steps) => {
+      const from = steps.get(key)?.position
+      if (from === undefined || this.delivery === undefined) return Effect.void
+      return this.delivery.truncate(from).pipe(
+        Effect.mapError(this.storeFailure(key)),
+        Effect.tap(() => {
+          for (const [other, placed] of steps) if (placed.position >= from) steps.delete(other)
+          this.next = from
+        })
+      )
+    })
+  }
+}
+
+class Scope implements Journal {
+  private count = 0
+  constructor(private readonly log: Log, readonly path: string) {}
+  get requestId(): string | undefined {
+    return this.log.requestId
+  }
+  get durable(): boolean {
+    return this.log.delivery !== undefined
+  }
+  nextKey(): string {
+    return `${this.path}${++this.count}`
+  }
+  recorded(key: string): Effect.Effect<Step | undefined, JournalStoreError> {
+    return this.log.recorded(key)
+  }
+  append(step: Step): Effect.Effect<void, JournalStoreError> {
+    return this.log.append(step)
+  }
+  discardFrom(key: string): Effect.Effect<void, JournalStoreError> {
+    return this.log.discardFrom(key)
+  }
+  within(key: string): Journal {
+    return new Scope(this.log, `${key}.`)
+  }
+}
+
+/**
+ * The journal of the message `message` is a delivery of, when its mailbox keeps journals (`MailboxMemory`,
+ * `MailboxSql`); `undefined` for another mailbox. `requestId` labels its steps for the operator.
+ *
+ * @category constructors
+ */
+export const forDelivery = (
+  message: { readonly deliveryCount: number },
+  requestId: string | undefined
+): Journal | undefined => {
+  const delivery = journalOf(message)
+  return delivery === undefined
+    ? undefined
+    : new Scope(new Log(delivery, requestId, message.deliveryCount <= 1), "")
+}
+
+/**
+ * A journal that keeps nothing: it only numbers steps (their keys make a tool's idempotency key).
+ *
+ * @category constructors
+ */
+export const unrecorded = (requestId?: string): Journal => new Scope(new Log(undefined, requestId, true), "")
+
+/**
+ * Keeps the journal of `message` after its acknowledgement, for the operator: the loops call it when they
+ * dead-letter a request. No effect on a mailbox that keeps no journals.
+ *
+ * @category utils
+ */
+export const keep = (message: object): Effect.Effect<void> => journalOf(message)?.keep ?? Effect.void

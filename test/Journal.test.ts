@@ -1,0 +1,119 @@
+/**
+ * The step journal on the memory mailbox (the contract suite, under `TestClock`), and what the loops do with
+ * it: `MainLoop.agent` resumes a redelivered request, replies `JournalDivergedError` when the run diverges,
+ * and the journal goes with the acknowledgement or stays with a dead letter.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Option, Ref, Schema, TestClock } from "effect"
+import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
+import * as DeadLetter from "../src/DeadLetter.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MainLoop from "../src/MainLoop.js"
+import * as Prompt from "../src/Prompt.js"
+import * as Tool from "../src/Tool.js"
+import { journalContract } from "./contract/JournalContract.js"
+
+journalContract(
+  "memory",
+  (options) => MailboxMemory.make<string, string>(options),
+  (mailbox, message) => MailboxMemory.journal(mailbox, message.id)
+)
+
+/** Lets forked fibers run up to their next wait. */
+const settle = Effect.repeatN(Effect.yieldNow(), 50)
+
+describe("MainLoop.agent with a journal", () => {
+  type Request = MainLoop.MainLoopRequest<string>
+  const setup = (policy: DeadLetter.Options) =>
+    Effect.gen(function*() {
+      const requests = yield* MailboxMemory.make<Request, MainLoop.MainLoopResult<string>>({ name: "agent-requests" })
+      const replies = yield* MailboxMemory.make<MainLoop.MainLoopResult<string>>({ name: "agent-replies" })
+      const letters = yield* MailboxMemory.make<DeadLetter.DeadLetter<Request>>({ name: "agent-dead-letters" })
+      const charges = yield* Ref.make(0)
+      const instructions = yield* Ref.make("Pay.")
+      const charge = Tool.make({
+        name: "charge",
+        description: "Charges a card.",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: () => Effect.as(Ref.update(charges, (n) => n + 1), "charged")
+      })
+      const deadLetters = { mailbox: letters, policy: yield* DeadLetter.policy(policy) }
+      const start = (adapter: ScriptedAdapter.Scripted) =>
+        Effect.gen(function*() {
+          const loop = yield* MainLoop.agent({
+            requests,
+            adapter,
+            prepare: () =>
+              Effect.map(
+                Ref.get(instructions),
+                (text) => Prompt.make({ name: "pay", instructions: text, input: "pay", tools: [charge] })
+              ),
+            config: { deadLetters }
+          })
+          yield* Effect.forkScoped(loop.run({ visibilityTimeout: "30 seconds" }))
+        }).pipe(Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(replies)))
+      const id = yield* requests.send(MainLoop.request("go", { requestId: "r-1" }), { replyTo: "agent-replies" })
+      return { requests, replies, letters, charges, instructions, start, id }
+    })
+
+  /** Moves test time on in 1 s steps, letting the loop's fibers run between them. */
+  const advance = (seconds: number) =>
+    Effect.gen(function*() {
+      for (let step = 0; step < seconds; step++) {
+        yield* settle
+        yield* TestClock.adjust("1 second")
+      }
+      yield* settle
+    })
+
+  const toolTurn: ScriptedAdapter.ScriptedTurn = { toolCalls: [{ id: "c", name: "charge", params: {} }] }
+
+  it.scoped("a request whose model failed mid-run resumes on redelivery: one charge, and the journal goes with the ack", () =>
+    Effect.gen(function*() {
+      const env = yield* setup({ maxDeliveryCount: 3 })
+      // One worker: the model calls the tool, then fails (the request goes back with backoff), then answers.
+      const adapter = yield* ScriptedAdapter.make([toolTurn, { fail: "overloaded" }, { text: "paid" }])
+      yield* env.start(adapter)
+      yield* advance(2)
+      expect(Option.map(yield* MailboxMemory.journal(env.requests, env.id), (steps) => steps.length))
+        .toEqual(Option.some(2))
+      yield* advance(61) // the backoff of a first failure
+      const [reply] = yield* env.replies.receive()
+      expect([reply?.body.output, reply?.body.runContext.attempt]).toEqual(["paid", 2])
+      expect(yield* Ref.get(env.charges)).toBe(1)
+      const asked = yield* adapter.requests
+      expect(asked).toHaveLength(3) // not 4: the first turn was not asked again…
+      // …and the model was asked to go on from the recorded conversation, the tool's result in it.
+      expect(asked[2]!.messages.map((message) => message.role)).toEqual(["system", "user", "assistant", "tool"])
+      expect(yield* MailboxMemory.journal(env.requests, env.id)).toEqual(Option.none())
+    }))
+
+  it.scoped("a dead-lettered request keeps its journal for the operator", () =>
+    Effect.gen(function*() {
+      const env = yield* setup({ maxDeliveryCount: 1 })
+      yield* env.start(yield* ScriptedAdapter.make([toolTurn, { fail: "overloaded" }]))
+      yield* advance(2)
+      const [letter] = yield* env.letters.receive()
+      expect(letter?.body.messageId).toBe(env.id)
+      const kept = yield* MailboxMemory.journal(env.requests, env.id)
+      expect(Option.map(kept, (steps) => steps.map((step) => step.key))).toEqual(Option.some(["1.1", "1.2"]))
+      expect(yield* env.requests.approximateCount).toBe(0)
+    }))
+
+  it.scoped("a run that diverged from its journal replies JournalDivergedError (dead-lettered at once by policy)", () =>
+    Effect.gen(function*() {
+      const env = yield* setup({ maxDeliveryCount: 5, includeErrors: ["JournalDivergedError"] })
+      const adapter = yield* ScriptedAdapter.make([toolTurn, { fail: "overloaded" }, { text: "paid" }])
+      yield* env.start(adapter)
+      yield* advance(2)
+      yield* Ref.set(env.instructions, "Pay twice.") // a deploy changed the prompt before the redelivery
+      yield* advance(61)
+      const [reply] = yield* env.replies.receive()
+      expect(reply?.body.error).toEqual(expect.objectContaining({ tag: "JournalDivergedError" }))
+      expect(reply?.body.error?.message).toContain("at step 1.1 of request r-1")
+      expect(yield* adapter.requests).toHaveLength(2)
+      expect(yield* Ref.get(env.charges)).toBe(1)
+    }))
+})

@@ -1,0 +1,369 @@
+/**
+ * The step journal's contract: what an agent run does with the journal a
+ * delivery offers, run against every mailbox backend that keeps journals.
+ * Each test evaluates a prompt the way `MainLoop.agent` does — one delivery,
+ * its journal, the inner loop — and "crashes" a delivery by letting its model
+ * fail or its lease run out, then delivers the message again. Time is
+ * `TestClock`'s.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Exit, Option, Ref, Schema, TestClock } from "effect"
+import * as ScriptedAdapter from "../../src/adapters/ScriptedAdapter.js"
+import * as Budget from "../../src/Budget.js"
+import { journalOf } from "../../src/internal/mailbox/journal.js"
+import * as Journal from "../../src/Journal.js"
+import type { Mailbox, Message } from "../../src/Mailbox.js"
+import * as Prompt from "../../src/Prompt.js"
+import * as Session from "../../src/Session.js"
+import * as Subagent from "../../src/Subagent.js"
+import * as Tool from "../../src/Tool.js"
+import type { MakeMailbox } from "./MailboxContract.js"
+
+/** What the backend still stores of `message`'s journal after its acknowledgement (memory: `MailboxMemory.journal`). */
+export type JournalKept = (
+  mailbox: Mailbox<string, string>,
+  message: Message<string, string>
+) => Effect.Effect<Option.Option<ReadonlyArray<unknown>>, unknown>
+
+/** What the tools did, across every delivery. */
+interface World {
+  readonly lookups: Ref.Ref<number>
+  /** The idempotency key of every charge made. */
+  readonly charges: Ref.Ref<ReadonlyArray<string>>
+  readonly clockReads: Ref.Ref<number>
+  readonly clock: Ref.Ref<number>
+}
+
+const makeWorld = Effect.all({
+  lookups: Ref.make(0),
+  charges: Ref.make<ReadonlyArray<string>>([]),
+  clockReads: Ref.make(0),
+  clock: Ref.make(100)
+})
+
+const tools = (world: World) => [
+  Tool.make({
+    name: "lookup",
+    description: "Looks a word up.",
+    parameters: Schema.Struct({ q: Schema.String }),
+    success: Schema.String,
+    handler: ({ q }) => Effect.as(Ref.update(world.lookups, (n) => n + 1), `found ${q}`)
+  }),
+  Tool.make({
+    name: "charge",
+    description: "Charges a card: a side effect outside leasehold.",
+    parameters: Schema.Struct({ amount: Schema.Number }),
+    success: Schema.String,
+    handler: ({ amount }, context) =>
+      Effect.as(Ref.update(world.charges, (all) => [...all, context.idempotencyKey]), `charged ${amount}`)
+  }),
+  Tool.make({
+    name: "now",
+    description: "Reads a clock that moves: it must run again on replay.",
+    parameters: Schema.Struct({}),
+    success: Schema.Number,
+    replay: "rerun",
+    handler: () => Effect.zipRight(Ref.update(world.clockReads, (n) => n + 1), Ref.get(world.clock))
+  })
+]
+
+const turn1: ScriptedAdapter.ScriptedTurn = {
+  toolCalls: [{ id: "a", name: "lookup", params: { q: "a" } }, { id: "b", name: "charge", params: { amount: 5 } }],
+  usage: { inputTokens: 40, outputTokens: 20 }
+}
+const turn2: ScriptedAdapter.ScriptedTurn = {
+  toolCalls: [{ id: "c", name: "lookup", params: { q: "b" } }],
+  usage: { inputTokens: 30, outputTokens: 10 }
+}
+const turn3: ScriptedAdapter.ScriptedTurn = { text: "done", usage: { inputTokens: 5, outputTokens: 5 } }
+
+const promptFor = (world: World, instructions = "Help.") =>
+  Prompt.make({ name: "helper", instructions, input: "do it", tools: tools(world) })
+
+/** One delivery of the only message, with its journal. */
+const deliver = (mailbox: Mailbox<string, string>) =>
+  Effect.map(mailbox.receive({ visibilityTimeout: "30 seconds" }), (messages) => {
+    expect(messages).toHaveLength(1)
+    const message = messages[0]!
+    return { message, journal: Journal.forDelivery(message, "request-1")! }
+  })
+
+const evaluate = (
+  adapter: ScriptedAdapter.Scripted,
+  prompt: Prompt.Prompt<string>,
+  journal: Journal.Journal,
+  budgetTracker?: Budget.BudgetTracker
+) =>
+  Effect.flatMap(Session.make, (session) =>
+    Effect.map(
+      Effect.exit(adapter.evaluate(prompt, { session, journal, budgetTracker })),
+      (exit) => ({ exit, session })
+    ))
+
+/** The steps stored for `message` (read through a delivery's journal). */
+const stored = (message: Message<string, string>) =>
+  Effect.map(journalOf(message)!.load, (steps) => steps.map((step) => step.key))
+
+/** The first delivery dies after the first turn and its two tools: the model fails on the second turn. */
+const crashAfterThreeSteps = (mailbox: Mailbox<string, string>, world: World) =>
+  Effect.gen(function*() {
+    yield* mailbox.send("request")
+    const first = yield* deliver(mailbox)
+    const adapter = yield* ScriptedAdapter.make([turn1, { fail: "provider down" }])
+    const { exit } = yield* evaluate(adapter, promptFor(world), first.journal)
+    expect(Exit.isFailure(exit)).toBe(true)
+    expect(yield* stored(first.message)).toEqual(["1.1", "1.2", "1.3"])
+    yield* TestClock.adjust("31 seconds") // its lease runs out: the message comes back
+    return first
+  })
+
+export const journalContract = (label: string, make: MakeMailbox, journalKept: JournalKept) =>
+  describe(`Journal contract: ${label}`, () => {
+    const fresh = make({ name: "agent-requests" })
+
+    it.scoped("a redelivered run replays the recorded steps and goes on live: no model call or tool call again", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* crashAfterThreeSteps(mailbox, world)
+        const second = yield* deliver(mailbox)
+        expect(second.message.deliveryCount).toBe(2)
+        const adapter = yield* ScriptedAdapter.make([turn2, turn3])
+        const { exit, session } = yield* evaluate(adapter, promptFor(world), second.journal)
+        expect(exit).toEqual(
+          Exit.succeed({ output: "done", text: "done", usage: { inputTokens: 75, outputTokens: 35 } })
+        )
+        // The model was asked for the second and third turns only, the tools of the first turn did not run again.
+        expect(yield* adapter.requests).toHaveLength(2)
+        expect(yield* Ref.get(world.lookups)).toBe(2) // "a" on the first delivery, "b" on the second
+        expect(yield* Ref.get(world.charges)).toEqual(["request-1/1.3"])
+        const events = yield* session.events
+        expect(events.filter((e) => e.replayed === true).map((e) => e._tag)).toEqual([
+          "ProviderCall",
+          "ToolCall",
+          "ToolResult",
+          "ToolCall",
+          "ToolResult"
+        ])
+
+        // An uninterrupted run asks the model the same thing at every turn and answers the same.
+        const other = yield* make({ name: "agent-requests-uninterrupted" })
+        yield* other.send("request")
+        const alone = yield* deliver(other)
+        const straight = yield* ScriptedAdapter.make([turn1, turn2, turn3])
+        const uninterrupted = yield* evaluate(straight, promptFor(yield* makeWorld), alone.journal)
+        expect(uninterrupted.exit).toEqual(exit)
+        const resumedAsked = (yield* adapter.requests).map((request) => request.messages)
+        expect((yield* straight.requests).slice(1).map((request) => request.messages)).toEqual(resumedAsked)
+      }))
+
+    it.scoped("a delivery that lost its lease cannot append: its run stops with JournalStoreError (lease lost)", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* mailbox.send("request")
+        const zombie = yield* deliver(mailbox)
+        yield* TestClock.adjust("31 seconds") // the lease ran out while the model was thinking
+        const adapter = yield* ScriptedAdapter.make([turn1, turn2, turn3])
+        const { exit } = yield* evaluate(adapter, promptFor(world), zombie.journal)
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "lease lost" })))
+        expect(yield* Ref.get(world.lookups)).toBe(0) // it stopped at the turn it could not record
+        // And once another delivery holds the message, the zombie's appends are refused too.
+        const current = yield* deliver(mailbox)
+        const late = yield* Effect.either(zombie.journal.append({
+          _tag: "Turn",
+          key: "1.1",
+          promptName: "helper",
+          asked: "x",
+          text: "",
+          toolCalls: [],
+          usage: { inputTokens: 0, outputTokens: 0 },
+          durationMs: 0
+        }))
+        expect(late).toEqual(expect.objectContaining({ left: expect.objectContaining({ reason: "lease lost" }) }))
+        expect(yield* stored(current.message)).toEqual([])
+      }))
+
+    it.scoped("a run that asks for something else at a recorded step stops with JournalDivergedError", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* crashAfterThreeSteps(mailbox, world)
+        const second = yield* deliver(mailbox)
+        const adapter = yield* ScriptedAdapter.make([turn1, turn2, turn3])
+        // A deploy changed the prompt's instructions in between.
+        const { exit } = yield* evaluate(adapter, promptFor(world, "Help, tersely."), second.journal)
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({
+          _tag: "JournalDivergedError",
+          key: "1.1",
+          requestId: "request-1"
+        })))
+        expect(yield* adapter.requests).toHaveLength(0) // never a mix of two runs
+        expect(Exit.isFailure(exit) && String(exit.cause)).toContain("diverged from its journal at step 1.1")
+      }))
+
+    it.scoped("a \"rerun\" tool runs again; a result that changed discards what was recorded after it", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        const script: ReadonlyArray<ScriptedAdapter.ScriptedTurn> = [
+          { toolCalls: [{ id: "t", name: "now", params: {} }] },
+          { toolCalls: [{ id: "l", name: "lookup", params: { q: "x" } }] },
+          { fail: "provider down" }
+        ]
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        yield* evaluate(yield* ScriptedAdapter.make(script), promptFor(world), first.journal)
+        expect(yield* stored(first.message)).toEqual(["1.1", "1.2", "1.3", "1.4"])
+        yield* TestClock.adjust("31 seconds")
+
+        // Same clock: the rerun tool runs, agrees with its record, and the replay goes on past it.
+        const second = yield* deliver(mailbox)
+        yield* evaluate(yield* ScriptedAdapter.make([{ fail: "provider down" }]), promptFor(world), second.journal)
+        expect(yield* Ref.get(world.clockReads)).toBe(2)
+        expect(yield* Ref.get(world.lookups)).toBe(1)
+        yield* TestClock.adjust("31 seconds")
+
+        // The clock moved: the turn recorded after it answered a question nobody asks now. Live from there on.
+        yield* Ref.set(world.clock, 200)
+        const third = yield* deliver(mailbox)
+        const live = yield* ScriptedAdapter.make([{ text: "it is 200" }])
+        const { exit } = yield* evaluate(live, promptFor(world), third.journal)
+        expect(Exit.map(exit, (response) => response.output)).toEqual(Exit.succeed("it is 200"))
+        expect(yield* Ref.get(world.clockReads)).toBe(3)
+        expect(yield* Ref.get(world.lookups)).toBe(1)
+        const asked = yield* live.requests
+        expect(asked[0]!.messages.at(-1)).toEqual(expect.objectContaining({ role: "tool", content: "200" }))
+        expect(yield* stored(third.message)).toEqual(["1.1", "1.2", "1.3", "1"])
+      }))
+
+    it.scoped("tokens spent by earlier deliveries count against the budget", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* crashAfterThreeSteps(mailbox, world) // 60 tokens spent on the first turn
+        const second = yield* deliver(mailbox)
+        const budget = yield* Budget.make({ maxTotalTokens: 90 })
+        const tracker = yield* Budget.makeTracker(budget)
+        const adapter = yield* ScriptedAdapter.make([turn2, turn3])
+        const { exit } = yield* evaluate(adapter, promptFor(world), second.journal, tracker)
+        // 60 replayed + 40 live > 90: the second turn is over budget, as it would have been in one delivery.
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({ reason: "budget" })))
+        expect((yield* tracker.consumed).totalTokens).toBe(100)
+        expect(yield* adapter.requests).toHaveLength(1)
+      }))
+
+    it.scoped("a completed evaluation is replayed whole: a delivery that died before its reply asks nothing", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        const done = yield* evaluate(
+          yield* ScriptedAdapter.make([turn1, turn2, turn3]),
+          promptFor(world),
+          first.journal
+        )
+        expect(Exit.isSuccess(done.exit)).toBe(true)
+        yield* TestClock.adjust("31 seconds") // died before acknowledging
+        const second = yield* deliver(mailbox)
+        const adapter = yield* ScriptedAdapter.make([])
+        const { exit } = yield* evaluate(adapter, promptFor(world), second.journal)
+        expect(exit).toEqual(done.exit)
+        expect(yield* adapter.requests).toHaveLength(0)
+        expect(yield* Ref.get(world.charges)).toHaveLength(1)
+      }))
+
+    it.scoped("a subagent's steps are recorded inside its tool call: a tool that died reruns, its subagent replays", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const childCalls = yield* Ref.make(0)
+        const child = Prompt.make({ name: "child", instructions: "Summarise.", input: "text" })
+        const delegate = (failAfterChild: boolean) =>
+          Tool.make({
+            name: "delegate",
+            description: "Asks a subagent.",
+            parameters: Schema.Struct({}),
+            success: Schema.String,
+            handler: (_, context) =>
+              Effect.gen(function*() {
+                yield* Ref.update(childCalls, (n) => n + 1)
+                const response = yield* Effect.orDie(Subagent.evaluate(context, child))
+                // The worker dies after the subagent answered, before the tool's result is recorded.
+                if (failAfterChild) return yield* Effect.interrupt
+                return `child said ${response.output}`
+              })
+          })
+        const parent = (failAfterChild: boolean) =>
+          Prompt.make({ name: "parent", instructions: "Delegate.", input: "go", tools: [delegate(failAfterChild)] })
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        const dying = yield* ScriptedAdapter.make([{ toolCalls: [{ id: "d", name: "delegate", params: {} }] }, {
+          text: "summary"
+        }])
+        yield* evaluate(dying, parent(true), first.journal)
+        expect(yield* stored(first.message)).toEqual(["1.1", "1.2.1.1", "1.2.1"])
+        yield* TestClock.adjust("31 seconds")
+
+        const second = yield* deliver(mailbox)
+        const adapter = yield* ScriptedAdapter.make([{ text: "finished" }])
+        const { exit } = yield* evaluate(adapter, parent(false), second.journal)
+        expect(Exit.map(exit, (response) => response.output)).toEqual(Exit.succeed("finished"))
+        expect(yield* Ref.get(childCalls)).toBe(2) // the tool ran again…
+        const asked = yield* adapter.requests
+        expect(asked).toHaveLength(1) // …but its subagent's turn came from the journal
+        expect(asked[0]!.messages.at(-1)).toEqual(expect.objectContaining({ content: "\"child said summary\"" }))
+      }))
+
+    it.scoped("a stored step that does not decode stops the run with JournalStoreError (undecodable)", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        yield* journalOf(first.message)!.append({
+          position: 1,
+          key: "1.1",
+          entry: "{\"_tag\":\"Turn\"",
+          requestId: "x"
+        })
+        yield* TestClock.adjust("31 seconds")
+        const second = yield* deliver(mailbox)
+        const adapter = yield* ScriptedAdapter.make([turn1])
+        const { exit } = yield* evaluate(adapter, promptFor(world), second.journal)
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "undecodable" })))
+        expect(yield* adapter.requests).toHaveLength(0)
+      }))
+
+    it.scoped("a step larger than the limit is refused before it is stored, naming its size", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        const huge = "x".repeat(Journal.maxStepBytes)
+        const { exit } = yield* evaluate(yield* ScriptedAdapter.make([{ text: huge }]), promptFor(world), first.journal)
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "too large" })))
+        expect(Exit.isFailure(exit) && String(exit.cause)).toContain("replay: \"rerun\"")
+        expect(yield* stored(first.message)).toEqual([])
+      }))
+
+    it.scoped("the journal goes with the acknowledgement, and stays with `keep` (a dead letter)", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* crashAfterThreeSteps(mailbox, world)
+        const second = yield* deliver(mailbox)
+        expect(yield* stored(second.message)).toHaveLength(3)
+        yield* Journal.keep(second.message)
+        yield* second.message.acknowledge
+        const kept = yield* journalKept(mailbox, second.message)
+        expect(Option.map(kept, (steps) => steps.length)).toEqual(Option.some(3))
+
+        yield* crashAfterThreeSteps(mailbox, world)
+        const third = yield* deliver(mailbox)
+        yield* third.journal.recorded("1.1") // an agent reads it…
+        yield* third.message.acknowledge // …and acknowledges without keeping it
+        expect(yield* journalKept(mailbox, third.message)).toEqual(Option.none())
+      }))
+  })
