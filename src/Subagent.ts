@@ -12,8 +12,8 @@
  */
 import type * as Effect from "effect/Effect"
 import * as Deadline from "./Deadline.js"
-import type * as Prompt from "./Prompt.js"
 import type * as Journal from "./Journal.js"
+import type * as Prompt from "./Prompt.js"
 import type { PromptEvaluationError, PromptResponse } from "./ProviderAdapter.js"
 import type { ToolContext } from "./Tool.js"
 
