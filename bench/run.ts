@@ -8,7 +8,8 @@
  * comparison alone (its own throwaway PostgreSQL cluster and Redis) and prints
  * its section, never touching BENCHMARKS.md; `--rounds N` and `--jobs N` set
  * that comparison's measured rounds (default 7) and jobs per round (10,000),
- * e.g. `npm run bench -- --only durable --rounds 3 --jobs 10000`.
+ * e.g. `npm run bench -- --only durable --rounds 3 --jobs 10000`. `--only journal` runs
+ * the agent step journal's section alone (bench/journal.ts), printed.
  */
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
@@ -26,6 +27,7 @@ import { fileURLToPath } from "node:url"
 import { parseArgs } from "node:util"
 import * as Postgres from "../test/support/postgres.js"
 import * as BullMQ from "./bullmq.js"
+import { journalSection } from "./journal.js"
 import { PG_BOSS_BEST, type System, systems, type Throughput } from "./mailboxSql.js"
 import { bareCycles, mergeQueueCycles, recoveryAfterKill } from "./mergeQueue.js"
 import { measurePackage, PROCESS_ROUNDS } from "./package.js"
@@ -49,8 +51,10 @@ const positive = (name: string, text: string) => {
   }
   return n
 }
-if (options.only !== undefined && options.only !== "durable") {
-  process.stderr.write(`--only: the one section that runs alone is "durable", not ${JSON.stringify(options.only)}\n`)
+if (options.only !== undefined && options.only !== "durable" && options.only !== "journal") {
+  process.stderr.write(
+    `--only: the sections that run alone are "durable" and "journal", not ${JSON.stringify(options.only)}\n`
+  )
   process.exit(2)
 }
 
@@ -541,6 +545,18 @@ const durableOnly = async () => {
   log(section.join("\n"))
 }
 
+/** `--only journal`: the step journal's section alone, on a cluster and a SQLite file of its own, printed. */
+const journalOnly = async () => {
+  const log = (line: string) => process.stdout.write(line + "\n")
+  const scope = Effect.runSync(ScopeModule.make())
+  const { url } = await Effect.runPromise(ScopeModule.extend(Postgres.cluster, scope))
+  const sqliteFile = join(mkdtempSync(join(tmpdir(), "leasehold-bench-")), "journal.db")
+  const section = await journalSection(sqliteFile, url, log)
+  await Effect.runPromise(ScopeModule.close(scope, Exit.void))
+  log("")
+  log(section.join("\n"))
+}
+
 const main = async () => {
   const rows: Array<string> = []
   const log = (line: string) => process.stdout.write(line + "\n")
@@ -675,6 +691,8 @@ const main = async () => {
 
   // Durable mailbox vs peers, on this cluster and SQLite file, each round of each system in its own process.
   const durableLines = await durableSection(url, sqliteFile, log)
+  // The agent step journal: recording and resuming, on memory, SQLite and PostgreSQL (bench/journal.ts).
+  const journalLines = await journalSection(join(mkdtempSync(join(tmpdir(), "leasehold-bench-")), "j.db"), url, log)
   // How cost grows with the work (bench/scale.ts): backlog sizes, many queues, dead rows, a worker's memory.
   const scaleReport = await measureScale(url, log)
   await Effect.runPromise(ScopeModule.close(clusterScope, Exit.void))
@@ -819,6 +837,7 @@ const main = async () => {
     } |`,
     "",
     ...durableLines,
+    ...journalLines,
     ...scaleSection(scaleReport),
     "## MergeQueue: claim → transitions → merged → release",
     "",
@@ -863,4 +882,5 @@ const main = async () => {
 }
 
 if (options.only === "durable") durableOnly()
+else if (options.only === "journal") journalOnly()
 else main()

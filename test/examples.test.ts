@@ -22,6 +22,16 @@ const expectations: Record<string, ReadonlyArray<RegExp>> = {
     /e2e: failed: .*Deadline exceeded at/,
     /lease extensions: [1-9]\d*; requests left: 0/
   ],
+  "resumable-agent.ts": [
+    /worker 1: model calls 2, tools run: lookup_order, refund/,
+    /journal step 1.1: Turn/,
+    /journal step 1.2: Tool lookup_order/,
+    /journal step 1.3: Tool refund/,
+    /worker 2: model calls 1, tools run: 0/,
+    /reply to ticket-7 \(attempt 2\): Order A-42 was refunded: 30 EUR\./,
+    /refunds made: 1 \(ticket-7\/1\.3\)/,
+    /journal after the ack: gone/
+  ],
   "main-loop.ts": [
     /r1: ok HELLO/,
     /r2: error DeadlineExceededError/,
