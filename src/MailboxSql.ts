@@ -98,6 +98,7 @@ import {
   SingleFlight
 } from "./internal/sql/mailbox/batching.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import * as Journal from "./internal/sql/mailbox/journal.js"
 import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
@@ -245,6 +246,7 @@ export const make = <A, I, R = never, IR = never>(
       statements: statements_,
       settler,
       settleGroup: groupSettler(settler),
+      appender: Journal.appendBatcher(store, statements_, now),
       routes: new WeakMap(),
       now,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema, maxBodyBytesLimit)

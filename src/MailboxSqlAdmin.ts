@@ -15,7 +15,6 @@
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import * as DateTime from "effect/DateTime"
-import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
@@ -29,10 +28,12 @@ import * as Sql from "./internal/sql/common.js"
 import * as Browse from "./internal/sql/mailbox/browse.js"
 import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/sql/mailbox/browseModel.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import * as Journal from "./internal/sql/mailbox/journal.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
 import * as WorkersTable from "./internal/sql/mailbox/workers.js"
+import type { WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
 import { currentTraceparent } from "./internal/tracing.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
@@ -450,7 +451,10 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
             )
           }
         ),
-      purge: (queue) => nameProblem(queue) === undefined ? withStore(statements_.purge(queue)) : Effect.succeed(0),
+      purge: (queue) =>
+        nameProblem(queue) === undefined
+          ? withStore(Effect.flatMap(Journal.present(store), (journals) => statements_.purge(queue, journals)))
+          : Effect.succeed(0),
       recorded: Effect.flatMap(QueueTable.present(store), (present) =>
         present
           ? Effect.map(QueueTable.list(store), (rows) =>
@@ -517,54 +521,7 @@ export interface Browser {
 export const browse = (options?: Options): Effect.Effect<Browser, OpenError, SqlClient.SqlClient> =>
   Effect.flatMap(open(options), (store) => Effect.map(Effect.clock, (clock) => Browse.make(store, clock)))
 
-/**
- * A loop of a worker process: its queue, its state, the message in its hand and how long ago its heartbeat beat.
- *
- * @category models
- */
-export interface WorkerLoop {
-  readonly name: string
-  readonly queue: string
-  readonly state: "running" | "draining" | "stopped"
-  readonly messageId: Option.Option<string>
-  /** Since its heartbeat last beat, on the database's clock: it keeps growing when the loop or its process stalls. */
-  readonly heartbeatAge: Duration.Duration
-  /** Running or draining with a heartbeat older than `stalledAfter`: no proof of progress. */
-  readonly stalled: boolean
-}
-
-/**
- * A worker process, as its row in the workers table says (mailbox migration 9) and the database's clock judges it.
- *
- * @category models
- */
-export interface WorkerProcess {
-  /** `host:pid`: what an in-flight message's "received by" names. */
-  readonly process: string
-  /** The name it was started with (`LEASEHOLD_WORKER_NAME`), if any. */
-  readonly name: Option.Option<string>
-  /** When it registered (its clock). */
-  readonly startedAt: DateTime.Utc
-  /** Its leasehold version. */
-  readonly version: string
-  /** When it last refreshed its row (the database's clock). */
-  readonly refreshedAt: DateTime.Utc
-  /** Not refreshed for longer than `lostAfter`: the process is gone (killed, frozen, cut off). */
-  readonly lost: boolean
-  readonly loops: ReadonlyArray<WorkerLoop>
-}
-
-/**
- * The verdicts of `Workers.list`: a loop whose heartbeat is older than `stalledAfter` is stalled (default
- * `LEASEHOLD_WORKER_STALLED_AFTER`, else 60 s), a process not refreshed for longer than `lostAfter` is lost
- * (default `LEASEHOLD_WORKER_LOST_AFTER`, else 30 s; workers refresh every `LEASEHOLD_WORKER_REFRESH`, 5 s).
- *
- * @category models
- */
-export interface WorkersOptions {
-  readonly stalledAfter?: Duration.DurationInput | undefined
-  readonly lostAfter?: Duration.DurationInput | undefined
-}
+export type { WorkerLoop, WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
 
 /**
  * The worker processes of a database and prefix (used by `leasehold workers` and the console).

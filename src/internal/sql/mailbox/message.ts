@@ -28,11 +28,13 @@ import {
   type SettleOutcome
 } from "../../../Mailbox.js"
 import * as FrontEnd from "../../mailbox/frontEnd.js"
+import { type DeliveryJournal, Journaled, type StoredStep } from "../../mailbox/journal.js"
 import { GroupSettle, type GroupSettler, settleOne } from "../../mailbox/settle.js"
 import { validateVisibility } from "../../mailbox/validation.js"
 import { currentTraceparent, traceparentOf } from "../../tracing.js"
 import type { SettleBatcher, SettleExit } from "./batching.js"
 import type { Encoder } from "./codec.js"
+import * as Journal from "./journal.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
 
@@ -53,6 +55,8 @@ export interface MailboxContext {
   readonly statements: Statements
   readonly settler: SettleBatcher
   readonly settleGroup: GroupSettler
+  /** The step journal's appends (see `journal.ts`). */
+  readonly appender: Journal.AppendBatcher
   /** Reply destinations already resolved, by resolver and name. */
   readonly routes: WeakMap<object, Map<string, Destination>>
   /** When the mailbox's statements run (see `Now`). */
@@ -121,6 +125,11 @@ export const groupSettler =
 
 export class SqlMessage<A, R> implements Message<A, R> {
   private finalized = false
+  /** This delivery loaded a journal that has steps, or recorded one: its acknowledgement deletes the journal. */
+  private journaled = false
+  /** `keep` was called: the journal outlives the acknowledgement. */
+  private kept = false
+  private journalView: DeliveryJournal | undefined
   constructor(
     private readonly mailbox: MailboxContext,
     readonly id: string,
@@ -171,6 +180,39 @@ export class SqlMessage<A, R> implements Message<A, R> {
     return this.mailbox.settleGroup
   }
 
+  /** The step journal of this delivery's message (see `internal/mailbox/journal.ts`). */
+  get [Journaled](): DeliveryJournal {
+    return this.journalView ??= {
+      load: Effect.suspend(() => Journal.load(this.mailbox.store, this.id)).pipe(
+        Effect.tap((steps) =>
+          Effect.sync(() => {
+            if (steps.length > 0) this.journaled = true
+          })
+        ),
+        connectionError(this.mailbox.name)
+      ),
+      append: (step: StoredStep) =>
+        this.mailbox.appender.submit({ seq: this.id, handle: this.receiptHandle, step }).pipe(
+          connectionError(this.mailbox.name),
+          Effect.flatMap((written) => {
+            if (!written) return Effect.fail(this.expired())
+            this.journaled = true
+            return Effect.void
+          })
+        ),
+      keep: Effect.sync(() => {
+        this.kept = true
+      })
+    }
+  }
+
+  /** This delivery's item for the group commit: its journal goes with it when it has one and did not keep it. */
+  private item(reply: SettleItem["reply"]): SettleItem {
+    return this.journaled && !this.kept
+      ? { seq: this.id, handle: this.receiptHandle, reply, journal: true }
+      : { seq: this.id, handle: this.receiptHandle, reply }
+  }
+
   /**
    * What a group settle does for this delivery: an item for the group commit (its local reply encoded),
    * or an outcome already known (the reply could not be routed or encoded); `undefined` when
@@ -184,17 +226,14 @@ export class SqlMessage<A, R> implements Message<A, R> {
   ): Prepared | undefined {
     // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
     if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
-      return { _tag: "Item", item: { seq: this.id, handle: this.receiptHandle, reply: undefined } }
+      return { _tag: "Item", item: this.item(undefined) }
     }
     const routed = this.routeNow(resolver, reply.value)
     if (routed === undefined) return undefined
     if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
     const route = routed.right
     if (route._tag === "Remote") return undefined
-    return {
-      _tag: "Item",
-      item: { seq: this.id, handle: this.receiptHandle, reply: localReply(route, traceparent) }
-    }
+    return { _tag: "Item", item: this.item(localReply(route, traceparent)) }
   }
 
   /** The outcome of this delivery's item in a group commit (the twin of `settle`'s continuation). */
@@ -213,7 +252,7 @@ export class SqlMessage<A, R> implements Message<A, R> {
   private settle(
     reply: SettleItem["reply"]
   ): Effect.Effect<string | undefined, ReceiptHandleExpiredError | MailboxConnectionError> {
-    return this.mailbox.settler.submit({ seq: this.id, handle: this.receiptHandle, reply }).pipe(
+    return this.mailbox.settler.submit(this.item(reply)).pipe(
       connectionError(this.mailbox.name),
       Effect.flatMap((settled) => {
         if (settled === false) return Effect.fail(this.expired())

@@ -11,6 +11,7 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
 import * as Sql from "../common.js"
+import * as Journal from "./journal.js"
 import type { Now } from "./statements.js"
 import type { Store } from "./store.js"
 
@@ -107,7 +108,7 @@ export const drop = (store: Store, queue: string): Effect.Effect<Dropped, SqlErr
       AND NOT EXISTS (SELECT 1 FROM ${sql(store.messages)} WHERE queue = ${queue}) RETURNING name`,
     (deleted) =>
       deleted.length > 0
-        ? Effect.succeed<Dropped>("dropped")
+        ? Effect.as(Journal.deleteQueue(store, queue), "dropped" as const)
         : Effect.map(
           sql`SELECT name FROM ${table} WHERE name = ${queue}`,
           (rows): Dropped => rows.length > 0 ? "not empty" : "unknown"

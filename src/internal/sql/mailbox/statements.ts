@@ -67,7 +67,8 @@ export interface Statements {
   /** Milliseconds until the queue's next invisible message becomes visible; `undefined` when there is none. */
   readonly nextVisibleIn: (queue: string, now: Now) => Effect.Effect<number | undefined, SqlError>
   readonly count: (queue: string) => Effect.Effect<number, SqlError>
-  readonly purge: (queue: string) => Effect.Effect<number, SqlError>
+  /** Deletes the queue's messages, and their journals unless `journals` is false (the table is not there). */
+  readonly purge: (queue: string, journals?: boolean) => Effect.Effect<number, SqlError>
   /** `now` as a SQL expression, for the operator's queries. */
   readonly at: (now: Now) => Statement.Fragment
 }
@@ -86,6 +87,11 @@ export interface SettleItem {
   readonly seq: string
   readonly handle: string
   readonly reply: { readonly queue: string; readonly body: string; readonly traceparent?: string } | undefined
+  /**
+   * The delivery loaded a journal or recorded steps (`journal.ts`), and did not keep it: its journal goes with
+   * the acknowledgement. Absent (not even the key) otherwise, so a batch with none pays nothing.
+   */
+  readonly journal?: true
 }
 
 /** The statement set of the store's dialect. */
@@ -100,6 +106,13 @@ const atOf = (store: Store) => {
 }
 
 const one = (rows: ReadonlyArray<unknown>) => rows.length > 0
+
+/** The seqs of the items whose journal goes with them, as a PostgreSQL array literal; `undefined` when none. */
+const journalSeqs = (items: ReadonlyArray<SettleItem>): string | undefined => {
+  let seqs: Array<string> | undefined
+  for (const item of items) if (item.journal === true) (seqs ??= []).push(item.seq)
+  return seqs === undefined ? undefined : arrayLiteral(seqs)
+}
 
 /** Each reply's trace context for PostgreSQL's settle, or `null` (no array) when none has one: the usual case. */
 const traceparentsOf = (items: ReadonlyArray<SettleItem>): string | null =>
@@ -170,8 +183,17 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         sql<{ n: number | string }>`SELECT count(*) AS n FROM ${messages} WHERE queue = ${queue}`,
         (rows) => Number(rows[0]?.n ?? 0)
       ),
-    purge: (queue) =>
-      Effect.map(sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`, (rows) => rows.length)
+    purge: (queue, journals = true) =>
+      Effect.map(
+        // The queue's journals go with its messages (a database before migration 11 has none: `journals` false).
+        journals
+          ? Sql.writeTransaction(sql)(Effect.zipLeft(
+            sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`,
+            sql`DELETE FROM ${sql(store.journal)} WHERE queue = ${queue}`
+          ))
+          : sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`,
+        (rows) => rows.length
+      )
   } satisfies Partial<Statements>
 }
 
@@ -237,11 +259,18 @@ const sqlite = (store: Store): Statements => {
         const replying: Array<
           { readonly seq: string; readonly queue: string; readonly body: string; readonly traceparent?: string }
         > = []
+        let journals: Array<number> | undefined
         for (const item of items) {
           // Only the deliveries whose handle was current (a message is once per statement: `settleRounds`).
           if (!current.has(`${item.seq} ${item.handle}`)) continue
+          if (item.journal === true) (journals ??= []).push(Number(item.seq))
           if (item.reply === undefined) settled.set(item.seq, undefined)
           else replying.push({ seq: item.seq, ...item.reply })
+        }
+        // The journals of the acknowledged deliveries that had one go in the same transaction (none: no statement).
+        if (journals !== undefined) {
+          yield* sql`DELETE FROM ${sql(store.journal)}
+            WHERE message_seq IN (SELECT value FROM json_each(${JSON.stringify(journals)}))`
         }
         if (replying.length === 0) return settled
         // Inserted in the array's order, so the new ids ascend in that order (RETURNING's order is unspecified).
@@ -319,20 +348,29 @@ const pg = (store: Store): Statements => {
     },
     settle: (items, now) =>
       Effect.map(
-        store.onLane((lane) =>
+        store.onLane((lane) => {
           // The reply bodies travel as one JSON array of the bodies themselves (each is JSON already), and
           // each element's text is its body as it was: escaping every quote of every body, in the driver's
           // array literal or as JSON strings, cost more than the rest of the statement's parameters. An
           // item without a reply has `null` there, never read (its reply queue is NULL).
-          lane<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq, settled_reply_seq
-          FROM ${settleFunction}(${arrayLiteral(items.map((item) => item.seq))}::bigint[], ${
+          const call = sql`${settleFunction}(${arrayLiteral(items.map((item) => item.seq))}::bigint[], ${
             arrayLiteral(items.map((item) => item.handle))
           }::text[], ${arrayLiteral(items.map((item) => item.reply?.queue ?? null))}::text[],
           ARRAY(SELECT body::text FROM json_array_elements(${`[${
             items.map((item) => item.reply?.body ?? "null").join(",")
           }]`}::json) WITH ORDINALITY AS bodies(body, n) ORDER BY n), ${at(now)}::bigint, ${store.channel}::text,
           ${traceparentsOf(items)}::text[])`
-        ),
+          const journals = journalSeqs(items)
+          if (journals === undefined) {
+            return lane<{ settled_seq: string; settled_reply_seq: string | null }>`SELECT settled_seq,
+              settled_reply_seq FROM ${call}`
+          }
+          // Deliveries with a journal: it goes in the same statement, for those the settle acknowledged only.
+          return lane<{ settled_seq: string; settled_reply_seq: string | null }>`WITH s AS (SELECT * FROM ${call}),
+            d AS (DELETE FROM ${sql(store.journal)} WHERE message_seq IN (SELECT settled_seq FROM s)
+              AND message_seq = ANY(${journals}::bigint[]))
+            SELECT settled_seq, settled_reply_seq FROM s`
+        }),
         (rows) =>
           new Map(rows.map((row) => [
             String(row.settled_seq),

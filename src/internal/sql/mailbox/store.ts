@@ -45,6 +45,8 @@ export interface Row {
 export class Store {
   readonly messages: string
   readonly deadLetters: string
+  /** The step journals of agent runs, by message (migration 11: see `journal.ts`). */
+  readonly journal: string
   readonly channel: string
   /** This process, as a claim records it in `received_by` (`host:pid`). */
   readonly receiver = `${hostname()}:${process.pid}`
@@ -75,6 +77,7 @@ export class Store {
   constructor(readonly sql: SqlClient.SqlClient, readonly prefix: string, readonly dialect: "pg" | "sqlite") {
     this.messages = `${prefix}mailbox_messages`
     this.deadLetters = `${prefix}mailbox_dead_letters`
+    this.journal = `${prefix}mailbox_journal`
     this.channel = `${prefix}mailbox`
     this.pgConfig = dialect === "pg"
       ? (sql as SqlClient.SqlClient & Partial<Pick<PgClient.PgClient, "config">>).config
@@ -307,7 +310,24 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
     "10_queues_and_pause": Effect.zipRight(
       Queues.create(store),
       store.dialect === "pg" ? createClaimFunction(store, { receiver: true, pause: true }) : Effect.void
-    )
+    ),
+    // The step journal of agent runs (internal/mailbox/journal.ts): the steps a delivery recorded, kept by the
+    // message's seq so a redelivery replays them. Deleted with the message by its acknowledgement (or kept for a
+    // dead letter, until retention's `journals`); found by request id by the operator.
+    "11_journal": Effect.all([
+      sql`CREATE TABLE IF NOT EXISTS ${sql(store.journal)} (
+        message_seq BIGINT NOT NULL,
+        position INTEGER NOT NULL,
+        step_key TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        request_id TEXT,
+        entry TEXT NOT NULL,
+        recorded_at BIGINT NOT NULL,
+        PRIMARY KEY (message_seq, position),
+        UNIQUE (message_seq, step_key))`,
+      sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_request`)} ON ${sql(store.journal)} (request_id)`,
+      sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_queue`)} ON ${sql(store.journal)} (queue)`
+    ], { discard: true })
   }
 }
 

@@ -28,12 +28,12 @@ import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { InvalidParameterError } from "../../../Errors.js"
-import type * as Admin from "../../../MailboxSqlAdmin.js"
 import * as Durations from "../../duration.js"
 import { version } from "../../version.js"
 import type { LoopPulse } from "../../worker/pulse.js"
 import { nowOf, statements } from "./statements.js"
 import type { Store } from "./store.js"
+import type * as Admin from "./workersModel.js"
 
 /** The workers table of a store's prefix. */
 export const workersTable = (prefix: string) => `${prefix}mailbox_workers`

@@ -1,0 +1,191 @@
+/**
+ * The step journal on SQLite and PostgreSQL (`internal/sql/mailbox/journal.ts`): steps load in the order they
+ * were recorded; only the delivery that holds the message records (a stale one gets `ReceiptHandleExpiredError`
+ * and writes nothing); the journal goes with the acknowledgement (alone, with a reply, in a group settle) unless
+ * kept, stays through a nack or an expiry, goes with a purge; concurrent appends of many deliveries land
+ * together, a stale one failing alone; retention prunes only journals whose message is gone; the operator reads
+ * a journal by message id or request id (`MailboxSqlAdmin.journal`, `leasehold mailbox journal`).
+ */
+import { SqlClient } from "@effect/sql"
+import { beforeEach, describe, expect, it } from "@effect/vitest"
+import { Effect, Either, Option, Schema, TestClock } from "effect"
+import { journalOf, type StoredStep } from "../src/internal/mailbox/journal.js"
+import { MailboxResolver, settleAll } from "../src/Mailbox.js"
+import * as MailboxSql from "../src/MailboxSql.js"
+import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
+import { sqlBackends } from "./support/sqlBackends.js"
+
+let tables = 0
+let prefix = "j0_"
+beforeEach(() => {
+  prefix = `j${++tables}_`
+})
+
+const backends = sqlBackends("journal")
+
+const Job = Schema.Struct({ n: Schema.Number })
+
+/** The `position`th step of a run answering `requestId`. */
+const step = (position: number, requestId?: string): StoredStep => ({
+  position,
+  key: String(position),
+  entry: JSON.stringify({ _tag: "Turn", promptName: "p", usage: { inputTokens: position, outputTokens: 2 } }),
+  requestId
+})
+
+/** The journal a SQL message offers (every one does). */
+const journal = (message: object) => journalOf(message)!
+
+/** Every journal row of the prefix, as `seq:position`. */
+const rows = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  Effect.map(
+    sql<{ message_seq: number | string; position: number | string }>`SELECT message_seq, position
+      FROM ${sql(`${prefix}mailbox_journal`)} ORDER BY message_seq, position`,
+    (found) => found.map((row) => `${row.message_seq}:${row.position}`)
+  ))
+
+for (const backend of backends) {
+  const onDb = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+    Effect.provideService(effect, SqlClient.SqlClient, backend.client())
+
+  describe(`the step journal on ${backend.label}`, () => {
+    it.scoped("append and load round-trip in position order; a redelivery sees what earlier ones recorded", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        const [first] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        expect(yield* journal(first!).load).toEqual([])
+        for (const position of [1, 2, 3]) yield* journal(first!).append(step(position, "r-1"))
+        expect(yield* journal(first!).load).toEqual([step(1, "r-1"), step(2, "r-1"), step(3, "r-1")])
+        // A nack leaves it for the next delivery.
+        yield* first!.nack()
+        const [second] = yield* jobs.receive()
+        expect(second!.id).toBe(first!.id)
+        expect((yield* journal(second!).load).map((s) => s.position)).toEqual([1, 2, 3])
+        yield* journal(second!).append({ ...step(4), entry: "{\"_tag\":\"Tool\",\"text\":\"quote \\\" é\"}" })
+        expect((yield* journal(second!).load)[3]).toEqual({
+          ...step(4),
+          entry: "{\"_tag\":\"Tool\",\"text\":\"quote \\\" é\"}"
+        })
+      }).pipe(onDb))
+
+    it.scoped("a delivery whose visibility ran out, or whose message another delivery holds, records nothing", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        const [first] = yield* jobs.receive({ visibilityTimeout: "10 seconds" })
+        yield* journal(first!).append(step(1))
+        yield* TestClock.adjust("11 seconds")
+        // Run out, not yet claimed again.
+        const expired = yield* Effect.flip(journal(first!).append(step(2)))
+        expect(expired._tag).toBe("ReceiptHandleExpiredError")
+        // Claimed again: the old delivery still records nothing, the new one does.
+        const [second] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        expect((yield* Effect.flip(journal(first!).append(step(2))))._tag).toBe("ReceiptHandleExpiredError")
+        expect((yield* journal(second!).load).map((s) => s.position)).toEqual([1])
+        yield* journal(second!).append(step(2))
+        expect(yield* rows).toEqual([`${first!.id}:1`, `${first!.id}:2`])
+      }).pipe(onDb))
+
+    it.scoped("an expiry leaves the journal for the next delivery", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        const [first] = yield* jobs.receive({ visibilityTimeout: "10 seconds" })
+        yield* journal(first!).append(step(1))
+        yield* TestClock.adjust("11 seconds")
+        const [second] = yield* jobs.receive()
+        expect((yield* journal(second!).load).map((s) => s.position)).toEqual([1])
+      }).pipe(onDb))
+
+    it.scoped("the journal goes with the acknowledgement: plain, with a reply, in a group settle; kept ones stay", () =>
+      Effect.gen(function*() {
+        const requests = yield* MailboxSql.make({ name: "requests", schema: Job, replySchema: Job, prefix })
+        const responses = yield* MailboxSql.make({ name: "responses", schema: Job, prefix })
+        const resolver = MailboxResolver.fromMailboxes(requests, responses)
+        for (const n of [1, 2, 3, 4, 5, 6]) yield* requests.send({ n }, { replyTo: "responses" })
+        const received = yield* requests.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+        expect(received.length).toBe(6)
+        for (const message of received) yield* journal(message).append(step(1))
+        const [plain, replied, kept, ...grouped] = received
+        yield* plain!.acknowledge
+        yield* replied!.replyAndAcknowledge({ n: 20 }).pipe(Effect.provideService(MailboxResolver, resolver))
+        yield* journal(kept!).keep
+        yield* kept!.acknowledge
+        // A group of three, one of them kept.
+        yield* journal(grouped[0]!).keep
+        const outcomes = yield* settleAll(
+          grouped.map((message) => ({ message, reply: Option.some({ n: message.body.n * 10 }) }))
+        ).pipe(Effect.provideService(MailboxResolver, resolver))
+        expect(outcomes.map(Either.isRight)).toEqual([true, true, true])
+        expect(yield* rows).toEqual([`${kept!.id}:1`, `${grouped[0]!.id}:1`])
+        expect((yield* responses.receive({ maxMessages: 10 })).length).toBe(4)
+      }).pipe(onDb))
+
+    it.scoped("a delivery that only loaded a journal deletes it when it acknowledges; a stale ack deletes nothing", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        yield* jobs.send({ n: 2 })
+        const [a, b] = yield* jobs.receive({ maxMessages: 2, visibilityTimeout: "10 seconds" })
+        yield* journal(a!).append(step(1))
+        yield* journal(b!).append(step(1))
+        yield* TestClock.adjust("11 seconds")
+        // Stale: the acknowledgement fails and the journal stays.
+        expect((yield* Effect.flip(a!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        expect((yield* rows).length).toBe(2)
+        const again = yield* jobs.receive({ maxMessages: 2, visibilityTimeout: "1 minute" })
+        for (const message of again) expect((yield* journal(message).load).length).toBe(1)
+        yield* Effect.forEach(again, (message) => message.acknowledge, { discard: true })
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb))
+
+    it.scoped("a purge of the queue deletes its journals, not another queue's", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const other = yield* MailboxSql.make({ name: "other", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        yield* other.send({ n: 2 })
+        const [mine] = yield* jobs.receive()
+        const [theirs] = yield* other.receive()
+        yield* journal(mine!).append(step(1))
+        yield* journal(theirs!).append(step(1))
+        expect(yield* jobs.purge).toBe(1)
+        expect(yield* rows).toEqual([`${theirs!.id}:1`])
+        const queues = yield* MailboxSqlAdmin.queues({ prefix })
+        expect(yield* queues.purge("other")).toBe(1)
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb))
+
+    it.scoped("concurrent appends of many deliveries all land; a stale one fails alone", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        for (let n = 0; n < 10; n++) yield* jobs.send({ n })
+        const stale = (yield* jobs.receive({ visibilityTimeout: "10 seconds" }))[0]!
+        yield* TestClock.adjust("11 seconds")
+        const held = yield* jobs.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+        expect(held.length).toBe(10)
+        const fresh = held.filter((message) => message.id !== stale.id)
+        const results = yield* Effect.all(
+          [stale, ...fresh].flatMap((message) =>
+            [1, 2, 3].map((position) => Effect.either(journal(message).append(step(position))))
+          ).reverse(),
+          { concurrency: "unbounded" }
+        ).pipe(Effect.map((all) => all.reverse()))
+        expect(results.slice(0, 3).map((r) => Either.isLeft(r) && r.left._tag)).toEqual([
+          "ReceiptHandleExpiredError",
+          "ReceiptHandleExpiredError",
+          "ReceiptHandleExpiredError"
+        ])
+        expect(results.slice(3).every(Either.isRight)).toBe(true)
+        expect((yield* rows).length).toBe(fresh.length * 3)
+        // A step already recorded at that position fails alone too.
+        const clash = yield* Effect.all([
+          Effect.either(journal(fresh[0]!).append(step(1))),
+          Effect.either(journal(fresh[1]!).append(step(4)))
+        ], { concurrency: "unbounded" })
+        expect(clash.map((r) => r._tag)).toEqual(["Left", "Right"])
+        expect((yield* rows).length).toBe(fresh.length * 3 + 1)
+      }).pipe(onDb))
+  })
+}
