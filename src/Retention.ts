@@ -1,8 +1,14 @@
 /**
  * Retention: deletes what leasehold's SQL tables would otherwise keep for ever, once it is older than a cutoff
  * — merge-queue entries in a terminal status (`merged`, `failed_terminal`, `cancelled`), the merge queue's
- * audit log, dead letters, and the unread replies of the queues named as reply queues. Never a queued,
- * delayed, in-flight or in-progress row.
+ * audit log, dead letters, the unread replies of the queues named as reply queues, and the step journals of
+ * agent runs whose message is gone. Never a queued, delayed, in-flight or in-progress row.
+ *
+ * A step journal (`journals`) is deleted with its message when a delivery acknowledges it; what stays is the
+ * journal of a request the loop dead-lettered (kept for the operator: `leasehold mailbox journal`), of a message
+ * purged or deleted by hand, or of a process that acknowledged and crashed before it could say so. Retention
+ * deletes those steps once they were recorded before the cutoff; a journal whose message is still in the
+ * messages table (queued, delayed, in flight: its next delivery replays it) is never pruned, however old.
  *
  * `prune` runs once (the `leasehold prune` command uses it); `layer` runs it in the background on a schedule.
  * Rows go in batches of `batchSize`, each batch one short write transaction that reads at most that many rows
@@ -33,7 +39,8 @@ import * as Sql from "./internal/sql/common.js"
 import * as Statements from "./internal/sql/retention.js"
 
 /**
- * What retention prunes: terminal merge-queue `entries`, `audit` rows, `deadLetters`, `replies`.
+ * What retention prunes: terminal merge-queue `entries`, `audit` rows, `deadLetters`, `replies`, orphaned step
+ * `journals`.
  *
  * @category models
  */
@@ -104,6 +111,8 @@ export interface PruneResult {
   readonly audit: number
   readonly deadLetters: number
   readonly replies: number
+  /** Steps of journals whose message is gone. */
+  readonly journals: number
   readonly dryRun: boolean
   readonly skipped: ReadonlyArray<Kind>
 }
@@ -161,13 +170,15 @@ const run = (config: RetentionConfig) =>
       entries: mergeQueue.entries,
       audit: mergeQueue.audit,
       messages: `${config.prefix}mailbox_messages`,
-      deadLetters: `${config.prefix}mailbox_dead_letters`
+      deadLetters: `${config.prefix}mailbox_dead_letters`,
+      journal: `${config.prefix}mailbox_journal`
     }
     const needs: Record<Kind, string> = {
       entries: tables.entries,
       audit: tables.audit,
       deadLetters: tables.deadLetters,
-      replies: tables.messages
+      replies: tables.messages,
+      journals: tables.journal
     }
     const missing = yield* Sql.missingTables(sql, config.kinds.map((kind) => needs[kind])).pipe(
       Effect.mapError((cause) => new RetentionStoreError({ kind: "tables", cause }))
@@ -204,7 +215,7 @@ const run = (config: RetentionConfig) =>
         : kind === "replies"
         ? Effect.succeed([...new Set(config.replyQueues)])
         : Effect.succeed([undefined])
-    const counts: Record<Kind, number> = { entries: 0, audit: 0, deadLetters: 0, replies: 0 }
+    const counts: Record<Kind, number> = { entries: 0, audit: 0, deadLetters: 0, replies: 0, journals: 0 }
     for (const kind of config.kinds) {
       if (skipped.includes(kind)) continue
       for (const queue of yield* queuesOf(kind)) counts[kind] += yield* one(kind, queue)
@@ -228,13 +239,14 @@ export const layer = (
     const config = new RetentionConfig(fields, true)
     const pass = run(config).pipe(
       Effect.flatMap((result) => {
-        const total = result.entries + result.audit + result.deadLetters + result.replies
+        const total = result.entries + result.audit + result.deadLetters + result.replies + result.journals
         return total === 0 ? Effect.void : Effect.logInfo("Retention pruned old rows").pipe(
           Effect.annotateLogs({
             entries: result.entries,
             audit: result.audit,
             deadLetters: result.deadLetters,
-            replies: result.replies
+            replies: result.replies,
+            journals: result.journals
           })
         )
       }),

@@ -13,6 +13,7 @@ import { journalOf, type StoredStep } from "../src/internal/mailbox/journal.js"
 import { MailboxResolver, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
+import * as Retention from "../src/Retention.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 let tables = 0
@@ -186,6 +187,28 @@ for (const backend of backends) {
         ], { concurrency: "unbounded" })
         expect(clash.map((r) => r._tag)).toEqual(["Left", "Right"])
         expect((yield* rows).length).toBe(fresh.length * 3 + 1)
+      }).pipe(onDb))
+    it.scoped("retention prunes old steps of journals whose message is gone, never one whose message is there", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        for (const n of [1, 2, 3]) yield* jobs.send({ n })
+        const [kept, waiting, late] = yield* jobs.receive({ maxMessages: 3, visibilityTimeout: "12 hours" })
+        for (const message of [kept!, waiting!, late!]) yield* journal(message).append(step(1))
+        // Kept and acknowledged: an orphan. Waiting: still in flight. Late: acknowledged, kept, recorded later.
+        yield* journal(kept!).keep
+        yield* kept!.acknowledge
+        yield* TestClock.adjust("2 hours")
+        yield* journal(late!).append(step(2))
+        yield* journal(late!).keep
+        yield* late!.acknowledge
+        const options: Retention.Options = { olderThan: "1 hour", prefix, kinds: ["journals"], pause: 0 }
+        expect(yield* Retention.prune({ ...options, dryRun: true })).toMatchObject({ journals: 2, dryRun: true })
+        expect(yield* Retention.prune(options)).toMatchObject({ journals: 2 })
+        expect(yield* rows).toEqual([`${waiting!.id}:1`, `${late!.id}:2`])
+        // However old, the journal of a message still there stays.
+        yield* TestClock.adjust("10 hours")
+        expect(yield* Retention.prune(options)).toMatchObject({ journals: 1 })
+        expect(yield* rows).toEqual([`${waiting!.id}:1`])
       }).pipe(onDb))
   })
 }

@@ -126,7 +126,7 @@ for (const backend of backends) {
           const before = yield* snapshot
           const dry = yield* Retention.prune({ ...options, dryRun: true })
           expect(yield* snapshot).toEqual(before)
-          const expected = { entries: 3, audit: oldAudit, deadLetters: 1, replies: 2, skipped: [] }
+          const expected = { entries: 3, audit: oldAudit, deadLetters: 1, replies: 2, journals: 0, skipped: [] }
           expect(dry).toEqual({ ...expected, dryRun: true })
 
           expect(yield* Retention.prune(options)).toEqual({ ...expected, dryRun: false })
@@ -163,6 +163,7 @@ for (const backend of backends) {
             audit: 0,
             deadLetters: 0,
             replies: 0,
+            journals: 0,
             dryRun: false,
             skipped: []
           })
@@ -199,7 +200,8 @@ for (const backend of backends) {
               entries: `${prefix}merge_queue`,
               audit: `${prefix}merge_queue_audit`,
               messages: `${prefix}mailbox_messages`,
-              deadLetters: `${prefix}mailbox_dead_letters`
+              deadLetters: `${prefix}mailbox_dead_letters`,
+              journal: `${prefix}mailbox_journal`
             },
             3_600_000,
             () => 7_200_000
@@ -244,6 +246,7 @@ for (const backend of backends) {
             audit: 0,
             deadLetters: 1,
             replies: 0,
+            journals: 0,
             dryRun: true,
             skipped: ["entries", "audit"]
           })

@@ -99,7 +99,14 @@ for (const target of targets) {
       () =>
         Effect.gen(function*() {
           const db = target.db()
-          const expected = { entries: 3, audit: target.audit() - 1, deadLetters: 1, replies: 2, skipped: [] }
+          const expected = {
+            entries: 3,
+            audit: target.audit() - 1,
+            deadLetters: 1,
+            replies: 2,
+            journals: 0,
+            skipped: []
+          }
           const args = ["prune", "--db", db, "--older-than", "7d", "--reply-queue", "answers"]
           const dry = yield* leasehold(...args, "--dry-run", "--json")
           expect(dry.code).toBe(0)

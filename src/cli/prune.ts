@@ -72,7 +72,8 @@ const labels: Record<Retention.Kind, string> = {
   entries: "merge-queue entries (merged, failed, cancelled)",
   audit: "merge-queue audit rows",
   deadLetters: "dead letters",
-  replies: "unread replies"
+  replies: "unread replies",
+  journals: "step journals of gone messages"
 }
 const kinds = Object.keys(labels) as ReadonlyArray<Retention.Kind>
 
@@ -135,7 +136,8 @@ export const command = Command.make(
   Command.withDescription(
     "Delete old rows that nothing reads any more, in short batches: merge-queue entries\n" +
       "that are merged, failed for good or cancelled, the merge-queue audit log, dead letters,\n" +
-      "and unread replies of the queues given with --reply-queue. Never a queued, delayed,\n" +
+      "unread replies of the queues given with --reply-queue, and the step journals of agent\n" +
+      "runs whose message is gone (dead-lettered, purged). Never a queued, delayed,\n" +
       "in-flight or in-progress row.\n" +
       "Example: leasehold prune --db ./app.db --older-than 7d --reply-queue responses --dry-run"
   )

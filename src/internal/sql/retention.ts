@@ -11,6 +11,10 @@
  *   its newest row. So the log stays contiguous, and SQLite's audit id (an INTEGER PRIMARY KEY since merge-queue
  *   migration 3, which hands out the largest id plus one) is never handed out twice;
  * - dead letters, by when they were dead-lettered;
+ * - step journals (mailbox migration 11) whose message is no longer in the messages table (acknowledged by a
+ *   delivery that kept its journal, dead-lettered, purged by hand), step by step, by when each step was
+ *   recorded. A message's seq is never handed out again, so a journal whose message is gone is written by
+ *   nobody; a journal whose message still exists (queued, delayed, in flight) is never matched;
  * - messages of the queues named as reply queues that are visible (not in flight, not delayed) and were
  *   enqueued before the cutoff. On PostgreSQL a row a claim holds is skipped (`FOR UPDATE SKIP LOCKED`, as the
  *   claim itself does), and a row claimed before the delete locked it no longer matches once re-read; on
@@ -26,7 +30,7 @@ import { terminal } from "../mergeQueue/statuses.js"
 import * as Sql from "./common.js"
 
 /** The kinds of rows retention prunes. */
-export const kinds = ["entries", "audit", "deadLetters", "replies"] as const
+export const kinds = ["entries", "audit", "deadLetters", "replies", "journals"] as const
 
 /** A kind of rows retention prunes. */
 export type Kind = typeof kinds[number]
@@ -37,6 +41,7 @@ export interface Tables {
   readonly audit: string
   readonly messages: string
   readonly deadLetters: string
+  readonly journal: string
 }
 
 /** Retention's statements on one client, with the cutoff fixed: `olderThanMillis` before the time a statement runs. */
@@ -69,11 +74,12 @@ export const make = (
   const audit = sql(tables.audit)
   const messages = sql(tables.messages)
   const deadLetters = sql(tables.deadLetters)
+  const journal = sql(tables.journal)
   // A claim holds the rows it takes: skip them rather than wait (PostgreSQL); SQLite's write lock is the file's.
   const skipLocked = pg ? sql`FOR UPDATE SKIP LOCKED` : sql``
 
   /** The rows of a kind that may go (audit's are a prefix of the log: below), and the index order to take them in. */
-  const rule = (kind: Exclude<Kind, "audit">, queue: string | undefined) => {
+  const rule = (kind: Exclude<Kind, "audit" | "journals">, queue: string | undefined) => {
     switch (kind) {
       case "entries":
         return {
@@ -126,9 +132,25 @@ export const make = (
       }
     )
 
+  /** Steps older than the cutoff whose message is gone (the table's primary key is two columns: its own statements). */
+  const orphaned =
+    sql`recorded_at < ${cutoff()} AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = j.message_seq)`
+  const journalCount = Effect.map(
+    sql<{ n: number | string }>`SELECT count(*) AS n FROM ${journal} j WHERE ${orphaned}`,
+    (rows) => Number(rows[0]?.n ?? 0)
+  )
+  const journalPrune = (limit: number) =>
+    Effect.map(
+      sql`DELETE FROM ${journal} WHERE (message_seq, position) IN (
+        SELECT message_seq, position FROM ${journal} j WHERE ${orphaned} ORDER BY recorded_at LIMIT ${limit} ${skipLocked})
+      RETURNING message_seq`,
+      (deleted) => deleted.length
+    )
+
   return {
     count: (kind, queue) => {
       if (kind === "audit") return auditCount
+      if (kind === "journals") return journalCount
       const { table, where } = rule(kind, queue)
       return Effect.map(
         sql<{ n: number | string }>`SELECT count(*) AS n FROM ${table} WHERE ${where}`,
@@ -138,6 +160,7 @@ export const make = (
     prune: (kind, queue, limit) =>
       Sql.writeTransaction(sql)(Effect.suspend(() => {
         if (kind === "audit") return auditPrune(limit)
+        if (kind === "journals") return journalPrune(limit)
         const { key, order, table, where } = rule(kind, queue)
         return Effect.map(
           sql`DELETE FROM ${table} WHERE ${key} IN (

@@ -326,7 +326,9 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
         PRIMARY KEY (message_seq, position),
         UNIQUE (message_seq, step_key))`,
       sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_request`)} ON ${sql(store.journal)} (request_id)`,
-      sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_queue`)} ON ${sql(store.journal)} (queue)`
+      sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_queue`)} ON ${sql(store.journal)} (queue)`,
+      // Retention's `journals` takes the oldest steps first.
+      sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_recorded`)} ON ${sql(store.journal)} (recorded_at)`
     ], { discard: true })
   }
 }
