@@ -29,6 +29,7 @@ import * as Browse from "./internal/sql/mailbox/browse.js"
 import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/sql/mailbox/browseModel.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
+import * as JournalView from "./internal/sql/mailbox/journalView.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
@@ -554,4 +555,42 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
       })
     }
     return { list: (listOptions) => connectionError(table)(WorkersTable.listProcesses(store, listOptions)) }
+  })
+
+export type { JournalStep, JournalView } from "./internal/sql/mailbox/journalView.js"
+
+/**
+ * The most steps `journal` returns (`JournalView.truncated` says when a journal has more).
+ *
+ * @category models
+ */
+export const journalStepLimit: number = JournalView.stepLimit
+
+/**
+ * The step journal of an agent run's message (mailbox migration 11), by message id or by the request id its
+ * steps carry; `None` when no journal has steps under `id`. Entries are parsed from the stored JSON text (the
+ * text itself when it does not parse). With `create: false`, a database before that migration is a
+ * `TablesNotFoundError` naming it.
+ *
+ * @category constructors
+ */
+export const journal = (
+  id: string,
+  options?: Options
+): Effect.Effect<
+  Option.Option<JournalView.JournalView>,
+  OpenError | InvalidParameterError,
+  SqlClient.SqlClient
+> =>
+  Effect.gen(function*() {
+    const store = yield* open(options)
+    const withStore = connectionError(store.journal)
+    if (!(yield* withStore(Journal.present(store)))) {
+      return yield* new TablesNotFoundError({
+        what: "mailbox journal table (mailbox migration 11; leasehold migrate adds it)",
+        prefix: store.prefix,
+        missing: [store.journal]
+      })
+    }
+    return yield* JournalView.read(store, id).pipe(withStore)
   })

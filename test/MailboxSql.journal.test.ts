@@ -8,12 +8,13 @@
  */
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Option, Schema, TestClock } from "effect"
+import { DateTime, Effect, Either, Option, Schema, TestClock } from "effect"
 import { journalOf, type StoredStep } from "../src/internal/mailbox/journal.js"
 import { MailboxResolver, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as Retention from "../src/Retention.js"
+import { leasehold } from "./helpers.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 let tables = 0
@@ -210,5 +211,97 @@ for (const backend of backends) {
         expect(yield* Retention.prune(options)).toMatchObject({ journals: 1 })
         expect(yield* rows).toEqual([`${waiting!.id}:1`])
       }).pipe(onDb))
+    it.scoped("the operator reads a journal by message id or request id: queued, dead-lettered, gone", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        yield* jobs.send({ n: 1 })
+        yield* jobs.send({ n: 2 })
+        const [working, failing] = yield* jobs.receive({ maxMessages: 2, visibilityTimeout: "1 minute" })
+        yield* journal(working!).append(step(1, "req-a"))
+        yield* journal(working!).append({ ...step(2, "req-a"), key: "2.1", entry: "not json {" })
+        yield* journal(failing!).append(step(1, "req-b"))
+        yield* journal(failing!).append({
+          position: 2,
+          key: "2",
+          entry: JSON.stringify({ _tag: "ToolResult", toolName: "search", ok: false }),
+          requestId: "req-b"
+        })
+        // Dead-lettered as the loop does it: the letter stored under the message's id, the journal kept.
+        yield* letters.sink(Job).send({
+          messageId: failing!.id,
+          body: failing!.body,
+          sourceMailbox: "jobs",
+          deliveryCount: 1,
+          lastError: "boom",
+          lastErrorTag: "Boom",
+          enqueuedAt: DateTime.unsafeMake(0),
+          deadLetteredAt: DateTime.unsafeMake(0),
+          requestId: "req-b",
+          replyTo: undefined,
+          traceId: undefined
+        })
+        yield* journal(failing!).keep
+        yield* failing!.acknowledge
+
+        const byId = yield* MailboxSqlAdmin.journal(working!.id, { prefix })
+        expect(Option.map(byId, (view) => ({ ...view, steps: view.steps.map((s) => [s.position, s.key, s.entry]) })))
+          .toEqual(Option.some({
+            messageId: working!.id,
+            queue: "jobs",
+            requestId: Option.some("req-a"),
+            where: "queued",
+            steps: [[1, "1", { _tag: "Turn", promptName: "p", usage: { inputTokens: 1, outputTokens: 2 } }], [
+              2,
+              "2.1",
+              "not json {"
+            ]],
+            truncated: false
+          }))
+        const byRequest = Option.getOrThrow(yield* MailboxSqlAdmin.journal("req-b", { prefix }))
+        expect([byRequest.messageId, byRequest.where, byRequest.steps.length]).toEqual([failing!.id, "dead letter", 2])
+        expect(DateTime.isDateTime(byRequest.steps[0]!.recordedAt)).toBe(true)
+        expect(yield* MailboxSqlAdmin.journal("nothing", { prefix })).toEqual(Option.none())
+        expect((yield* Effect.flip(MailboxSqlAdmin.journal("", { prefix })))._tag).toBe("InvalidParameterError")
+        // Gone: the dead letter deleted, the journal still there until retention.
+        yield* letters.purge()
+        expect(Option.map(yield* MailboxSqlAdmin.journal(failing!.id, { prefix }), (view) => view.where))
+          .toEqual(Option.some("gone"))
+      }).pipe(onDb))
+
+    it.live(
+      "leasehold mailbox journal prints one line per step, --json the whole journal; none exits 1",
+      () =>
+        Effect.gen(function*() {
+          const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+          yield* jobs.send({ n: 1 })
+          const [message] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+          yield* journal(message!).append(step(1, "req-cli"))
+          yield* journal(message!).append({
+            position: 2,
+            key: "1.1",
+            entry: JSON.stringify({ _tag: "ToolResult", toolName: "search", ok: true }),
+            requestId: "req-cli"
+          })
+          const args = ["--db", backend.db(), "--prefix", prefix]
+          const text = yield* leasehold("mailbox", "journal", "--id", "req-cli", ...args)
+          expect(text.code).toBe(0)
+          expect(text.stdout).toContain(`message ${message!.id} (queued) in jobs, request req-cli: 2 steps`)
+          expect(text.stdout).toMatch(/^1\s+1\s+\S+Z\s+Turn prompt=p tokens=1\/2$/m)
+          expect(text.stdout).toMatch(/^2\s+1\.1\s+\S+Z\s+ToolResult tool=search ok=true$/m)
+          const json = yield* leasehold("mailbox", "journal", "--id", message!.id, "--json", ...args)
+          expect(json.code).toBe(0)
+          expect(JSON.parse(json.stdout)).toMatchObject({
+            messageId: message!.id,
+            requestId: "req-cli",
+            where: "queued",
+            steps: [{ position: 1, key: "1", entry: { _tag: "Turn" } }, { position: 2, entry: { toolName: "search" } }]
+          })
+          const missing = yield* leasehold("mailbox", "journal", "--id", "no-such-request", ...args)
+          expect(missing.code).toBe(1)
+          expect(missing.stderr).toContain("no step journal for \"no-such-request\"")
+        }).pipe(onDb, Effect.scoped),
+      60_000
+    )
   })
 }

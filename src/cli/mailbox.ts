@@ -3,7 +3,8 @@
  * — `stats` (every queue: queued, in flight, delayed, dead letters), `peek`
  * (the next messages, not received), `dlq list`, `dlq redrive` (back to the
  * source queue), `dlq delete`, `purge`, and `pause` / `resume` / `drop` (the
- * queues table, mailbox migration 10). What acts on everything (a redrive
+ * queues table, mailbox migration 10), and `journal` (an agent run's step
+ * journal, by message id or request id, mailbox migration 11). What acts on everything (a redrive
  * or delete without `--queue`/`--id`, a delete of a queue's dead letters, a
  * purge) needs `--yes`, and without it says how many rows it would touch
  * (exit 2). A queue or dead letter that is not there is a `NotFoundError`
@@ -19,6 +20,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { causeOf, clip } from "../internal/errorText.js"
+import { summary } from "../internal/sql/mailbox/journalView.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
 import { ago, table } from "./table.js"
@@ -425,10 +427,61 @@ const drop = Command.make(
   )
 )
 
+const journal = Command.make(
+  "journal",
+  {
+    ...common,
+    id: Options.text("id").pipe(Options.withDescription("A message id, or the request id the run answers."))
+  },
+  (options) =>
+    admin.pipe(
+      Effect.flatMap((MailboxSqlAdmin) =>
+        MailboxSqlAdmin.journal(options.id, { prefix: options.prefix, create: false })
+      ),
+      Effect.flatMap(Option.match({
+        onNone: () =>
+          new NotFoundError({
+            message: `no step journal for ${JSON.stringify(options.id)} (a message id or a request id) with prefix ` +
+              `"${options.prefix}" in this database: the run recorded no step, or its journal went with its ` +
+              "acknowledgement or retention"
+          }),
+        onSome: (found) =>
+          print(
+            options.json,
+            {
+              ...found,
+              requestId: Option.getOrNull(found.requestId),
+              steps: found.steps.map((step) => ({ ...step, recordedAt: iso(step.recordedAt) }))
+            },
+            () =>
+              [
+                `message ${found.messageId} (${found.where}) in ${found.queue}${
+                  Option.match(found.requestId, { onNone: () => "", onSome: (id) => `, request ${id}` })
+                }: ${plural(found.steps.length, "step")}${found.truncated ? " (the first ones; there are more)" : ""}`,
+                table(
+                  ["position", "key", "recorded", "entry"],
+                  found.steps.map((
+                    step
+                  ) => [String(step.position), step.key, iso(step.recordedAt), summary(step.entry)])
+                )
+              ].join("\n")
+          )
+      })),
+      withDatabase(Option.getOrUndefined(options.db))
+    )
+).pipe(
+  Command.withDescription(
+    "The step journal of an agent run's message, by message id or request id: one line per recorded step\n" +
+      "(position, key, when, the entry's kind, prompt, tool, tokens, ok); --json has every entry whole.\n" +
+      "Example: leasehold mailbox journal --id 42 --db ./.leasehold/demo.db"
+  )
+)
+
 /** `leasehold mailbox`. */
 export const command = Command.make("mailbox").pipe(
   Command.withDescription(
-    "Inspect durable mailboxes (SQLite file or PostgreSQL): stats, peek, dead letters, purge, pause, resume, drop."
+    "Inspect durable mailboxes (SQLite file or PostgreSQL): stats, peek, dead letters, purge, pause, resume, drop, " +
+      "journal."
   ),
-  Command.withSubcommands([stats, peek, dlq, purge, pause, resume, drop])
+  Command.withSubcommands([stats, peek, dlq, purge, pause, resume, drop, journal])
 )

@@ -17,6 +17,8 @@ import * as Postgres from "./postgres.js"
 export interface SqlBackend {
   readonly label: "SQLite" | "PostgreSQL"
   readonly client: () => SqlClient.SqlClient
+  /** What `leasehold --db` takes to reach it: the SQLite file's path, the cluster's URL. */
+  readonly db: () => string
 }
 
 /** Opens both backends for the test file (`name` names its temporary directory and SQLite file). */
@@ -27,10 +29,13 @@ export const sqlBackends = (name: string): readonly [SqlBackend, SqlBackend] => 
     Effect.runPromise(Layer.buildWithScope(layer, scope).pipe(Effect.map(Context.get(SqlClient.SqlClient))))
   let sqlite: SqlClient.SqlClient | undefined
   let pg: SqlClient.SqlClient | undefined
+  let url = ""
+  const filename = join(directory, `${name}.db`)
   beforeAll(async () => {
-    sqlite = await open(MailboxSql.layerSqlite({ filename: join(directory, `${name}.db`) }))
+    sqlite = await open(MailboxSql.layerSqlite({ filename }))
     const cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, scope))
-    pg = await open(MailboxSql.layerPg({ url: cluster.url }))
+    url = cluster.url
+    pg = await open(MailboxSql.layerPg({ url }))
   }, 120_000)
   afterAll(() => Effect.runPromise(Scope.close(scope, Exit.void)))
   const opened = (client: SqlClient.SqlClient | undefined) => {
@@ -38,7 +43,7 @@ export const sqlBackends = (name: string): readonly [SqlBackend, SqlBackend] => 
     return client
   }
   return [
-    { label: "SQLite", client: () => opened(sqlite) },
-    { label: "PostgreSQL", client: () => opened(pg) }
+    { label: "SQLite", client: () => opened(sqlite), db: () => filename },
+    { label: "PostgreSQL", client: () => opened(pg), db: () => url }
   ]
 }

@@ -1,0 +1,145 @@
+/**
+ * The operator's read of a step journal (`MailboxSqlAdmin.journal`, `leasehold mailbox journal`, the console's
+ * message and dead-letter pages): the steps of one message, found by its id or by the request id its steps
+ * carry, where the message is now, and each entry parsed from the stored text — never trusted: text that does
+ * not parse is shown as stored. Bounded: at most `stepLimit` steps are read.
+ */
+import type { SqlError } from "@effect/sql/SqlError"
+import * as DateTime from "effect/DateTime"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Option from "effect/Option"
+import { InvalidParameterError } from "../../../Errors.js"
+import type { Store } from "./store.js"
+
+/** The most steps one read returns (`JournalView.truncated` says when there were more). */
+export const stepLimit = 1000
+
+/**
+ * One recorded step as the operator sees it.
+ *
+ * @category models
+ */
+export interface JournalStep {
+  /** 1 for the first step the message's deliveries recorded, then 2, 3, … */
+  readonly position: number
+  /** The step's place in the run's tree (`"3"`, `"3.1"`). */
+  readonly key: string
+  /** When it was recorded (the database's clock). */
+  readonly recordedAt: DateTime.Utc
+  /** The entry, parsed from the stored JSON text; the text itself when it does not parse. */
+  readonly entry: unknown
+}
+
+/**
+ * The step journal of one message, as `MailboxSqlAdmin.journal` reads it.
+ *
+ * @category models
+ */
+export interface JournalView {
+  readonly messageId: string
+  readonly queue: string
+  /** The request the run answers (MainLoop's `requestId`), when its steps carry one. */
+  readonly requestId: Option.Option<string>
+  /** Where the message is: still in its queue (queued, delayed or in flight), dead-lettered, or neither. */
+  readonly where: "queued" | "dead letter" | "gone"
+  /** Its steps in position order: the first `stepLimit` of them. */
+  readonly steps: ReadonlyArray<JournalStep>
+  /** There were more than `stepLimit` steps (only the first are in `steps`). */
+  readonly truncated: boolean
+}
+
+interface Row {
+  readonly message_seq: number | string
+  readonly position: number | string
+  readonly step_key: string
+  readonly queue: string
+  readonly request_id: string | null
+  readonly entry: string
+  readonly recorded_at: number | string
+}
+
+/** An id that may be a message's seq (a request id may look like one too: then both are tried, the seq first). */
+const seqLike = /^[1-9][0-9]{0,14}$/
+
+/** The entry stored as `text`: parsed, or the text itself when it is not JSON. */
+export const parseEntry = (text: string): unknown =>
+  Either.getOrElse(Either.try(() => JSON.parse(text) as unknown), () => text)
+
+/**
+ * The journal of the message `id` names: a message id, or else the request id its steps carry (when several
+ * messages answered one request — a redriven message has a new id — the newest one). `None` when no journal has
+ * steps under that id.
+ */
+export const read = (
+  store: Store,
+  id: string
+): Effect.Effect<Option.Option<JournalView>, SqlError | InvalidParameterError> =>
+  Effect.gen(function*() {
+    if (id.length === 0 || id.length > 1000) {
+      return yield* new InvalidParameterError({
+        parameter: "id",
+        value: id.slice(0, 100),
+        reason: "must be a message id or a request id (1 to 1000 characters)"
+      })
+    }
+    const { sql } = store
+    const journal = sql(store.journal)
+    const stepsOf = (seq: number) =>
+      sql<Row>`SELECT message_seq, position, step_key, queue, request_id, entry, recorded_at FROM ${journal}
+        WHERE message_seq = ${seq} ORDER BY position LIMIT ${stepLimit + 1}`
+    let rows: ReadonlyArray<Row> = seqLike.test(id) ? yield* stepsOf(Number(id)) : []
+    if (rows.length === 0) {
+      const newest = yield* sql<{ seq: number | string | null }>`SELECT max(message_seq) AS seq FROM ${journal}
+        WHERE request_id = ${id}`
+      const seq = newest[0]?.seq
+      if (seq === null || seq === undefined) return Option.none()
+      rows = yield* stepsOf(Number(seq))
+    }
+    const first = rows[0]
+    if (first === undefined) return Option.none()
+    const messageId = String(first.message_seq)
+    const [queued, dead] = yield* Effect.all([
+      sql`SELECT seq FROM ${sql(store.messages)} WHERE seq = ${Number(messageId)}`,
+      sql`SELECT id FROM ${sql(store.deadLetters)} WHERE id = ${messageId}`
+    ])
+    const requestId = rows.find((row) => row.request_id !== null)?.request_id
+    return Option.some<JournalView>({
+      messageId,
+      queue: first.queue,
+      requestId: Option.fromNullable(requestId),
+      where: queued.length > 0 ? "queued" : dead.length > 0 ? "dead letter" : "gone",
+      steps: rows.slice(0, stepLimit).map((row): JournalStep => ({
+        position: Number(row.position),
+        key: row.step_key,
+        recordedAt: DateTime.unsafeMake(Number(row.recorded_at)),
+        entry: parseEntry(row.entry)
+      })),
+      truncated: rows.length > stepLimit
+    })
+  })
+
+/** A one-line summary of an entry: its `_tag`, and its `promptName`, `toolName`, token usage and `ok` when present. */
+export const summary = (entry: unknown): string => {
+  if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+    const text = typeof entry === "string" ? entry : JSON.stringify(entry) ?? String(entry)
+    return `(not a JSON object) ${text.length > 80 ? `${text.slice(0, 80)}…` : text}`
+  }
+  const fields = entry as Record<string, unknown>
+  const parts: Array<string> = [typeof fields._tag === "string" ? fields._tag : "?"]
+  const word = (value: unknown) => {
+    const text = String(value)
+    return text.length > 60 ? `${text.slice(0, 60)}…` : text
+  }
+  if (typeof fields.promptName === "string") parts.push(`prompt=${word(fields.promptName)}`)
+  if (typeof fields.toolName === "string") parts.push(`tool=${word(fields.toolName)}`)
+  const usage = fields.usage
+  if (typeof usage === "object" && usage !== null) {
+    const { inputTokens, outputTokens } = usage as Record<string, unknown>
+    if (typeof inputTokens === "number" || typeof outputTokens === "number") {
+      parts.push(`tokens=${String(inputTokens ?? "?")}/${String(outputTokens ?? "?")}`)
+    }
+  }
+  if (typeof fields.ok === "boolean") parts.push(`ok=${fields.ok}`)
+  return parts.join(" ")
+}
