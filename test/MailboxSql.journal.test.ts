@@ -4,7 +4,8 @@
  * and writes nothing); the journal goes with the acknowledgement (alone, with a reply, in a group settle) unless
  * kept, stays through a nack or an expiry, goes with a purge; concurrent appends of many deliveries land
  * together, a stale one failing alone; retention prunes only journals whose message is gone; the operator reads
- * a journal by message id or request id (`MailboxSqlAdmin.journal`, `leasehold mailbox journal`).
+ * a journal by message id or request id (`MailboxSqlAdmin.journal`, `leasehold mailbox journal`), and the
+ * console's message and dead-letter pages show it, escaped.
  */
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
@@ -15,6 +16,7 @@ import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as Retention from "../src/Retention.js"
 import { leasehold } from "./helpers.js"
+import { startConsole } from "./support/console.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 let tables = 0
@@ -303,5 +305,54 @@ for (const backend of backends) {
         }).pipe(onDb, Effect.scoped),
       60_000
     )
+    it.live("the console's message and dead-letter pages show the journal, escaped", () =>
+      Effect.gen(function*() {
+        const hostile = `<script>alert(1)</script>`
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        yield* jobs.send({ n: 1 })
+        yield* jobs.send({ n: 2 })
+        const [working, failing] = yield* jobs.receive({ maxMessages: 2, visibilityTimeout: "1 minute" })
+        yield* journal(working!).append({
+          position: 1,
+          key: hostile,
+          entry: JSON.stringify({ _tag: hostile, promptName: hostile, text: hostile }),
+          requestId: hostile
+        })
+        yield* journal(working!).append({ ...step(2), entry: hostile })
+        yield* journal(failing!).append(step(1, "req-dead"))
+        yield* letters.sink(Job).send({
+          messageId: failing!.id,
+          body: failing!.body,
+          sourceMailbox: "jobs",
+          deliveryCount: 1,
+          lastError: "boom",
+          lastErrorTag: "Boom",
+          enqueuedAt: DateTime.unsafeMake(0),
+          deadLetteredAt: DateTime.unsafeMake(0),
+          requestId: "req-dead",
+          replyTo: undefined,
+          traceId: undefined
+        })
+        yield* journal(failing!).keep
+        yield* failing!.acknowledge
+        const { url } = yield* startConsole(["--db", backend.db(), "--prefix", prefix])
+        const get = (path: string) =>
+          Effect.promise(async () => {
+            const response = await fetch(new URL(path, url))
+            return { status: response.status, body: await response.text() }
+          })
+        const message = yield* get(`/message?queue=jobs&id=${working!.id}`)
+        expect(message.status).toBe(200)
+        expect(message.body).toContain(`<section id="journal">`)
+        expect(message.body).not.toContain("<script>")
+        expect(message.body).toContain("&lt;script&gt;alert(1)&lt;/script&gt;")
+        expect(message.body).toContain("<td>2</td>")
+        const dead = yield* get(`/dead-letter?queue=jobs&id=${failing!.id}`)
+        expect(dead.status).toBe(200)
+        expect(dead.body).toContain(`<section id="journal">`)
+        expect(dead.body).toContain("request <code>req-dead</code>")
+        expect(dead.body).toContain("Turn prompt=p tokens=1/2")
+      }).pipe(onDb, Effect.scoped), 60_000)
   })
 }

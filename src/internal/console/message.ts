@@ -6,12 +6,16 @@
  * the cause first (each innermost line of a schema error with its path, `causesOf`: the line that says what was
  * wrong comes last in Effect's tree, after a type dump). The actions that apply are the console's guarded forms:
  * redrive and delete for a dead letter (the dead-letter actions), delete for a message no receiver holds.
+ * Below, the message's step journal when an agent run recorded one (`journal`): a table of its steps, each
+ * entry pretty-printed in a `<details>`, at most `journalShown` steps and `maxPretty` characters an entry.
  */
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as MailboxSqlAdmin from "../../MailboxSqlAdmin.js"
 import { causesOf } from "../errorText.js"
+import { summary } from "../sql/mailbox/journalView.js"
 import * as Browse from "./browse.js"
 import * as Page from "./page.js"
 
@@ -90,8 +94,68 @@ export const page = (context: Browse.Context, dead: boolean, params: URLSearchPa
       }
     }
     const message = result.right.value
-    return { status: 200, body: Browse.document(context, title, crumbs, view(context, message, now)) }
+    const steps = yield* Browse.read(
+      context,
+      MailboxSqlAdmin.journal(message.id, { prefix: context.prefix, create: false })
+    )
+    return {
+      status: 200,
+      body: Browse.document(context, title, crumbs, view(context, message, now) + journal(message.id, steps, now))
+    }
   })
+
+/** The most steps the page shows (`leasehold mailbox journal --json` has them all, up to its own bound). */
+export const journalShown = 200
+
+/**
+ * The message's step journal: nothing when it has none (or the database predates it), a note when it could not
+ * be read. Only the journal stored under this message's id (not one found by a request id that looks like it).
+ */
+export const journal = (
+  id: string,
+  read: Either.Either<Option.Option<MailboxSqlAdmin.JournalView>, { readonly _tag: string; readonly message: string }>,
+  now: number
+): string => {
+  if (Either.isLeft(read)) {
+    return read.left._tag === "TablesNotFoundError"
+      ? ""
+      : `<section id="journal"><h3>Step journal</h3>${Browse.readFailure(read.left)}</section>`
+  }
+  if (Option.isNone(read.right) || read.right.value.messageId !== id) return ""
+  const found = read.right.value
+  const steps = found.steps.slice(0, journalShown)
+  const more = found.truncated || found.steps.length > steps.length
+  const rows = steps.map((step) => {
+    const tag = typeof step.entry === "object" && step.entry !== null && "_tag" in step.entry
+      ? String((step.entry as { readonly _tag: unknown })._tag)
+      : "?"
+    const text = typeof step.entry === "string" ? step.entry : JSON.stringify(step.entry, null, 2)
+    const cut = text.length > maxPretty
+    return `<tr><td>${step.position}</td><td><code>${Browse.shown(step.key)}</code></td><td>${
+      Browse.shown(tag, 60)
+    }</td><td>${Browse.shown(summary(step.entry), 300)}</td><td>${Page.escape(DateTime.formatIso(step.recordedAt))} (${
+      Browse.when(step.recordedAt, now)
+    })</td></tr><tr class="entry"><td colspan="5"><details><summary>entry${
+      cut ? ` <small class="cut">(the first ${maxPretty} characters)</small>` : ""
+    }</summary><pre>${Page.escape(cut ? text.slice(0, maxPretty) : text)}</pre></details></td></tr>`
+  })
+  return `<section id="journal"><h3>Step journal <small>(${found.steps.length}${more ? "+" : ""} step${
+    found.steps.length === 1 ? "" : "s"
+  }${
+    Option.match(found.requestId, {
+      onNone: () => "",
+      onSome: (request) => `, request <code>${Browse.shown(request)}</code>`
+    })
+  })</small></h3>${
+    more
+      ? `<p class="note">The first ${steps.length} steps; <code>leasehold mailbox journal --id ${
+        Browse.shown(id)
+      } --json</code> has more.</p>`
+      : ""
+  }<table id="journal-table"><thead><tr><th>position</th><th>key</th><th>kind</th><th>summary</th><th>recorded</th></tr></thead><tbody>${
+    rows.join("")
+  }</tbody></table></section>`
+}
 
 /** The page's section for `message`. */
 export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDetail, now: number) => {
