@@ -3,22 +3,42 @@
  * it: `MainLoop.agent` resumes a redelivered request, replies `JournalDivergedError` when the run diverges,
  * and the journal goes with the acknowledgement or stays with a dead letter.
  */
+import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Option, Ref, Schema, TestClock } from "effect"
 import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
 import * as DeadLetter from "../src/DeadLetter.js"
+import { journalOf } from "../src/internal/mailbox/journal.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as Prompt from "../src/Prompt.js"
 import * as Tool from "../src/Tool.js"
 import { journalContract } from "./contract/JournalContract.js"
+import { sqlBackends } from "./support/sqlBackends.js"
 
 journalContract(
   "memory",
   (options) => MailboxMemory.make<string, string>(options),
   (mailbox, message) => MailboxMemory.journal(mailbox, message.id)
 )
+
+// The same contract on SQLite and PostgreSQL, each test on tables of its own (the SQL statements run on the test's
+// time, so TestClock drives the leases there too).
+let tables = 0
+for (const backend of sqlBackends("journal-contract")) {
+  journalContract(
+    backend.label,
+    (options) =>
+      Effect.suspend(() =>
+        MailboxSql.make({ ...options, schema: Schema.String, replySchema: Schema.String, prefix: `jc${++tables}_` })
+          .pipe(Effect.provideService(SqlClient.SqlClient, backend.client()))
+      ),
+    (_, message) =>
+      Effect.map(journalOf(message)!.load, (steps) => steps.length === 0 ? Option.none() : Option.some(steps))
+  )
+}
 
 /** Lets forked fibers run up to their next wait. */
 const settle = Effect.repeatN(Effect.yieldNow(), 50)

@@ -91,7 +91,11 @@ for (const backend of backends) {
           yield* requests.send(MainLoop.request("q", { requestId: "uninterrupted" }), { replyTo: "agent-replies" })
           const second = yield* spawnBundled(WORKER, [backend.target(), prefix, logFile])
           for (let waited = 0; (yield* replies.approximateCount) < 2; waited++) {
-            if (waited > 600) return yield* Effect.dieMessage(`no replies after 60 s:\n${second.output()}`)
+            if (waited > 600) {
+              return yield* Effect.dieMessage(
+                `no replies after 60 s:\n${second.output()}\n${linesOf(logFile).join("\n")}`
+              )
+            }
             yield* Effect.sleep("100 millis")
           }
           yield* second.signal("SIGTERM")
@@ -106,7 +110,11 @@ for (const backend of backends) {
           expect(resumed.output).toBe(straight.output)
           expect(resumed.output).toBe("answer from \"definition of a\" + \"charged 5\" + \"definition of b\"")
           // The resumed run asked the model for its second and third turns only and ran only the third tool.
-          expect(linesOf(logFile, second.pid).filter((line) => line.includes("interrupted"))).toEqual([
+          expect(
+            linesOf(logFile, second.pid).filter((line) =>
+              /\binterrupted\b/.test(line) && !line.includes("uninterrupted")
+            )
+          ).toEqual([
             "provider interrupted turn=2",
             "lookup interrupted b",
             "provider interrupted turn=3"

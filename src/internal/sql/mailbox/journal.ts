@@ -119,6 +119,43 @@ export const append = (
   )
 }
 
+/**
+ * Deletes the steps of message `seq` at `fromPosition` and after, if the delivery still holds the message
+ * (checked as `append` checks, in the same statement or transaction); whether it did.
+ */
+export const truncate = (
+  store: Store,
+  statements: Statements,
+  seq: string,
+  handle: string,
+  fromPosition: number,
+  now: Now
+): Effect.Effect<boolean, SqlError> => {
+  const { sql } = store
+  const journal = sql(store.journal)
+  const messages = sql(store.messages)
+  const at = statements.at(now)
+  if (store.dialect === "pg") {
+    return Effect.map(
+      store.onLane((lane) =>
+        lane<{ held: number | string }>`WITH m AS (
+            SELECT seq FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at}
+            FOR SHARE),
+          gone AS (DELETE FROM ${journal} WHERE message_seq IN (SELECT seq FROM m) AND position >= ${fromPosition})
+          SELECT count(*) AS held FROM m`
+      ),
+      (rows) => Number(rows[0]?.held ?? 0) > 0
+    )
+  }
+  return Sql.writeTransaction(sql)(Effect.gen(function*() {
+    const held = yield* sql`SELECT seq FROM ${messages}
+      WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at}`
+    if (held.length === 0) return false
+    yield* sql`DELETE FROM ${journal} WHERE message_seq = ${Number(seq)} AND position >= ${fromPosition}`
+    return true
+  }))
+}
+
 /** The appends of a mailbox's messages, committed together (one bad item fails alone). */
 export const appendBatcher = (store: Store, statements: Statements, now: () => Now): AppendBatcher =>
   new GroupCommit((items) => append(store, statements, items, now()), {

@@ -200,6 +200,19 @@ export class SqlMessage<A, R> implements Message<A, R> {
             return Effect.void
           })
         ),
+      truncate: (fromPosition: number) =>
+        this.guarded(
+          (now) =>
+            Journal.truncate(
+              this.mailbox.store,
+              this.mailbox.statements,
+              this.id,
+              this.receiptHandle,
+              fromPosition,
+              now
+            ),
+          false
+        ),
       keep: Effect.sync(() => {
         this.kept = true
       })
