@@ -85,7 +85,7 @@ interface Row {
   readonly resumed: number
 }
 
-const measure = (label: string, requests: Effect.Effect<Requests, unknown, Scope.Scope>) =>
+const measure = <R>(label: string, requests: Effect.Effect<Requests, unknown, Scope.Scope | R>) =>
   Effect.gen(function*() {
     const mailbox = yield* Effect.orDie(requests)
     yield* recordRound(mailbox, true) // warm-up
@@ -109,19 +109,21 @@ export const journalSection = async (
   log: (line: string) => void
 ): Promise<ReadonlyArray<string>> => {
   let tables = 0
-  const sql = (layer: Layer.Layer<SqlClient.SqlClient, unknown>) =>
-    MailboxSql.make({ name: "bench-agent", schema: Schema.String, prefix: `bj${++tables}_` }).pipe(
-      Effect.provide(layer)
-    ) as Effect.Effect<Requests, unknown, Scope.Scope>
+  const sql = (label: string, layer: Layer.Layer<SqlClient.SqlClient, unknown>) =>
+    Effect.provide(
+      measure(label, MailboxSql.make({ name: "bench-agent", schema: Schema.String, prefix: `bj${++tables}_` })),
+      Layer.orDie(layer)
+    )
   const rows: Array<Row> = []
   for (
-    const [label, requests] of [
-      ["memory", MailboxMemory.make<string>({ name: "bench-agent" })],
-      ["SQLite", sql(Layer.orDie(MailboxSql.layerSqlite({ filename: sqliteFile })))],
-      ["PostgreSQL", sql(Layer.orDie(MailboxSql.layerPg({ url })))]
-    ] as const
+    const measured of [
+      measure("memory", MailboxMemory.make<string>({ name: "bench-agent" })),
+      sql("SQLite", MailboxSql.layerSqlite({ filename: sqliteFile })),
+      sql("PostgreSQL", MailboxSql.layerPg({ url }))
+    ]
   ) {
-    const row = await Effect.runPromise(measure(label, requests as Effect.Effect<Requests, unknown, Scope.Scope>))
+    const row = await Effect.runPromise(measured)
+    const label = row.label
     rows.push(row)
     log(
       `journal ${label}: run ${row.plain.toFixed(2)} ms without, ${row.journaled.toFixed(2)} ms with (${
