@@ -285,19 +285,34 @@ for (const backend of backends) {
             entry: JSON.stringify({ _tag: "ToolResult", toolName: "search", ok: true }),
             requestId: "req-cli"
           })
+          // A stored value is another party's: its terminal escapes are printed escaped, never sent as such.
+          yield* journal(message!).append({
+            position: 3,
+            key: "1.2",
+            entry: JSON.stringify({ _tag: "Tool", toolName: "\u001b]0;owned\u0007\u001b[2J" }),
+            requestId: "req-cli"
+          })
           const args = ["--db", backend.db(), "--prefix", prefix]
           const text = yield* leasehold("mailbox", "journal", "--id", "req-cli", ...args)
           expect(text.code).toBe(0)
-          expect(text.stdout).toContain(`message ${message!.id} (queued) in jobs, request req-cli: 2 steps`)
+          expect(text.stdout).toContain(`message ${message!.id} (queued) in jobs, request req-cli: 3 steps`)
           expect(text.stdout).toMatch(/^1\s+1\s+\S+Z\s+Turn prompt=p tokens=1\/2$/m)
           expect(text.stdout).toMatch(/^2\s+1\.1\s+\S+Z\s+ToolResult tool=search ok=true$/m)
+          expect(text.stdout).toContain("Tool tool=\\u001b]0;owned\\u0007\\u001b[2J")
+          expect(text.stdout).not.toContain("\u001b")
           const json = yield* leasehold("mailbox", "journal", "--id", message!.id, "--json", ...args)
           expect(json.code).toBe(0)
           expect(JSON.parse(json.stdout)).toMatchObject({
             messageId: message!.id,
             requestId: "req-cli",
             where: "queued",
-            steps: [{ position: 1, key: "1", entry: { _tag: "Turn" } }, { position: 2, entry: { toolName: "search" } }]
+            steps: [
+              { position: 1, key: "1", entry: { _tag: "Turn" } },
+              { position: 2, entry: { toolName: "search" } },
+              {
+                position: 3
+              }
+            ]
           })
           const missing = yield* leasehold("mailbox", "journal", "--id", "no-such-request", ...args)
           expect(missing.code).toBe(1)

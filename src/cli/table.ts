@@ -1,14 +1,26 @@
-/** Plain-text tables for the command line: columns padded to their widest cell. */
+/**
+ * Plain-text tables for the command line: columns padded to their widest cell. Cells often hold what another
+ * party stored (a body, an error, a journal's entry): their control characters are shown escaped (`\u001b`),
+ * so a stored value cannot move the cursor, recolour or retitle the operator's terminal.
+ */
+
+const controlCharacter = /[\u0000-\u001f\u007f-\u009f]/g
+
+/** `text` with its control characters written as `\uXXXX`. */
+export const printable = (text: string): string =>
+  text.replace(controlCharacter, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`)
 
 /** Renders `rows` under `headers`. */
-export const table = (headers: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+export const table = (headers: ReadonlyArray<string>, unsafe: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const rows = unsafe.map((row) => row.map(printable))
   const widths = headers.map((header, i) => Math.max(header.length, ...rows.map((row) => (row[i] ?? "").length)))
   const line = (cells: ReadonlyArray<string>) => cells.map((cell, i) => cell.padEnd(widths[i]!)).join("  ").trimEnd()
   return [line(headers), line(widths.map((width) => "-".repeat(width))), ...rows.map(line)].join("\n")
 }
 
 /** Renders label/value pairs, one per line. */
-export const pairs = (entries: ReadonlyArray<readonly [string, string]>): string => {
+export const pairs = (unsafe: ReadonlyArray<readonly [string, string]>): string => {
+  const entries = unsafe.map(([label, value]) => [label, printable(value)] as const)
   const width = Math.max(...entries.map(([label]) => label.length))
   return entries.map(([label, value]) => `${label.padEnd(width)}  ${value}`).join("\n")
 }
