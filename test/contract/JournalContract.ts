@@ -315,6 +315,36 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
         expect(asked[0]!.messages.at(-1)).toEqual(expect.objectContaining({ content: "\"child said summary\"" }))
       }))
 
+    it.scoped("a tool that acted but died before its result was recorded runs again with the same idempotency key", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const keys = yield* Ref.make<ReadonlyArray<string>>([])
+        const pay = (dies: boolean) =>
+          Tool.make({
+            name: "pay",
+            description: "Pays; the payment service dedupes by key.",
+            parameters: Schema.Struct({}),
+            success: Schema.String,
+            handler: (_, context) =>
+              Effect.zipRight(
+                Ref.update(keys, (all) => [...all, context.idempotencyKey]),
+                dies ? Effect.interrupt : Effect.succeed("paid")
+              )
+          })
+        const prompt = (dies: boolean) =>
+          Prompt.make({ name: "p", instructions: "Pay.", input: "go", tools: [pay(dies)] })
+        const script: ReadonlyArray<ScriptedAdapter.ScriptedTurn> = [{
+          toolCalls: [{ id: "p", name: "pay", params: {} }]
+        }]
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        yield* evaluate(yield* ScriptedAdapter.make(script), prompt(true), first.journal)
+        yield* TestClock.adjust("31 seconds")
+        const second = yield* deliver(mailbox)
+        yield* evaluate(yield* ScriptedAdapter.make([{ text: "done" }]), prompt(false), second.journal)
+        expect(yield* Ref.get(keys)).toEqual(["request-1/1.2", "request-1/1.2"])
+      }))
+
     it.scoped("a stored step that does not decode stops the run with JournalStoreError (undecodable)", () =>
       Effect.gen(function*() {
         const mailbox = yield* fresh
