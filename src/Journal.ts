@@ -34,7 +34,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
-import { type DeliveryJournal, journalOf, type StoredStep } from "./internal/mailbox/journal.js"
+import { type DeliveryJournal, Journaled, journalOf, type StoredStep } from "./internal/mailbox/journal.js"
 
 // ---------------------------------------------------------------------------
 // Steps
@@ -221,13 +221,25 @@ interface Placed {
 class Log {
   private steps: Map<string, Placed> | undefined
   private next = 1
+  private found: DeliveryJournal | undefined
   constructor(
-    readonly delivery: DeliveryJournal | undefined,
+    /** The delivery whose journal this is; none for `unrecorded`. */
+    private readonly message: object | undefined,
     readonly requestId: string | undefined,
     /** The message's first delivery: nothing can have been recorded, and the store is not asked. */
     firstDelivery: boolean
   ) {
-    if (delivery === undefined || firstDelivery) this.steps = new Map()
+    if (message === undefined || firstDelivery) this.steps = new Map()
+  }
+
+  get durable(): boolean {
+    return this.message !== undefined
+  }
+
+  /** The delivery's journal, asked of the message when first used: most attempts (no agent) never do. */
+  get delivery(): DeliveryJournal | undefined {
+    if (this.message === undefined) return undefined
+    return this.found ??= journalOf(this.message)
   }
 
   private failure(reason: JournalStoreError["reason"], detail: string, key?: string): JournalStoreError {
@@ -329,7 +341,7 @@ class Scope implements Journal {
     return this.log.requestId
   }
   get durable(): boolean {
-    return this.log.delivery !== undefined
+    return this.log.durable
   }
   nextKey(): string {
     return `${this.path}${++this.count}`
@@ -357,12 +369,8 @@ class Scope implements Journal {
 export const forDelivery = (
   message: { readonly deliveryCount: number },
   requestId: string | undefined
-): Journal | undefined => {
-  const delivery = journalOf(message)
-  return delivery === undefined
-    ? undefined
-    : new Scope(new Log(delivery, requestId, message.deliveryCount <= 1), "")
-}
+): Journal | undefined =>
+  Journaled in message ? new Scope(new Log(message, requestId, message.deliveryCount <= 1), "") : undefined
 
 /**
  * A journal that keeps nothing: it only numbers steps (their keys make a tool's idempotency key).
