@@ -29,6 +29,8 @@ import * as Browse from "./internal/sql/mailbox/browse.js"
 import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/sql/mailbox/browseModel.js"
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
+import type * as JournalModel from "./internal/sql/mailbox/journalModel.js"
+import { stepLimit } from "./internal/sql/mailbox/journalModel.js"
 import * as JournalView from "./internal/sql/mailbox/journalView.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
@@ -557,14 +559,14 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
     return { list: (listOptions) => connectionError(table)(WorkersTable.listProcesses(store, listOptions)) }
   })
 
-export type { JournalStep, JournalView } from "./internal/sql/mailbox/journalView.js"
+export type { JournalStep, JournalView } from "./internal/sql/mailbox/journalModel.js"
 
 /**
  * The most steps `journal` returns (`JournalView.truncated` says when a journal has more).
  *
  * @category models
  */
-export const journalStepLimit: number = JournalView.stepLimit
+export const journalStepLimit: number = stepLimit
 
 /**
  * The step journal of an agent run's message (mailbox migration 11), by message id or by the request id its
@@ -578,7 +580,7 @@ export const journal = (
   id: string,
   options?: Options
 ): Effect.Effect<
-  Option.Option<JournalView.JournalView>,
+  Option.Option<JournalModel.JournalView>,
   OpenError | InvalidParameterError,
   SqlClient.SqlClient
 > =>

@@ -1,0 +1,43 @@
+/**
+ * What the operator reads of a step journal (`MailboxSqlAdmin.journal`): a leaf of types and the read's
+ * bound, so the public declarations name them without reaching the store (and its optional drivers).
+ */
+import type * as DateTime from "effect/DateTime"
+import type * as Option from "effect/Option"
+
+/** The most steps one read returns (`JournalView.truncated` says when there were more). */
+export const stepLimit = 1000
+
+/**
+ * One recorded step as the operator sees it.
+ *
+ * @category models
+ */
+export interface JournalStep {
+  /** 1 for the first step the message's deliveries recorded, then 2, 3, … */
+  readonly position: number
+  /** The step's place in the run's tree (`"3"`, `"3.1"`). */
+  readonly key: string
+  /** When it was recorded (the database's clock). */
+  readonly recordedAt: DateTime.Utc
+  /** The entry, parsed from the stored JSON text; the text itself when it does not parse. */
+  readonly entry: unknown
+}
+
+/**
+ * The step journal of one message, as `MailboxSqlAdmin.journal` reads it.
+ *
+ * @category models
+ */
+export interface JournalView {
+  readonly messageId: string
+  readonly queue: string
+  /** The request the run answers (MainLoop's `requestId`), when its steps carry one. */
+  readonly requestId: Option.Option<string>
+  /** Where the message is: still in its queue (queued, delayed or in flight), dead-lettered, or neither. */
+  readonly where: "queued" | "dead letter" | "gone"
+  /** Its steps in position order: the first `stepLimit` of them. */
+  readonly steps: ReadonlyArray<JournalStep>
+  /** There were more than `stepLimit` steps (only the first are in `steps`). */
+  readonly truncated: boolean
+}
