@@ -39,7 +39,7 @@ import * as Stream from "effect/Stream"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { deadlinePayload, digest, diverged, since } from "./internal/agent.js"
+import { deadlinePayload, digest, diverged, replayed, since } from "./internal/agent.js"
 import * as Options_ from "./internal/options.js"
 import * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
@@ -263,6 +263,7 @@ export const run = <Out>(
         usage: done.usage,
         replayed: true
       })
+      yield* replayed
       yield* spend(done.usage)
       const output = yield* decodeOutput(prompt, done.text, fail)
       return { output, text: done.text, usage }
@@ -341,6 +342,7 @@ export const run = <Out>(
           )
         }
         turn = { text: recorded.text, toolCalls: recorded.toolCalls, usage: recorded.usage }
+        yield* replayed
         yield* options.session.record({
           _tag: "ProviderCall",
           promptName: prompt.name,

@@ -32,9 +32,11 @@
  */
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
+import * as Metric from "effect/Metric"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { type DeliveryJournal, Journaled, journalOf, type StoredStep } from "./internal/mailbox/journal.js"
+import { counter } from "./internal/metrics.js"
 
 // ---------------------------------------------------------------------------
 // Steps
@@ -127,6 +129,34 @@ export const describe = (step: Step): string => {
       return `the evaluation of prompt "${step.promptName}"`
   }
 }
+
+// ---------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------
+
+/**
+ * Steps recorded in a journal.
+ *
+ * @category metrics
+ */
+export const stepsRecorded = counter("leasehold_journal_steps_recorded_total", "Agent steps recorded in a journal")
+
+/**
+ * Steps a redelivered run took from its journal instead of calling the model or running the tool again.
+ *
+ * @category metrics
+ */
+export const stepsReplayed = counter(
+  "leasehold_journal_steps_replayed_total",
+  "Agent steps replayed from a journal (no model call, no tool run)"
+)
+
+/**
+ * Runs that asked for something else than their journal recorded (`JournalDivergedError`).
+ *
+ * @category metrics
+ */
+export const divergences = counter("leasehold_journal_divergences_total", "Agent runs that diverged from their journal")
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -314,6 +344,7 @@ class Log {
         Effect.mapError(this.storeFailure(step.key)),
         Effect.tap(() => {
           steps.set(step.key, { position: stored.position, step })
+          return Metric.increment(stepsRecorded)
         })
       )
     })

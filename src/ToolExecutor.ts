@@ -25,7 +25,7 @@ import * as Schema from "effect/Schema"
 import * as Deadline from "./Deadline.js"
 import * as Errors from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { deadlinePayload, digest, diverged, since } from "./internal/agent.js"
+import { deadlinePayload, digest, diverged, replayed, since } from "./internal/agent.js"
 import * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
 import { PromptEvaluationError } from "./ProviderAdapter.js"
@@ -99,6 +99,7 @@ export const execute = (
     if (recorded !== undefined && recorded.replay === "journal") {
       // Ran on an earlier delivery: its result as the model saw it then, without running it.
       const result = recordedResult(recorded)
+      yield* replayed
       yield* session.record({ ...event, replayed: true })
       yield* session.record({
         _tag: "ToolResult",

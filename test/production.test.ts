@@ -56,7 +56,7 @@ describe("alert rules (docs/prometheus-rules.yml)", () => {
     const operating = readFileSync(join(root, "docs/operating.md"), "utf8")
     for (const name of declaredMetrics(join(root, "src"))) {
       // The list abbreviates a family after its first member: `leasehold_messages_processed_total`, `_failed_total`.
-      const suffix = name.replace(/^leasehold_(messages|lease|merge_queue|work_lease)_/, "_")
+      const suffix = name.replace(/^leasehold_(messages|lease|merge_queue|work_lease|journal)_/, "_")
       expect(operating.includes(name) || operating.includes(`\`${suffix}\``), name).toBe(true)
     }
   })

@@ -5,9 +5,10 @@
  */
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
+import * as Metric from "effect/Metric"
 import { createHash } from "node:crypto"
 import type * as Deadline from "../Deadline.js"
-import { describe, JournalDivergedError, type Step } from "../Journal.js"
+import { describe, divergences, JournalDivergedError, type Step, stepsReplayed } from "../Journal.js"
 
 /** The payload of a deadline failure: the cut-off as ISO-8601, under `deadline_expires_at`. */
 export const deadlinePayload = (deadline: Deadline.Deadline | undefined): Record<string, unknown> | undefined =>
@@ -19,16 +20,24 @@ export const since = (start: number): Effect.Effect<number> => Effect.map(Clock.
 /** A digest of `text` (SHA-256, 132 bits in base64url): what a journal step records of what was asked. */
 export const digest = (text: string): string => createHash("sha256").update(text).digest("base64url").slice(0, 22)
 
-/** The run asked for `asked` at `key`, where its journal recorded `recorded`. */
+/** Fails: the run asked for `asked` at `key`, where its journal recorded `recorded` (counted). */
 export const diverged = (
   requestId: string | undefined,
   key: string,
   recorded: Step,
   asked: string
-): JournalDivergedError =>
-  new JournalDivergedError({
-    ...(requestId === undefined ? {} : { requestId }),
-    key,
-    recorded: describe(recorded),
-    asked
-  })
+): Effect.Effect<never, JournalDivergedError> =>
+  Effect.zipRight(
+    Metric.increment(divergences),
+    Effect.fail(
+      new JournalDivergedError({
+        ...(requestId === undefined ? {} : { requestId }),
+        key,
+        recorded: describe(recorded),
+        asked
+      })
+    )
+  )
+
+/** Counts a step taken from the journal. */
+export const replayed: Effect.Effect<void> = Metric.increment(stepsReplayed)

@@ -7,7 +7,7 @@
  * `TestClock`'s.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Option, Ref, Schema, TestClock } from "effect"
+import { Effect, Exit, Metric, Option, Ref, Schema, TestClock } from "effect"
 import * as ScriptedAdapter from "../../src/adapters/ScriptedAdapter.js"
 import * as Budget from "../../src/Budget.js"
 import { journalOf } from "../../src/internal/mailbox/journal.js"
@@ -129,7 +129,9 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
         const second = yield* deliver(mailbox)
         expect(second.message.deliveryCount).toBe(2)
         const adapter = yield* ScriptedAdapter.make([turn2, turn3])
+        const replayedBefore = (yield* Metric.value(Journal.stepsReplayed)).count
         const { exit, session } = yield* evaluate(adapter, promptFor(world), second.journal)
+        expect((yield* Metric.value(Journal.stepsReplayed)).count - replayedBefore).toBe(3)
         expect(exit).toEqual(
           Exit.succeed({ output: "done", text: "done", usage: { inputTokens: 75, outputTokens: 35 } })
         )
@@ -191,8 +193,10 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
         yield* crashAfterThreeSteps(mailbox, world)
         const second = yield* deliver(mailbox)
         const adapter = yield* ScriptedAdapter.make([turn1, turn2, turn3])
+        const divergedBefore = (yield* Metric.value(Journal.divergences)).count
         // A deploy changed the prompt's instructions in between.
         const { exit } = yield* evaluate(adapter, promptFor(world, "Help, tersely."), second.journal)
+        expect((yield* Metric.value(Journal.divergences)).count - divergedBefore).toBe(1)
         expect(exit).toEqual(Exit.fail(expect.objectContaining({
           _tag: "JournalDivergedError",
           key: "1.1",
