@@ -257,10 +257,8 @@ class Log {
     private readonly message: object | undefined,
     readonly requestId: string | undefined,
     /** The message's first delivery: nothing can have been recorded, and the store is not asked. */
-    firstDelivery: boolean
-  ) {
-    if (message === undefined || firstDelivery) this.steps = new Map()
-  }
+    private readonly firstDelivery: boolean
+  ) {}
 
   get durable(): boolean {
     return this.message !== undefined
@@ -288,8 +286,14 @@ class Log {
         : this.failure("unavailable", error.message, key)
   }
 
-  readonly loaded: Effect.Effect<Map<string, Placed>, JournalStoreError> = Effect.suspend(() => {
+  /** The recorded steps by key, read from the store at the first look (made only then: most attempts never look). */
+  get loaded(): Effect.Effect<Map<string, Placed>, JournalStoreError> {
+    return this.steps !== undefined ? Effect.succeed(this.steps) : Effect.suspend(() => this.read())
+  }
+
+  private read(): Effect.Effect<Map<string, Placed>, JournalStoreError> {
     if (this.steps !== undefined) return Effect.succeed(this.steps)
+    if (this.message === undefined || this.firstDelivery) return Effect.succeed(this.steps = new Map())
     return this.delivery!.load.pipe(
       Effect.mapError(this.storeFailure(undefined)),
       Effect.flatMap((stored) => {
@@ -312,7 +316,7 @@ class Log {
         return Effect.succeed(steps)
       })
     )
-  })
+  }
 
   recorded(key: string): Effect.Effect<Step | undefined, JournalStoreError> {
     return Effect.map(this.loaded, (steps) => steps.get(key)?.step)
