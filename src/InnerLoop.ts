@@ -18,7 +18,7 @@
  * that keeps writing keeps its request leased and one that stalls stops
  * beating. Once the first part has arrived the model is answering: a
  * deadline that passes while it streams stops it with `phase: "response"`
- * (a stream that breaks is a failed request, retried as any other).
+ * (a stream that breaks is a failed request, retried like any other).
  *
  * With a journal (`EvaluateOptions.journal`, see `Journal`), the evaluation
  * is a step of it and each model turn and tool call a step inside that: a

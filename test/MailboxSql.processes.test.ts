@@ -6,8 +6,8 @@
  * receiving from one queue never get the same message.
  */
 import { SqlClient } from "@effect/sql"
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Schema, Scope } from "effect"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Schema } from "effect"
 import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -15,29 +15,14 @@ import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
 import { type Child, spawnBundled } from "./helpers.js"
-import * as Postgres from "./support/postgres.js"
+import { processBackends } from "./support/processBackends.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-crash-"))
 const sqliteFile = join(directory, "mailbox.db")
 let tables = 0
 const newPrefix = () => `p${++tables}_`
 
-const suiteScope = Effect.runSync(Scope.make())
-const clients: Record<string, SqlClient.SqlClient> = {}
-let pgUrl = ""
-beforeAll(async () => {
-  const build = (layer: Layer.Layer<MailboxSql.Services, unknown>) =>
-    Effect.runPromise(Layer.buildWithScope(layer, suiteScope).pipe(Effect.map(Context.get(SqlClient.SqlClient))))
-  clients.SQLite = await build(MailboxSql.layerSqlite({ filename: sqliteFile }))
-  pgUrl = (await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))).url
-  clients.PostgreSQL = await build(MailboxSql.layerPg({ url: pgUrl }))
-}, 120_000)
-afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
-
-const backends = [
-  { label: "SQLite", target: () => sqliteFile },
-  { label: "PostgreSQL", target: () => pgUrl }
-] as const
+const backends = processBackends(sqliteFile)
 
 const REQUESTS = 2000
 const WORKER = "test/fixtures/mailbox-worker.ts"
@@ -122,7 +107,7 @@ for (const backend of backends) {
           expect(kills).toBeGreaterThanOrEqual(2)
           expect(redelivered).toBeGreaterThan(0)
         }).pipe(
-          Effect.provideService(SqlClient.SqlClient, clients[backend.label]!),
+          Effect.provideService(SqlClient.SqlClient, backend.client()),
           Effect.provide(MailboxResolver.layer()),
           Effect.scoped
         ),
@@ -148,6 +133,6 @@ for (const backend of backends) {
         expect(new Set(got).size).toBe(400)
         // Each process took a share: they really competed.
         expect(receivers.filter((child) => /^got /m.test(child.output())).length).toBeGreaterThan(1)
-      }).pipe(Effect.provideService(SqlClient.SqlClient, clients[backend.label]!), Effect.scoped), 120_000)
+      }).pipe(Effect.provideService(SqlClient.SqlClient, backend.client()), Effect.scoped), 120_000)
   })
 }

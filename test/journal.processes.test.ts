@@ -6,8 +6,8 @@
  * answers what an uninterrupted run answers. The charge was made once, and the journal is gone after the ack.
  */
 import { SqlClient } from "@effect/sql"
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Exit, Layer, Schema, Scope } from "effect"
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Schema } from "effect"
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -15,28 +15,13 @@ import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
 import { spawnBundled } from "./helpers.js"
-import * as Postgres from "./support/postgres.js"
+import { processBackends } from "./support/processBackends.js"
 
 const directory = mkdtempSync(join(tmpdir(), "leasehold-journal-"))
 const sqliteFile = join(directory, "agent.db")
 let tables = 0
 
-const suiteScope = Effect.runSync(Scope.make())
-const clients: Record<string, SqlClient.SqlClient> = {}
-let pgUrl = ""
-beforeAll(async () => {
-  const build = (layer: Layer.Layer<MailboxSql.Services, unknown>) =>
-    Effect.runPromise(Layer.buildWithScope(layer, suiteScope).pipe(Effect.map(Context.get(SqlClient.SqlClient))))
-  clients.SQLite = await build(MailboxSql.layerSqlite({ filename: sqliteFile }))
-  pgUrl = (await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))).url
-  clients.PostgreSQL = await build(MailboxSql.layerPg({ url: pgUrl }))
-}, 120_000)
-afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
-
-const backends = [
-  { label: "SQLite", target: () => sqliteFile },
-  { label: "PostgreSQL", target: () => pgUrl }
-] as const
+const backends = processBackends(sqliteFile)
 
 const WORKER = "test/fixtures/resumable-agent-worker.ts"
 
@@ -127,7 +112,7 @@ for (const backend of backends) {
           expect(yield* journal()).toEqual([])
           expect(yield* requests.approximateCount).toBe(0)
         }).pipe(
-          Effect.provideService(SqlClient.SqlClient, clients[backend.label]!),
+          Effect.provideService(SqlClient.SqlClient, backend.client()),
           Effect.provide(MailboxResolver.layer()),
           Effect.scoped
         ),
