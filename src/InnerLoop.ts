@@ -353,7 +353,10 @@ export const run = <Out>(
         })
       } else {
         const started = yield* Clock.currentTimeMillis
-        turn = yield* request({ prompt: prompt as Prompt.Prompt<unknown>, messages, tools: prompt.tools })
+        const answered = yield* request({ prompt: prompt as Prompt.Prompt<unknown>, messages, tools: prompt.tools })
+        // The calls as a replay will read them back (exactly these fields, in this order): the conversation, and so
+        // what the next turn asks, is then the same live and replayed, whatever else an adapter put on a call.
+        turn = { ...answered, toolCalls: answered.toolCalls.map(({ id, name, params }) => ({ id, name, params })) }
         const durationMs = yield* since(started)
         // Recorded before anything else: the turn is paid for, whatever the budget says next.
         yield* steps.append({

@@ -5,15 +5,18 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Option, Ref, Schema, TestClock } from "effect"
+import { Effect, Exit, Option, Ref, Schema, TestClock } from "effect"
 import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
 import * as DeadLetter from "../src/DeadLetter.js"
+import * as InnerLoop from "../src/InnerLoop.js"
 import { journalOf } from "../src/internal/mailbox/journal.js"
+import * as Journal from "../src/Journal.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as Prompt from "../src/Prompt.js"
+import * as Session from "../src/Session.js"
 import * as Tool from "../src/Tool.js"
 import { journalContract } from "./contract/JournalContract.js"
 import { sqlBackends } from "./support/sqlBackends.js"
@@ -39,6 +42,53 @@ for (const backend of sqlBackends("journal-contract")) {
       Effect.map(journalOf(message)!.load, (steps) => steps.length === 0 ? Option.none() : Option.some(steps))
   )
 }
+
+describe("replay reads back what the run saw live", () => {
+  it.scoped("an adapter whose tool calls carry other fields, in another order, replays without diverging", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string, string>({ name: "odd-adapter" })
+      const calls = yield* Ref.make(0)
+      // A hand-written adapter: its calls list `params` first and carry a field of the provider's own.
+      const adapter = yield* InnerLoop.makeAdapter(
+        "odd",
+        (request) =>
+          Effect.flatMap(Ref.updateAndGet(calls, (n) => n + 1), (n) => {
+            const results = request.messages.filter((message) => message.role === "tool").length
+            if (results === 2) {
+              return n === 3
+                ? Effect.fail(new InnerLoop.ProviderError({ detail: "down" }))
+                : Effect.succeed({ text: "done", toolCalls: [], usage: { inputTokens: 1, outputTokens: 1 } })
+            }
+            const call = { params: { q: `x${results}` }, name: "echo", id: `e${results}`, providerIndex: 0 }
+            return Effect.succeed({
+              text: "",
+              toolCalls: [call as Prompt.ToolCall],
+              usage: { inputTokens: 1, outputTokens: 1 }
+            })
+          })
+      )
+      const echo = Tool.make({
+        name: "echo",
+        description: "Echoes.",
+        parameters: Schema.Struct({ q: Schema.String }),
+        success: Schema.String,
+        handler: ({ q }) => Effect.succeed(q)
+      })
+      const prompt = Prompt.make({ name: "odd", instructions: "Echo.", input: "go", tools: [echo] })
+      yield* mailbox.send("request")
+      const run = Effect.gen(function*() {
+        const [message] = yield* mailbox.receive({ visibilityTimeout: "30 seconds" })
+        const session = yield* Session.make
+        return yield* Effect.exit(adapter.evaluate(prompt, { session, journal: Journal.forDelivery(message!, "r") }))
+      })
+      const first = yield* run // two turns and their tools are recorded, then the model fails on the third
+      expect(first._tag).toBe("Failure")
+      yield* TestClock.adjust("31 seconds")
+      const second = yield* run
+      expect(Exit.map(second, (response) => response.output)).toEqual(Exit.succeed("done"))
+      expect(yield* Ref.get(calls)).toBe(4) // the first two turns were replayed, not asked again
+    }))
+})
 
 /** Lets forked fibers run up to their next wait. */
 const settle = Effect.repeatN(Effect.yieldNow(), 50)
