@@ -35,7 +35,13 @@ import * as Either from "effect/Either"
 import * as Metric from "effect/Metric"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
-import { type DeliveryJournal, Journaled, journalOf, type StoredStep } from "./internal/mailbox/journal.js"
+import {
+  type DeliveryJournal,
+  Journaled,
+  journalOf,
+  maxSteps as stepLimit,
+  type StoredStep
+} from "./internal/mailbox/journal.js"
 import { counter } from "./internal/metrics.js"
 
 // ---------------------------------------------------------------------------
@@ -113,6 +119,9 @@ export type Step = typeof Step.Type
 
 /** The largest step recorded (its JSON text): a tool that returns more can say `replay: "rerun"`. */
 export const maxStepBytes = 4 * 1024 * 1024
+
+/** The most steps one request's journal holds: a run that would record more stops with `JournalStoreError`. */
+export const maxSteps: number = stepLimit
 
 /**
  * What a step is, for an error message or a listing: `model turn of prompt "triage"`.
@@ -297,6 +306,9 @@ class Log {
     return this.delivery!.load.pipe(
       Effect.mapError(this.storeFailure(undefined)),
       Effect.flatMap((stored) => {
+        if (stored.length > maxSteps) {
+          return Effect.fail(this.failure("too large", `the journal holds more than ${maxSteps} steps`))
+        }
         const steps = new Map<string, Placed>()
         for (const { entry, key, position } of stored) {
           const decoded = decodeStep(entry)
@@ -341,6 +353,9 @@ class Log {
             `(a tool that returns this much can be made with replay: "rerun")`,
           step.key
         ))
+      }
+      if (this.next > maxSteps) {
+        return Effect.fail(this.failure("too large", `the run would record more than ${maxSteps} steps`, step.key))
       }
       // The position is taken now: steps of concurrent subagents append at once, each at its own position.
       const stored: StoredStep = { position: this.next++, key: step.key, entry, requestId: this.requestId }

@@ -35,7 +35,7 @@ import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
-import { type DeliveryJournal, Journaled, type StoredStep } from "./internal/mailbox/journal.js"
+import { type DeliveryJournal, Journaled, maxSteps, type StoredStep } from "./internal/mailbox/journal.js"
 import { GroupSettle, type GroupSettler, settleInTurn } from "./internal/mailbox/settle.js"
 import { MaxSize, QueueName, validateVisibility } from "./internal/mailbox/validation.js"
 import * as Options_ from "./internal/options.js"
@@ -244,7 +244,7 @@ class MemoryMessage<A, R> implements Message<A, R> {
     const { store } = this
     const id = this.entry.id
     return {
-      load: Effect.sync(() => [...(store.journals.get(id) ?? [])]),
+      load: Effect.sync(() => (store.journals.get(id) ?? []).slice(0, maxSteps + 1)),
       append: (step) =>
         this.settle(() => {
           const journal = store.journals.get(id)

@@ -90,6 +90,62 @@ describe("replay reads back what the run saw live", () => {
     }))
 })
 
+describe("a journal is bounded", () => {
+  it.scoped(`a journal of more than Journal.maxSteps steps stops the run (too large) before it reads them all`, () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string, string>({ name: "long-run" })
+      yield* mailbox.send("request")
+      const [first] = yield* mailbox.receive({ visibilityTimeout: "30 seconds" })
+      const entry = (key: string) =>
+        JSON.stringify({
+          _tag: "Turn",
+          key,
+          promptName: "p",
+          asked: "x",
+          text: "",
+          toolCalls: [],
+          usage: { inputTokens: 0, outputTokens: 0 },
+          durationMs: 0
+        })
+      for (let position = 1; position <= Journal.maxSteps + 1; position++) {
+        yield* journalOf(first!)!.append({
+          position,
+          key: `9.${position}`,
+          entry: entry(`9.${position}`),
+          requestId: "r"
+        })
+      }
+      yield* TestClock.adjust("31 seconds")
+      const [second] = yield* mailbox.receive({ visibilityTimeout: "30 seconds" })
+      const journal = Journal.forDelivery(second!, "r")!
+      const read = yield* Effect.either(journal.recorded("1"))
+      expect(read).toEqual(expect.objectContaining({ left: expect.objectContaining({ reason: "too large" }) }))
+    }))
+
+  it.scoped("a run that would record more than Journal.maxSteps steps stops (too large) and records nothing more", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string, string>({ name: "long-run" })
+      yield* mailbox.send("request")
+      const [message] = yield* mailbox.receive({ visibilityTimeout: "30 seconds" })
+      const journal = Journal.forDelivery(message!, "r")!
+      const step = (key: string): Journal.Step => ({
+        _tag: "Turn",
+        key,
+        promptName: "p",
+        asked: "x",
+        text: "",
+        toolCalls: [],
+        usage: { inputTokens: 0, outputTokens: 0 },
+        durationMs: 0
+      })
+      for (let n = 1; n <= Journal.maxSteps; n++) yield* journal.append(step(`1.${n}`))
+      const over = yield* Effect.either(journal.append(step("1.overflow")))
+      expect(over).toEqual(expect.objectContaining({ left: expect.objectContaining({ reason: "too large" }) }))
+      expect(Option.map(yield* MailboxMemory.journal(mailbox, message!.id), (steps) => steps.length))
+        .toEqual(Option.some(Journal.maxSteps))
+    }))
+})
+
 /** Lets forked fibers run up to their next wait. */
 const settle = Effect.repeatN(Effect.yieldNow(), 50)
 

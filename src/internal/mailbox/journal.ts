@@ -8,7 +8,9 @@
  *
  * What a backend promises:
  * - `load` answers the steps every earlier delivery of the message recorded, in
- *   the order they were recorded (`position` ascending), entries as stored.
+ *   the order they were recorded (`position` ascending), entries as stored —
+ *   at most `maxSteps + 1` of them, so a reader can tell a journal that is too
+ *   long without reading all of it.
  * - `append` records one step only while this delivery holds the message (its
  *   receipt handle current and its visibility not run out), checked in the
  *   same statement or transaction that writes the step — a delivery that lost
@@ -50,6 +52,9 @@ export interface DeliveryJournal {
   /** The journal outlives this delivery's acknowledgement (kept with the dead letter). */
   readonly keep: Effect.Effect<void>
 }
+
+/** The most steps one request's journal holds (a run that would record more stops: `Journal.maxSteps`). */
+export const maxSteps = 10_000
 
 /** Where a message carries its delivery's journal. */
 export const Journaled: unique symbol = Symbol.for("leasehold/Journaled")

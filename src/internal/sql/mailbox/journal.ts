@@ -9,7 +9,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
-import type { StoredStep } from "../../mailbox/journal.js"
+import { maxSteps, type StoredStep } from "../../mailbox/journal.js"
 import * as Sql from "../common.js"
 import { GroupCommit } from "../groupCommit.js"
 import { batchLimits } from "./batching.js"
@@ -39,7 +39,7 @@ export const load = (store: Store, seq: string): Effect.Effect<ReadonlyArray<Sto
   const { sql } = store
   return Effect.map(
     sql<StepRow>`SELECT position, step_key, entry, request_id FROM ${sql(store.journal)}
-      WHERE message_seq = ${Number(seq)} ORDER BY position`,
+      WHERE message_seq = ${Number(seq)} ORDER BY position LIMIT ${maxSteps + 1}`,
     (rows) =>
       rows.map((row): StoredStep => ({
         position: Number(row.position),
