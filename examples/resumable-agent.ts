@@ -90,7 +90,8 @@ Effect.gen(function*() {
   yield* Effect.log(
     `worker 1: model calls ${yield* Ref.get(modelCalls)}, tools run: ${(yield* Ref.get(toolRuns)).join(", ")}`
   )
-  const journal = yield* MailboxSqlAdmin.journal(id)
+  const journals = yield* MailboxSqlAdmin.journals()
+  const journal = yield* journals.read(id)
   for (const step of Option.match(journal, { onNone: () => [], onSome: (view) => view.steps })) {
     const entry = step.entry as { readonly _tag: string; readonly toolName?: string }
     yield* Effect.log(
@@ -110,6 +111,6 @@ Effect.gen(function*() {
   )
   yield* Effect.log(`refunds made: ${refunds.size} (${[...refunds].join(", ")})`)
   yield* Effect.log(
-    `journal after the ack: ${Option.isNone(yield* MailboxSqlAdmin.journal(id)) ? "gone" : "still there"}`
+    `journal after the ack: ${Option.isNone(yield* journals.read(id)) ? "gone" : "still there"}`
   )
 }).pipe(Effect.scoped, Effect.provide(MailboxSql.layerSqlite({ filename })), NodeRuntime.runMain)

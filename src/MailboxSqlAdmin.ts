@@ -559,31 +559,22 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
     return { list: (listOptions) => connectionError(table)(WorkersTable.listProcesses(store, listOptions)) }
   })
 
-export type { JournalStep, JournalView } from "./internal/sql/mailbox/journalModel.js"
+export type { Journals, JournalStep, JournalView } from "./internal/sql/mailbox/journalModel.js"
 
 /**
- * The most steps `journal` returns (`JournalView.truncated` says when a journal has more).
+ * The most steps `journals().read` returns (`JournalView.truncated` says when a journal has more).
  *
  * @category models
  */
 export const journalStepLimit: number = stepLimit
 
 /**
- * The step journal of an agent run's message (mailbox migration 11), by message id or by the request id its
- * steps carry; `None` when no journal has steps under `id`. Entries are parsed from the stored JSON text (the
- * text itself when it does not parse). With `create: false`, a database before that migration is a
- * `TablesNotFoundError` naming it.
+ * The step journals of agent runs (mailbox migration 11): read one by message id or request id, or discard it.
+ * With `create: false`, a database before that migration is a `TablesNotFoundError` naming it.
  *
  * @category constructors
  */
-export const journal = (
-  id: string,
-  options?: Options
-): Effect.Effect<
-  Option.Option<JournalModel.JournalView>,
-  OpenError | InvalidParameterError,
-  SqlClient.SqlClient
-> =>
+export const journals = (options?: Options): Effect.Effect<JournalModel.Journals, OpenError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const store = yield* open(options)
     const withStore = connectionError(store.journal)
@@ -594,5 +585,8 @@ export const journal = (
         missing: [store.journal]
       })
     }
-    return yield* JournalView.read(store, id).pipe(withStore)
+    return {
+      read: (id) => withStore(JournalView.read(store, id)),
+      discard: (id) => withStore(JournalView.discard(store, id))
+    }
   })

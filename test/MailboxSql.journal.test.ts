@@ -246,7 +246,9 @@ for (const backend of backends) {
         yield* journal(failing!).keep
         yield* failing!.acknowledge
 
-        const byId = yield* MailboxSqlAdmin.journal(working!.id, { prefix })
+        const byId = yield* MailboxSqlAdmin.journals({ prefix }).pipe(
+          Effect.flatMap((journals) => journals.read(working!.id))
+        )
         expect(Option.map(byId, (view) => ({ ...view, steps: view.steps.map((s) => [s.position, s.key, s.entry]) })))
           .toEqual(Option.some({
             messageId: working!.id,
@@ -260,14 +262,26 @@ for (const backend of backends) {
             ]],
             truncated: false
           }))
-        const byRequest = Option.getOrThrow(yield* MailboxSqlAdmin.journal("req-b", { prefix }))
+        const byRequest = Option.getOrThrow(
+          yield* MailboxSqlAdmin.journals({ prefix }).pipe(Effect.flatMap((journals) => journals.read("req-b")))
+        )
         expect([byRequest.messageId, byRequest.where, byRequest.steps.length]).toEqual([failing!.id, "dead letter", 2])
         expect(DateTime.isDateTime(byRequest.steps[0]!.recordedAt)).toBe(true)
-        expect(yield* MailboxSqlAdmin.journal("nothing", { prefix })).toEqual(Option.none())
-        expect((yield* Effect.flip(MailboxSqlAdmin.journal("", { prefix })))._tag).toBe("InvalidParameterError")
+        expect(yield* MailboxSqlAdmin.journals({ prefix }).pipe(Effect.flatMap((journals) => journals.read("nothing"))))
+          .toEqual(Option.none())
+        expect(
+          (yield* Effect.flip(
+            MailboxSqlAdmin.journals({ prefix }).pipe(Effect.flatMap((journals) => journals.read("")))
+          ))._tag
+        ).toBe("InvalidParameterError")
         // Gone: the dead letter deleted, the journal still there until retention.
         yield* letters.purge()
-        expect(Option.map(yield* MailboxSqlAdmin.journal(failing!.id, { prefix }), (view) => view.where))
+        expect(
+          Option.map(
+            yield* MailboxSqlAdmin.journals({ prefix }).pipe(Effect.flatMap((journals) => journals.read(failing!.id))),
+            (view) => view.where
+          )
+        )
           .toEqual(Option.some("gone"))
       }).pipe(onDb))
 
@@ -317,6 +331,17 @@ for (const backend of backends) {
           const missing = yield* leasehold("mailbox", "journal", "--id", "no-such-request", ...args)
           expect(missing.code).toBe(1)
           expect(missing.stderr).toContain("no step journal for \"no-such-request\"")
+          // A journal the code no longer matches is discarded by request id: the next delivery starts afresh.
+          const discarded = yield* leasehold("mailbox", "journal", "--id", "req-cli", "--discard", ...args)
+          expect([discarded.code, discarded.stdout.trim()]).toEqual([0, "discarded 3 steps"])
+          expect(yield* journal(message!).load).toEqual([])
+          const again = yield* leasehold("mailbox", "journal", "--id", "req-cli", "--discard", ...args)
+          expect(again.code).toBe(1)
+          const admin = yield* MailboxSqlAdmin.journals({ prefix })
+          yield* journal(message!).append(step(1, "req-cli"))
+          expect(yield* admin.discard(message!.id)).toBe(1)
+          expect(yield* admin.read(message!.id)).toEqual(Option.none())
+          expect((yield* Effect.flip(admin.discard("")))._tag).toBe("InvalidParameterError")
         }).pipe(onDb, Effect.scoped),
       60_000
     )

@@ -427,52 +427,67 @@ const drop = Command.make(
   )
 )
 
+const notFound = (id: string, prefix: string) =>
+  new NotFoundError({
+    message: `no step journal for ${JSON.stringify(id)} (a message id or a request id) with prefix ` +
+      `"${prefix}" in this database: the run recorded no step, or its journal went with its ` +
+      "acknowledgement or retention"
+  })
+
+/** The journal's header line and steps table. */
+const journalText = (found: MailboxSqlAdmin.JournalView) =>
+  [
+    `message ${found.messageId} (${found.where}) in ${found.queue}${
+      Option.match(found.requestId, { onNone: () => "", onSome: (id) => `, request ${id}` })
+    }: ${plural(found.steps.length, "step")}${found.truncated ? " (the first ones; there are more)" : ""}`,
+    table(
+      ["position", "key", "recorded", "entry"],
+      found.steps.map((step) => [String(step.position), step.key, iso(step.recordedAt), summary(step.entry)])
+    )
+  ].join("\n")
+
 const journal = Command.make(
   "journal",
   {
     ...common,
-    id: Options.text("id").pipe(Options.withDescription("A message id, or the request id the run answers."))
+    id: Options.text("id").pipe(Options.withDescription("A message id, or the request id the run answers.")),
+    discard: Options.boolean("discard").pipe(
+      Options.withDescription("Delete the journal (the request's next delivery runs from its first step).")
+    )
   },
   (options) =>
     admin.pipe(
-      Effect.flatMap((MailboxSqlAdmin) =>
-        MailboxSqlAdmin.journal(options.id, { prefix: options.prefix, create: false })
-      ),
-      Effect.flatMap(Option.match({
-        onNone: () =>
-          new NotFoundError({
-            message: `no step journal for ${JSON.stringify(options.id)} (a message id or a request id) with prefix ` +
-              `"${options.prefix}" in this database: the run recorded no step, or its journal went with its ` +
-              "acknowledgement or retention"
-          }),
-        onSome: (found) =>
-          print(
-            options.json,
-            {
-              ...found,
-              requestId: Option.getOrNull(found.requestId),
-              steps: found.steps.map((step) => ({ ...step, recordedAt: iso(step.recordedAt) }))
-            },
-            () =>
-              [
-                `message ${found.messageId} (${found.where}) in ${found.queue}${
-                  Option.match(found.requestId, { onNone: () => "", onSome: (id) => `, request ${id}` })
-                }: ${plural(found.steps.length, "step")}${found.truncated ? " (the first ones; there are more)" : ""}`,
-                table(
-                  ["position", "key", "recorded", "entry"],
-                  found.steps.map((
-                    step
-                  ) => [String(step.position), step.key, iso(step.recordedAt), summary(step.entry)])
+      Effect.flatMap((MailboxSqlAdmin) => MailboxSqlAdmin.journals({ prefix: options.prefix, create: false })),
+      Effect.flatMap((journals) =>
+        options.discard
+          ? Effect.flatMap(journals.discard(options.id), (steps) =>
+            steps === 0
+              ? notFound(options.id, options.prefix)
+              : print(options.json, { discarded: steps }, () => `discarded ${plural(steps, "step")}`))
+          : Effect.flatMap(
+            journals.read(options.id),
+            Option.match({
+              onNone: () => notFound(options.id, options.prefix),
+              onSome: (found) =>
+                print(
+                  options.json,
+                  {
+                    ...found,
+                    requestId: Option.getOrNull(found.requestId),
+                    steps: found.steps.map((step) => ({ ...step, recordedAt: iso(step.recordedAt) }))
+                  },
+                  () => journalText(found)
                 )
-              ].join("\n")
+            })
           )
-      })),
+      ),
       withDatabase(Option.getOrUndefined(options.db))
     )
 ).pipe(
   Command.withDescription(
     "The step journal of an agent run's message, by message id or request id: one line per recorded step\n" +
       "(position, key, when, the entry's kind, prompt, tool, tokens, ok); --json has every entry whole.\n" +
+      "--discard deletes it: for a run the code no longer matches (it replied JournalDivergedError).\n" +
       "Example: leasehold mailbox journal --id 42 --db ./.leasehold/demo.db"
   )
 )

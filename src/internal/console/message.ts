@@ -96,7 +96,10 @@ export const page = (context: Browse.Context, dead: boolean, params: URLSearchPa
     const message = result.right.value
     const steps = yield* Browse.read(
       context,
-      MailboxSqlAdmin.journal(message.id, { prefix: context.prefix, create: false })
+      Effect.flatMap(
+        MailboxSqlAdmin.journals({ prefix: context.prefix, create: false }),
+        (journals) => journals.read(message.id)
+      )
     )
     return {
       status: 200,

@@ -1,9 +1,12 @@
 /**
- * What the operator reads of a step journal (`MailboxSqlAdmin.journal`): a leaf of types and the read's
+ * What the operator reads of a step journal (`MailboxSqlAdmin.journals`): a leaf of types and the read's
  * bound, so the public declarations name them without reaching the store (and its optional drivers).
  */
 import type * as DateTime from "effect/DateTime"
+import type * as Effect from "effect/Effect"
 import type * as Option from "effect/Option"
+import type { InvalidParameterError } from "../../../Errors.js"
+import type { MailboxConnectionError } from "../../../Mailbox.js"
 
 /** The most steps one read returns (`JournalView.truncated` says when there were more). */
 export const stepLimit = 1000
@@ -25,7 +28,7 @@ export interface JournalStep {
 }
 
 /**
- * The step journal of one message, as `MailboxSqlAdmin.journal` reads it.
+ * The step journal of one message, as `MailboxSqlAdmin.journals().read` reads it.
  *
  * @category models
  */
@@ -40,4 +43,23 @@ export interface JournalView {
   readonly steps: ReadonlyArray<JournalStep>
   /** There were more than `stepLimit` steps (only the first are in `steps`). */
   readonly truncated: boolean
+}
+
+/**
+ * The step journals of a database's agent runs, for the operator. `id` is a message id or the request id the
+ * steps carry (the newest message's journal, when several answered one request); a bad id is an
+ * `InvalidParameterError`.
+ *
+ * @category models
+ */
+export interface Journals {
+  /** The journal `id` names, with where its message is now; `None` when no journal has steps under it. */
+  readonly read: (
+    id: string
+  ) => Effect.Effect<Option.Option<JournalView>, InvalidParameterError | MailboxConnectionError>
+  /**
+   * Deletes the journal `id` names (a run the code no longer matches): how many steps it held. The request's next
+   * delivery starts from its first step.
+   */
+  readonly discard: (id: string) => Effect.Effect<number, InvalidParameterError | MailboxConnectionError>
 }

@@ -1,8 +1,9 @@
 /**
- * The operator's read of a step journal (`MailboxSqlAdmin.journal`, `leasehold mailbox journal`, the console's
+ * The operator's view of step journals (`MailboxSqlAdmin.journals`, `leasehold mailbox journal`, the console's
  * message and dead-letter pages): the steps of one message, found by its id or by the request id its steps
  * carry, where the message is now, and each entry parsed from the stored text — never trusted: text that does
- * not parse is shown as stored. Bounded: at most `stepLimit` steps are read.
+ * not parse is shown as stored. Bounded: at most `stepLimit` steps are read. And `discard`, for a journal the
+ * code no longer matches (a run that diverged after a deploy).
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as DateTime from "effect/DateTime"
@@ -30,41 +31,53 @@ const seqLike = /^[1-9][0-9]{0,14}$/
 export const parseEntry = (text: string): unknown =>
   Either.getOrElse(Either.try(() => JSON.parse(text) as unknown), () => text)
 
+/** `id` checked: a message id or a request id, 1 to 1000 characters. */
+const checked = (id: string): Effect.Effect<string, InvalidParameterError> =>
+  id.length === 0 || id.length > 1000
+    ? Effect.fail(
+      new InvalidParameterError({
+        parameter: "id",
+        value: id.slice(0, 100),
+        reason: "must be a message id or a request id (1 to 1000 characters)"
+      })
+    )
+    : Effect.succeed(id)
+
 /**
- * The journal of the message `id` names: a message id, or else the request id its steps carry (when several
- * messages answered one request — a redriven message has a new id — the newest one). `None` when no journal has
- * steps under that id.
+ * The message whose journal `id` names: a message id with steps, or else the newest message whose steps carry
+ * `id` as their request id (when several messages answered one request — a redriven message has a new id).
  */
+const resolve = (store: Store, id: string): Effect.Effect<number | undefined, SqlError | InvalidParameterError> =>
+  Effect.gen(function*() {
+    yield* checked(id)
+    const { sql } = store
+    const journal = sql(store.journal)
+    if (seqLike.test(id)) {
+      const own = yield* sql`SELECT 1 FROM ${journal} WHERE message_seq = ${Number(id)} LIMIT 1`
+      if (own.length > 0) return Number(id)
+    }
+    const newest = yield* sql<{ seq: number | string | null }>`SELECT max(message_seq) AS seq FROM ${journal}
+      WHERE request_id = ${id}`
+    const seq = newest[0]?.seq
+    return seq === null || seq === undefined ? undefined : Number(seq)
+  })
+
+/** The journal `id` names (see `resolve`); `None` when no journal has steps under it. */
 export const read = (
   store: Store,
   id: string
 ): Effect.Effect<Option.Option<JournalView>, SqlError | InvalidParameterError> =>
   Effect.gen(function*() {
-    if (id.length === 0 || id.length > 1000) {
-      return yield* new InvalidParameterError({
-        parameter: "id",
-        value: id.slice(0, 100),
-        reason: "must be a message id or a request id (1 to 1000 characters)"
-      })
-    }
+    const seq = yield* resolve(store, id)
+    if (seq === undefined) return Option.none()
     const { sql } = store
-    const journal = sql(store.journal)
-    const stepsOf = (seq: number) =>
-      sql<Row>`SELECT message_seq, position, step_key, queue, request_id, entry, recorded_at FROM ${journal}
-        WHERE message_seq = ${seq} ORDER BY position LIMIT ${stepLimit + 1}`
-    let rows: ReadonlyArray<Row> = seqLike.test(id) ? yield* stepsOf(Number(id)) : []
-    if (rows.length === 0) {
-      const newest = yield* sql<{ seq: number | string | null }>`SELECT max(message_seq) AS seq FROM ${journal}
-        WHERE request_id = ${id}`
-      const seq = newest[0]?.seq
-      if (seq === null || seq === undefined) return Option.none()
-      rows = yield* stepsOf(Number(seq))
-    }
+    const rows = yield* sql<Row>`SELECT message_seq, position, step_key, queue, request_id, entry, recorded_at
+      FROM ${sql(store.journal)} WHERE message_seq = ${seq} ORDER BY position LIMIT ${stepLimit + 1}`
     const first = rows[0]
     if (first === undefined) return Option.none()
     const messageId = String(first.message_seq)
     const [queued, dead] = yield* Effect.all([
-      sql`SELECT seq FROM ${sql(store.messages)} WHERE seq = ${Number(messageId)}`,
+      sql`SELECT seq FROM ${sql(store.messages)} WHERE seq = ${seq}`,
       sql`SELECT id FROM ${sql(store.deadLetters)} WHERE id = ${messageId}`
     ])
     const requestId = rows.find((row) => row.request_id !== null)?.request_id
@@ -82,6 +95,20 @@ export const read = (
       truncated: rows.length > stepLimit
     })
   })
+
+/**
+ * Deletes the journal `id` names (see `resolve`): the steps it held, 0 when there was none. The request's next
+ * delivery runs from its first step; a delivery that holds it now goes on, and what it records after this
+ * starts a new journal.
+ */
+export const discard = (store: Store, id: string): Effect.Effect<number, SqlError | InvalidParameterError> =>
+  Effect.flatMap(resolve(store, id), (seq) =>
+    seq === undefined
+      ? Effect.succeed(0)
+      : Effect.map(
+        store.sql`DELETE FROM ${store.sql(store.journal)} WHERE message_seq = ${seq} RETURNING position`,
+        (rows) => rows.length
+      ))
 
 /** A one-line summary of an entry: its `_tag`, and its `promptName`, `toolName`, token usage and `ok` when present. */
 export const summary = (entry: unknown): string => {
