@@ -91,27 +91,28 @@ describe("replay reads back what the run saw live", () => {
 })
 
 describe("a journal is bounded", () => {
+  /** An empty model turn recorded at `key`. */
+  const turnStep = (key: string): Journal.Step => ({
+    _tag: "Turn",
+    key,
+    promptName: "p",
+    asked: "x",
+    text: "",
+    toolCalls: [],
+    usage: { inputTokens: 0, outputTokens: 0 },
+    durationMs: 0
+  })
+
   it.scoped(`a journal of more than Journal.maxSteps steps stops the run (too large) before it reads them all`, () =>
     Effect.gen(function*() {
       const mailbox = yield* MailboxMemory.make<string, string>({ name: "long-run" })
       yield* mailbox.send("request")
       const [first] = yield* mailbox.receive({ visibilityTimeout: "30 seconds" })
-      const entry = (key: string) =>
-        JSON.stringify({
-          _tag: "Turn",
-          key,
-          promptName: "p",
-          asked: "x",
-          text: "",
-          toolCalls: [],
-          usage: { inputTokens: 0, outputTokens: 0 },
-          durationMs: 0
-        })
       for (let position = 1; position <= Journal.maxSteps + 1; position++) {
         yield* journalOf(first!)!.append({
           position,
           key: `9.${position}`,
-          entry: entry(`9.${position}`),
+          entry: JSON.stringify(turnStep(`9.${position}`)),
           requestId: "r"
         })
       }
@@ -128,18 +129,8 @@ describe("a journal is bounded", () => {
       yield* mailbox.send("request")
       const [message] = yield* mailbox.receive({ visibilityTimeout: "30 seconds" })
       const journal = Journal.forDelivery(message!, "r")!
-      const step = (key: string): Journal.Step => ({
-        _tag: "Turn",
-        key,
-        promptName: "p",
-        asked: "x",
-        text: "",
-        toolCalls: [],
-        usage: { inputTokens: 0, outputTokens: 0 },
-        durationMs: 0
-      })
-      for (let n = 1; n <= Journal.maxSteps; n++) yield* journal.append(step(`1.${n}`))
-      const over = yield* Effect.either(journal.append(step("1.overflow")))
+      for (let n = 1; n <= Journal.maxSteps; n++) yield* journal.append(turnStep(`1.${n}`))
+      const over = yield* Effect.either(journal.append(turnStep("1.overflow")))
       expect(over).toEqual(expect.objectContaining({ left: expect.objectContaining({ reason: "too large" }) }))
       expect(Option.map(yield* MailboxMemory.journal(mailbox, message!.id), (steps) => steps.length))
         .toEqual(Option.some(Journal.maxSteps))

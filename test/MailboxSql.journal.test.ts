@@ -11,7 +11,7 @@ import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
 import { DateTime, Effect, Either, Option, Schema, TestClock } from "effect"
 import { journalOf, type StoredStep } from "../src/internal/mailbox/journal.js"
-import { MailboxResolver, settleAll } from "../src/Mailbox.js"
+import { MailboxResolver, type Message, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as Retention from "../src/Retention.js"
@@ -36,6 +36,33 @@ const step = (position: number, requestId?: string): StoredStep => ({
   entry: JSON.stringify({ _tag: "Turn", promptName: "p", usage: { inputTokens: position, outputTokens: 2 } }),
   requestId
 })
+
+/**
+ * Dead-letters `message` as the loop does: its letter stored under the message's id, its journal kept, the
+ * message acknowledged.
+ */
+const deadLetter = (
+  letters: MailboxSqlAdmin.DeadLetters,
+  message: Message<Schema.Schema.Type<typeof Job>>,
+  requestId: string
+) =>
+  Effect.gen(function*() {
+    yield* letters.sink(Job).send({
+      messageId: message.id,
+      body: message.body,
+      sourceMailbox: "jobs",
+      deliveryCount: 1,
+      lastError: "boom",
+      lastErrorTag: "Boom",
+      enqueuedAt: DateTime.unsafeMake(0),
+      deadLetteredAt: DateTime.unsafeMake(0),
+      requestId,
+      replyTo: undefined,
+      traceId: undefined
+    })
+    yield* journalOf(message)!.keep
+    yield* message.acknowledge
+  })
 
 /** The journal a SQL message offers (every one does). */
 const journal = (message: object) => journalOf(message)!
@@ -230,21 +257,7 @@ for (const backend of backends) {
           requestId: "req-b"
         })
         // Dead-lettered as the loop does it: the letter stored under the message's id, the journal kept.
-        yield* letters.sink(Job).send({
-          messageId: failing!.id,
-          body: failing!.body,
-          sourceMailbox: "jobs",
-          deliveryCount: 1,
-          lastError: "boom",
-          lastErrorTag: "Boom",
-          enqueuedAt: DateTime.unsafeMake(0),
-          deadLetteredAt: DateTime.unsafeMake(0),
-          requestId: "req-b",
-          replyTo: undefined,
-          traceId: undefined
-        })
-        yield* journal(failing!).keep
-        yield* failing!.acknowledge
+        yield* deadLetter(letters, failing!, "req-b")
 
         const byId = yield* MailboxSqlAdmin.journals({ prefix }).pipe(
           Effect.flatMap((journals) => journals.read(working!.id))
@@ -361,21 +374,7 @@ for (const backend of backends) {
         })
         yield* journal(working!).append({ ...step(2), entry: hostile })
         yield* journal(failing!).append(step(1, "req-dead"))
-        yield* letters.sink(Job).send({
-          messageId: failing!.id,
-          body: failing!.body,
-          sourceMailbox: "jobs",
-          deliveryCount: 1,
-          lastError: "boom",
-          lastErrorTag: "Boom",
-          enqueuedAt: DateTime.unsafeMake(0),
-          deadLetteredAt: DateTime.unsafeMake(0),
-          requestId: "req-dead",
-          replyTo: undefined,
-          traceId: undefined
-        })
-        yield* journal(failing!).keep
-        yield* failing!.acknowledge
+        yield* deadLetter(letters, failing!, "req-dead")
         const { url } = yield* startConsole(["--db", backend.db(), "--prefix", prefix])
         const get = (path: string) =>
           Effect.promise(async () => {
