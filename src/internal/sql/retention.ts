@@ -11,10 +11,11 @@
  *   its newest row. So the log stays contiguous, and SQLite's audit id (an INTEGER PRIMARY KEY since merge-queue
  *   migration 3, which hands out the largest id plus one) is never handed out twice;
  * - dead letters, by when they were dead-lettered;
- * - step journals (mailbox migration 11) whose message is no longer in the messages table (acknowledged by a
- *   delivery that kept its journal, dead-lettered, purged by hand), step by step, by when each step was
- *   recorded. A message's seq is never handed out again, so a journal whose message is gone is written by
- *   nobody; a journal whose message still exists (queued, delayed, in flight) is never matched;
+ * - step journals (mailbox migration 11) whose message is no longer in the messages table and that no dead
+ *   letter keeps (acknowledged by a delivery that did not delete it — an older version's, or one that never read
+ *   it —, a dead letter deleted or redriven), step by step, by when each step was recorded. A message's seq is
+ *   never handed out again, so a journal whose message is gone is written by nobody; a journal whose message or
+ *   dead letter still exists is never matched;
  * - messages of the queues named as reply queues that are visible (not in flight, not delayed) and were
  *   enqueued before the cutoff. On PostgreSQL a row a claim holds is skipped (`FOR UPDATE SKIP LOCKED`, as the
  *   claim itself does), and a row claimed before the delete locked it no longer matches once re-read; on
@@ -132,9 +133,12 @@ export const make = (
       }
     )
 
-  /** Steps older than the cutoff whose message is gone (the table's primary key is two columns: its own statements). */
-  const orphaned =
-    sql`recorded_at < ${cutoff()} AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = j.message_seq)`
+  /**
+   * Steps older than the cutoff whose message and dead letter are both gone (a dead letter keeps its journal until
+   * the letter itself goes). The table's primary key is two columns: its own statements.
+   */
+  const orphaned = sql`recorded_at < ${cutoff()} AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = j.message_seq)
+    AND NOT EXISTS (SELECT 1 FROM ${deadLetters} d WHERE d.id = CAST(j.message_seq AS TEXT))`
   const journalCount = Effect.map(
     sql<{ n: number | string }>`SELECT count(*) AS n FROM ${journal} j WHERE ${orphaned}`,
     (rows) => Number(rows[0]?.n ?? 0)

@@ -5,7 +5,8 @@
  * message row by seq, receipt handle and visibility (on PostgreSQL locking it `FOR SHARE`, so a claim and the
  * append serialise) — and the appends of a mailbox's concurrent loops go together in one statement (a
  * `GroupCommit`). The journal goes with the message's acknowledgement (`statements.ts`, `SettleItem.journal`),
- * with its queue's purge, or by retention once its message is gone (`retention.ts`).
+ * with its queue's purge (a dead letter's stays), or by retention once its message and dead letter are gone
+ * (`retention.ts`).
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
@@ -167,11 +168,3 @@ export const appendBatcher = (store: Store, statements: Statements, now: () => N
 /** Whether the database has the journal table (a database before mailbox migration 11 has not). */
 export const present = (store: Store): Effect.Effect<boolean, SqlError> =>
   Effect.map(Sql.missingTables(store.sql, [store.journal]), (missing) => missing.length === 0)
-
-/** Deletes the journals of `queue` (when the table is there): a dropped queue's kept journals go with it. */
-export const deleteQueue = (store: Store, queue: string): Effect.Effect<void, SqlError> =>
-  Effect.flatMap(
-    present(store),
-    (here) =>
-      here ? Effect.asVoid(store.sql`DELETE FROM ${store.sql(store.journal)} WHERE queue = ${queue}`) : Effect.void
-  )

@@ -219,9 +219,13 @@ export class SqlMessage<A, R> implements Message<A, R> {
     }
   }
 
-  /** This delivery's item for the group commit: its journal goes with it when it has one and did not keep it. */
+  /**
+   * This delivery's item for the group commit: its journal goes with it unless kept, when this delivery read or
+   * wrote one or an earlier delivery may have (a redelivery that never read it: a plain loop, a run that failed
+   * before its first step). A first delivery that did neither has none, so the plain path pays nothing.
+   */
   private item(reply: SettleItem["reply"]): SettleItem {
-    return this.journaled && !this.kept
+    return (this.journaled || this.deliveryCount > 1) && !this.kept
       ? { seq: this.id, handle: this.receiptHandle, reply, journal: true }
       : { seq: this.id, handle: this.receiptHandle, reply }
   }

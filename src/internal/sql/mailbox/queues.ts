@@ -11,7 +11,6 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
 import * as Sql from "../common.js"
-import * as Journal from "./journal.js"
 import type { Now } from "./statements.js"
 import type { Store } from "./store.js"
 
@@ -99,7 +98,10 @@ export const setPaused = (store: Store, queue: string, paused: boolean): Effect.
 /** What `drop` found: the row deleted, a queue that still has messages, or no such row. */
 export type Dropped = "dropped" | "not empty" | "unknown"
 
-/** Deletes `queue`'s row if the queue has no messages (its dead letters, if any, keep it listed while they last). */
+/**
+ * Deletes `queue`'s row if the queue has no messages, and nothing else: its dead letters, if any, keep it listed
+ * while they last, and keep their journals (a journal goes with its message or its dead letter, or by retention).
+ */
 export const drop = (store: Store, queue: string): Effect.Effect<Dropped, SqlError> => {
   const { sql } = store
   const table = sql(tableOf(store.prefix))
@@ -108,7 +110,7 @@ export const drop = (store: Store, queue: string): Effect.Effect<Dropped, SqlErr
       AND NOT EXISTS (SELECT 1 FROM ${sql(store.messages)} WHERE queue = ${queue}) RETURNING name`,
     (deleted) =>
       deleted.length > 0
-        ? Effect.as(Journal.deleteQueue(store, queue), "dropped" as const)
+        ? Effect.succeed("dropped" as const)
         : Effect.map(
           sql`SELECT name FROM ${table} WHERE name = ${queue}`,
           (rows): Dropped => rows.length > 0 ? "not empty" : "unknown"

@@ -67,7 +67,10 @@ export interface Statements {
   /** Milliseconds until the queue's next invisible message becomes visible; `undefined` when there is none. */
   readonly nextVisibleIn: (queue: string, now: Now) => Effect.Effect<number | undefined, SqlError>
   readonly count: (queue: string) => Effect.Effect<number, SqlError>
-  /** Deletes the queue's messages, and their journals unless `journals` is false (the table is not there). */
+  /**
+   * Deletes the queue's messages, and their journals unless `journals` is false (the table is not there); the
+   * journal of a dead letter stays with it.
+   */
   readonly purge: (queue: string, journals?: boolean) => Effect.Effect<number, SqlError>
   /** `now` as a SQL expression, for the operator's queries. */
   readonly at: (now: Now) => Statement.Fragment
@@ -88,8 +91,9 @@ export interface SettleItem {
   readonly handle: string
   readonly reply: { readonly queue: string; readonly body: string; readonly traceparent?: string } | undefined
   /**
-   * The delivery loaded a journal or recorded steps (`journal.ts`), and did not keep it: its journal goes with
-   * the acknowledgement. Absent (not even the key) otherwise, so a batch with none pays nothing.
+   * The delivery loaded a journal or recorded steps (`journal.ts`), or is a redelivery (an earlier delivery may
+   * have), and did not keep it: its journal goes with the acknowledgement. Absent (not even the key) otherwise, so
+   * a batch with none pays nothing.
    */
   readonly journal?: true
 }
@@ -145,6 +149,7 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
   const { sql } = store
   const messages = sql(store.messages)
   const deadLetters = sql(store.deadLetters)
+  const journal = sql(store.journal)
   return {
     at,
     release: (seq, handle, now) =>
@@ -185,11 +190,15 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
       ),
     purge: (queue, journals = true) =>
       Effect.map(
-        // The queue's journals go with its messages (a database before migration 11 has none: `journals` false).
+        // The purged messages' journals go with them (a database before migration 11 has none: `journals` false),
+        // and so does any of the queue's journals whose message was already gone without one; a dead letter's
+        // stays with it. The second statement sees a message sent since the first, so its journal stays too.
         journals
           ? Sql.writeTransaction(sql)(Effect.zipLeft(
             sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`,
-            sql`DELETE FROM ${sql(store.journal)} WHERE queue = ${queue}`
+            sql`DELETE FROM ${journal} WHERE queue = ${queue}
+              AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = ${journal}.message_seq)
+              AND NOT EXISTS (SELECT 1 FROM ${deadLetters} d WHERE d.id = CAST(${journal}.message_seq AS TEXT))`
           ))
           : sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`,
         (rows) => rows.length
