@@ -39,7 +39,7 @@ import * as Stream from "effect/Stream"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { deadlinePayload, digest, diverged, replayed, since } from "./internal/agent.js"
+import { deadlinePayload, digest, diverged, replayed, since, toolsAsked } from "./internal/agent.js"
 import * as Options_ from "./internal/options.js"
 import * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
@@ -213,8 +213,9 @@ export const run = <Out>(
     const parent = options.journal ?? Journal.unrecorded(options.runContext?.requestId)
     const evaluationKey = parent.nextKey()
     const steps = parent.within(evaluationKey)
-    const toolNames = prompt.tools.map((tool) => tool.name)
-    const evaluationAsked = digest(JSON.stringify([prompt.name, prompt.instructions, prompt.messages, toolNames]))
+    // The tools as offered (name, description, parameters' JSON Schema): a changed tool diverges.
+    const toolsOffered = toolsAsked(prompt.tools)
+    const evaluationAsked = digest(JSON.stringify([prompt.name, prompt.instructions, prompt.messages, toolsOffered]))
     const context: Tool.ToolContext = {
       deadline,
       heartbeat,
@@ -319,7 +320,7 @@ export const run = <Out>(
       ...prompt.messages
     ]
     // What each turn asked, as a chain: the digest of the one before and the messages added since.
-    let asked = digest(JSON.stringify([prompt.name, toolNames]))
+    let asked = digest(JSON.stringify([prompt.name, toolsOffered]))
     let digested = 0
     const maxTurns = loopOptions?.maxTurns ?? 32
     for (let turnNumber = 1;; turnNumber++) {
@@ -337,7 +338,7 @@ export const run = <Out>(
             key,
             recorded,
             recorded._tag === "Turn"
-              ? `a model turn of prompt "${prompt.name}" with another request (the prompt or a tool's result changed)`
+              ? `a model turn of prompt "${prompt.name}" with another request (the prompt, a tool on offer or a tool's result changed)`
               : `a model turn of prompt "${prompt.name}"`
           )
         }

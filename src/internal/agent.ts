@@ -5,10 +5,14 @@
  */
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as JSONSchema from "effect/JSONSchema"
 import * as Metric from "effect/Metric"
+import * as Schema from "effect/Schema"
 import { createHash } from "node:crypto"
 import type * as Deadline from "../Deadline.js"
 import { describe, divergences, JournalDivergedError, type Step, stepsReplayed } from "../Journal.js"
+import type * as Tool from "../Tool.js"
 
 /** The payload of a deadline failure: the cut-off as ISO-8601, under `deadline_expires_at`. */
 export const deadlinePayload = (deadline: Deadline.Deadline | undefined): Record<string, unknown> | undefined =>
@@ -19,6 +23,22 @@ export const since = (start: number): Effect.Effect<number> => Effect.map(Clock.
 
 /** A digest of `text` (SHA-256, 132 bits in base64url): what a journal step records of what was asked. */
 export const digest = (text: string): string => createHash("sha256").update(text).digest("base64url").slice(0, 22)
+
+/**
+ * The tools on offer as a turn's digest covers them: each one's name, description and the JSON Schema of the
+ * encoded side of its parameters (what the model is shown), so a deploy that changes a tool's parameters or its
+ * wording diverges instead of replaying a turn the model answered to another tool. A schema JSON Schema cannot
+ * express (a declaration without an annotation) is covered by its AST's description instead.
+ */
+export const toolsAsked = (tools: ReadonlyArray<Tool.Any>): ReadonlyArray<readonly [string, string, unknown]> =>
+  tools.map((tool) => [
+    tool.name,
+    tool.description,
+    Either.getOrElse(
+      Either.try(() => JSONSchema.make(tool.parameters)),
+      () => String(Schema.encodedSchema(tool.parameters).ast)
+    )
+  ])
 
 /** Fails: the run asked for `asked` at `key`, where its journal recorded `recorded` (counted). */
 export const diverged = (

@@ -137,7 +137,8 @@ export const make = (
    * Steps older than the cutoff whose message and dead letter are both gone (a dead letter keeps its journal until
    * the letter itself goes). The table's primary key is two columns: its own statements.
    */
-  const orphaned = sql`recorded_at < ${cutoff()} AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = j.message_seq)
+  const orphaned =
+    sql`recorded_at < ${cutoff()} AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = j.message_seq)
     AND NOT EXISTS (SELECT 1 FROM ${deadLetters} d WHERE d.id = CAST(j.message_seq AS TEXT))`
   const journalCount = Effect.map(
     sql<{ n: number | string }>`SELECT count(*) AS n FROM ${journal} j WHERE ${orphaned}`,
