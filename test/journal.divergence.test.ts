@@ -156,6 +156,39 @@ describe("a deploy that changed a tool diverges (memory)", () => {
         expect(outcome(exit)).toMatchObject(expected)
       }
     }))
+
+  it.scoped("a recursive parameter schema diverges when changed deep inside, with an identifier or without", () =>
+    Effect.gen(function*() {
+      interface Node {
+        readonly label: string
+        readonly children: ReadonlyArray<Node>
+      }
+      const tree = (label: Schema.Schema<string>, identifier?: string): Schema.Schema<Node> => {
+        const fields = Schema.Struct({ label, children: Schema.Array(Schema.suspend(() => node)) })
+        const node: Schema.Schema<Node> = identifier === undefined ? fields : fields.annotations({ identifier })
+        return node
+      }
+      const cases = [
+        // With an identifier, JSON Schema expresses it (in its $defs): a change deep inside diverges.
+        [tree(Schema.String, "Node"), tree(Schema.NonEmptyString, "Node"), "JournalDivergedError"],
+        [tree(Schema.String, "Node"), tree(Schema.String, "Node"), undefined],
+        // Without, JSON Schema cannot: its AST is covered instead, through the recursion.
+        [tree(Schema.String), tree(Schema.NonEmptyString), "JournalDivergedError"],
+        [tree(Schema.String), tree(Schema.String), undefined]
+      ] as const
+      for (const [before, after, tag] of cases) {
+        const mailbox = yield* MailboxMemory.make<string>({ name: "pay" })
+        const runs = yield* Ref.make(0)
+        yield* mailbox.send("request")
+        yield* firstDelivery(mailbox, chargeTool(runs, Schema.Struct({ cents: Schema.Int, tree: before })), "r-1")
+        const { exit } = yield* redelivery(
+          mailbox,
+          chargeTool(runs, Schema.Struct({ cents: Schema.Int, tree: after })),
+          "r-1"
+        )
+        expect(outcome(exit)).toEqual(tag === undefined ? { output: "done" } : expect.objectContaining({ tag }))
+      }
+    }))
 })
 
 for (const backend of sqlBackends("journal-divergence")) {

@@ -212,6 +212,69 @@ for (const backend of sqlBackends("journal-lifecycle")) {
         expect(yield* jobs.approximateCount).toBe(0)
       }).pipe(onDb))
 
+    it.scoped("hostile dead-letter ids (not a seq, a look-alike of one, another queue's) break nothing", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        const [message] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        yield* journal(message!).append(step(1))
+        // Letters a sink was handed by other code: none of them is this message's dead letter.
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        for (const id of ["not-a-seq", `0${message!.id}`, ` ${message!.id}`, `${message!.id}.0`, "é".repeat(500)]) {
+          yield* letters.sink(Job).send({
+            messageId: id,
+            body: { n: 0 },
+            sourceMailbox: "jobs",
+            deliveryCount: 1,
+            lastError: "x",
+            lastErrorTag: "X",
+            enqueuedAt: DateTime.unsafeMake(0),
+            deadLetteredAt: DateTime.unsafeMake(0),
+            requestId: undefined,
+            replyTo: undefined,
+            traceId: undefined
+          })
+        }
+        expect(yield* jobs.purge).toBe(1)
+        expect(yield* rows).toEqual([])
+        yield* jobs.send({ n: 2 })
+        const [orphan] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        yield* journal(orphan!).append(step(1))
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`DELETE FROM ${sql(`${prefix}mailbox_messages`)} WHERE seq = ${Number(orphan!.id)}`
+        yield* TestClock.adjust("2 hours")
+        const options: Retention.Options = { olderThan: "1 hour", prefix, kinds: ["journals"], pause: 0 }
+        expect(yield* Retention.prune(options)).toMatchObject({ journals: 1 })
+        expect(yield* letters.count()).toBe(5)
+      }).pipe(onDb))
+
+    it.scoped("a purge whose journal delete fails deletes no message either (one transaction)", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        const [message] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        yield* journal(message!).append(step(1))
+        // A sick store: deleting a journal row fails.
+        const sql = yield* SqlClient.SqlClient
+        const table = sql(`${prefix}mailbox_journal`)
+        const trigger = sql(`${prefix}sick`)
+        const sick = backend.label === "SQLite"
+          ? sql`CREATE TRIGGER ${trigger} BEFORE DELETE ON ${table} BEGIN SELECT RAISE(ABORT, 'sick store'); END`
+          : Effect.zipRight(
+            sql.unsafe(`CREATE FUNCTION ${prefix}sick() RETURNS trigger LANGUAGE plpgsql AS
+              $$ BEGIN RAISE EXCEPTION 'sick store'; END $$`),
+            sql`CREATE TRIGGER ${trigger} BEFORE DELETE ON ${table} FOR EACH ROW EXECUTE FUNCTION ${trigger}()`
+          )
+        yield* sick
+        const failed = yield* Effect.flip(jobs.purge)
+        expect(failed._tag).toBe("MailboxConnectionError")
+        expect(yield* jobs.approximateCount).toBe(1)
+        expect(yield* rows).toEqual([`${message!.id}:1`])
+        yield* backend.label === "SQLite" ? sql`DROP TRIGGER ${trigger}` : sql`DROP TRIGGER ${trigger} ON ${table}`
+        expect(yield* jobs.purge).toBe(1)
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb))
+
     it.scoped("a journal an older checkout's acknowledgement left behind (a bare delete) goes with retention", () =>
       Effect.gen(function*() {
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })

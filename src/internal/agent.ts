@@ -8,7 +8,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as JSONSchema from "effect/JSONSchema"
 import * as Metric from "effect/Metric"
-import * as Schema from "effect/Schema"
+import type * as Schema from "effect/Schema"
 import { createHash } from "node:crypto"
 import type * as Deadline from "../Deadline.js"
 import { describe, divergences, JournalDivergedError, type Step, stepsReplayed } from "../Journal.js"
@@ -25,20 +25,22 @@ export const since = (start: number): Effect.Effect<number> => Effect.map(Clock.
 export const digest = (text: string): string => createHash("sha256").update(text).digest("base64url").slice(0, 22)
 
 /**
- * The tools on offer as a turn's digest covers them: each one's name, description and the JSON Schema of the
- * encoded side of its parameters (what the model is shown), so a deploy that changes a tool's parameters or its
- * wording diverges instead of replaying a turn the model answered to another tool. A schema JSON Schema cannot
- * express (a declaration without an annotation) is covered by its AST's description instead.
+ * The tools on offer as a turn's digest covers them: each one's name, description and the JSON Schema of its
+ * parameters (what the model is shown), so a deploy that changes a tool's parameters or its wording diverges
+ * instead of replaying a turn the model answered to another tool.
  */
-export const toolsAsked = (tools: ReadonlyArray<Tool.Any>): ReadonlyArray<readonly [string, string, unknown]> =>
-  tools.map((tool) => [
-    tool.name,
-    tool.description,
-    Either.getOrElse(
-      Either.try(() => JSONSchema.make(tool.parameters)),
-      () => String(Schema.encodedSchema(tool.parameters).ast)
-    )
-  ])
+export const toolsAsked = (tools: ReadonlyArray<Tool.Any>): ReadonlyArray<readonly [string, string, string]> =>
+  tools.map((tool) => [tool.name, tool.description, parametersAsked(tool.parameters)])
+
+/**
+ * A schema's JSON Schema as text; for one JSON Schema cannot express (a declaration or a recursion without an
+ * identifier annotation), its AST as JSON (both sides, through recursion), else its description; never a defect.
+ */
+const parametersAsked = (parameters: Schema.Schema.AnyNoContext): string =>
+  Either.getOrElse(
+    Either.try(() => JSON.stringify(JSONSchema.make(parameters))),
+    () => Either.getOrElse(Either.try(() => JSON.stringify(parameters.ast.toJSON())), () => String(parameters.ast))
+  )
 
 /** Fails: the run asked for `asked` at `key`, where its journal recorded `recorded` (counted). */
 export const diverged = (
