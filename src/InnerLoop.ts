@@ -213,8 +213,9 @@ export const run = <Out>(
     const parent = options.journal ?? Journal.unrecorded(options.runContext?.requestId)
     const evaluationKey = parent.nextKey()
     const steps = parent.within(evaluationKey)
-    // The tools as offered (name, description, parameters' JSON Schema): a changed tool diverges.
-    const toolsOffered = toolsAsked(prompt.tools)
+    // The tools as offered (name, description, parameters' JSON Schema): a changed tool diverges. Only a journal
+    // compares or stores the digests, so a run without one does not pay for the schemas.
+    const toolsOffered = options.journal === undefined ? [] : toolsAsked(prompt.tools)
     const evaluationAsked = digest(JSON.stringify([prompt.name, prompt.instructions, prompt.messages, toolsOffered]))
     const context: Tool.ToolContext = {
       deadline,
