@@ -9,7 +9,6 @@ import * as Command from "@effect/cli/Command"
 import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as Options from "@effect/cli/Options"
 import * as ValidationError from "@effect/cli/ValidationError"
-import * as Console from "effect/Console"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -17,6 +16,7 @@ import * as Option from "effect/Option"
 import { parse as parseDuration } from "../internal/duration.js"
 import type * as Retention from "../Retention.js"
 import { db, json, prefix, withDatabase } from "./database.js"
+import { print } from "./output.js"
 import { pairs } from "./table.js"
 
 const units: Record<string, (n: number) => Duration.Duration> = {
@@ -111,10 +111,11 @@ export const command = Command.make(
         })
       ),
       Effect.flatMap((result) =>
-        Console.log(
-          options.json
-            ? JSON.stringify({ ...result, olderThan: Duration.format(options.olderThan) }, null, 2)
-            : [
+        print(
+          options.json,
+          { ...result, olderThan: Duration.format(options.olderThan) },
+          () =>
+            [
               `${result.dryRun ? "would delete" : "deleted"} rows older than ${Duration.format(options.olderThan)}:`,
               pairs(
                 kinds
