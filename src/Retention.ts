@@ -30,7 +30,7 @@ import * as Metric from "effect/Metric"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
-import { TablesNotFoundError } from "./Errors.js"
+import { InvalidParameterError, TablesNotFoundError } from "./Errors.js"
 import { QueueName } from "./internal/mailbox/validation.js"
 import { names as mergeQueueNames } from "./internal/mergeQueue/schema.js"
 import { counter } from "./internal/metrics.js"
@@ -54,12 +54,55 @@ export type Kind = Statements.Kind
 export const kinds: ReadonlyArray<Kind> = Statements.kinds
 
 /**
+ * The longest age a prune takes: 100 years (36,500 days). No row leasehold writes is older than that, and every
+ * cutoff stays a whole number of milliseconds both databases hold alike (a PostgreSQL `bigint`; past it, one
+ * database refused the cutoff and the other answered 0).
+ *
+ * @category constants
+ */
+export const maxAge: Duration.Duration = Duration.days(36_500)
+
+/**
+ * The shortest age a prune takes: 1 millisecond, the unit ages are judged in (a shorter one would round to 0
+ * and prune every row).
+ *
+ * @category constants
+ */
+export const minAge: Duration.Duration = Duration.millis(1)
+
+/**
+ * `olderThan` within `minAge`..`maxAge`, else an `InvalidParameterError` naming it and the bound it broke (the
+ * same on every database, checked before one is asked).
+ */
+const checkAge = (olderThan: Duration.Duration, given: unknown): Effect.Effect<void, InvalidParameterError> =>
+  Duration.lessThan(olderThan, minAge)
+    ? Effect.fail(
+      new InvalidParameterError({
+        parameter: "olderThan",
+        value: given,
+        reason: "must be at least 1 millisecond (a shorter age would prune every row)"
+      })
+    )
+    : Duration.greaterThan(olderThan, maxAge)
+    ? Effect.fail(
+      new InvalidParameterError({
+        parameter: "olderThan",
+        value: given,
+        reason: "must be at most 36500 days (100 years)"
+      })
+    )
+    : Effect.void
+
+/**
  * What to prune, decoded from `Options` with its defaults.
  *
  * @category models
  */
 export class RetentionConfig extends Schema.Class<RetentionConfig>("leasehold/RetentionConfig")({
-  /** Rows older than this go (required; more than zero, finite). */
+  /**
+   * Rows older than this go (required; more than zero, finite; `prune` and `layer` refuse one under `minAge` or
+   * over `maxAge` with an `InvalidParameterError`).
+   */
   olderThan: Options_.duration({ positive: true }),
   /** The kinds to prune (default all). */
   kinds: Schema.optionalWith(
@@ -146,8 +189,9 @@ const decodeLayerOptions = Options_.decoder("Retention.layer", {
 })
 
 /**
- * Prunes once, with `options` (bad ones are a `ParseError` naming them). `TablesNotFoundError` when the
- * database has none of the tables of the kinds asked for.
+ * Prunes once, with `options` (bad ones are a `ParseError` naming them; an `olderThan` under 1 ms or over
+ * `maxAge` an `InvalidParameterError` naming it and the bound). `TablesNotFoundError` when the database has none
+ * of the tables of the kinds asked for.
  *
  * @category constructors
  */
@@ -155,9 +199,13 @@ export const prune = (
   options: Options
 ): Effect.Effect<
   PruneResult,
-  ParseResult.ParseError | RetentionStoreError | TablesNotFoundError,
+  ParseResult.ParseError | InvalidParameterError | RetentionStoreError | TablesNotFoundError,
   SqlClient.SqlClient
-> => Effect.flatMap(decodeOptions(options), run)
+> =>
+  Effect.flatMap(
+    decodeOptions(options),
+    (config) => Effect.zipRight(checkAge(config.olderThan, options.olderThan), run(config))
+  )
 
 /** Pauses between batches; a zero pause is no sleep at all (and so, under `TestClock`, no wait for `adjust`). */
 const between = (pause: Duration.Duration) => Duration.isZero(pause) ? Effect.void : Effect.sleep(pause)
@@ -190,7 +238,8 @@ const run = (config: RetentionConfig) =>
     const statements = Statements.make(
       sql,
       tables,
-      Math.round(Duration.toMillis(config.olderThan)),
+      // At least 1 (`checkAge`): an age is never rounded down to "everything".
+      Math.max(1, Math.round(Duration.toMillis(config.olderThan))),
       Sql.testTime(yield* Effect.clock)
     )
     const limit = config.batchSize
@@ -227,15 +276,17 @@ const run = (config: RetentionConfig) =>
  * Prunes with `options` at start and then every `every`, in the layer's scope (closing it stops the fiber).
  * A failed pass is logged as a warning and the next one runs on time; a pass that deleted something is logged
  * at info with its counts. A database without the tables yet (the services make them when they start) is
- * logged at debug, not as a failure. Bad options are a `ParseError` when the layer is built.
+ * logged at debug, not as a failure. Bad options are a `ParseError` when the layer is built (an `olderThan`
+ * out of `minAge`..`maxAge` an `InvalidParameterError`, as for `prune`).
  *
  * @category layers
  */
 export const layer = (
   options: ScheduleOptions
-): Layer.Layer<never, ParseResult.ParseError, SqlClient.SqlClient> =>
+): Layer.Layer<never, ParseResult.ParseError | InvalidParameterError, SqlClient.SqlClient> =>
   Layer.scopedDiscard(Effect.gen(function*() {
     const { every, ...fields } = yield* decodeLayerOptions(options)
+    yield* checkAge(fields.olderThan, options.olderThan)
     const config = new RetentionConfig(fields, true)
     const pass = run(config).pipe(
       Effect.flatMap((result) => {

@@ -185,6 +185,42 @@ for (const backend of backends) {
           .toEqual(["d2"])
       }).pipe(onDb))
 
+    it.live("a text search folds case beyond ASCII, as PostgreSQL's lower() does, in bodies and errors", () =>
+      Effect.gen(function*() {
+        const browser = yield* MailboxSqlAdmin.browse({ prefix })
+        const now = Date.now()
+        const bodies = [
+          `{"drink":"CAFÉ"}`,
+          `{"city":"ÅRHUS straße"}`,
+          `{"greek":"ΑΘΉΝΑ"}`,
+          `{"cyrillic":"МОСКВА"}`,
+          `{"plain":"cafe"}`
+        ]
+        yield* insert(`${prefix}mailbox_messages`, bodies.map((body) => message("u", body, "queued", now)))
+        const text = (value: string) =>
+          Effect.map(
+            browser.messages({ queue: "u", state: "queued", filter: { text: value } }),
+            (page) => page.rows.map((row) => row.body)
+          )
+        expect(yield* text("é")).toEqual([bodies[0]])
+        expect(yield* text("café")).toEqual([bodies[0]])
+        expect(yield* text("Café")).toEqual([bodies[0]])
+        expect(yield* text("århus STRASSE")).toEqual([])
+        expect(yield* text("århus STRAßE")).toEqual([bodies[1]])
+        expect(yield* text("αθήνα")).toEqual([bodies[2]])
+        expect(yield* text("москва")).toEqual([bodies[3]])
+        expect(yield* text("CAFE")).toEqual([bodies[4]])
+        // LIKE's wildcards stay literal.
+        expect(yield* text("caf_")).toEqual([])
+        // Dead letters: their errors fold alike.
+        yield* insert(`${prefix}mailbox_dead_letters`, [
+          { ...letter("ü1", "u", now), error: "ÜBERLAUF im Puffer" },
+          { ...letter("ü2", "u", now), error: "nothing here" }
+        ])
+        const found = yield* browser.messages({ queue: "u", state: "dead", filter: { text: "überlauf" } })
+        expect(found.rows.map((row) => row.id)).toEqual(["ü1"])
+      }).pipe(onDb))
+
     it.live("a page is bounded: previews of huge bodies, at most 100 rows; bad input is a typed failure", () =>
       Effect.gen(function*() {
         const browser = yield* MailboxSqlAdmin.browse({ prefix })

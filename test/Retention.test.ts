@@ -10,7 +10,8 @@
  */
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
-import { DateTime, Effect, Exit, Fiber, Layer, Option, Ref, Schema, TestClock } from "effect"
+import { DateTime, Duration, Effect, Exit, Fiber, Layer, Option, Ref, Schema, TestClock } from "effect"
+import * as Sql from "../src/internal/sql/common.js"
 import * as Statements from "../src/internal/sql/retention.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -484,6 +485,47 @@ for (const backend of backends) {
           expect(yield* queue.list({ status: ["pending", ...MergeQueue.inProgress] })).toEqual([])
         }).pipe(Effect.scoped, onDb, Effect.provide(MailboxResolver.layer())),
       TIMEOUT
+    )
+
+    it.live(
+      "an olderThan under 1 ms or over 100 years is an InvalidParameterError naming it and the bound, deleting nothing",
+      () =>
+        Effect.gen(function*() {
+          const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`INSERT INTO ${sql(`${prefix}mailbox_dead_letters`)}
+            (id, queue, body, delivery_count, enqueued_at, dead_lettered_at, error_tag, error)
+            VALUES ('recent', 'jobs', '{}', 1, 0, ${Sql.databaseNow(sql)} - 50, 'Old', 'old')`
+          for (
+            const [olderThan, bound] of [
+              [Duration.micros(100n), "at least 1 millisecond"],
+              ["0.4 millis", "at least 1 millisecond"],
+              [1e22, "at most 36500 days"],
+              [Duration.days(36_501), "at most 36500 days"],
+              [Number.MAX_VALUE, "at most 36500 days"]
+            ] as const
+          ) {
+            for (const dryRun of [false, true]) {
+              const error = yield* Effect.flip(Retention.prune({ olderThan, prefix, dryRun }))
+              expect(error._tag, String(olderThan)).toBe("InvalidParameterError")
+              expect(error.message, String(olderThan)).toContain("olderThan")
+              expect(error.message, String(olderThan)).toContain(bound)
+            }
+            const layerError = yield* Effect.flip(
+              Layer.build(Retention.layer({ every: "1 hour", olderThan, prefix })).pipe(Effect.scoped)
+            )
+            expect(layerError._tag).toBe("InvalidParameterError")
+          }
+          // Nothing went (a 0 ms cutoff took the 50 ms old letter): it is still there.
+          expect(yield* letters.count()).toBe(1)
+          // The bounds themselves are taken, on either database alike (the letter is 50 ms old).
+          const at = (olderThan: Duration.Duration) =>
+            Effect.map(
+              Retention.prune({ olderThan, prefix, kinds: ["deadLetters"], dryRun: true }),
+              (result) => result.deadLetters
+            )
+          expect([yield* at(Retention.minAge), yield* at(Retention.maxAge)]).toEqual([1, 0])
+        }).pipe(onDb)
     )
 
     it.effect("bad options are a ParseError naming them", () =>

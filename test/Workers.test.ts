@@ -10,7 +10,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Fiber, Option, Schema } from "effect"
+import { Deferred, Duration, Effect, Fiber, Layer, Option, Schema } from "effect"
 import { readFileSync } from "node:fs"
 import { hostname } from "node:os"
 import * as Sql from "../src/internal/sql/common.js"
@@ -18,7 +18,7 @@ import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
-import { skewedClock } from "./helpers.js"
+import { leasehold, skewedClock } from "./helpers.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 // Read by each store as it opens (every test's prefix is new, so its store opens in the test).
@@ -185,6 +185,8 @@ for (const backend of backends) {
               Effect.withClock(skewedClock(skew))
             )
             expect(gone!.process).toBe("gone:1")
+            // A row of the previous release (9's table, keyed by host:pid): listed, with no instance.
+            expect(Option.isNone(gone!.instance)).toBe(true)
             expect(gone!.lost).toBe(true)
             expect(Option.isNone(gone!.name)).toBe(true)
             const age = Duration.toMillis(gone!.loops[0]!.heartbeatAge)
@@ -219,15 +221,110 @@ for (const backend of backends) {
           })
           yield* loop.run({ waitTime: "100 millis" }).pipe(Effect.forkScoped)
           yield* eventually(admin.list(thresholds), (workers) => mine(workers) !== undefined, "registered")
-          const table = `${prefix}mailbox_workers`
+          const table = `${prefix}mailbox_worker_instances`
           yield* sql`DROP TABLE ${sql(table)}`
           yield* Effect.sleep("300 millis") // a few refreshes fail meanwhile
           yield* jobs.send(7)
           expect(yield* Deferred.await(done)).toBe(7)
           expect(yield* loop.running).toBe(true)
-          yield* sql`CREATE TABLE ${sql(table)} (process TEXT PRIMARY KEY, name TEXT, started_at BIGINT NOT NULL,
-          version TEXT NOT NULL, loops TEXT NOT NULL, refreshed_at BIGINT NOT NULL)`
+          yield* sql`CREATE TABLE ${sql(table)} (instance TEXT PRIMARY KEY, process TEXT NOT NULL, name TEXT,
+          started_at BIGINT NOT NULL, version TEXT NOT NULL, loops TEXT NOT NULL, refreshed_at BIGINT NOT NULL)`
           yield* eventually(admin.list(thresholds), (workers) => mine(workers) !== undefined, "registered again")
+        }).pipe(Effect.scoped, onDb),
+      TIMEOUT
+    )
+    it.live(
+      "two stores with one host:pid (two layers in one process) keep a row each, keyed by instance; neither overwrites the other",
+      () =>
+        Effect.gen(function*() {
+          const admin = yield* MailboxSqlAdmin.workers({ prefix })
+          const gate = yield* Deferred.make<void>()
+          yield* Effect.addFinalizer(() => Deferred.succeed(gate, undefined))
+          // The first layer: the file's client. The second: a layer of its own on the same database.
+          const first = yield* MailboxSql.make({ name: "left", schema: Schema.Number, prefix })
+          yield* (yield* stuckLoop("left-loop", first, gate)).run({ waitTime: "100 millis" }).pipe(Effect.forkScoped)
+          const second = yield* Layer.build(
+            backend.label === "SQLite"
+              ? MailboxSql.layerSqlite({ filename: backend.db() })
+              : MailboxSql.layerPg({ url: backend.db() })
+          )
+          const other = yield* MailboxSql.make({ name: "right", schema: Schema.Number, prefix }).pipe(
+            Effect.provide(second)
+          )
+          yield* (yield* stuckLoop("right-loop", other, gate)).run({ waitTime: "100 millis" }).pipe(Effect.forkScoped)
+          const ours = (workers: ReadonlyArray<MailboxSqlAdmin.WorkerProcess>) =>
+            workers.filter((worker) => worker.process === thisProcess)
+          const both = yield* eventually(
+            admin.list(thresholds),
+            (workers) => ours(workers).length === 2,
+            "two rows of this process"
+          )
+          const instances = ours(both).map((worker) => Option.getOrThrow(worker.instance))
+          expect(new Set(instances).size).toBe(2)
+          for (const instance of instances) expect(instance).toMatch(/^[0-9a-f]{16}$/)
+          expect(ours(both).map((worker) => worker.loops.map((loop) => loop.name)).sort()).toEqual([
+            ["left-loop"],
+            ["right-loop"]
+          ])
+          // Refresh after refresh, both stay listed, each with its own loops: no flipping between them.
+          for (let look = 0; look < 8; look++) {
+            yield* Effect.sleep("60 millis")
+            const rows = ours(yield* admin.list(thresholds))
+            expect(rows.map((worker) => [Option.getOrThrow(worker.instance), worker.loops[0]?.name]).sort()).toEqual(
+              ours(both).map((worker) => [Option.getOrThrow(worker.instance), worker.loops[0]?.name]).sort()
+            )
+          }
+          // The command line shows the instance beside host:pid.
+          const text = yield* leasehold("workers", "--db", backend.db(), "--prefix", prefix)
+          expect(text.code).toBe(0)
+          expect(text.stdout).toMatch(/^process\s+instance\s+name/m)
+          for (const instance of instances) {
+            expect(text.stdout).toContain(instance)
+            expect(text.stdout).toMatch(new RegExp(`${thisProcess.replace(/[.]/g, "\\.")}\\s+${instance}\\s`))
+          }
+          const json = JSON.parse(
+            (yield* leasehold("workers", "--db", backend.db(), "--prefix", prefix, "--json"))
+              .stdout
+          ) as ReadonlyArray<{ process: string; instance: string | null }>
+          expect(json.filter((row) => row.process === thisProcess).map((row) => row.instance).sort()).toEqual(
+            [...instances].sort()
+          )
+        }).pipe(Effect.scoped, onDb),
+      TIMEOUT
+    )
+
+    it.live(
+      "a database with the previous release's rows (9's table) lists them beside this release's; an old database (before 13) lists its rows",
+      () =>
+        Effect.gen(function*() {
+          const admin = yield* MailboxSqlAdmin.workers({ prefix })
+          const sql = yield* SqlClient.SqlClient
+          const loops = JSON.stringify([
+            { name: "old", queue: "jobs", state: "running", messageId: null, beatAgeMillis: 10 }
+          ])
+          // A process of the previous release, with this very host:pid (it wrote before this one started).
+          yield* sql`INSERT INTO ${sql(`${prefix}mailbox_workers`)}
+          (process, name, started_at, version, loops, refreshed_at)
+          VALUES (${thisProcess}, 'previous', 0, '0.0.9', ${loops}, ${Sql.databaseNow(sql)})`
+          const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix })
+          const gate = yield* Deferred.make<void>()
+          yield* Effect.addFinalizer(() => Deferred.succeed(gate, undefined))
+          yield* (yield* stuckLoop("new", jobs, gate)).run({ waitTime: "100 millis" }).pipe(Effect.forkScoped)
+          const rows = yield* eventually(
+            admin.list(thresholds),
+            (workers) => workers.filter((worker) => worker.process === thisProcess).length === 2,
+            "the old row and the new one"
+          )
+          const mineNow = rows.filter((worker) => worker.process === thisProcess)
+          expect(mineNow.map((worker) => [Option.isSome(worker.instance), worker.loops[0]?.name]).sort()).toEqual([
+            [false, "old"],
+            [true, "new"]
+          ])
+          // Before migration 13 (an operator's look at an older database): 9's rows alone, no failure.
+          yield* sql`DROP TABLE ${sql(`${prefix}mailbox_worker_instances`)}`
+          const older = yield* admin.list(thresholds)
+          expect(older.filter((worker) => worker.process === thisProcess).map((worker) => worker.loops[0]?.name))
+            .toEqual(["old"])
         }).pipe(Effect.scoped, onDb),
       TIMEOUT
     )

@@ -146,6 +146,33 @@ for (const target of targets) {
       TIMEOUT
     )
 
+    it.live(
+      "an age under 1 ms or over 100 years is a usage error (exit 2) naming --older-than and the bound, alike on both",
+      () =>
+        Effect.gen(function*() {
+          for (
+            const [age, bound] of [
+              ["0.0001s", "at least 1 millisecond"],
+              ["0.5 millis", "at least 1 millisecond"],
+              ["300000000000000000d", "at most 36500 days"],
+              ["36501d", "at most 36500 days"]
+            ] as const
+          ) {
+            // A dry run: before the bound, the first counted every row as old, the third failed on PostgreSQL only.
+            const run = yield* leasehold("prune", "--db", target.db(), "--older-than", age, "--dry-run")
+            expect(run.code, age).toBe(2)
+            expect(run.stdout + run.stderr, age).toContain("--older-than")
+            expect(run.stdout + run.stderr, age).toContain(bound)
+          }
+          // The bounds themselves are taken.
+          for (const age of ["1 millis", "36500d"]) {
+            const run = yield* leasehold("prune", "--db", target.db(), "--older-than", age, "--dry-run", "--json")
+            expect(run.code, age).toBe(0)
+          }
+        }),
+      TIMEOUT
+    )
+
     it.live("two processes pruning at once delete every old row once between them", () =>
       Effect.gen(function*() {
         const args = ["prune", "--db", target.db(), "--prefix", "conc_", "--older-than", "1h", "--json"]

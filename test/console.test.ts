@@ -463,6 +463,7 @@ describe("the console's page", () => {
         value: {
           processes: [{
             process: hostile,
+            instance: hostile,
             name: hostile,
             startedAt: 0,
             version: hostile,

@@ -111,6 +111,10 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           const alphaRow = `#workers-table tr[id="worker-${hostname()}:${alpha.pid}"]`
           const betaRow = `#workers-table tr[id="worker-${hostname()}:${beta.pid}"]`
           expect(yield* until(page, alphaRow, (text) => text.includes("requests"), "alpha's loop")).toContain("running")
+          // Beside host:pid, the instance of the store that wrote the row.
+          expect(yield* Effect.promise(() => page.locator(`${alphaRow} .instance`).textContent())).toMatch(
+            /^[0-9a-f]{16}$/
+          )
 
           // The in-flight message's "held by" links to this process's row.
           yield* until(page, "#in-flight-table", (text) => text.includes(me), "the held message in flight")
@@ -145,7 +149,7 @@ const scenario = (name: string, layer: () => Layer.Layer<MailboxSql.Services, un
           expect(byName.get("test-process")?.process).toBe(me)
           const text = yield* leaseholdWorkers(target())
           expect(text.code).toBe(0)
-          expect(text.stdout).toMatch(new RegExp(`${hostname()}:${alpha.pid} LOST\\s+alpha`))
+          expect(text.stdout).toMatch(new RegExp(`${hostname()}:${alpha.pid} LOST\\s+[0-9a-f]{16}\\s+alpha`))
           expect(text.stdout).toContain("STALLED")
           const bad = yield* leaseholdWorkers(target(), "--stalled-after", "soon")
           expect(bad.code).toBe(2)

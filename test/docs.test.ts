@@ -7,11 +7,16 @@
  * the `leasehold-source` condition of the repository's tsconfig. One TypeScript program checks them all; a
  * failure names the document, the line and the diagnostic. A block that is deliberately partial is fenced
  * `ts no-check` (keep those rare).
+ *
+ * The migration tables of docs/versioning.md and the versions docs/operating.md names are checked against the
+ * migration list the code runs (src/internal/sql/migrations.ts): a migration without its row fails, and so does
+ * a row, a range or a version the code does not have.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { dirname, join, relative, resolve } from "node:path"
 import ts from "typescript"
+import { migrationNames } from "./support/migrationList.js"
 
 const documents = ["README.md", ...readdirSync("docs").filter((file) => file.endsWith(".md")).map((f) => `docs/${f}`)]
 
@@ -146,5 +151,59 @@ describe("documentation", () => {
       }
     }
     expect(broken).toEqual([])
+  })
+
+  describe("migrations", () => {
+    /** The Markdown table rows of `document` under the heading `heading`: each row's cells, trimmed. */
+    const tableRows = (document: string, heading: string) => {
+      const text = readFileSync(document, "utf8")
+      const start = text.indexOf(`\n## ${heading}\n`)
+      expect(start, `${document}: ## ${heading}`).toBeGreaterThan(-1)
+      const end = text.indexOf("\n## ", start + 1)
+      return text.slice(start, end === -1 ? undefined : end).split("\n")
+        .filter((line) => /^\|.*\|$/.test(line) && !/^\|\s*-/.test(line))
+        .map((line) => line.slice(1, -1).split("|").map((cell) => cell.trim()))
+    }
+    /** `1–11, 13`: the ids as runs. */
+    const ranges = (ids: ReadonlyArray<number>) => {
+      const runs: Array<[number, number]> = []
+      for (const id of [...ids].sort((a, b) => a - b)) {
+        const last = runs[runs.length - 1]
+        if (last !== undefined && id === last[1] + 1) last[1] = id
+        else runs.push([id, id])
+      }
+      return runs.map(([from, to]) => from === to ? String(from) : `${from}–${to}`).join(", ")
+    }
+    const idOf = (name: string) => Number.parseInt(name, 10)
+    const tables: Record<string, string> = {
+      mailbox: "`<prefix>mailbox_migrations`",
+      "work lease": "`<prefix>work_lease_migrations`",
+      "merge queue": "`<prefix>merge_queue_migrations`"
+    }
+
+    it("docs/versioning.md lists every migration the code runs, and no other", async () => {
+      const names = await migrationNames()
+      const rows = tableRows("docs/versioning.md", "How migrations are versioned")
+      const listed = rows.filter((row) => row.length === 3 && /^`\d+_\w+`$/.test(row[1]!))
+        .map((row) => `${row[0]} ${row[1]!.slice(1, -1)}`)
+      const known = Object.entries(names).flatMap(([service, list]) => list.map((name) => `${service} ${name}`))
+      expect(listed).toEqual(known)
+      // The summary table: each service's ids as ranges ("1–11, 13").
+      for (const [service, list] of Object.entries(names)) {
+        const summary = rows.find((row) => row[1] === tables[service])
+        expect(summary, `the summary row of ${service}`).toBeDefined()
+        expect(summary![2], service).toBe(ranges(list.map(idOf)))
+      }
+    })
+
+    it("docs/operating.md names the versions this release needs", async () => {
+      const names = await migrationNames()
+      const text = readFileSync("docs/operating.md", "utf8").replace(/\s+/g, " ")
+      const needs = /a release needs the latest migration it knows \(this one: ([^;)]*)/.exec(text)
+      expect(needs, "docs/operating.md's Migrations section names the versions").not.toBeNull()
+      expect(needs![1]).toBe(
+        Object.entries(names).map(([service, list]) => `${service} ${Math.max(...list.map(idOf))}`).join(", ")
+      )
+    })
   })
 })

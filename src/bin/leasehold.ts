@@ -27,6 +27,7 @@ import * as health from "../cli/health.js"
 import * as Help from "../cli/help.js"
 import * as mailbox from "../cli/mailbox.js"
 import * as migrate from "../cli/migrate.js"
+import { warn } from "../cli/output.js"
 import * as prune from "../cli/prune.js"
 import * as queue from "../cli/queue.js"
 import * as workers from "../cli/workers.js"
@@ -120,7 +121,8 @@ const runCli = () =>
       error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError ||
       ParseResult.isParseError(error)
     return Effect.runPromise(
-      Console.error(`leasehold: ${scrubbed(error instanceof Error ? error.message : String(error))}`)
+      // An error's message may quote what another party stored (a queue name, a request id): the one printer.
+      warn(`leasehold: ${scrubbed(error instanceof Error ? error.message : String(error))}`)
     )
       .then(
         () => {

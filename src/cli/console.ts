@@ -11,7 +11,6 @@ import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as HttpServer from "@effect/platform/HttpServer"
 import * as SqlClient from "@effect/sql/SqlClient"
-import * as Console from "effect/Console"
 import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -22,6 +21,7 @@ import { InvalidParameterError } from "../Errors.js"
 import * as HttpServers from "../internal/httpServer.js"
 import * as Target from "../internal/sql/target.js"
 import { client, db, prefix, redact, targetOf } from "./database.js"
+import { say, warn } from "./output.js"
 
 const port = Options.integer("port").pipe(
   Options.withDescription("The port to listen on; 0 picks a free one (printed at start)."),
@@ -124,11 +124,11 @@ export const command = Command.make(
         const url = address._tag === "TcpAddress"
           ? `http://${address.hostname.includes(":") ? `[${address.hostname}]` : address.hostname}:${address.port}/`
           : address.path
-        yield* Console.log(
+        yield* say(
           `leasehold console: ${url} (${database}${options.readOnly ? ", read-only" : ""}). Ctrl-C stops it.`
         )
         if (!Server.isLoopback(hostName(bind) ?? "")) {
-          yield* Console.error(
+          yield* warn(
             `leasehold console: listening on ${options.host}, not loopback: whoever reaches it can act on the ` +
               "queues (the token only keeps other sites' pages out; add --read-only to only show them)."
           )

@@ -4,11 +4,11 @@
  */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
-import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
 import { InvalidParameterError } from "../Errors.js"
 import { redact, scrub } from "../internal/sql/target.js"
+import { printable, say, sayJson } from "./output.js"
 
 /** The worker did not answer, or answered that it is not ready. `url` is shown without its password. */
 export class NotHealthyError extends Schema.TaggedError<NotHealthyError>()("NotHealthyError", {
@@ -70,22 +70,21 @@ export const command = Command.make("health", { url, metrics, json }, (options) 
       ? (yield* get(options.url, "/metrics")).body.split("\n").filter((line) => line.startsWith("leasehold_"))
       : []
     if (options.json) {
-      yield* Console.log(JSON.stringify(
-        {
-          live: live.status === 200,
-          ready: ready.status === 200,
-          reasons: readiness.reasons ?? [],
-          ...(options.metrics ? { metrics: lines } : {})
-        },
-        null,
-        2
-      ))
+      // What the server answered is another party's text: printed through the one printer.
+      yield* sayJson({
+        live: live.status === 200,
+        ready: ready.status === 200,
+        reasons: readiness.reasons ?? [],
+        ...(options.metrics ? { metrics: lines } : {})
+      })
     } else {
-      yield* Console.log(`live   ${live.status === 200 ? "yes" : `no (${live.status})`}`)
-      yield* Console.log(
-        `ready  ${ready.status === 200 ? "yes" : `no (${ready.status}): ${(readiness.reasons ?? []).join("; ")}`}`
+      yield* say(`live   ${live.status === 200 ? "yes" : `no (${live.status})`}`)
+      yield* say(
+        `ready  ${
+          ready.status === 200 ? "yes" : `no (${ready.status}): ${(readiness.reasons ?? []).map(printable).join("; ")}`
+        }`
       )
-      for (const line of lines) yield* Console.log(line)
+      for (const metric of lines) yield* say(metric)
     }
     if (ready.status !== 200) {
       return yield* new NotHealthyError({

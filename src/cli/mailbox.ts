@@ -14,7 +14,6 @@ import * as Args from "@effect/cli/Args"
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as Clock from "effect/Clock"
-import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
@@ -23,6 +22,7 @@ import { causeOf, clip } from "../internal/errorText.js"
 import { summary } from "../internal/sql/mailbox/journalView.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
+import { line, print } from "./output.js"
 import { ago, table } from "./table.js"
 
 /** A command that acts on everything, run without `--yes`: a usage error saying how many rows it would touch. */
@@ -37,8 +37,6 @@ export class NotFoundError extends Schema.TaggedError<NotFoundError>()("NotFound
 const common = { db, json, prefix }
 const iso = (time: DateTime.Utc) => DateTime.formatIso(time)
 const since = (time: DateTime.Utc, now: number) => ago(DateTime.toEpochMillis(time), now)
-const print = (asJson: boolean, value: unknown, text: () => string) =>
-  Console.log(asJson ? JSON.stringify(value, null, 2) : text())
 const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
 
 type Common = { readonly db: Option.Option<string>; readonly prefix: string }
@@ -437,9 +435,10 @@ const notFound = (id: string, prefix: string) =>
 /** The journal's header line and steps table. */
 const journalText = (found: MailboxSqlAdmin.JournalView) =>
   [
-    `message ${found.messageId} (${found.where}) in ${found.queue}${
-      Option.match(found.requestId, { onNone: () => "", onSome: (id) => `, request ${id}` })
-    }: ${plural(found.steps.length, "step")}${found.truncated ? " (the first ones; there are more)" : ""}`,
+    // The ids and the queue are stored values (a request id is the sender's): each printed escaped.
+    line`message ${found.messageId} (${found.where}) in ${found.queue}` +
+    Option.match(found.requestId, { onNone: () => "", onSome: (id) => line`, request ${id}` }) +
+    `: ${plural(found.steps.length, "step")}${found.truncated ? " (the first ones; there are more)" : ""}`,
     table(
       ["position", "key", "recorded", "entry"],
       found.steps.map((step) => [String(step.position), step.key, iso(step.recordedAt), summary(step.entry)])

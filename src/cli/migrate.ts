@@ -11,7 +11,6 @@
  */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
-import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
@@ -20,6 +19,7 @@ import * as Database from "../Database.js"
 import * as Target from "../internal/sql/target.js"
 import type * as Migrations from "../Migrations.js"
 import { client, db, json, prefix, redact, targetOf, withDatabase } from "./database.js"
+import { print, say, sayJson } from "./output.js"
 import { table } from "./table.js"
 
 /** The exit code of `leasehold status` when a service's schema is not the one this release needs. */
@@ -60,8 +60,8 @@ const migrate = Command.make("migrate", { db, json, prefix, dryRun }, (options) 
     Effect.flatMap((Migrations) => Migrations.run({ prefix: options.prefix, dryRun: options.dryRun })),
     Effect.flatMap((results) =>
       options.json
-        ? Console.log(JSON.stringify({ dryRun: options.dryRun, prefix: options.prefix, services: results }, null, 2))
-        : Console.log(migrateText(results, options.dryRun))
+        ? sayJson({ dryRun: options.dryRun, prefix: options.prefix, services: results })
+        : say(migrateText(results, options.dryRun))
     ),
     Effect.provide(migrationClient(Option.getOrUndefined(options.db), options.dryRun))
   )).pipe(
@@ -126,15 +126,7 @@ const status = Command.make("status", { db, json, prefix }, (options) =>
           ...advice
         ].join("\n")
       return Effect.zipRight(
-        Console.log(
-          options.json
-            ? JSON.stringify(
-              { prefix: options.prefix, upToDate: !behind && !newer, services: statuses, advice },
-              null,
-              2
-            )
-            : text()
-        ),
+        print(options.json, { prefix: options.prefix, upToDate: !behind && !newer, services: statuses, advice }, text),
         Effect.sync(() => {
           if (behind || newer) process.exitCode = notCurrentExitCode
         })

@@ -9,7 +9,6 @@ import * as Command from "@effect/cli/Command"
 import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as Options from "@effect/cli/Options"
 import * as ValidationError from "@effect/cli/ValidationError"
-import * as Console from "effect/Console"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -17,6 +16,7 @@ import * as Option from "effect/Option"
 import { parse as parseDuration } from "../internal/duration.js"
 import type * as Retention from "../Retention.js"
 import { db, json, prefix, withDatabase } from "./database.js"
+import { print } from "./output.js"
 import { pairs } from "./table.js"
 
 const units: Record<string, (n: number) => Duration.Duration> = {
@@ -29,7 +29,8 @@ const units: Record<string, (n: number) => Duration.Duration> = {
 
 /**
  * An age as an operator writes it: `7d`, `12h`, `30m`, `90s`, `2w`, or a duration in words (`36 hours`).
- * More than zero and finite, else why not.
+ * From 1 millisecond to 36500 days (100 years, `Retention.maxAge`), else why not: a shorter one would round to
+ * 0 ms and prune everything, a longer one is more than any database holds alike.
  */
 export const parseAge = (text: string): Either.Either<Duration.Duration, string> => {
   const short = /^(\d+(?:\.\d+)?)([smhdw])$/.exec(text.trim())
@@ -39,9 +40,13 @@ export const parseAge = (text: string): Either.Either<Duration.Duration, string>
     (age) =>
       Duration.isZero(age)
         ? Either.left("must be greater than zero")
-        : Duration.isFinite(age)
-        ? Either.right(age)
-        : Either.left("must be finite")
+        : !Duration.isFinite(age)
+        ? Either.left("must be finite")
+        : Duration.lessThan(age, Duration.millis(1))
+        ? Either.left("must be at least 1 millisecond (a shorter age would prune every row)")
+        : Duration.greaterThan(age, Duration.days(36_500))
+        ? Either.left("must be at most 36500 days (100 years)")
+        : Either.right(age)
   )
 }
 
@@ -111,10 +116,11 @@ export const command = Command.make(
         })
       ),
       Effect.flatMap((result) =>
-        Console.log(
-          options.json
-            ? JSON.stringify({ ...result, olderThan: Duration.format(options.olderThan) }, null, 2)
-            : [
+        print(
+          options.json,
+          { ...result, olderThan: Duration.format(options.olderThan) },
+          () =>
+            [
               `${result.dryRun ? "would delete" : "deleted"} rows older than ${Duration.format(options.olderThan)}:`,
               pairs(
                 kinds

@@ -6,13 +6,13 @@
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as Clock from "effect/Clock"
-import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Statuses from "../internal/mergeQueue/statuses.js"
 import type * as MergeQueue from "../MergeQueue.js"
 import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
+import { print } from "./output.js"
 import { ago, pairs, table } from "./table.js"
 
 // Plain data, so that `--help` does not load the merge queue (its commands load it when they run).
@@ -52,9 +52,6 @@ const recoveryJson = (stats: MergeQueue.RecoveryStats) => ({
   entriesReclaimed: stats.entriesReclaimed,
   recoveryTimestamp: iso(stats.recoveryTimestamp)
 })
-
-const print = (asJson: boolean, value: unknown, text: () => string) =>
-  Console.log(asJson ? JSON.stringify(value, null, 2) : text())
 
 const lockLine = (lock: Option.Option<MergeQueue.ProcessingLock>, now: number) =>
   Option.match(lock, {

@@ -1,14 +1,12 @@
 /**
  * Plain-text tables for the command line: columns padded to their widest cell. Cells often hold what another
- * party stored (a body, an error, a journal's entry): their control characters are shown escaped (`\u001b`),
- * so a stored value cannot move the cursor, recolour or retitle the operator's terminal.
+ * party stored (a body, an error, a journal's entry): each cell goes through the one printer (`./output.ts`), so
+ * a stored value cannot move the cursor, recolour or retitle the operator's terminal.
  */
 
-const controlCharacter = /[\u0000-\u001f\u007f-\u009f]/g
+import { printable } from "./output.js"
 
-/** `text` with its control characters written as `\uXXXX`. */
-export const printable = (text: string): string =>
-  text.replace(controlCharacter, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`)
+export { printable }
 
 /** Renders `rows` under `headers`. */
 export const table = (headers: ReadonlyArray<string>, unsafe: ReadonlyArray<ReadonlyArray<string>>): string => {

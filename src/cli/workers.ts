@@ -6,7 +6,6 @@
  */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
-import * as Console from "effect/Console"
 import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -14,6 +13,7 @@ import * as Option from "effect/Option"
 import { InvalidParameterError } from "../Errors.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, prefix, withDatabase } from "./database.js"
+import { print } from "./output.js"
 import { table } from "./table.js"
 
 const stalledAfter = Options.text("stalled-after").pipe(
@@ -38,6 +38,7 @@ const seconds = (duration: Duration.Duration) => `${(Duration.toMillis(duration)
 /** A process as plain JSON. */
 export const workerJson = (worker: MailboxSqlAdmin.WorkerProcess) => ({
   process: worker.process,
+  instance: Option.getOrNull(worker.instance),
   name: Option.getOrNull(worker.name),
   startedAt: DateTime.formatIso(worker.startedAt),
   version: worker.version,
@@ -55,16 +56,18 @@ export const workerJson = (worker: MailboxSqlAdmin.WorkerProcess) => ({
 
 const text = (workers: ReadonlyArray<MailboxSqlAdmin.WorkerProcess>) =>
   workers.length === 0 ? "no worker processes (workers register while a SQL mailbox of theirs is open)" : table(
-    ["process", "name", "version", "loop", "queue", "state", "message", "heartbeat"],
+    ["process", "instance", "name", "version", "loop", "queue", "state", "message", "heartbeat"],
     workers.flatMap((worker) => {
       const head = [
         worker.lost ? `${worker.process} LOST` : worker.process,
+        // A row of the previous release has none (it is keyed by host:pid alone).
+        Option.getOrElse(worker.instance, () => "-"),
         Option.getOrElse(worker.name, () => "-"),
         worker.version
       ]
       if (worker.loops.length === 0) return [[...head, "-", "-", "-", "-", "-"]]
       return worker.loops.map((loop, i) => [
-        ...(i === 0 ? head : ["", "", ""]),
+        ...(i === 0 ? head : ["", "", "", ""]),
         loop.name,
         loop.queue,
         loop.state,
@@ -94,9 +97,7 @@ export const command = Command.make("workers", { db, json, prefix, stalledAfter,
         })
         : error
     ),
-    Effect.flatMap((workers) =>
-      Console.log(options.json ? JSON.stringify(workers.map(workerJson), null, 2) : text(workers))
-    ),
+    Effect.flatMap((workers) => print(options.json, workers.map(workerJson), () => text(workers))),
     withDatabase(Option.getOrUndefined(options.db))
   )).pipe(
     Command.withDescription(

@@ -1,11 +1,12 @@
 /**
  * The console's Workers panel, like Sidekiq's Busy page with proof-of-work ages: each worker process (its
- * `host:pid`, name, start, version) with one row per loop — its queue, state, the message in its hand and how
- * long ago its heartbeat beat. A loop whose heartbeat is older than the stalled threshold is marked STALLED, a
- * process whose row was not refreshed for the lost threshold LOST (both judged by the database's clock, see
- * `internal/sql/mailbox/workers.ts`). Each process's first row is the anchor an in-flight lease's "held by"
- * links to (`heldBy`). Ages are `<time data-at>` like the page's other clocks, so they keep counting between
- * fetches. Every value from the database is escaped and cut; the list is bounded (`Snapshot.pageLimit`).
+ * `host:pid` with, beside it, the instance id of the store that wrote the row; its name, start, version) with one
+ * row per loop — its queue, state, the message in its hand and how long ago its heartbeat beat. A loop whose
+ * heartbeat is older than the stalled threshold is marked STALLED, a process whose row was not refreshed for the
+ * lost threshold LOST (both judged by the database's clock, see `internal/sql/mailbox/workers.ts`). The first row
+ * of each `host:pid` is the anchor an in-flight lease's "held by" links to (`heldBy`). Ages are `<time data-at>`
+ * like the page's other clocks, so they keep counting between fetches. Every value from the database is escaped
+ * and cut; the list is bounded (`Snapshot.pageLimit`).
  */
 import { escape } from "./html.js"
 import type * as Snapshot from "./snapshot.js"
@@ -39,11 +40,18 @@ const since = (millis: number, now: number) =>
 
 const badge = (text: string) => ` <span class="stale">${text}</span>`
 
-const processRows = (worker: Snapshot.WorkersView["processes"][number], now: number, budget: number): string => {
+const processRows = (
+  worker: Snapshot.WorkersView["processes"][number],
+  now: number,
+  budget: number,
+  anchored: boolean
+): string => {
   const shownLoops = worker.loops.slice(0, Math.max(0, budget))
   const hidden = worker.loops.length - shownLoops.length
   const cells = [
-    `<code>${shown(worker.process)}</code>${worker.lost ? badge("LOST") : ""}${
+    `<code>${shown(worker.process)}</code>${
+      worker.instance === undefined ? "" : ` <small class="instance">${shown(worker.instance, 20)}</small>`
+    }${worker.lost ? badge("LOST") : ""}${
       worker.lost ? `<br><small>last seen ${since(now - worker.sinceRefreshMillis, now)}</small>` : ""
     }`,
     worker.name === undefined ? "–" : shown(worker.name),
@@ -72,7 +80,7 @@ const processRows = (worker: Snapshot.WorkersView["processes"][number], now: num
       ? `<br><small>${hidden} more loops not shown</small>`
       : ""
     const attributes = [
-      i === 0 ? ` id="${escape(anchor(worker.process))}"` : "",
+      i === 0 && anchored ? ` id="${escape(anchor(worker.process))}"` : "",
       ` class="${worker.lost ? "lost" : loop?.stalled === true ? "stalled" : "live"}"`
     ].join("")
     return `<tr${attributes}>${head}${tail.replace(/<\/td>$/, `${more}</td>`)}</tr>`
@@ -82,8 +90,12 @@ const processRows = (worker: Snapshot.WorkersView["processes"][number], now: num
 /** Every process's rows, within `maxLoopRows` loops in all (a process past them shows one row saying so). */
 const rows = (processes: Snapshot.WorkersView["processes"], now: number) => {
   let budget = maxLoopRows
+  // Several rows may share a host:pid (one per store instance): the first is the anchor, ids stay unique.
+  const anchors = new Set<string>()
   return processes.map((worker) => {
-    const html = processRows(worker, now, budget)
+    const anchored = !anchors.has(anchor(worker.process))
+    anchors.add(anchor(worker.process))
+    const html = processRows(worker, now, budget, anchored)
     budget -= worker.loops.length
     return html
   }).join("")

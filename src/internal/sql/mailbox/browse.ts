@@ -9,11 +9,15 @@
  * Every page is bounded in bytes and time whatever the database holds: at most `maxPageSize` rows, each body and
  * error cut to a preview by the database; a body-text search looks at most `scanLimit` rows of the queue per
  * page (and the first `searchLength` characters of each body), so a search that matches nothing still ends —
- * its page says how far it looked and its cursor continues from there; on PostgreSQL every read also runs
+ * its page says how far it looked and its cursor continues from there. A search folds case beyond ASCII on
+ * both databases: PostgreSQL's `ILIKE` folds as `lower()` does, and SQLite's `LIKE` folds ASCII only, so on
+ * SQLite the scanned rows' text is read in chunks and folded here (`fold`), the same for "é" and "CAFÉ". On
+ * PostgreSQL every read also runs
  * under a statement timeout. One message's body is read up to `detailLength` characters (its full length is
  * given, so the page can say it was cut); its error is read whole, as stored (leasehold stores at most
  * `detailLength` characters of one: a longer one is a row written by hand, cut alike and said so).
  */
+import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
@@ -75,6 +79,15 @@ const decodeDeadCursor = (cursor: string): readonly [number, string] | undefined
 /** A message's id as its sequence number, or undefined when no message can have it. */
 const seqOf = (id: string) => /^\d{1,15}$/.test(id) ? Number(id) : undefined
 
+/**
+ * A text as a search compares it on SQLite: lower case, as JavaScript's `toLowerCase` (Unicode's default case
+ * mapping) makes it — what PostgreSQL's `lower()` and `ILIKE` do in a UTF-8 database with a non-C locale.
+ */
+export const fold = (text: string): string => text.toLowerCase()
+
+/** How many scanned rows a SQLite search reads and folds at a time (each up to `searchLength` characters). */
+const foldChunk = 100
+
 /** `text` as a LIKE pattern matching it anywhere (its `%`, `_` and `\` matched as themselves). */
 export const containsPattern = (text: string) => `%${text.replace(/[\\%_]/g, (c) => `\\${c}`)}%`
 
@@ -85,7 +98,31 @@ export const make = (store: Store, clock: Clock.Clock) => {
   const letters = sql(store.deadLetters)
   const at = statements(store).at
   const withStore = connectionError(store.messages)
-  const like = store.dialect === "pg" ? sql.literal("ILIKE") : sql.literal("LIKE")
+  const pg = store.dialect === "pg"
+  /**
+   * SQLite's search: the keys of the scanned rows (`texts`, `foldChunk` at a time in scan order, each row's
+   * searched texts) whose folded text holds the folded `text`, stopping at `wanted` of them. The scan is the same
+   * bounded one the PostgreSQL statement reads.
+   */
+  const foldedKeys = <K>(
+    texts: (
+      offset: number
+    ) => Effect.Effect<ReadonlyArray<{ readonly key: K; readonly texts: ReadonlyArray<string> }>, SqlError>,
+    text: string,
+    wanted: number
+  ): Effect.Effect<ReadonlyArray<K>, SqlError> =>
+    Effect.gen(function*() {
+      const needle = fold(text)
+      const keys: Array<K> = []
+      for (let offset = 0; offset < scanLimit && keys.length < wanted; offset += foldChunk) {
+        const chunk = yield* texts(offset)
+        for (const row of chunk) {
+          if (keys.length < wanted && row.texts.some((haystack) => fold(haystack).includes(needle))) keys.push(row.key)
+        }
+        if (chunk.length < foldChunk) break
+      }
+      return keys
+    })
   /** On PostgreSQL, under a statement timeout (in a transaction: `SET LOCAL` ends with it). */
   const bounded = <A, E, R>(read: Effect.Effect<A, E, R>) =>
     store.dialect === "pg"
@@ -134,9 +171,28 @@ export const make = (store: Store, clock: Clock.Clock) => {
       const rows = yield* (text === undefined
         ? sql<ListedRow>`SELECT ${columnsShown} FROM ${messages} WHERE ${sql.and(conditions)}
             ORDER BY seq ${direction} LIMIT ${limit + 1}`
-        : sql<ListedRow>`SELECT ${columnsShown} FROM ${messages} WHERE seq IN (${scanned})
-            AND substr(body, 1, ${searchLength}) ${like} ${containsPattern(text)} ESCAPE '\\'
-            ORDER BY seq ${direction} LIMIT ${limit + 1}`)
+        : pg
+        ? sql<ListedRow>`SELECT ${columnsShown} FROM ${messages} WHERE seq IN (${scanned})
+            AND substr(body, 1, ${searchLength}) ILIKE ${containsPattern(text)} ESCAPE '\\'
+            ORDER BY seq ${direction} LIMIT ${limit + 1}`
+        : Effect.flatMap(
+          foldedKeys(
+            (offset) =>
+              Effect.map(
+                sql<{ seq: Count; body: string }>`SELECT seq, substr(body, 1, ${searchLength}) AS body
+                  FROM ${messages} WHERE seq IN (${scanned}) ORDER BY seq ${direction}
+                  LIMIT ${foldChunk} OFFSET ${offset}`,
+                (chunk) => chunk.map((row) => ({ key: Number(row.seq), texts: [row.body] }))
+              ),
+            text,
+            limit + 1
+          ),
+          (keys) =>
+            keys.length === 0
+              ? Effect.succeed([])
+              : sql<ListedRow>`SELECT ${columnsShown} FROM ${messages} WHERE ${sql.in("seq", keys)}
+                ORDER BY seq ${direction}`
+        ))
       return yield* pageOf(rows, limit, text === undefined, (row) => String(row.id), (row) => {
         const leased = Number(row.leased) === 1
         return query.state === "queued" ? "queued" : leased ? "inFlight" : "delayed"
@@ -178,10 +234,30 @@ export const make = (store: Store, clock: Clock.Clock) => {
       const rows = yield* (text === undefined
         ? sql<ListedRow>`SELECT ${columnsShown} FROM ${letters} WHERE ${sql.and(conditions)} ${order}
             LIMIT ${limit + 1}`
-        : sql<ListedRow>`SELECT ${columnsShown} FROM ${letters} WHERE id IN (${scanned})
-            AND (substr(body, 1, ${searchLength}) ${like} ${containsPattern(text)} ESCAPE '\\'
-              OR substr(error, 1, ${searchLength}) ${like} ${containsPattern(text)} ESCAPE '\\')
-            ${order} LIMIT ${limit + 1}`)
+        : pg
+        ? sql<ListedRow>`SELECT ${columnsShown} FROM ${letters} WHERE id IN (${scanned})
+            AND (substr(body, 1, ${searchLength}) ILIKE ${containsPattern(text)} ESCAPE '\\'
+              OR substr(error, 1, ${searchLength}) ILIKE ${containsPattern(text)} ESCAPE '\\')
+            ${order} LIMIT ${limit + 1}`
+        : Effect.flatMap(
+          foldedKeys(
+            (offset) =>
+              Effect.map(
+                sql<
+                  { id: string; body: string; error: string | null }
+                >`SELECT id, substr(body, 1, ${searchLength}) AS body,
+                  substr(error, 1, ${searchLength}) AS error FROM ${letters} WHERE id IN (${scanned}) ${order}
+                  LIMIT ${foldChunk} OFFSET ${offset}`,
+                (chunk) => chunk.map((row) => ({ key: row.id, texts: [row.body, row.error ?? ""] }))
+              ),
+            text,
+            limit + 1
+          ),
+          (keys) =>
+            keys.length === 0
+              ? Effect.succeed([])
+              : sql<ListedRow>`SELECT ${columnsShown} FROM ${letters} WHERE ${sql.in("id", keys)} ${order}`
+        ))
       const cursor = (row: { readonly at: Count; readonly id: Count }) =>
         encodeDeadCursor(Number(row.at), String(row.id))
       return yield* pageOf(rows, limit, text === undefined, cursor, () => "dead", () =>

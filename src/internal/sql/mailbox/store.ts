@@ -22,6 +22,7 @@ import * as Layer from "effect/Layer"
 import * as RcMap from "effect/RcMap"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import { randomBytes } from "node:crypto"
 import { hostname } from "node:os"
 import { TablesNotFoundError } from "../../../Errors.js"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
@@ -50,6 +51,11 @@ export class Store {
   readonly channel: string
   /** This process, as a claim records it in `received_by` (`host:pid`). */
   readonly receiver = `${hostname()}:${process.pid}`
+  /**
+   * This store's key in the workers table (migration 13): random, so that two stores with one `host:pid` (two
+   * layers in one process, two containers with the same host name and pid) keep a row each.
+   */
+  readonly instance = randomBytes(8).toString("hex")
   private readonly signals = new Map<string, Deferred.Deferred<void>>()
   /** The loops made on the store's mailboxes (`internal/worker/pulse.ts`): what the process's row lists. */
   readonly loops = new Set<TrackedLoop>()
@@ -329,7 +335,10 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
       sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_queue`)} ON ${sql(store.journal)} (queue)`,
       // Retention's `journals` takes the oldest steps first.
       sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_recorded`)} ON ${sql(store.journal)} (recorded_at)`
-    ], { discard: true })
+    ], { discard: true }),
+    // The workers table keyed by each store's random instance (workers.ts): rows of one `host:pid` no longer
+    // overwrite each other. 9's table stays, for processes of the previous release (still listed).
+    "13_worker_instance": Workers.createInstancesTable(store)
   }
 }
 

@@ -1,6 +1,8 @@
 /**
- * The workers table (mailbox migration 9): one row per worker process on a store — its id (`host:pid`, what a
- * claim records in `received_by`), the name it was given (`LEASEHOLD_WORKER_NAME`), when it registered, its
+ * The workers table (mailbox migration 13; 9 made the one of the previous release): one row per open store of a
+ * worker process, keyed by the store's instance id (random, drawn when the store is made: two stores of one
+ * process — two layers — or two containers with the same host name and pid each keep a row of their own) — its
+ * process (`host:pid`, what a claim records in `received_by`), the name it was given (`LEASEHOLD_WORKER_NAME`), when it registered, its
  * leasehold version and its loops as JSON (name, queue, state, the message in hand, the heartbeat's age when the
  * row was written) — and when the row was last refreshed, on the database's clock.
  *
@@ -31,18 +33,41 @@ import { InvalidParameterError } from "../../../Errors.js"
 import * as Durations from "../../duration.js"
 import { version } from "../../version.js"
 import type { LoopPulse } from "../../worker/pulse.js"
+import { missingTables } from "../common.js"
 import { nowOf, statements } from "./statements.js"
 import type { Store } from "./store.js"
 import type * as Admin from "./workersModel.js"
 
-/** The workers table of a store's prefix. */
+/**
+ * The workers table of migration 9, keyed by `host:pid`: processes of the previous release write their rows
+ * there (and this release still lists them, with no instance); this release writes `instancesTable`.
+ */
 export const workersTable = (prefix: string) => `${prefix}mailbox_workers`
 
-/** Migration 9: the table. */
+/** The workers table of migration 13, keyed by instance. */
+export const instancesTable = (prefix: string) => `${prefix}mailbox_worker_instances`
+
+/** Migration 9: the table keyed by `host:pid`. */
 export const createTable = (store: Store): Effect.Effect<void, SqlError> => {
   const { sql } = store
   return Effect.asVoid(sql`CREATE TABLE IF NOT EXISTS ${sql(workersTable(store.prefix))} (
     process TEXT PRIMARY KEY,
+    name TEXT,
+    started_at BIGINT NOT NULL,
+    version TEXT NOT NULL,
+    loops TEXT NOT NULL,
+    refreshed_at BIGINT NOT NULL)`)
+}
+
+/**
+ * Migration 13: the table keyed by instance. A table of its own rather than a new key for 9's: a process of the
+ * previous release upserts on `process` (its `ON CONFLICT (process)` needs that key), so it keeps 9's table.
+ */
+export const createInstancesTable = (store: Store): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  return Effect.asVoid(sql`CREATE TABLE IF NOT EXISTS ${sql(instancesTable(store.prefix))} (
+    instance TEXT PRIMARY KEY,
+    process TEXT NOT NULL,
     name TEXT,
     started_at BIGINT NOT NULL,
     version TEXT NOT NULL,
@@ -116,7 +141,8 @@ const forgetAfter = Duration.days(1)
 export const keepRegistered = (store: Store): Effect.Effect<never> =>
   Effect.gen(function*() {
     const { sql } = store
-    const table = sql(workersTable(store.prefix))
+    const table = sql(instancesTable(store.prefix))
+    const previous = sql(workersTable(store.prefix))
     const every = yield* durationFromEnv(refreshEnv, Duration.seconds(5))
     const name = yield* Config.option(Config.nonEmptyString(nameEnv)).pipe(
       Effect.orElseSucceed(() => Option.none<string>())
@@ -131,14 +157,17 @@ export const keepRegistered = (store: Store): Effect.Effect<never> =>
       const loops = yield* loopsNow(store)
       if (loops.length === 0) return
       if (!forgotten) {
-        yield* sql`DELETE FROM ${table} WHERE refreshed_at < ${at(now())} - ${Duration.toMillis(forgetAfter)}`
+        for (const old of [table, previous]) {
+          yield* sql`DELETE FROM ${old} WHERE refreshed_at < ${at(now())} - ${Duration.toMillis(forgetAfter)}`
+        }
         forgotten = true
       }
-      yield* sql`INSERT INTO ${table} (process, name, started_at, version, loops, refreshed_at)
-        VALUES (${store.receiver}, ${Option.getOrNull(name)}, ${startedAt}, ${version}, ${JSON.stringify(loops)},
-          ${at(now())})
-        ON CONFLICT (process) DO UPDATE SET name = excluded.name, started_at = excluded.started_at,
-          version = excluded.version, loops = excluded.loops, refreshed_at = excluded.refreshed_at`
+      yield* sql`INSERT INTO ${table} (instance, process, name, started_at, version, loops, refreshed_at)
+        VALUES (${store.instance}, ${store.receiver}, ${Option.getOrNull(name)}, ${startedAt}, ${version},
+          ${JSON.stringify(loops)}, ${at(now())})
+        ON CONFLICT (instance) DO UPDATE SET process = excluded.process, name = excluded.name,
+          started_at = excluded.started_at, version = excluded.version, loops = excluded.loops,
+          refreshed_at = excluded.refreshed_at`
       store.registered = true
       if (failing) yield* Effect.logInfo("The worker's row is written again")
       failing = false
@@ -166,7 +195,7 @@ export const unregister = (store: Store): Effect.Effect<void> =>
     if (!store.registered) return Effect.void
     store.registered = false
     const { sql } = store
-    return sql`DELETE FROM ${sql(workersTable(store.prefix))} WHERE process = ${store.receiver}`.pipe(
+    return sql`DELETE FROM ${sql(instancesTable(store.prefix))} WHERE instance = ${store.instance}`.pipe(
       // A database that is gone must not hold the exit: the row is then reported lost, which is the truth.
       Effect.timeoutFail({ duration: unregisterLimit, onTimeout: () => `no answer within ${unregisterLimit}` }),
       Effect.asVoid,
@@ -189,6 +218,8 @@ export interface ListedLoop {
 /** A worker process's row, judged. */
 export interface ListedWorker {
   readonly process: string
+  /** The store's instance id; `undefined` for a row of the previous release (keyed by `process` alone). */
+  readonly instance?: string | undefined
   readonly name: string | undefined
   readonly startedAt: number
   readonly version: string
@@ -214,6 +245,7 @@ export const thresholdsFromEnv: Effect.Effect<Thresholds> = Effect.zipWith(
 )
 
 interface Row {
+  readonly instance: string | null
   readonly process: string
   readonly name: string | null
   readonly started_at: number | string
@@ -223,7 +255,11 @@ interface Row {
   readonly since: number | string
 }
 
-/** The rows, by process id, at most `limit`, judged by the database's clock (or a test's `TestClock`). */
+/**
+ * The rows of both tables (13's by instance, and 9's that processes of the previous release write), by process
+ * id then instance, at most `limit`, judged by the database's clock (or a test's `TestClock`). A database whose
+ * mailbox tables predate migration 13 (an operator's look at an older database) lists 9's alone.
+ */
 export const list = (
   store: Store,
   thresholds: Thresholds,
@@ -234,14 +270,24 @@ export const list = (
     const at = statements(store).at(nowOf(clock)())
     const stalledAfter = Duration.toMillis(thresholds.stalledAfter)
     const lostAfter = Duration.toMillis(thresholds.lostAfter)
+    const columns = sql`process, name, started_at, version, loops, refreshed_at, ${at} - refreshed_at AS since`
+    const previous = sql`SELECT CAST(NULL AS TEXT) AS instance, ${columns} FROM ${sql(workersTable(store.prefix))}`
+    const select = Effect.flatMap(
+      missingTables(sql, [instancesTable(store.prefix)]),
+      (missing) =>
+        missing.length > 0
+          ? sql<Row>`${previous} ORDER BY process LIMIT ${limit}`
+          : sql<Row>`SELECT instance, ${columns} FROM ${sql(instancesTable(store.prefix))}
+            UNION ALL ${previous} ORDER BY process, instance LIMIT ${limit}`
+    )
     return Effect.map(
-      sql<Row>`SELECT process, name, started_at, version, loops, refreshed_at, ${at} - refreshed_at AS since
-        FROM ${sql(workersTable(store.prefix))} ORDER BY process LIMIT ${limit}`,
+      select,
       (rows) =>
         rows.map((row): ListedWorker => {
           const since = Math.max(0, Number(row.since))
           return {
             process: row.process,
+            instance: row.instance ?? undefined,
             name: row.name ?? undefined,
             startedAt: Number(row.started_at),
             version: row.version,
@@ -301,6 +347,7 @@ export const listProcesses = (
     }, maxWorkers)
     return rows.map((row): Admin.WorkerProcess => ({
       process: row.process,
+      instance: Option.fromNullable(row.instance),
       name: Option.fromNullable(row.name),
       startedAt: DateTime.unsafeMake(row.startedAt),
       version: row.version,

@@ -30,6 +30,12 @@ export interface WorkerLoop {
 export interface WorkerProcess {
   /** `host:pid`: what an in-flight message's "received by" names. */
   readonly process: string
+  /**
+   * The random id of the store that wrote the row (one per SQL mailbox layer of the process, drawn when it
+   * opens): two rows with one `host:pid` — two layers in one process, two containers with the same host name and
+   * pid — are told apart by it. None for a row a process of the previous release wrote (mailbox migration 9).
+   */
+  readonly instance: Option.Option<string>
   /** The name it was started with (`LEASEHOLD_WORKER_NAME`), if any. */
   readonly name: Option.Option<string>
   /** When it registered (its clock). */
