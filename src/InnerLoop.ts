@@ -394,8 +394,10 @@ export const run = <Out>(
                 : deadlineFailure("request")
             ))
         )).pipe(
-          Effect.catchTag("ProviderError", (error) =>
-            Effect.fail(fail(error.phase ?? "request", "provider", error.detail)))
+          Effect.catchTag(
+            "ProviderError",
+            (error) => Effect.fail(fail(error.phase ?? "request", "provider", error.detail))
+          )
         )
 
     let messages: ReadonlyArray<Prompt.ChatMessage> = [

@@ -23,8 +23,8 @@ import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as Budget from "./Budget.js"
 import * as Deadline from "./Deadline.js"
-import { Answering } from "./internal/agent.js"
 import type * as Errors from "./Errors.js"
+import { Answering } from "./internal/agent.js"
 import * as RequestLoop from "./internal/worker/requestLoop.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import { randomUUID } from "./internal/worker/uuid.js"
@@ -388,7 +388,12 @@ export const agent = <Req, O, Out = O, E = never, R = never>(
         config: options.config,
         execute: (body, context) =>
           Effect.gen(function*() {
-            const progress: AgentProgress = { stage: "preparing", promptName: "(not prepared yet)", session: undefined, answering: false }
+            const progress: AgentProgress = {
+              stage: "preparing",
+              promptName: "(not prepared yet)",
+              session: undefined,
+              answering: false
+            }
             attempts.set(context, progress)
             const prompt = yield* options.prepare(body.request, context)
             const session = yield* Session.make

@@ -16,7 +16,13 @@ import type { AddressInfo } from "node:net"
 import * as EffectAi from "../src/adapters/EffectAi.js"
 import * as Session from "../src/Session.js"
 import type { SseEvent, SseReply } from "./support/sse.js"
-import { streamingSuite } from "./support/streamingAgent.js"
+import type { StreamingProvider } from "./support/streamingAgent.js"
+import {
+  cutShortUnderAgent,
+  memoryMailboxes,
+  realClockDeadlinePhase,
+  streamingSuite
+} from "./support/streamingAgent.js"
 import { weatherPrompt } from "./support/weather.js"
 
 const responseEnvelope = (
@@ -135,6 +141,7 @@ const responseStream = (options: {
   readonly every: Duration.DurationInput
   readonly usage: { readonly input: number; readonly output: number }
   readonly stallAfter?: number | undefined
+  readonly cutShort?: boolean | undefined
 }): SseReply => {
   let sequence = 0
   const event = (
@@ -160,14 +167,46 @@ const responseStream = (options: {
     ...start,
     ...deltas,
     event({ type: "response.output_item.done", output_index: 0, item: options.done }),
-    event({ type: "response.completed", response: responseEnvelope("resp_s", [options.done], options.usage) })
+    // Cut short: the item is done, the final event never came (the connection closed).
+    ...(options.cutShort === true
+      ? []
+      : [event({ type: "response.completed", response: responseEnvelope("resp_s", [options.done], options.usage) })])
   ]
 }
 
-streamingSuite({
+/** A message that never ends: `response.created`, the item added, each of `deltas` at once, then a stall. */
+function* endlessResponse(deltas: Iterable<string>): Generator<SseEvent | "stall"> {
+  const message = { type: "message", id: "msg_1", role: "assistant", status: "in_progress", content: [] }
+  const [created, added] = responseStream({
+    item: message,
+    done: message,
+    deltas: [],
+    every: 0,
+    usage: { input: 1, output: 1 }
+  }) as ReadonlyArray<SseEvent>
+  yield created!
+  yield added!
+  let sequence = 2
+  for (const delta of deltas) {
+    yield {
+      event: "response.output_text.delta",
+      data: {
+        type: "response.output_text.delta",
+        item_id: "msg_1",
+        output_index: 0,
+        content_index: 0,
+        delta,
+        sequence_number: sequence++
+      }
+    }
+  }
+  yield "stall" // the connection stays open: the final event never comes
+}
+
+const openAi: StreamingProvider = {
   name: "EffectAi over @effect/ai-openai",
-  adapter: (client) =>
-    EffectAi.make({ stream: true }).pipe(
+  adapter: (client, options) =>
+    EffectAi.make({ stream: true, retry: options?.retry }).pipe(
       Effect.provide(
         OpenAiLanguageModel.layer({ model: "stub-model" }).pipe(
           Layer.provide(OpenAiClient.layer({ apiKey: Redacted.make("test-key"), apiUrl: "http://stub/v1" })),
@@ -175,7 +214,9 @@ streamingSuite({
         )
       )
     ),
-  text: ({ every, first, pieces, stallAfter, usage }) => {
+  finalEvent: "response.completed",
+  endless: endlessResponse,
+  text: ({ cutShort, every, first, pieces, stallAfter, usage }) => {
     const message = { type: "message", id: "msg_1", role: "assistant" }
     return responseStream({
       item: { ...message, status: "in_progress", content: [] },
@@ -193,7 +234,8 @@ streamingSuite({
       first,
       every,
       usage,
-      stallAfter
+      stallAfter,
+      cutShort
     })
   },
   toolCall: ({ every, id, name, pieces, usage }) => {
@@ -206,4 +248,8 @@ streamingSuite({
       usage
     })
   }
-})
+}
+
+streamingSuite(openAi)
+realClockDeadlinePhase(openAi)
+cutShortUnderAgent(openAi, "memory", memoryMailboxes)

@@ -179,9 +179,9 @@ const isSseError = (defect: unknown): defect is { readonly message: string } =>
 
 const cutShort = () =>
   brokenAnswer(
-  "the stream ended before its final event (no finish part: Anthropic's message_stop, OpenAI's " +
-    "response.completed): the answer was cut short"
-)
+    "the stream ended before its final event (no finish part: Anthropic's message_stop, OpenAI's " +
+      "response.completed): the answer was cut short"
+  )
 
 const completeStream = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.CompleteStream => (request) =>
   Stream.suspend(() => {
