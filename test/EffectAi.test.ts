@@ -14,8 +14,11 @@ import { Effect, Layer, Redacted } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as EffectAi from "../src/adapters/EffectAi.js"
+import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
+import { journalFree } from "./support/journalFree.js"
 import type { SseEvent, SseReply } from "./support/sse.js"
+import { sseClient } from "./support/sse.js"
 import type { StreamingProvider } from "./support/streamingAgent.js"
 import {
   cutShortUnderAgent,
@@ -202,6 +205,26 @@ function* endlessResponse(deltas: Iterable<string>): Generator<SseEvent | "stall
   }
   yield "stall" // the connection stays open: the final event never comes
 }
+
+describe("EffectAi streaming: a final event without usage", () => {
+  it.effect("a response.completed that carries no usage is a failed response (phase response), never charged 0", () =>
+    Effect.gen(function*() {
+      const text = openAi.text({ pieces: ["fine"], every: "1 second", usage: { input: 1, output: 1 } })
+      const events = [...text] as Array<SseEvent>
+      const last = events.at(-1)!
+      const response = { ...(last.data as { response: Record<string, unknown> }).response }
+      delete response["usage"]
+      events[events.length - 1] = { ...last, data: { ...(last.data as object), response } }
+      const stub = sseClient([events])
+      const adapter = yield* openAi.adapter(stub.client)
+      const error = yield* Effect.flip(journalFree(adapter.evaluate(
+        Prompt.make({ name: "essay", instructions: "", input: "write" }),
+        { session: yield* Session.make }
+      )))
+      expect([error.phase, error.reason]).toEqual(["response", "provider"])
+      expect(error.detail).toContain("no token usage")
+    }).pipe(Effect.scoped))
+})
 
 const openAi: StreamingProvider = {
   name: "EffectAi over @effect/ai-openai",
