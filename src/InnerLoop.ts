@@ -13,12 +13,17 @@
  *
  * A streaming adapter supplies its turns as streams of parts instead
  * (`{ stream }`): the loop assembles the turn from them (text deltas, tool
- * calls, the usage of the last part) and every part beats the heartbeat
- * through `Heartbeat.beatEvery` (at most once per `beatInterval`), so a model
- * that keeps writing keeps its request leased and one that stalls stops
- * beating. Once the first part has arrived the model is answering: a
- * deadline that passes while it streams stops it with `phase: "response"`
- * (a stream that breaks is a failed request, retried like any other).
+ * calls, the usage of the last part) and every part that makes progress beats
+ * the heartbeat through `Heartbeat.beatEvery` (at most once per
+ * `beatInterval`), so a model that keeps writing keeps its request leased and
+ * one that stalls — or sends only empty parts — stops beating. Once the first
+ * part has arrived the model is answering: a deadline that passes while it
+ * streams stops it with `phase: "response"` (a stream that breaks is a failed
+ * request, retried like any other). Only a complete answer is an answer: a
+ * stream that ends before its final part (the usage) is a failed response,
+ * retried like a broken stream; and a turn is bounded while it streams — past
+ * `Journal.maxStepBytes` (UTF-8, as the journal stores it) the stream stops at
+ * once and the evaluation fails (`response`, `provider`), not retried.
  *
  * With a journal (`EvaluateOptions.journal`, see `Journal`), the evaluation
  * is a step of it and each model turn and tool call a step inside that: a
@@ -31,6 +36,7 @@
 import * as Clock from "effect/Clock"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import * as Option from "effect/Option"
 import * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
@@ -39,7 +45,7 @@ import * as Stream from "effect/Stream"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { deadlinePayload, digest, diverged, replayed, since, toolsAsked } from "./internal/agent.js"
+import { Answering, deadlinePayload, digest, diverged, replayed, since, toolsAsked } from "./internal/agent.js"
 import * as Options_ from "./internal/options.js"
 import * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
@@ -81,7 +87,12 @@ export interface ModelTurn {
  * @category errors
  */
 export class ProviderError extends Schema.TaggedError<ProviderError>()("ProviderError", {
-  detail: Schema.String
+  detail: Schema.String,
+  /**
+   * Where it broke: sending the request (`request`, the default) or in the answer the model was giving
+   * (`response`: a stream cut short before its final event, an event too large to parse). Either is retried.
+   */
+  phase: Schema.optional(Schema.Literal("request", "response"))
 }) {
   override get message(): string {
     return this.detail
@@ -97,8 +108,11 @@ export type Complete = (request: ModelRequest) => Effect.Effect<ModelTurn, Provi
 
 /**
  * A piece of a streamed model turn: text as the model writes it, a tool call once its parameters are complete,
- * the turn's token usage (from the stream's last part), or progress that carries nothing the loop keeps (the
- * model thinking, writing a tool call's parameters, metadata) but proves the model is working.
+ * the turn's token usage (the stream's final part: a stream that ends without one was cut short), or progress
+ * that carries nothing the loop keeps. A `Progress` says in `bytes` how much the model wrote in it (a tool
+ * call's parameters as they are written, its reasoning): with `bytes > 0` it proves the model is working, beats
+ * the heartbeat and counts toward the turn's size; without (metadata, a keep-alive) it does neither. An empty
+ * `Text` delta does not beat either: only progress keeps a request leased.
  *
  * @category models
  */
@@ -106,7 +120,7 @@ export type TurnPart =
   | { readonly _tag: "Text"; readonly delta: string }
   | { readonly _tag: "ToolCall"; readonly call: Prompt.ToolCall }
   | { readonly _tag: "Usage"; readonly usage: Session.Usage }
-  | { readonly _tag: "Progress" }
+  | { readonly _tag: "Progress"; readonly bytes?: number | undefined }
 
 /**
  * One model turn as a stream of parts, supplied by a streaming adapter.
@@ -136,32 +150,91 @@ export interface Options {
   readonly beatInterval?: Duration.DurationInput | undefined
 }
 
-/** What a streamed turn adds up to, part by part. */
-const addPart = (turn: ModelTurn, part: TurnPart): ModelTurn => {
-  switch (part._tag) {
-    case "Text":
-      return { ...turn, text: turn.text + part.delta }
-    case "ToolCall":
-      return { ...turn, toolCalls: [...turn.toolCalls, part.call] }
-    case "Usage":
-      return { ...turn, usage: part.usage }
-    case "Progress":
-      return turn
+/** The UTF-8 bytes `value` takes in a journal step (its JSON text; a string without its quotes). */
+const stepBytes = (value: unknown): number => {
+  const json = JSON.stringify(value) ?? ""
+  return Buffer.byteLength(json, "utf8") - (typeof value === "string" ? 2 : 0)
+}
+
+/** A streamed turn grew past the step limit: the stream was stopped there (not retried). */
+class TurnTooLarge extends Schema.TaggedError<TurnTooLarge>()("TurnTooLarge", { bytes: Schema.Number }) {}
+
+/**
+ * A streamed turn as it adds up: what the model wrote so far, whether its final part (the usage) came, and its
+ * running size in UTF-8 bytes — the text and tool calls kept, plus what the provider is still assembling (a
+ * tool call's parameters being written, counted until the call arrives whole).
+ */
+class Assembly {
+  text = ""
+  toolCalls: Array<Prompt.ToolCall> = []
+  usage: Session.Usage | undefined = undefined
+  private kept = 0
+  private pending = 0
+
+  /** Adds `part`; whether it made progress (it beats), or `TurnTooLarge` the moment the turn passes `limit`. */
+  add(part: TurnPart, limit: number): Effect.Effect<boolean, TurnTooLarge> {
+    let progress: boolean
+    switch (part._tag) {
+      case "Text":
+        progress = part.delta.length > 0
+        if (progress) {
+          this.kept += stepBytes(part.delta)
+          this.text += part.delta
+        }
+        break
+      case "ToolCall":
+        progress = true
+        this.kept += stepBytes(part.call)
+        this.pending = 0
+        this.toolCalls.push(part.call)
+        break
+      case "Usage":
+        progress = true
+        this.usage = part.usage
+        break
+      case "Progress": {
+        const bytes = part.bytes ?? 0
+        progress = Number.isFinite(bytes) && bytes > 0
+        if (progress) this.pending += bytes
+        break
+      }
+    }
+    const size = this.kept + this.pending
+    return size > limit ? Effect.fail(new TurnTooLarge({ bytes: size })) : Effect.succeed(progress)
   }
 }
 
-const emptyTurn: ModelTurn = { text: "", toolCalls: [], usage: { inputTokens: 0, outputTokens: 0 } }
-
 /**
  * Runs a streamed turn to its end: `onPart` hears of each part as it arrives, and the current heartbeat beats
- * on them (at most once per `interval`).
+ * on the parts that make progress (at most once per `interval`). A turn that grows past `limit` stops the
+ * stream there (`TurnTooLarge`); one that ends without its final part (the usage) was cut short.
  */
 const collect = (
   parts: Stream.Stream<TurnPart, ProviderError>,
   interval: Duration.DurationInput,
-  onPart: Effect.Effect<void>
-): Effect.Effect<ModelTurn, ProviderError> =>
-  parts.pipe(Stream.tap(() => onPart), Heartbeat.beatEvery(interval), Stream.runFold(emptyTurn, addPart))
+  onPart: Effect.Effect<void>,
+  limit: number
+): Effect.Effect<ModelTurn, ProviderError | TurnTooLarge> =>
+  Effect.suspend(() => {
+    const turn = new Assembly()
+    return parts.pipe(
+      Stream.tap(() => onPart),
+      Stream.mapEffect((part) => turn.add(part, limit)),
+      Stream.filter((progress) => progress),
+      Heartbeat.beatEvery(interval),
+      Stream.runDrain,
+      Effect.flatMap(() =>
+        turn.usage === undefined
+          ? Effect.fail(
+            new ProviderError({
+              phase: "response",
+              detail: "the stream ended before its final part (the turn's usage): the answer was cut short"
+            })
+          )
+          : Effect.succeed({ text: turn.text, toolCalls: turn.toolCalls, usage: turn.usage })
+      )
+    )
+  })
 
 /**
  * Runs `prompt` to its final output.
@@ -274,22 +347,32 @@ export const run = <Out>(
 
     // A streamed turn runs under the heartbeat (its parts beat it) and notes while the model is answering: a
     // deadline that passes then stops the response, not the request. A broken stream is no longer answering
-    // (a wait before its retry is part of the request).
-    let answering = false
+    // (a wait before its retry is part of the request), nor is a complete one. The note is `MainLoop.agent`'s
+    // when it gave one, so that its own deadline timer, if it fires first, reports the same phase.
+    const progress = Option.getOrElse(yield* Effect.serviceOption(Answering), () => ({ answering: false }))
     const startAnswering = Effect.sync(() => {
-      answering = true
+      progress.answering = true
     })
-    const stopAnswering = () =>
-      Effect.sync(() => {
-        answering = false
-      })
+    const stopAnswering = Effect.sync(() => {
+      progress.answering = false
+    })
     const beatInterval = loopOptions?.beatInterval ?? "1 second"
-    const complete: Complete = typeof turns === "function"
-      ? turns
-      : (request) =>
-        Effect.suspend(() => {
-          answering = false
-          const turn = Effect.tapError(collect(turns.stream(request), beatInterval, startAnswering), stopAnswering)
+    const complete = (request: ModelRequest): Effect.Effect<ModelTurn, ProviderError | PromptEvaluationError> =>
+      typeof turns === "function"
+        ? turns(request)
+        : Effect.suspend(() => {
+          progress.answering = false
+          const turn = collect(turns.stream(request), beatInterval, startAnswering, Journal.maxStepBytes).pipe(
+            Effect.onExit((exit) => Exit.isInterrupted(exit) ? Effect.void : stopAnswering),
+            Effect.catchTag("TurnTooLarge", (error) =>
+              Effect.fail(fail(
+                "response",
+                "provider",
+                `the model's turn grew past ${Journal.maxStepBytes} bytes while streaming (Journal.maxStepBytes; ` +
+                  `${error.bytes} so far): the stream was stopped there`,
+                { limit_bytes: Journal.maxStepBytes }
+              )))
+          )
           return heartbeat === undefined ? turn : Heartbeat.within(turn, heartbeat)
         })
     const attempt = (request: ModelRequest) => Effect.zipRight(checkpoint("request"), complete(request))
@@ -308,12 +391,15 @@ export const run = <Out>(
         : Deadline.within(retried(model), deadline).pipe(
           Effect.catchTag("DeadlineExceededError", () =>
             Effect.fail(
-              answering
+              progress.answering
                 ? deadlineFailure("response", `deadline ${deadline.iso} passed while the model was answering`)
                 : deadlineFailure("request")
             ))
         )).pipe(
-          Effect.catchTag("ProviderError", (error) => Effect.fail(fail("request", "provider", error.detail)))
+          Effect.catchTag(
+            "ProviderError",
+            (error) => Effect.fail(fail(error.phase ?? "request", "provider", error.detail))
+          )
         )
 
     let messages: ReadonlyArray<Prompt.ChatMessage> = [

@@ -24,6 +24,7 @@ import * as Schema from "effect/Schema"
 import * as Budget from "./Budget.js"
 import * as Deadline from "./Deadline.js"
 import type * as Errors from "./Errors.js"
+import { Answering } from "./internal/agent.js"
 import * as RequestLoop from "./internal/worker/requestLoop.js"
 import * as Scoped from "./internal/worker/scoped.js"
 import { randomUUID } from "./internal/worker/uuid.js"
@@ -297,6 +298,8 @@ interface AgentProgress {
   stage: "preparing" | "evaluating" | "finalizing"
   promptName: string
   session: Session.Session | undefined
+  /** Kept by the inner loop: the model is answering a streamed turn (its first part arrived). */
+  answering: boolean
 }
 
 /**
@@ -321,9 +324,11 @@ const phaseOf = (
           else if (event._tag === "ToolResult") running.delete(event.callId)
         }
         const tool = [...running.values()].at(-1)
-        return tool === undefined
-          ? { phase: "request", detail: `deadline ${iso} passed` }
-          : { phase: "tool", detail: `tool "${tool}" ran out of time: Deadline exceeded at ${iso}` }
+        return tool !== undefined
+          ? { phase: "tool", detail: `tool "${tool}" ran out of time: Deadline exceeded at ${iso}` }
+          : progress.answering
+          ? { phase: "response", detail: `deadline ${iso} passed while the model was answering` }
+          : { phase: "request", detail: `deadline ${iso} passed` }
       })
   }
 }
@@ -353,7 +358,8 @@ export interface AgentOptions<Req, O, Out = O, E = never, R = never> {
  * tracker and the loop's heartbeat (so tool beats keep the request leased),
  * and `finalize` (default: the output) makes the reply. A deadline always
  * ends it as a `PromptEvaluationError` (reason `deadline`) that says where it
- * struck — preparing, waiting for the model, in a tool, finalizing — with
+ * struck — preparing, waiting for the model, the model answering (a streamed
+ * turn whose first part arrived), in a tool, finalizing — with
  * `providerPayload.deadline_expires_at`, whichever timer noticed it first.
  * The evaluation keeps a step journal in the request's mailbox (see
  * `Journal`): a redelivered request resumes from the steps an earlier
@@ -382,7 +388,12 @@ export const agent = <Req, O, Out = O, E = never, R = never>(
         config: options.config,
         execute: (body, context) =>
           Effect.gen(function*() {
-            const progress: AgentProgress = { stage: "preparing", promptName: "(not prepared yet)", session: undefined }
+            const progress: AgentProgress = {
+              stage: "preparing",
+              promptName: "(not prepared yet)",
+              session: undefined,
+              answering: false
+            }
             attempts.set(context, progress)
             const prompt = yield* options.prepare(body.request, context)
             const session = yield* Session.make
@@ -396,7 +407,7 @@ export const agent = <Req, O, Out = O, E = never, R = never>(
               heartbeat: context.heartbeat,
               runContext: context.runContext,
               journal: context.journal
-            })
+            }).pipe(Effect.provideService(Answering, progress))
             progress.stage = "finalizing"
             return options.finalize === undefined
               ? response.output as unknown as Out
@@ -404,7 +415,7 @@ export const agent = <Req, O, Out = O, E = never, R = never>(
           }),
         onDeadline: (error, context) => {
           const progress = attempts.get(context) ??
-            { stage: "preparing", promptName: "(not prepared yet)", session: undefined }
+            { stage: "preparing", promptName: "(not prepared yet)", session: undefined, answering: false }
           const iso = DateTime.formatIso(error.expiresAt)
           return Effect.map(phaseOf(progress, iso), ({ detail, phase }) =>
             new PromptEvaluationError({

@@ -1,10 +1,11 @@
 import { describe, expect, it } from "@effect/vitest"
-import { DateTime, type Duration, Effect, Fiber, Option, Ref, Schedule, Schema, Stream, TestClock } from "effect"
+import { DateTime, Duration, Effect, Fiber, Option, Ref, Schedule, Schema, Stream, TestClock } from "effect"
 import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
 import * as Budget from "../src/Budget.js"
 import * as Deadline from "../src/Deadline.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as InnerLoop from "../src/InnerLoop.js"
+import * as Journal from "../src/Journal.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import type * as MailboxWorker from "../src/MailboxWorker.js"
@@ -240,6 +241,113 @@ describe("InnerLoop with a streaming adapter", () => {
       }
       const error = yield* Fiber.join(fiber)
       expect([error.phase, error.reason]).toEqual(["request", "deadline"])
+    }))
+})
+
+describe("a streamed turn from a hostile provider (InnerLoop, any adapter)", () => {
+  const prompt = Prompt.make({ name: "p", instructions: "" })
+  const usage: InnerLoop.TurnPart = { _tag: "Usage", usage: { inputTokens: 1, outputTokens: 1 } }
+  const adapterOf = (parts: InnerLoop.CompleteStream) => InnerLoop.makeAdapter("hostile", { stream: parts })
+
+  it.effect("a stream that ends without its final part (the usage) is a failed response, not the answer", () =>
+    Effect.gen(function*() {
+      const adapter = yield* adapterOf(() => Stream.make({ _tag: "Text" as const, delta: "half an answ" }))
+      const session = yield* Session.make
+      const error = yield* Effect.flip(journalFree(adapter.evaluate(prompt, { session })))
+      expect([error.phase, error.reason]).toEqual(["response", "provider"])
+      expect(error.detail).toContain("cut short")
+      expect(yield* session.events).toEqual([])
+    }))
+
+  it.effect("a stream cut short is retried; an empty stream too, and none is taken for an empty answer", () =>
+    Effect.gen(function*() {
+      const calls = yield* Ref.make(0)
+      const adapter = yield* InnerLoop.makeAdapter("hostile", {
+        stream: () =>
+          Stream.unwrap(Effect.map(Ref.updateAndGet(calls, (n) => n + 1), (n) =>
+            n === 1
+              ? Stream.empty
+              : n === 2
+              ? Stream.make({ _tag: "Text" as const, delta: "ha" })
+              : Stream.make({ _tag: "Text" as const, delta: "whole" }, usage)))
+      }, { retry: Schedule.recurs(3) })
+      const response = yield* adapter.evaluate(prompt, { session: yield* Session.make })
+      expect([response.text, yield* Ref.get(calls)]).toEqual(["whole", 3])
+    }))
+
+  it.effect("the turn's size is counted in UTF-8 bytes: 1.5 M '€' (4.7 MB, 1.5 M UTF-16 units) is refused mid-stream", () =>
+    Effect.gen(function*() {
+      const pulled = yield* Ref.make(0)
+      const euros = "€".repeat(64 * 1024)
+      const adapter = yield* adapterOf(() =>
+        Stream.concat(
+          Stream.repeatEffect(Effect.as(Ref.update(pulled, (n) => n + 1), { _tag: "Text" as const, delta: euros }))
+            .pipe(Stream.take(24)),
+          Stream.make(usage)
+        )
+      )
+      const result = yield* Effect.either(journalFree(adapter.evaluate(prompt, { session: yield* Session.make })))
+      expect(result._tag).toBe("Left") // not a 4.7 MB answer
+      const error = yield* Effect.flip(result)
+      expect([error.phase, error.reason]).toEqual(["response", "provider"])
+      expect(error.detail).toContain("Journal.maxStepBytes")
+      // Stopped the moment it passed 4 MiB: 22 parts of 192 KiB, not all 24.
+      expect(yield* Ref.get(pulled)).toBe(Math.ceil((Journal.maxStepBytes + 1) / (3 * 64 * 1024)))
+    }))
+
+  it.effect("a provider that never stops (tool-call arguments, reasoning) is stopped at the limit: typed, bounded", () =>
+    Effect.gen(function*() {
+      const pulled = yield* Ref.make(0)
+      const adapter = yield* adapterOf(() =>
+        // 1 GiB of arguments claimed, then the connection stays open: it never sends its final part.
+        Stream.repeatEffect(
+          Effect.as(Ref.update(pulled, (n) => n + 1), { _tag: "Progress" as const, bytes: 1024 * 1024 })
+        ).pipe(Stream.take(1024), Stream.concat(Stream.never))
+      )
+      const error = yield* Effect.flip(journalFree(adapter.evaluate(prompt, { session: yield* Session.make })))
+      expect([error.phase, error.reason, error.providerPayload]).toEqual([
+        "response",
+        "provider",
+        { limit_bytes: Journal.maxStepBytes }
+      ])
+      expect(yield* Ref.get(pulled)).toBe(5)
+    }))
+
+  it.scoped("only progress beats: empty deltas, bare Progress and nonsense byte counts do not; a real one does", () =>
+    Effect.gen(function*() {
+      const idle: ReadonlyArray<InnerLoop.TurnPart> = [
+        { _tag: "Text", delta: "" },
+        { _tag: "Progress" },
+        { _tag: "Progress", bytes: 0 },
+        { _tag: "Progress", bytes: -5 },
+        { _tag: "Progress", bytes: Number.NaN },
+        { _tag: "Progress", bytes: Number.POSITIVE_INFINITY }
+      ]
+      const beatsOf = (parts: ReadonlyArray<InnerLoop.TurnPart>) =>
+        Effect.gen(function*() {
+          const adapter = yield* InnerLoop.makeAdapter("hostile", {
+            stream: () =>
+              Stream.fromIterable(parts).pipe(
+                Stream.mapEffect((part) => Effect.as(Effect.sleep("10 seconds"), part)),
+                Stream.concat(Stream.never)
+              )
+          }, { beatInterval: "1 second" })
+          const heartbeat = yield* Heartbeat.make
+          const beats = yield* Ref.make(0)
+          yield* heartbeat.onBeat(Ref.update(beats, (n) => n + 1))
+          const fiber = yield* Effect.fork(adapter.evaluate(prompt, { session: yield* Session.make, heartbeat }))
+          for (let t = 0; t < parts.length + 1; t++) {
+            yield* settle
+            yield* TestClock.adjust("10 seconds")
+          }
+          yield* Fiber.interrupt(fiber)
+          return { beats: yield* Ref.get(beats), idleSeconds: Duration.toSeconds(yield* heartbeat.elapsed) }
+        })
+      const quiet = yield* beatsOf(idle)
+      expect(quiet.beats).toBe(1) // the turn's own beat only
+      expect(quiet.idleSeconds).toBeGreaterThanOrEqual(60)
+      const working = yield* beatsOf([...idle, { _tag: "Progress", bytes: 12 }, { _tag: "Text", delta: "a" }])
+      expect(working.beats).toBe(3)
     }))
 })
 

@@ -2,21 +2,35 @@
  * The Anthropic adapter against a small stub of the Messages API (`POST /v1/messages`, non-streaming) started
  * on a free local port (real HTTP): the stub answers each request from a script, optionally after a delay, and
  * records what it received. With `stream: true` it runs the streaming suite (`support/streamingAgent.ts`)
- * against a stubbed `HttpClient` that writes the Messages API's server-sent events on the TestClock.
+ * against a stubbed `HttpClient` that writes the Messages API's server-sent events on the TestClock; a stream cut
+ * short under `MainLoop.agent` is checked on the memory mailbox and on the journaled SQLite and PostgreSQL ones.
  */
 import { FetchHttpClient, HttpClient } from "@effect/platform"
+import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Exit, Fiber, Redacted, TestClock } from "effect"
+import { Duration, Effect, Exit, Fiber, Redacted, Schema, TestClock } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as Anthropic from "../src/adapters/Anthropic.js"
 import * as Budget from "../src/Budget.js"
+import type * as DeadLetter from "../src/DeadLetter.js"
 import * as Deadline from "../src/Deadline.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MailboxSql from "../src/MailboxSql.js"
+import * as MainLoop from "../src/MainLoop.js"
 import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
 import { journalFree } from "./support/journalFree.js"
+import { sqlBackends } from "./support/sqlBackends.js"
 import type { SseEvent, SseReply } from "./support/sse.js"
-import { streamingSuite } from "./support/streamingAgent.js"
+import type { StreamingProvider } from "./support/streamingAgent.js"
+import {
+  cutShortUnderAgent,
+  memoryMailboxes,
+  realClockDeadlinePhase,
+  streamingSuite
+} from "./support/streamingAgent.js"
 import { weatherPrompt } from "./support/weather.js"
 
 /** An Anthropic `Message` as the API returns it. */
@@ -267,6 +281,7 @@ const messageStream = (options: {
   readonly stopReason: "end_turn" | "tool_use"
   readonly usage: { readonly input: number; readonly output: number }
   readonly stallAfter?: number | undefined
+  readonly cutShort?: boolean | undefined
 }): SseReply => {
   const event = (data: { readonly type: string }, after?: Duration.DurationInput): SseEvent => ({
     event: data.type,
@@ -293,17 +308,38 @@ const messageStream = (options: {
       delta: { stop_reason: options.stopReason, stop_sequence: null },
       usage: { output_tokens: options.usage.output }
     } as { type: string }),
-    event({ type: "message_stop" })
+    // Cut short: the usage came, the final event never did (the connection closed).
+    ...(options.cutShort === true ? [] : [event({ type: "message_stop" })])
   ]
 }
 
-streamingSuite({
+/** A text block that never ends: `message_start`, the block's start, each of `deltas` at once, then a stall. */
+function* endlessMessage(deltas: Iterable<string>): Generator<SseEvent | "stall"> {
+  const [start, block] = messageStream({
+    block: { type: "text", text: "" },
+    deltas: [],
+    every: 0,
+    stopReason: "end_turn",
+    usage: { input: 1, output: 1 }
+  }) as ReadonlyArray<SseEvent>
+  yield start!
+  yield block!
+  for (const text of deltas) {
+    yield {
+      event: "content_block_delta",
+      data: { type: "content_block_delta", index: 0, delta: { type: "text_delta", text } }
+    }
+  }
+  yield "stall" // the connection stays open: the final event never comes
+}
+
+const anthropic: StreamingProvider = {
   name: "Anthropic",
-  adapter: (client) =>
-    Anthropic.make({ model: "claude-stub", apiKey: Redacted.make("test-key"), stream: true }).pipe(
-      Effect.provideService(HttpClient.HttpClient, client)
-    ),
-  text: ({ every, first, pieces, stallAfter, usage }) =>
+  adapter: (client, options) =>
+    Anthropic.make({ model: "claude-stub", apiKey: Redacted.make("test-key"), stream: true, retry: options?.retry })
+      .pipe(Effect.provideService(HttpClient.HttpClient, client)),
+  finalEvent: "message_stop",
+  text: ({ cutShort, every, first, pieces, stallAfter, usage }) =>
     messageStream({
       block: { type: "text", text: "" },
       deltas: pieces.map((text) => ({ type: "text_delta", text })),
@@ -311,8 +347,10 @@ streamingSuite({
       every,
       stopReason: "end_turn",
       usage,
-      stallAfter
+      stallAfter,
+      cutShort
     }),
+  endless: endlessMessage,
   toolCall: ({ every, id, name, pieces, usage }) =>
     messageStream({
       block: { type: "tool_use", id, name, input: {} },
@@ -321,4 +359,49 @@ streamingSuite({
       stopReason: "tool_use",
       usage
     })
-})
+}
+
+streamingSuite(anthropic)
+realClockDeadlinePhase(anthropic)
+cutShortUnderAgent(anthropic, "memory", memoryMailboxes)
+
+// The same on the journaled SQL mailboxes, each run on tables of its own (their statements run on the TestClock).
+let tables = 0
+for (const backend of sqlBackends("anthropic-stream")) {
+  cutShortUnderAgent(
+    anthropic,
+    backend.label,
+    Effect.suspend(() => {
+      const prefix = `as${++tables}_`
+      return Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const requests = yield* MailboxSql.make({
+          name: "requests",
+          schema: MainLoop.requestSchema(Schema.String),
+          replySchema: MainLoop.resultSchema(Schema.String),
+          prefix
+        })
+        const responses = yield* MailboxSql.make({
+          name: "responses",
+          schema: MainLoop.resultSchema(Schema.String),
+          prefix
+        })
+        const letters = yield* MailboxMemory.make<DeadLetter.DeadLetter<MainLoop.MainLoopRequest<string>>>({
+          name: "letters"
+        })
+        return {
+          requests,
+          responses,
+          letters,
+          resolver: MailboxResolver.fromMailboxes(requests, responses),
+          // Every step stored in these tables, whatever its message.
+          steps: () =>
+            sql<{ readonly n: number | string }>`SELECT COUNT(*) AS n FROM ${sql(`${prefix}mailbox_journal`)}`.pipe(
+              Effect.map((rows) => Number(rows[0]!.n)),
+              Effect.orDie
+            )
+        }
+      }).pipe(Effect.provideService(SqlClient.SqlClient, backend.client()))
+    })
+  )
+}

@@ -14,9 +14,18 @@ import { Effect, Layer, Redacted } from "effect"
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import * as EffectAi from "../src/adapters/EffectAi.js"
+import * as Prompt from "../src/Prompt.js"
 import * as Session from "../src/Session.js"
+import { journalFree } from "./support/journalFree.js"
 import type { SseEvent, SseReply } from "./support/sse.js"
-import { streamingSuite } from "./support/streamingAgent.js"
+import { sseClient } from "./support/sse.js"
+import type { StreamingProvider } from "./support/streamingAgent.js"
+import {
+  cutShortUnderAgent,
+  memoryMailboxes,
+  realClockDeadlinePhase,
+  streamingSuite
+} from "./support/streamingAgent.js"
 import { weatherPrompt } from "./support/weather.js"
 
 const responseEnvelope = (
@@ -135,6 +144,7 @@ const responseStream = (options: {
   readonly every: Duration.DurationInput
   readonly usage: { readonly input: number; readonly output: number }
   readonly stallAfter?: number | undefined
+  readonly cutShort?: boolean | undefined
 }): SseReply => {
   let sequence = 0
   const event = (
@@ -160,14 +170,66 @@ const responseStream = (options: {
     ...start,
     ...deltas,
     event({ type: "response.output_item.done", output_index: 0, item: options.done }),
-    event({ type: "response.completed", response: responseEnvelope("resp_s", [options.done], options.usage) })
+    // Cut short: the item is done, the final event never came (the connection closed).
+    ...(options.cutShort === true
+      ? []
+      : [event({ type: "response.completed", response: responseEnvelope("resp_s", [options.done], options.usage) })])
   ]
 }
 
-streamingSuite({
+/** A message that never ends: `response.created`, the item added, each of `deltas` at once, then a stall. */
+function* endlessResponse(deltas: Iterable<string>): Generator<SseEvent | "stall"> {
+  const message = { type: "message", id: "msg_1", role: "assistant", status: "in_progress", content: [] }
+  const [created, added] = responseStream({
+    item: message,
+    done: message,
+    deltas: [],
+    every: 0,
+    usage: { input: 1, output: 1 }
+  }) as ReadonlyArray<SseEvent>
+  yield created!
+  yield added!
+  let sequence = 2
+  for (const delta of deltas) {
+    yield {
+      event: "response.output_text.delta",
+      data: {
+        type: "response.output_text.delta",
+        item_id: "msg_1",
+        output_index: 0,
+        content_index: 0,
+        delta,
+        sequence_number: sequence++
+      }
+    }
+  }
+  yield "stall" // the connection stays open: the final event never comes
+}
+
+describe("EffectAi streaming: a final event without usage", () => {
+  it.effect("a response.completed that carries no usage is a failed response (phase response), never charged 0", () =>
+    Effect.gen(function*() {
+      const text = openAi.text({ pieces: ["fine"], every: "1 second", usage: { input: 1, output: 1 } })
+      const events = [...text] as Array<SseEvent>
+      const last = events.at(-1)!
+      const response = { ...(last.data as { response: Record<string, unknown> }).response }
+      delete response["usage"]
+      events[events.length - 1] = { ...last, data: { ...(last.data as object), response } }
+      const stub = sseClient([events])
+      const adapter = yield* openAi.adapter(stub.client)
+      const error = yield* Effect.flip(journalFree(adapter.evaluate(
+        Prompt.make({ name: "essay", instructions: "", input: "write" }),
+        { session: yield* Session.make }
+      )))
+      expect([error.phase, error.reason]).toEqual(["response", "provider"])
+      expect(error.detail).toContain("no token usage")
+    }).pipe(Effect.scoped))
+})
+
+const openAi: StreamingProvider = {
   name: "EffectAi over @effect/ai-openai",
-  adapter: (client) =>
-    EffectAi.make({ stream: true }).pipe(
+  adapter: (client, options) =>
+    EffectAi.make({ stream: true, retry: options?.retry }).pipe(
       Effect.provide(
         OpenAiLanguageModel.layer({ model: "stub-model" }).pipe(
           Layer.provide(OpenAiClient.layer({ apiKey: Redacted.make("test-key"), apiUrl: "http://stub/v1" })),
@@ -175,7 +237,9 @@ streamingSuite({
         )
       )
     ),
-  text: ({ every, first, pieces, stallAfter, usage }) => {
+  finalEvent: "response.completed",
+  endless: endlessResponse,
+  text: ({ cutShort, every, first, pieces, stallAfter, usage }) => {
     const message = { type: "message", id: "msg_1", role: "assistant" }
     return responseStream({
       item: { ...message, status: "in_progress", content: [] },
@@ -193,7 +257,8 @@ streamingSuite({
       first,
       every,
       usage,
-      stallAfter
+      stallAfter,
+      cutShort
     })
   },
   toolCall: ({ every, id, name, pieces, usage }) => {
@@ -206,4 +271,8 @@ streamingSuite({
       usage
     })
   }
-})
+}
+
+streamingSuite(openAi)
+realClockDeadlinePhase(openAi)
+cutShortUnderAgent(openAi, "memory", memoryMailboxes)

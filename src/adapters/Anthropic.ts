@@ -6,8 +6,9 @@
  * `HttpClient` in the context, then `AnthropicLanguageModel`) and hands it to
  * `EffectAi`, so deadlines, heartbeats, budgets and tool execution behave
  * exactly as for any other `@effect/ai` model; with `stream: true` it reads
- * the Messages API's server-sent events, each of which beats the heartbeat
- * (see `EffectAi`). `@effect/ai-anthropic` (and
+ * the Messages API's server-sent events, each that carries text, a tool call's
+ * parameters or the usage beating the heartbeat, and only a stream that
+ * reaches `message_stop` is an answer (see `EffectAi`). `@effect/ai-anthropic` (and
  * `@effect/ai` beside it) are optional peer dependencies, loaded when an
  * adapter is made: a program without them is told which to install.
  */

@@ -9,7 +9,12 @@
  * With `stream: true` each turn is one `streamText` call instead: its parts
  * reach the `InnerLoop` as they arrive (text deltas, tool calls once their
  * parameters are complete, the usage of the `finish` part), so every chunk
- * beats the heartbeat and a deadline can stop the response mid-way.
+ * that carries something beats the heartbeat and a deadline can stop the
+ * response mid-way. Only a finished stream is an answer: one that ends before
+ * its `finish` part (Anthropic's `message_stop`, OpenAI's
+ * `response.completed`), a `finish` without token usage, or a server-sent
+ * event larger than the SSE parser takes is a `ProviderError` in the
+ * `response` phase, retried like any broken stream.
  * `@effect/ai` is an optional peer dependency, loaded when an adapter is made
  * (whoever provides a `LanguageModel` has it installed). The exported types
  * name none of its types, so a program that imports the root without
@@ -20,10 +25,13 @@ import type * as AiPrompt from "@effect/ai/Prompt"
 import type * as AiResponse from "@effect/ai/Response"
 import type * as AiTool from "@effect/ai/Tool"
 import type * as Toolkit from "@effect/ai/Toolkit"
+import * as Cause from "effect/Cause"
 import type * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
+import * as Predicate from "effect/Predicate"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as InnerLoop from "../InnerLoop.js"
@@ -114,29 +122,48 @@ const complete = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLo
     })
   )
 
-const progress: InnerLoop.TurnPart = { _tag: "Progress" }
+const nothing: InnerLoop.TurnPart = { _tag: "Progress" }
 
-/** A part of `@effect/ai`'s stream as the InnerLoop's: tool calls the provider ran itself are only progress. */
+/** What the model wrote in a part the loop does not keep: it proves progress when it is not empty. */
+const written = (text: string): InnerLoop.TurnPart => ({ _tag: "Progress", bytes: Buffer.byteLength(text, "utf8") })
+
+/** The failure of a stream whose answer came broken: retried, reported in the `response` phase. */
+const brokenAnswer = (detail: string) => new InnerLoop.ProviderError({ phase: "response", detail })
+
+/**
+ * A part of `@effect/ai`'s stream as the InnerLoop's: tool calls the provider ran itself are only progress; the
+ * `finish` part must carry the turn's token usage (a turn that cannot be charged is no answer).
+ */
 const toTurnPart = (
   part: AiResponse.StreamPart<Record<string, AiTool.Any>>
 ): Effect.Effect<InnerLoop.TurnPart, InnerLoop.ProviderError> => {
   switch (part.type) {
     case "text-delta":
       return Effect.succeed({ _tag: "Text", delta: part.delta })
+    case "reasoning-delta":
+    case "tool-params-delta":
+      return Effect.succeed(written(part.delta))
     case "tool-call":
       return Effect.succeed(
         part.providerExecuted === true
-          ? progress
+          ? nothing // its parameters were progress as they were written
           : { _tag: "ToolCall", call: { id: part.id, name: part.name, params: part.params } }
       )
-    case "finish":
-      return Effect.succeed({ _tag: "Usage", usage: toUsage(part.usage) })
+    case "finish": {
+      const { inputTokens, outputTokens } = part.usage
+      return typeof inputTokens === "number" && typeof outputTokens === "number"
+        ? Effect.succeed({ _tag: "Usage", usage: toUsage(part.usage) })
+        : Effect.fail(brokenAnswer(
+          `the stream's final event carried no token usage (input ${inputTokens}, output ${outputTokens}): ` +
+            "a turn that cannot be charged is not taken as an answer"
+        ))
+    }
     case "error":
       return Effect.fail(
         new InnerLoop.ProviderError({ detail: `the stream reported an error: ${describe(part.error)}` })
       )
     default:
-      return Effect.succeed(progress)
+      return Effect.succeed(nothing)
   }
 }
 
@@ -146,11 +173,35 @@ const describe = (error: unknown): string => {
   return json === undefined ? String(error) : json
 }
 
-const completeStream = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.CompleteStream => (request) =>
-  model.streamText(callOptions(AiTool, request)).pipe(
-    Stream.mapError((error) => new InnerLoop.ProviderError({ detail: error.message })),
-    Stream.mapEffect(toTurnPart)
+/** `@effect/experimental`'s SSE parser dies with an `SseError` on an event over its size limit. */
+const isSseError = (defect: unknown): defect is { readonly message: string } =>
+  Predicate.hasProperty(defect, "_tag") && defect._tag === "SseError" && Predicate.hasProperty(defect, "message")
+
+const cutShort = () =>
+  brokenAnswer(
+    "the stream ended before its final event (no finish part: Anthropic's message_stop, OpenAI's " +
+      "response.completed): the answer was cut short"
   )
+
+const completeStream = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.CompleteStream => (request) =>
+  Stream.suspend(() => {
+    let finished = false
+    return model.streamText(callOptions(AiTool, request)).pipe(
+      Stream.mapError((error) => new InnerLoop.ProviderError({ detail: error.message })),
+      // An oversized event is the provider's doing, not a defect of ours: a broken answer, retried.
+      Stream.catchSomeCause((cause) =>
+        Option.map(
+          Option.filter(Cause.dieOption(cause), isSseError),
+          (error) => Stream.fail(brokenAnswer(`a server-sent event was too large to read: ${error.message}`))
+        )
+      ),
+      Stream.mapEffect((part) => {
+        if (part.type === "finish") finished = true
+        return toTurnPart(part)
+      }),
+      Stream.concat(Stream.suspend(() => finished ? Stream.empty : Stream.fail(cutShort())))
+    )
+  })
 
 /**
  * Options of the adapter: the loop's, and whether to stream.

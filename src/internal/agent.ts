@@ -1,9 +1,11 @@
 /**
  * What the inner loop and the tool executor share: how a deadline failure's
  * provider payload is written, how long a step took by `Clock`, the digest a
- * journal step records of what was asked, and the divergence error.
+ * journal step records of what was asked, the divergence error, and where a
+ * streamed answer stands (for a deadline another timer notices).
  */
 import * as Clock from "effect/Clock"
+import * as Context from "effect/Context"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as JSONSchema from "effect/JSONSchema"
@@ -63,3 +65,10 @@ export const diverged = (
 
 /** Counts a step taken from the journal. */
 export const replayed: Effect.Effect<void> = Metric.increment(stepsReplayed)
+
+/**
+ * Whether the model is answering a streamed turn (its first part has arrived) in the evaluation under way:
+ * `MainLoop.agent` provides one per attempt and the inner loop keeps it, so that a deadline the loop's own timer
+ * notices first is reported in the phase the inner loop would have said (`response`, not `request`).
+ */
+export class Answering extends Context.Tag("leasehold/internal/Answering")<Answering, { answering: boolean }>() {}
