@@ -13,7 +13,7 @@
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Context, Effect, Exit, Layer, Option, Schema, Scope } from "effect"
-import { mkdtempSync, renameSync } from "node:fs"
+import { mkdtempSync, renameSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -125,7 +125,6 @@ describe("the SQLite file replaced under a running console", () => {
         const before = yield* get(url, "/message?queue=jobs&id=1")
         expect(before.body).toContain("OLD-one")
         const stalePage = formFor(before.body, "/actions/messages/delete", "1").fields
-        expect(field(stalePage, "db")).toMatch(/^sqlite:\d+:\d+$/)
         const asked = yield* post(url, "/actions/messages/delete", stalePage)
         expect(asked.status).toBe(200)
         expect(asked.body).toContain("Delete message 1 of jobs?")
@@ -142,7 +141,6 @@ describe("the SQLite file replaced under a running console", () => {
         expect(after.body).toContain("NEW-one")
         expect(after.body).not.toContain("OLD-one")
         const freshPage = formFor(after.body, "/actions/messages/delete", "1").fields
-        expect(field(freshPage, "db")).not.toBe(field(stalePage, "db"))
 
         yield* staleRefused(url, stalePage, staleConfirmation).pipe(
           Effect.zipRight(Effect.flatMap(bodies, (rows) =>
@@ -152,6 +150,10 @@ describe("the SQLite file replaced under a running console", () => {
           Effect.provide(MailboxSql.layerSqlite({ filename: live }))
         )
 
+        // The forms name the file they were read from.
+        expect(field(stalePage, "db")).toMatch(/^sqlite:\d+:\d+$/)
+        expect(field(freshPage, "db")).toMatch(/^sqlite:\d+:\d+$/)
+        expect(field(freshPage, "db")).not.toBe(field(stalePage, "db"))
         // The page read from the new file acts on the new file: its message 1 only.
         const confirm = yield* post(url, "/actions/messages/delete", freshPage)
         const done = yield* post(url, "/actions/messages/delete", formsOf(confirm.body)[0]!.fields)
@@ -160,6 +162,20 @@ describe("the SQLite file replaced under a running console", () => {
         expect(yield* bodies.pipe(Effect.provide(MailboxSql.layerSqlite({ filename: live })))).toEqual([
           ["2", "NEW-two"]
         ])
+
+        // The file deleted: the pages say so instead of showing it, and an action is refused, saying why.
+        const last = formFor((yield* get(url, "/message?queue=jobs&id=2")).body, "/actions/messages/delete", "2")
+        for (const suffix of ["", "-wal", "-shm"]) {
+          rmSync(live + suffix, { force: true })
+        }
+        const gone = yield* get(url, "/message?queue=jobs&id=2")
+        expect(gone.body).toContain("was deleted at")
+        expect(gone.body).not.toContain("NEW-two")
+        expect((yield* get(url, "/queue?name=jobs")).body).toContain("was deleted at")
+        const refused = yield* post(url, "/actions/messages/delete", last.fields)
+        expect(refused.status).toBe(409)
+        expect(refused.body).toContain("was deleted at")
+        expect(refused.body).toContain("Nothing was changed")
       }).pipe(Effect.scoped),
     90_000
   )
@@ -184,7 +200,6 @@ describe("the PostgreSQL database dropped and created again under a running cons
         const before = yield* get(url, "/message?queue=jobs&id=1")
         expect(before.body).toContain("OLD-one")
         const stalePage = formFor(before.body, "/actions/messages/delete", "1").fields
-        expect(field(stalePage, "db")).toMatch(new RegExp(`^pg:\\d+:${name}$`))
         const asked = yield* post(url, "/actions/messages/delete", stalePage)
         const staleConfirmation = formsOf(asked.body)[0]!.fields
 
@@ -202,6 +217,7 @@ describe("the PostgreSQL database dropped and created again under a running cons
           ["1", "NEW-one"],
           ["2", "NEW-two"]
         ])
+        expect(field(stalePage, "db")).toMatch(new RegExp(`^pg:\\d+:${name}$`))
       }).pipe(Effect.scoped),
     90_000
   )
@@ -220,9 +236,9 @@ for (const backend of backends) {
       ? MailboxSql.layerSqlite({ filename: backend.target() })
       : MailboxSql.layerPg({ url: backend.target() })
 
-  describe(`a confirmation on ${backend.label} is bound to exactly one action`, () => {
+  describe(`the console on ${backend.label}: its actions and its message page`, () => {
     it.live(
-      "kind, queue, id and database: each changed alone, a field added, dropped or doubled, a replay: 403",
+      "a confirmation is bound to one kind, queue, id and database: each changed alone, a field added, dropped or doubled, a replay: 403",
       () =>
         Effect.gen(function*() {
           const prefix = `bound${++prefixes}_${Math.floor(Math.random() * 1e6)}_`
@@ -338,9 +354,64 @@ for (const backend of backends) {
           expect(stale.status).toBe(409)
           expect(stale.body).toContain("another database (sqlite:1:1)")
           expect(yield* messages).toBe(2)
-          const done = yield* post(url, "/actions/messages/delete", yield* confirmation)
-          expect(done.status).toBe(303)
+          // A hostile identity is not echoed raw, nor whole; a body over 16 KiB is not read.
+          const hostile = yield* post(url, "/actions/messages/delete", swap(base, "db", `<script>${"x".repeat(9000)}`))
+          expect(hostile.status).toBe(409)
+          expect(hostile.body).not.toContain("<script>")
+          expect(hostile.body.length).toBeLessThan(2000)
+          // (The server stops reading it: a 403, or the connection closed before the client finished sending.)
+          const huge = yield* Effect.either(Effect.tryPromise(() =>
+            fetch(new URL("/actions/messages/delete", url), {
+              method: "POST",
+              redirect: "manual",
+              headers: { "content-type": "application/x-www-form-urlencoded" },
+              body: new URLSearchParams(swap(base, "db", "x".repeat(20_000)).map(([n, v]): [string, string] => [n, v]))
+                .toString()
+            })
+          ))
+          if (huge._tag === "Right") expect(huge.right.status).toBe(403)
+          expect(yield* messages).toBe(2)
+          // One confirmation posted twice at once: one deletes, the other is refused.
+          const value = yield* confirmation
+          const raced = yield* Effect.all([
+            post(url, "/actions/messages/delete", value),
+            post(url, "/actions/messages/delete", value)
+          ], { concurrency: 2 })
+          expect(raced.map((answer) => answer.status).sort()).toEqual([303, 403])
           expect(yield* messages).toBe(1)
+        }).pipe(Effect.provide(layer()), Effect.scoped),
+      120_000
+    )
+
+    it.live(
+      "the message page shows 200 steps of a longer journal, a long entry cut as read (its whole length named)",
+      () =>
+        Effect.gen(function*() {
+          const prefix = `page${++prefixes}_${Math.floor(Math.random() * 1e6)}_`
+          const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.String, prefix })
+          const id = yield* jobs.send("with a journal")
+          yield* MailboxSqlAdmin.journals({ prefix })
+          const sql = yield* SqlClient.SqlClient
+          const big = JSON.stringify({ _tag: "Turn", text: "x".repeat(1_000_000) })
+          const rows = Array.from({ length: 260 }, (_, i) => ({
+            message_seq: Number(id),
+            position: i + 1,
+            step_key: String(i + 1),
+            queue: "jobs",
+            request_id: "r-1",
+            entry: i === 1 ? big : JSON.stringify({ _tag: "Tool", ok: true }),
+            recorded_at: 0
+          }))
+          yield* sql`INSERT INTO ${sql(`${prefix}mailbox_journal`)} ${sql.insert(rows)}`
+          const { url } = yield* startConsole(["--db", backend.target(), "--prefix", prefix])
+          const page = yield* get(url, `/message?queue=jobs&id=${id}`)
+          expect(page.status).toBe(200)
+          expect(page.body).toContain("200+ steps")
+          expect([...page.body.matchAll(/<tr class="entry">/g)]).toHaveLength(200)
+          // The long entry: its start as stored, and how long it is whole (it was not read whole).
+          expect(page.body).toContain(`(the first 131072 characters of ${big.length}, as stored)`)
+          expect(page.body).toContain(`Turn (${big.length} characters)`)
+          expect(page.body.length).toBeLessThan(400_000)
         }).pipe(Effect.provide(layer()), Effect.scoped),
       120_000
     )
