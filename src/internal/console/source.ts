@@ -6,7 +6,8 @@
  * instead of the old file's contents, until a file is there again. PostgreSQL (no file) is read as it is.
  *
  * Each open database has an identity (`identity`): the file's device and inode on SQLite, the database's oid and
- * name on PostgreSQL. Every form the console renders carries the identity of the database it was read from, and
+ * name on PostgreSQL (the device and inode suffice: the console keeps the file it opened open, so its inode is
+ * not given to another file while the console runs). Every form the console renders carries the identity of the database it was read from, and
  * an action is carried out only on a database with that identity (server.ts): a page rendered from the old file
  * acts on nothing once the file is replaced.
  *
