@@ -281,6 +281,7 @@ for (const backend of backends) {
             ["no database", "/actions/dead-letters/delete", (f) => without(f, "db")],
             ["an added queue", "/actions/dead-letters/delete", (f) => [...f, ["queue", "jobs"]]],
             ["an added field", "/actions/dead-letters/delete", (f) => [...f, ["evil", "1"]]],
+            ["an added inherited name", "/actions/dead-letters/delete", (f) => [...f, ["constructor", "1"]]],
             ["id twice", "/actions/dead-letters/delete", (f) => [...f, ["id", "3"]]],
             ["confirm twice", "/actions/dead-letters/delete", (f) => [...f, ["confirm", field(f, "confirm")!]]],
             ["another confirmation value", "/actions/dead-letters/delete", (f) => replaced(f, "confirm", "x")],

@@ -12,7 +12,10 @@
  *   (confirm.ts).
  *
  * What is read comes through `Source` (source.ts): over a SQLite file, a file replaced or deleted under the
- * console is noticed at the next look, and the page says so rather than showing the old file as live.
+ * console is noticed at the next look, and the page says so rather than showing the old file as live. Every
+ * page, the browse and message pages too, reads the database the source reads now, and every form carries that
+ * database's identity: an action posted from a page of another database (the file replaced since) is refused
+ * (409) and changes nothing. A form carries exactly the fields its action takes (each once), or is refused (403).
  *
  * The page and its live part take `?q=` (queues whose name contains it) and `?page=` (which page of the queue
  * table); an action redirects back to the page and search it was taken from (its `Referer`), or from a browse
@@ -115,7 +118,7 @@ const formOf = (params: UrlParams.UrlParams, takes: Takes, confirmed: boolean): 
   const fields = new Map<string, string>()
   for (const [name, value] of params) {
     if (fields.has(name)) return Either.left(`the form gives ${clipped(JSON.stringify(name))} twice`)
-    if (!["token", "db", ...(confirmed ? ["confirm"] : [])].includes(name) && !(name in takes)) {
+    if (!["token", "db", ...(confirmed ? ["confirm"] : [])].includes(name) && !Object.hasOwn(takes, name)) {
       return Either.left(`this action takes no field ${clipped(JSON.stringify(name))}`)
     }
     fields.set(name, value)
