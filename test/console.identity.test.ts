@@ -130,8 +130,22 @@ describe("the SQLite file replaced under a running console", () => {
         expect(asked.body).toContain("Delete message 1 of jobs?")
         const staleConfirmation = formsOf(asked.body)[0]!.fields
 
-        // Replaced as an operator would: another database file renamed over the one the console reads.
+        // A writer writes while the console holds the file: its -wal keeps the frames.
+        yield* fill(MailboxSql.layerSqlite({ filename: live }), ["OLD-two", "OLD-three"])
+        // Replaced as an operator would: another database file renamed over the one the console reads — its -wal
+        // and -shm left beside it, which SQLite would read the new file through (the old file's rows shown as
+        // the new one's, and a delete written into them): the console says so and reads nothing.
         renameSync(other, live)
+        const blocked = yield* get(url, "/queue?name=jobs")
+        expect(blocked.body).toContain(`${live}-wal and ${live}-shm are still the old file&#39;s`)
+        expect(blocked.body).not.toContain("OLD-")
+        for (const fields of [stalePage, staleConfirmation]) {
+          const refused = yield* post(url, "/actions/messages/delete", fields)
+          expect(refused.status).toBe(409)
+          expect(refused.body).toContain("still the old file&#39;s")
+        }
+        // Moved away: the console reads the new file.
+        for (const suffix of ["-wal", "-shm"]) renameSync(live + suffix, `${live}.old${suffix}`)
 
         const browse = yield* get(url, "/queue?name=jobs")
         expect(browse.body).toContain("NEW-one")

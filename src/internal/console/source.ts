@@ -11,6 +11,9 @@
  * an action is carried out only on a database with that identity (server.ts): a page rendered from the old file
  * acts on nothing once the file is replaced.
  *
+ * A file replaced while its `-wal` or `-shm` file stays (SQLite finds them by the file's name, so the new file
+ * would be read through the old file's log) is not opened: the page says which to move, until they are gone.
+ *
  * A replaced file's old connection is not closed: closing the last connection to a WAL database deletes the
  * `-wal` file by its name, which now names the new database's. It is one connection per replacement, left to
  * the process's end.
@@ -111,6 +114,17 @@ export const make = (
 
     let opened = identity(file.path)
     let state = yield* start(sql, named(opened))
+    /**
+     * The `-wal` and `-shm` files seen beside the open file. SQLite finds them by name: a file replaced without
+     * them would be read through the old file's log (its rows shown as the new file's, and written into).
+     */
+    let logs: { readonly wal: Identity; readonly shm: Identity } = { wal: undefined, shm: undefined }
+    const logsOf = () => ({ wal: identity(`${file.path}-wal`), shm: identity(`${file.path}-shm`) })
+    const remember = () => {
+      const now = logsOf()
+      logs = { wal: now.wal ?? logs.wal, shm: now.shm ?? logs.shm }
+    }
+    remember()
     const lock = yield* Effect.makeSemaphore(1)
     const stop = Effect.suspend(() => Scope.close(state.scope, Exit.void))
     /** The file the path names is not the one open: says so, then opens it if it is there. */
@@ -124,6 +138,28 @@ export const make = (
         state = { current: { _tag: "Problem", problem: what }, scope: state.scope }
         opened = now
         if (gone) return
+        const left = logsOf()
+        const stale = [
+          ...(same(left.wal, logs.wal) ? [`${file.path}-wal`] : []),
+          ...(same(left.shm, logs.shm) ? [`${file.path}-shm`] : [])
+        ]
+        if (stale.length > 0) {
+          state = {
+            current: {
+              _tag: "Problem",
+              problem:
+                `${what}, but ${stale.join(" and ")} ${
+                  stale.length === 1 ? "is" : "are"
+                } still the old file's: SQLite would read the new file through them (showing the old file's rows as ` +
+                "its own) and write into them. Stop the old file's writers and move or delete them with the file; " +
+                "this console reads the new file once they are gone."
+            },
+            scope: state.scope
+          }
+          // Looked at again at the next look.
+          opened = undefined
+          return
+        }
         // Opened in the console's own scope: never closed early (see the module comment).
         const client = yield* Scope.extend(file.open, outer).pipe(Effect.either)
         if (client._tag === "Left") {
@@ -139,12 +175,16 @@ export const make = (
         // (and opened anew) at the next look, so an identity never names another file than the one read.
         if (!same(identity(file.path), now)) opened = undefined
         state = yield* start(client.right, named(now))
+        logs = { wal: undefined, shm: undefined }
+        remember()
         yield* Effect.logInfo(`leasehold console: ${what}; reading the new file`)
       })
     const current = lock.withPermits(1)(Effect.gen(function*() {
       const now = identity(file.path)
       if (!same(now, opened) && !(now === undefined && opened === undefined)) {
         yield* changed(now, yield* Clock.currentTimeMillis)
+      } else if (state.current._tag === "Open") {
+        remember()
       }
       return state.current
     }))
