@@ -559,7 +559,7 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
     return { list: (listOptions) => connectionError(table)(WorkersTable.listProcesses(store, listOptions)) }
   })
 
-export type { Journals, JournalStep, JournalView } from "./internal/sql/mailbox/journalModel.js"
+export type { JournalReadBound, Journals, JournalStep, JournalView } from "./internal/sql/mailbox/journalModel.js"
 
 /**
  * The most steps `journals().read` returns (`JournalView.truncated` says when a journal has more).
@@ -586,7 +586,7 @@ export const journals = (options?: Options): Effect.Effect<JournalModel.Journals
       })
     }
     return {
-      read: (id) => withStore(JournalView.read(store, id)),
+      read: (id, bound) => withStore(JournalView.read(store, id, bound)),
       discard: (id) => withStore(JournalView.discard(store, id))
     }
   })

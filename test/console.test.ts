@@ -376,6 +376,8 @@ describe("leasehold console when things are wrong", () => {
         const { url } = yield* startConsole(["--db", file])
         const page = yield* Effect.promise(() => fetch(url).then((response) => response.text()))
         const token = /name="token" value="([^"]+)"/.exec(page)![1]!
+        // The identity of the database the page was read from, which every form carries.
+        const db = /name="db" value="([^"]+)"/.exec(page)![1]!
         const post = (referer: string | undefined) =>
           Effect.promise(() =>
             fetch(`${url}actions/merge-queue/recover`, {
@@ -385,7 +387,7 @@ describe("leasehold console when things are wrong", () => {
                 "content-type": "application/x-www-form-urlencoded",
                 ...(referer === undefined ? {} : { referer })
               },
-              body: `token=${token}`
+              body: new URLSearchParams({ token, db }).toString()
             })
           )
         const back = yield* post(`${url}?q=jobs&page=3&notice=old&evil=1`)

@@ -250,13 +250,14 @@ for (const backend of backends) {
             expect(yield* Effect.promise(() => again.text())).toContain("confirmation was used already")
             // The page's form without a confirmation only asks; one issued for one letter does not delete all.
             const token = form.find(([name]) => name === "token")![1]!
+            const db = form.find(([name]) => name === "db")![1]!
             const post = (fields: Record<string, string>) =>
               Effect.promise(() =>
                 fetch(`${url}actions/dead-letters/delete`, {
                   method: "POST",
                   redirect: "manual",
                   headers: { "content-type": "application/x-www-form-urlencoded" },
-                  body: new URLSearchParams({ token, ...fields }).toString()
+                  body: new URLSearchParams({ token, db, ...fields }).toString()
                 }).then(async (response) => ({ status: response.status, text: await response.text() }))
               )
             const asked = yield* post({})

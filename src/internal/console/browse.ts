@@ -24,6 +24,8 @@ export interface Context {
   readonly database: string
   readonly token: string
   readonly readOnly: boolean
+  /** The identity of the database `sql` reads (source.ts), which the page's forms carry. */
+  readonly identity: string
 }
 
 /** An HTML answer: its status and document. */

@@ -1,45 +1,59 @@
 /**
- * The console's second step for destructive actions (deleting dead letters). The first POST of such an
- * action answers a confirmation page instead of acting: it says what would be deleted and carries a form that
- * posts the same action again with a one-time confirmation value. The server issued that value for that action
- * and that target (one dead letter's id, or all of them) and takes it once: an action posted without it, with
- * one issued for another action or target, or with one already used, is not carried out. Plain forms: it works
- * without JavaScript.
+ * The console's second step for destructive actions (deleting dead letters, deleting a message). The first POST
+ * of such an action answers a confirmation page instead of acting: it says what would be deleted and carries a
+ * form that posts the same action again with a one-time confirmation value. The server issued that value for
+ * exactly one action — its kind (the route), its `queue` and `id` (each given or not: an id is not a queue, and
+ * "none" is not "all"), and the database the page was read from — and takes it once: posted with any other
+ * combination (a field changed, added or left out), or a second time, it is not carried out. Plain forms: it
+ * works without JavaScript.
  */
 import { randomUUID } from "node:crypto"
 import { escape } from "./page.js"
 
-/** The confirmation values issued and not yet used, each bound to its action and target. */
+/** What one confirmation value allows: one action, on one target, of one database. */
+export interface Binding {
+  /** The action's route, e.g. `/actions/dead-letters/delete`. */
+  readonly kind: string
+  readonly queue: string | undefined
+  readonly id: string | undefined
+  /** The identity of the database the page was read from (source.ts). */
+  readonly database: string
+}
+
+/** The confirmation values issued and not yet used, each bound to its action. */
 export interface Confirmations {
   /**
-   * A new value for `action` on `target` (`""`: all); `back` is where the confirmed action returns to (a path
-   * the server made, kept here rather than trusted from the form).
+   * A new value for `binding`; `back` is where the confirmed action returns to (a path the server made, kept
+   * here rather than trusted from the form).
    */
-  readonly issue: (action: string, target: string, back?: string) => string
+  readonly issue: (binding: Binding, back?: string) => string
   /**
-   * Whether `value` was issued for `action` on `target` and not used — with the `back` it was issued with — or
+   * Whether `value` was issued for exactly `binding` and not used — with the `back` it was issued with — or
    * `undefined`; it cannot be used again either way.
    */
-  readonly take: (value: string, action: string, target: string) => { readonly back: string | undefined } | undefined
+  readonly take: (value: string, binding: Binding) => { readonly back: string | undefined } | undefined
 }
 
 /** How many unused values are kept (the oldest are forgotten first): a page left open long asks again. */
 const kept = 256
 
+/** One text per binding, every field in it (absent and empty kept apart). */
+const key = (binding: Binding) =>
+  JSON.stringify([binding.kind, binding.queue ?? null, binding.id ?? null, binding.database])
+
 export const make = (): Confirmations => {
   const issued = new Map<string, { readonly key: string; readonly back: string | undefined }>()
-  const key = (action: string, target: string) => `${action}\n${target}`
   return {
-    issue: (action, target, back) => {
+    issue: (binding, back) => {
       const value = randomUUID()
-      issued.set(value, { key: key(action, target), back })
+      issued.set(value, { key: key(binding), back })
       if (issued.size > kept) issued.delete(issued.keys().next().value!)
       return value
     },
-    take: (value, action, target) => {
+    take: (value, binding) => {
       const bound = issued.get(value)
       issued.delete(value)
-      return bound !== undefined && bound.key === key(action, target) ? { back: bound.back } : undefined
+      return bound !== undefined && bound.key === key(binding) ? { back: bound.back } : undefined
     }
   }
 }

@@ -7,7 +7,8 @@
  * wrong comes last in Effect's tree, after a type dump). The actions that apply are the console's guarded forms:
  * redrive and delete for a dead letter (the dead-letter actions), delete for a message no receiver holds.
  * Below, the message's step journal when an agent run recorded one (`journal`): a table of its steps, each
- * entry pretty-printed in a `<details>`, at most `journalShown` steps and `maxPretty` characters an entry.
+ * entry pretty-printed in a `<details>`, at most `journalShown` steps and `maxPretty` characters an entry — and
+ * only those are read (`MailboxSqlAdmin.journals().read` with a bound), never the whole journal.
  */
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
@@ -50,7 +51,7 @@ const button = (
   context.readOnly ?
     "" :
     `<form method="post" action="${action}" class="action">${
-      Object.entries({ token: context.token, ...fields }).map(([name, value]) =>
+      Object.entries({ token: context.token, db: context.identity, ...fields }).map(([name, value]) =>
         `<input type="hidden" name="${name}" value="${Page.escape(value)}">`
       ).join("")
     }<button type="submit"${danger ? ` class="danger"` : ""}>${Page.escape(label)}</button></form>`
@@ -98,7 +99,8 @@ export const page = (context: Browse.Context, dead: boolean, params: URLSearchPa
       context,
       Effect.flatMap(
         MailboxSqlAdmin.journals({ prefix: context.prefix, create: false }),
-        (journals) => journals.read(message.id)
+        // Only what the page shows: `journalShown` steps (one more says there are more), `maxPretty` characters each.
+        (journals) => journals.read(message.id, { steps: journalShown, entryChars: maxPretty })
       )
     )
     return {
@@ -129,18 +131,28 @@ export const journal = (
   const steps = found.steps.slice(0, journalShown)
   const more = found.truncated || found.steps.length > steps.length
   const rows = steps.map((step) => {
-    const tag = typeof step.entry === "object" && step.entry !== null && "_tag" in step.entry
+    const cutAt = step.entryLength
+    // An entry the read cut is the start of its text: its kind is read from that start, if it is there.
+    const tag = cutAt !== undefined
+      ? /^\{"_tag":"([^"\\]{1,60})"/.exec(String(step.entry))?.[1] ?? "?"
+      : typeof step.entry === "object" && step.entry !== null && "_tag" in step.entry
       ? String((step.entry as { readonly _tag: unknown })._tag)
       : "?"
     const text = typeof step.entry === "string" ? step.entry : JSON.stringify(step.entry, null, 2)
-    const cut = text.length > maxPretty
+    const cut = cutAt !== undefined || text.length > maxPretty
     return `<tr><td>${step.position}</td><td><code>${Browse.shown(step.key)}</code></td><td>${
       Browse.shown(tag, 60)
-    }</td><td>${Browse.shown(summary(step.entry), 300)}</td><td>${Page.escape(DateTime.formatIso(step.recordedAt))} (${
+    }</td><td>${
+      cutAt === undefined ? Browse.shown(summary(step.entry), 300) : `${Browse.shown(tag, 60)} (${cutAt} characters)`
+    }</td><td>${Page.escape(DateTime.formatIso(step.recordedAt))} (${
       Browse.when(step.recordedAt, now)
     })</td></tr><tr class="entry"><td colspan="5"><details><summary>entry${
-      cut ? ` <small class="cut">(the first ${maxPretty} characters)</small>` : ""
-    }</summary><pre>${Page.escape(cut ? text.slice(0, maxPretty) : text)}</pre></details></td></tr>`
+      cut
+        ? ` <small class="cut">(the first ${maxPretty} characters${
+          cutAt === undefined ? "" : ` of ${cutAt}, as stored`
+        })</small>`
+        : ""
+    }</summary><pre>${Page.escape(text.length > maxPretty ? text.slice(0, maxPretty) : text)}</pre></details></td></tr>`
   })
   return `<section id="journal"><h3>Step journal <small>(${found.steps.length}${more ? "+" : ""} step${
     found.steps.length === 1 ? "" : "s"

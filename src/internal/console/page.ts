@@ -26,6 +26,8 @@ export interface View {
   readonly database: string
   readonly token: string
   readonly readOnly: boolean
+  /** The identity of the database the live part was read from (source.ts): every form carries it. */
+  readonly identity?: string | undefined
   /** What the last action did (shown after its redirect, next to what it changed: `noticeAt`). */
   readonly notice?: string | undefined
   /** The part the notice is about: one of `noticeAnchors` (else the notice goes at the top). */
@@ -99,7 +101,7 @@ const button = (view: View, action: string, label: string, fields: Record<string
   view.readOnly ?
     "" :
     `<form method="post" action="${action}" class="action">${
-      Object.entries({ token: view.token, ...fields }).map(([name, value]) =>
+      Object.entries({ token: view.token, db: view.identity ?? "", ...fields }).map(([name, value]) =>
         `<input type="hidden" name="${name}" value="${escape(value)}">`
       ).join("")
     }<button type="submit"${danger ? " class=\"danger\"" : ""}>${escape(label)}</button></form>`

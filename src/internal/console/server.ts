@@ -12,7 +12,10 @@
  *   (confirm.ts).
  *
  * What is read comes through `Source` (source.ts): over a SQLite file, a file replaced or deleted under the
- * console is noticed at the next look, and the page says so rather than showing the old file as live.
+ * console is noticed at the next look, and the page says so rather than showing the old file as live. Every
+ * page, the browse and message pages too, reads the database the source reads now, and every form carries that
+ * database's identity: an action posted from a page of another database (the file replaced since) is refused
+ * (409) and changes nothing. A form carries exactly the fields its action takes (each once), or is refused (403).
  *
  * The page and its live part take `?q=` (queues whose name contains it) and `?page=` (which page of the queue
  * table); an action redirects back to the page and search it was taken from (its `Referer`), or from a browse
@@ -32,13 +35,14 @@ import * as IncomingMessage from "@effect/platform/HttpIncomingMessage"
 import * as HttpRouter from "@effect/platform/HttpRouter"
 import * as HttpServerRequest from "@effect/platform/HttpServerRequest"
 import * as HttpServerResponse from "@effect/platform/HttpServerResponse"
+import type * as UrlParams from "@effect/platform/UrlParams"
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Cause from "effect/Cause"
 import * as Clock from "effect/Clock"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as Option from "effect/Option"
-import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
 import * as HttpServers from "../httpServer.js"
 import * as Browse from "./browse.js"
@@ -87,16 +91,51 @@ const refused = (status: number, reason: string) =>
     status
   )
 
-const ActionForm = Schema.Struct({
-  token: Schema.String,
-  id: Schema.optional(Schema.String),
-  queue: Schema.optional(Schema.String),
-  confirm: Schema.optional(Schema.String)
-})
-type ActionForm = typeof ActionForm.Type
+/** The fields an action may take besides the token, the database and the confirmation: each given at most once. */
+type Field = "id" | "queue"
 
-/** An action's form is a token and an id: a larger body is refused before it is read whole. */
+/** What an action takes: each field it reads, required or not; any other field refuses the form. */
+type Takes = { readonly [K in Field]?: "required" | "optional" }
+
+/** An action's form as posted: the token, the identity of the database the page was read from, and its fields. */
+interface ActionForm {
+  readonly token: string
+  readonly db: string
+  readonly confirm: string | undefined
+  readonly id: string | undefined
+  readonly queue: string | undefined
+}
+
+/** An action's form is a token, a database identity and an id: a larger body is refused before it is read whole. */
 const maxActionBody = Option.some(16 * 1024)
+
+/**
+ * The form `params` carry for an action that takes `takes`, or why it is not one the console's pages post: a
+ * field given twice, one the action does not take (a confirmation, for an action that asks none), a required one
+ * missing, or no database identity.
+ */
+const formOf = (params: UrlParams.UrlParams, takes: Takes, confirmed: boolean): Either.Either<ActionForm, string> => {
+  const fields = new Map<string, string>()
+  for (const [name, value] of params) {
+    if (fields.has(name)) return Either.left(`the form gives ${clipped(JSON.stringify(name))} twice`)
+    if (!["token", "db", ...(confirmed ? ["confirm"] : [])].includes(name) && !Object.hasOwn(takes, name)) {
+      return Either.left(`this action takes no field ${clipped(JSON.stringify(name))}`)
+    }
+    fields.set(name, value)
+  }
+  for (const [name, need] of Object.entries(takes)) {
+    if (need === "required" && !fields.has(name)) return Either.left(`the form names no ${name}`)
+  }
+  const db = fields.get("db")
+  if (db === undefined) return Either.left("the form does not say which database its page was read from")
+  return Either.right({
+    token: fields.get("token") ?? "",
+    db,
+    confirm: fields.get("confirm"),
+    id: fields.get("id"),
+    queue: fields.get("queue")
+  })
+}
 
 /** The page and search a request asks for. */
 const queryOf = (request: HttpServerRequest.HttpServerRequest) =>
@@ -128,9 +167,10 @@ export const make = (options: Options) =>
     const livePart = (query: Snapshot.Query, shown: Page.View) =>
       Effect.flatMap(source.current, (current) =>
         current._tag === "Open"
-          ? Effect.map(
+          ? Effect.zipWith(
             Snapshot.snapshot(current.sql, options.prefix, current.sampler, query),
-            (snapshot) => Page.live(snapshot, shown)
+            Effect.either(current.identity),
+            (snapshot, identity) => Page.live(snapshot, { ...shown, identity: Either.getOrElse(identity, () => "") })
           )
           : Effect.map(
             Clock.currentTimeMillis,
@@ -147,12 +187,15 @@ export const make = (options: Options) =>
     )
 
     /**
-     * Checks the request, runs `work` with its form, and redirects to the page saying what happened. With
-     * `confirm`, the first POST answers the confirmation page it describes, and `work` runs only when the form
-     * carries the one-time value that page was given for this action and target.
+     * Checks the request, runs `work` with its form, and redirects to the page saying what happened. The form
+     * must be the token, the identity of the database its page was read from (the one the console reads now),
+     * and exactly the fields the action `takes`. With `confirm`, the first POST answers the confirmation page it
+     * describes, and `work` runs only when the form carries the one-time value that page was given for exactly
+     * this action, queue, id and database (confirm.ts).
      */
     const action = <E extends { readonly message: string }>(
       anchor: (typeof Page.noticeAnchors)[number],
+      takes: Takes,
       work: (form: ActionForm) => Effect.Effect<string, E, SqlClient.SqlClient>,
       confirm?: (form: ActionForm) => Effect.Effect<Omit<Confirm.Request, "fields" | "back">, E, SqlClient.SqlClient>
     ) =>
@@ -163,31 +206,53 @@ export const make = (options: Options) =>
         if (origin !== undefined && !sameOrigin(origin, request.headers["host"])) {
           return yield* refused(403, `Refused: a request from ${origin}, not from this console's page.`)
         }
-        const form = yield* HttpServerRequest.schemaBodyUrlParams(ActionForm).pipe(
+        const params = yield* request.urlParamsBody.pipe(
           IncomingMessage.withMaxBodySize(maxActionBody),
-          Effect.option
+          Effect.orElseSucceed((): UrlParams.UrlParams => [])
         )
-        if (Option.isNone(form) || !sameToken(form.value.token, token)) {
+        const tokens = params.filter(([name]) => name === "token")
+        if (tokens.length !== 1 || !sameToken(tokens[0]![1], token)) {
           return yield* refused(403, "Refused: the console's token is missing or wrong. Use the console's own page.")
         }
+        const parsed = formOf(params, takes, confirm !== undefined)
+        if (Either.isLeft(parsed)) {
+          return yield* refused(
+            403,
+            `Refused: ${parsed.left}; this is not a form of the console's pages. Nothing was changed.`
+          )
+        }
+        const form = parsed.right
         const current = yield* source.current
-        const onDatabase = <A>(
-          effect: Effect.Effect<A, E, SqlClient.SqlClient>
-        ): Effect.Effect<A, { readonly message: string }> =>
-          current._tag === "Open"
-            ? Effect.provideService(effect, SqlClient.SqlClient, current.sql)
-            : Effect.fail({ message: current.problem })
-        const target = form.value.id ?? form.value.queue ?? ""
-        const given = confirm === undefined ? undefined : form.value.confirm
+        if (current._tag === "Problem") {
+          return yield* refused(409, `Refused: ${current.problem} Nothing was changed.`)
+        }
+        const database = yield* current.identity.pipe(Effect.either)
+        if (Either.isLeft(database)) {
+          return yield* refused(409, `Refused: ${database.left.message}. Nothing was changed.`)
+        }
+        const kind = new URL(request.url, "http://console").pathname
+        const binding: Confirm.Binding = { kind, queue: form.queue, id: form.id, database: form.db }
+        const given = confirm === undefined ? undefined : form.confirm
         // A confirmed action returns where the first step came from (kept with its confirmation value).
-        const confirmed = given === undefined ? undefined : confirmations.take(given, request.url, target)
+        const confirmed = given === undefined ? undefined : confirmations.take(given, binding)
         if (given !== undefined && confirmed === undefined) {
           return yield* refused(
             403,
-            "Refused: that confirmation was used already, expired, or was given for another action. Nothing was " +
-              "deleted; start again from the console's page."
+            "Refused: that confirmation was used already, expired, or was given for another action (another " +
+              "kind, queue, id or database). Nothing was deleted; start again from the console's page."
           )
         }
+        if (form.db !== database.right) {
+          return yield* refused(
+            409,
+            `Refused: the page this came from was read from another database (${clipped(form.db)}) than the one ` +
+              `the console reads now (${database.right}${
+                options.file === undefined ? "" : `: the file ${options.file.path} was replaced`
+              }). Nothing was changed: reload the page and act on what it shows now.`
+          )
+        }
+        const onDatabase = <A>(effect: Effect.Effect<A, E, SqlClient.SqlClient>) =>
+          Effect.provideService(effect, SqlClient.SqlClient, current.sql)
         // Back to the page and search the form was on (only those two are taken from the Referer), or from a
         // browse or message page to the queue's browse page.
         const referer = confirmed !== undefined ? confirmed.back : request.headers["referer"]
@@ -204,42 +269,63 @@ export const make = (options: Options) =>
             { status: 303, headers }
           )
         if (confirm !== undefined && given === undefined) {
-          const asked = yield* onDatabase(confirm(form.value)).pipe(Effect.either)
+          const asked = yield* onDatabase(confirm(form)).pipe(Effect.either)
           // Nothing is done unconfirmed: a failure to ask is the notice.
           if (asked._tag === "Left") return back(`Failed: ${asked.left.message}`)
           return yield* html(Confirm.page({
             ...asked.right,
             fields: {
               token,
-              ...(form.value.id === undefined ? {} : { id: form.value.id }),
-              ...(form.value.queue === undefined ? {} : { queue: form.value.queue }),
-              confirm: confirmations.issue(request.url, target, referer)
+              db: form.db,
+              ...(form.id === undefined ? {} : { id: form.id }),
+              ...(form.queue === undefined ? {} : { queue: form.queue }),
+              confirm: confirmations.issue(binding, referer)
             },
             back: browsed ?? `/${Page.search(from.q, page)}#${anchor}`
           }))
         }
-        const notice = yield* onDatabase(work(form.value)).pipe(
+        const notice = yield* onDatabase(work(form)).pipe(
           Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`))
         )
         return back(notice)
       })
 
     const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
-    const pages: Browse.Context = {
-      sql,
-      prefix: options.prefix,
-      database: options.database,
-      token,
-      readOnly: options.readOnly
-    }
-    const answer = (made: Effect.Effect<Browse.Answer>) => Effect.flatMap(made, (page) => html(page.body, page.status))
+    /**
+     * A browse or message page, drawn from the database the console reads now (never the one it started with),
+     * its forms carrying that database's identity; or what is wrong with the database file instead.
+     */
+    const answer = (made: (context: Browse.Context) => Effect.Effect<Browse.Answer>) =>
+      Effect.flatMap(source.current, (current) =>
+        current._tag === "Problem"
+          ? html(Browse.document(
+            { sql, prefix: options.prefix, database: options.database, token, readOnly: true, identity: "" },
+            "database problem",
+            [],
+            `<p class="error" role="alert" id="database-problem">${Page.escape(current.problem)}</p>`
+          ))
+          : Effect.flatMap(
+            Effect.either(current.identity),
+            (identity) =>
+              Effect.flatMap(
+                made({
+                  sql: current.sql,
+                  prefix: options.prefix,
+                  database: options.database,
+                  token,
+                  readOnly: options.readOnly,
+                  identity: Either.getOrElse(identity, () => "")
+                }),
+                (page) => html(page.body, page.status)
+              )
+          ))
     const paramsOf = (request: HttpServerRequest.HttpServerRequest) =>
       new URL(request.url, "http://console").searchParams
 
     const queues = Effect.flatMap(admin, (module) => module.queues({ prefix: options.prefix, create: false }))
     /** Pause, resume or drop the form's `queue` (the queues table: see MailboxSqlAdmin). */
     const queueAction = (what: "pause" | "resume" | "drop") =>
-      action("mailboxes", ({ queue }) => {
+      action("mailboxes", { queue: "required" }, ({ queue }) => {
         if (queue === undefined) return Effect.succeed("Failed: no queue named.")
         const name = JSON.stringify(queue)
         return Effect.flatMap(queues, (admin) =>
@@ -273,21 +359,21 @@ export const make = (options: Options) =>
         "/queue",
         Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) => {
           const params = paramsOf(request)
-          return answer(Browse.page(pages, Browse.query(params), params.get("notice") ?? undefined))
+          return answer((pages) => Browse.page(pages, Browse.query(params), params.get("notice") ?? undefined))
         })
       ),
       HttpRouter.get(
         "/message",
         Effect.flatMap(
           HttpServerRequest.HttpServerRequest,
-          (request) => answer(Message.page(pages, false, paramsOf(request)))
+          (request) => answer((pages) => Message.page(pages, false, paramsOf(request)))
         )
       ),
       HttpRouter.get(
         "/dead-letter",
         Effect.flatMap(
           HttpServerRequest.HttpServerRequest,
-          (request) => answer(Message.page(pages, true, paramsOf(request)))
+          (request) => answer((pages) => Message.page(pages, true, paramsOf(request)))
         )
       ),
       HttpRouter.get(
@@ -304,7 +390,7 @@ export const make = (options: Options) =>
       ),
       HttpRouter.post(
         "/actions/dead-letters/redrive",
-        action("dead-letters", ({ id }) =>
+        action("dead-letters", { id: "optional" }, ({ id }) =>
           Effect.flatMap(deadLetters, (letters) =>
             Effect.map(
               letters.redrive(id === undefined ? {} : { ids: [id] }),
@@ -318,6 +404,7 @@ export const make = (options: Options) =>
         "/actions/dead-letters/delete",
         action(
           "dead-letters",
+          { id: "optional" },
           ({ id }) =>
             Effect.flatMap(deadLetters, (letters) =>
               Effect.map(
@@ -344,6 +431,7 @@ export const make = (options: Options) =>
         "/actions/messages/delete",
         action(
           "mailboxes",
+          { queue: "required", id: "required" },
           ({ id, queue }) =>
             Effect.flatMap(
               Effect.flatMap(admin, (module) =>
@@ -368,7 +456,7 @@ export const make = (options: Options) =>
       ),
       HttpRouter.post(
         "/actions/merge-queue/recover",
-        action("merge-queue", () =>
+        action("merge-queue", {}, () =>
           Effect.flatMap(mergeQueue, (queue) =>
             Effect.map(
               queue.detectAndRecoverStale,

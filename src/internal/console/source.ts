@@ -5,6 +5,15 @@
  * the throughput starts over; a file that is gone, or that cannot be opened, is a `problem` the page shows
  * instead of the old file's contents, until a file is there again. PostgreSQL (no file) is read as it is.
  *
+ * Each open database has an identity (`identity`): the file's device and inode on SQLite, the database's oid and
+ * name on PostgreSQL (the device and inode suffice: the console keeps the file it opened open, so its inode is
+ * not given to another file while the console runs). Every form the console renders carries the identity of the database it was read from, and
+ * an action is carried out only on a database with that identity (server.ts): a page rendered from the old file
+ * acts on nothing once the file is replaced.
+ *
+ * A file replaced while its `-wal` or `-shm` file stays (SQLite finds them by the file's name, so the new file
+ * would be read through the old file's log) is not opened: the page says which to move, until they are gone.
+ *
  * A replaced file's old connection is not closed: closing the last connection to a WAL database deletes the
  * `-wal` file by its name, which now names the new database's. It is one connection per replacement, left to
  * the process's end.
@@ -22,7 +31,16 @@ import * as Snapshot from "./snapshot.js"
 
 /** What the console reads now: a database and its sampler, or why there is none. */
 export type Current =
-  | { readonly _tag: "Open"; readonly sql: SqlClient.SqlClient; readonly sampler: Snapshot.Sampler }
+  | {
+    readonly _tag: "Open"
+    readonly sql: SqlClient.SqlClient
+    readonly sampler: Snapshot.Sampler
+    /**
+     * Which database `sql` reads: `sqlite:<device>:<inode>` of the file it opened, or (no file) what the
+     * database says it is, asked anew each time (`pg:<oid>:<name>` on PostgreSQL).
+     */
+    readonly identity: Effect.Effect<string, { readonly message: string }>
+  }
   | { readonly _tag: "Problem"; readonly problem: string }
 
 /** The file behind a SQLite console, and how to open it again. */
@@ -48,6 +66,24 @@ const same = (a: Identity, b: Identity) => a !== undefined && b !== undefined &&
 
 const iso = (millis: number) => new Date(millis).toISOString()
 
+const named = (opened: Identity) =>
+  Effect.succeed(opened === undefined ? "sqlite:unknown" : `sqlite:${opened.dev}:${opened.ino}`)
+
+/**
+ * What a database without a file says it is: on PostgreSQL its oid and name (a database dropped and created
+ * again under the same name has a new oid); elsewhere (a SQLite database that is no file) one fixed name.
+ */
+const asked = (sql: SqlClient.SqlClient): Effect.Effect<string, { readonly message: string }> =>
+  sql.onDialectOrElse({
+    pg: () =>
+      sql<{ oid: string; name: string }>`SELECT oid::text AS oid, datname AS name FROM pg_database
+        WHERE datname = current_database()`.pipe(
+        Effect.map((rows) => rows[0] === undefined ? "pg:unknown" : `pg:${rows[0].oid}:${rows[0].name}`),
+        Effect.mapError((error) => ({ message: `could not tell which database this is: ${error.message}` }))
+      ),
+    orElse: () => Effect.succeed("sqlite:no file")
+  })
+
 /**
  * The console's source over `sql` (open already); with `file`, watched as the module comment says. Each
  * database's throughput sampler runs every `sampleEvery` until the database is replaced or `Scope` closes.
@@ -61,7 +97,7 @@ export const make = (
   Effect.gen(function*() {
     const outer = yield* Effect.scope
     /** Starts a database's sampler in a scope of its own (closed when the database is replaced). */
-    const start = (client: SqlClient.SqlClient) =>
+    const start = (client: SqlClient.SqlClient, identity: Extract<Current, { _tag: "Open" }>["identity"]) =>
       Effect.gen(function*() {
         const scope = yield* Scope.fork(outer, ExecutionStrategy.sequential)
         const sampler = yield* Snapshot.makeSampler(client, prefix)
@@ -69,12 +105,26 @@ export const make = (
           Effect.repeat(Schedule.spaced(sampleEvery)),
           Effect.forkIn(scope)
         )
-        return { current: { _tag: "Open", sql: client, sampler } as Current, scope }
+        return { current: { _tag: "Open", sql: client, sampler, identity } as Current, scope }
       })
-    let state = yield* start(sql)
-    if (file === undefined) return { current: Effect.sync(() => state.current) }
+    if (file === undefined) {
+      const state = yield* start(sql, asked(sql))
+      return { current: Effect.succeed(state.current) }
+    }
 
     let opened = identity(file.path)
+    let state = yield* start(sql, named(opened))
+    /**
+     * The `-wal` and `-shm` files seen beside the open file. SQLite finds them by name: a file replaced without
+     * them would be read through the old file's log (its rows shown as the new file's, and written into).
+     */
+    let logs: { readonly wal: Identity; readonly shm: Identity } = { wal: undefined, shm: undefined }
+    const logsOf = () => ({ wal: identity(`${file.path}-wal`), shm: identity(`${file.path}-shm`) })
+    const remember = () => {
+      const now = logsOf()
+      logs = { wal: now.wal ?? logs.wal, shm: now.shm ?? logs.shm }
+    }
+    remember()
     const lock = yield* Effect.makeSemaphore(1)
     const stop = Effect.suspend(() => Scope.close(state.scope, Exit.void))
     /** The file the path names is not the one open: says so, then opens it if it is there. */
@@ -88,6 +138,28 @@ export const make = (
         state = { current: { _tag: "Problem", problem: what }, scope: state.scope }
         opened = now
         if (gone) return
+        const left = logsOf()
+        const stale = [
+          ...(same(left.wal, logs.wal) ? [`${file.path}-wal`] : []),
+          ...(same(left.shm, logs.shm) ? [`${file.path}-shm`] : [])
+        ]
+        if (stale.length > 0) {
+          state = {
+            current: {
+              _tag: "Problem",
+              problem:
+                `${what}, but ${stale.join(" and ")} ${
+                  stale.length === 1 ? "is" : "are"
+                } still the old file's: SQLite would read the new file through them (showing the old file's rows as ` +
+                "its own) and write into them. Stop the old file's writers and move or delete them with the file; " +
+                "this console reads the new file once they are gone."
+            },
+            scope: state.scope
+          }
+          // Looked at again at the next look.
+          opened = undefined
+          return
+        }
         // Opened in the console's own scope: never closed early (see the module comment).
         const client = yield* Scope.extend(file.open, outer).pipe(Effect.either)
         if (client._tag === "Left") {
@@ -99,13 +171,20 @@ export const make = (
           opened = undefined
           return
         }
-        state = yield* start(client.right)
+        // The file is the one stat named only if the path still names it once open: else it is looked at again
+        // (and opened anew) at the next look, so an identity never names another file than the one read.
+        if (!same(identity(file.path), now)) opened = undefined
+        state = yield* start(client.right, named(now))
+        logs = { wal: undefined, shm: undefined }
+        remember()
         yield* Effect.logInfo(`leasehold console: ${what}; reading the new file`)
       })
     const current = lock.withPermits(1)(Effect.gen(function*() {
       const now = identity(file.path)
       if (!same(now, opened) && !(now === undefined && opened === undefined)) {
         yield* changed(now, yield* Clock.currentTimeMillis)
+      } else if (state.current._tag === "Open") {
+        remember()
       }
       return state.current
     }))

@@ -11,6 +11,21 @@ import type { MailboxConnectionError } from "../../../Mailbox.js"
 /** The most steps one read returns (`JournalView.truncated` says when there were more). */
 export const stepLimit = 1000
 
+/** The most characters `JournalReadBound.entryChars` may ask for (more than any entry a journal takes). */
+export const maxEntryChars = 64 * 1024 * 1024
+
+/**
+ * How much of a journal one read returns (the console's message page shows a few hundred steps, a bounded part
+ * of each): at most `steps` steps (1..`stepLimit`, default `stepLimit`) and at most `entryChars` characters of
+ * each entry (default: whole).
+ *
+ * @category models
+ */
+export interface JournalReadBound {
+  readonly steps?: number | undefined
+  readonly entryChars?: number | undefined
+}
+
 /**
  * One recorded step as the operator sees it.
  *
@@ -23,8 +38,10 @@ export interface JournalStep {
   readonly key: string
   /** When it was recorded (the database's clock). */
   readonly recordedAt: DateTime.Utc
-  /** The entry, parsed from the stored JSON text; the text itself when it does not parse. */
+  /** The entry, parsed from the stored JSON text; the text itself when it does not parse, or when it was cut. */
   readonly entry: unknown
+  /** Only when the read cut the entry (`JournalReadBound.entryChars`): its whole length; `entry` is its start. */
+  readonly entryLength?: number
 }
 
 /**
@@ -39,9 +56,9 @@ export interface JournalView {
   readonly requestId: Option.Option<string>
   /** Where the message is: still in its queue (queued, delayed or in flight), dead-lettered, or neither. */
   readonly where: "queued" | "dead letter" | "gone"
-  /** Its steps in position order: the first `stepLimit` of them. */
+  /** Its steps in position order: the first `stepLimit` of them (or of the read's bound). */
   readonly steps: ReadonlyArray<JournalStep>
-  /** There were more than `stepLimit` steps (only the first are in `steps`). */
+  /** There were more steps than the read returns (`stepLimit`, or the read's bound: only the first are in `steps`). */
   readonly truncated: boolean
 }
 
@@ -55,7 +72,8 @@ export interface JournalView {
 export interface Journals {
   /** The journal `id` names, with where its message is now; `None` when no journal has steps under it. */
   readonly read: (
-    id: string
+    id: string,
+    bound?: JournalReadBound
   ) => Effect.Effect<Option.Option<JournalView>, InvalidParameterError | MailboxConnectionError>
   /**
    * Deletes the journal `id` names (a run the code no longer matches): how many steps it held. The request's next

@@ -11,7 +11,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import { InvalidParameterError } from "../../../Errors.js"
-import { type JournalStep, type JournalView, stepLimit } from "./journalModel.js"
+import { type JournalReadBound, type JournalStep, type JournalView, maxEntryChars, stepLimit } from "./journalModel.js"
 import type { Store } from "./store.js"
 
 interface Row {
@@ -21,6 +21,7 @@ interface Row {
   readonly queue: string
   readonly request_id: string | null
   readonly entry: string
+  readonly entry_length: number | string
   readonly recorded_at: number | string
 }
 
@@ -62,17 +63,31 @@ const resolve = (store: Store, id: string): Effect.Effect<number | undefined, Sq
     return seq === null || seq === undefined ? undefined : Number(seq)
   })
 
-/** The journal `id` names (see `resolve`); `None` when no journal has steps under it. */
+/** `value` of `parameter` checked: an integer in 1..`max`. */
+const bounded = (parameter: string, value: number | undefined, max: number) =>
+  value === undefined || (Number.isSafeInteger(value) && value >= 1 && value <= max)
+    ? Effect.succeed(value ?? max)
+    : Effect.fail(new InvalidParameterError({ parameter, value, reason: `must be an integer in 1..${max}` }))
+
+/**
+ * The journal `id` names (see `resolve`); `None` when no journal has steps under it. At most `bound.steps`
+ * steps (default `stepLimit`) are read, each entry at most `bound.entryChars` characters (default: whole); an
+ * entry cut so is its text as stored, its whole length in `entryLength`.
+ */
 export const read = (
   store: Store,
-  id: string
+  id: string,
+  bound?: JournalReadBound
 ): Effect.Effect<Option.Option<JournalView>, SqlError | InvalidParameterError> =>
   Effect.gen(function*() {
+    const limit = yield* bounded("steps", bound?.steps, stepLimit)
+    const chars = yield* bounded("entryChars", bound?.entryChars, maxEntryChars)
     const seq = yield* resolve(store, id)
     if (seq === undefined) return Option.none()
     const { sql } = store
-    const rows = yield* sql<Row>`SELECT message_seq, position, step_key, queue, request_id, entry, recorded_at
-      FROM ${sql(store.journal)} WHERE message_seq = ${seq} ORDER BY position LIMIT ${stepLimit + 1}`
+    const rows = yield* sql<Row>`SELECT message_seq, position, step_key, queue, request_id,
+      substr(entry, 1, ${chars}) AS entry, length(entry) AS entry_length, recorded_at
+      FROM ${sql(store.journal)} WHERE message_seq = ${seq} ORDER BY position LIMIT ${limit + 1}`
     const first = rows[0]
     if (first === undefined) return Option.none()
     const messageId = String(first.message_seq)
@@ -86,13 +101,18 @@ export const read = (
       queue: first.queue,
       requestId: Option.fromNullable(requestId),
       where: queued.length > 0 ? "queued" : dead.length > 0 ? "dead letter" : "gone",
-      steps: rows.slice(0, stepLimit).map((row): JournalStep => ({
-        position: Number(row.position),
-        key: row.step_key,
-        recordedAt: DateTime.unsafeMake(Number(row.recorded_at)),
-        entry: parseEntry(row.entry)
-      })),
-      truncated: rows.length > stepLimit
+      steps: rows.slice(0, limit).map((row): JournalStep => {
+        const length = Number(row.entry_length)
+        const cut = length > row.entry.length
+        return {
+          position: Number(row.position),
+          key: row.step_key,
+          recordedAt: DateTime.unsafeMake(Number(row.recorded_at)),
+          entry: cut ? row.entry : parseEntry(row.entry),
+          ...(cut ? { entryLength: length } : {})
+        }
+      }),
+      truncated: rows.length > limit
     })
   })
 
