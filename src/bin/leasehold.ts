@@ -117,7 +117,8 @@ const runCli = () =>
     // (a ParseError: a --prefix that breaks the prefix rule, say).
     const usage = error instanceof MissingDatabaseError || error instanceof InvalidDatabaseError ||
       error instanceof demo.DemoArgumentError ||
-      error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError ||
+      error instanceof mailbox.ConfirmationRequiredError || error instanceof mailbox.AmbiguousJournalIdError ||
+      error instanceof InvalidParameterError ||
       ParseResult.isParseError(error)
     return Effect.runPromise(
       Console.error(`leasehold: ${scrubbed(error instanceof Error ? error.message : String(error))}`)

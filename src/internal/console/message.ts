@@ -98,7 +98,7 @@ export const page = (context: Browse.Context, dead: boolean, params: URLSearchPa
       context,
       Effect.flatMap(
         MailboxSqlAdmin.journals({ prefix: context.prefix, create: false }),
-        (journals) => journals.read(message.id)
+        (journals) => journals.read(message.id, { by: "message" }) // the page's message, never a request id
       )
     )
     return {
