@@ -23,7 +23,7 @@ import * as Postgres from "./support/postgres.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 const Job = Schema.Struct({ n: Schema.Number })
-const latest = { mailbox: 11, "work lease": 4, "merge queue": 3 } as const
+const latest = { mailbox: 12, "work lease": 4, "merge queue": 3 } as const
 /** How many migrations each service has. */
 const known = latest
 
@@ -130,7 +130,7 @@ for (const backend of sqlBackends("migrations")) {
         const objects = (yield* objectsOf(prefix)).sort()
         const behind = yield* Migrations.run({ prefix, dryRun: true })
         expect(behind.map((result) => [result.from, result.to, result.applied])).toEqual([
-          [8, 11, ["9_workers", "10_queues_and_pause", "11_journal"]],
+          [8, 12, ["9_workers", "10_queues_and_pause", "11_journal", "12_journal_identity"]],
           [3, 4, ["4_array_answers"]],
           [2, 3, ["3_audit_pages"]]
         ])
@@ -272,23 +272,23 @@ describe("leasehold migrate and leasehold status", () => {
         }
         expect(plan.dryRun).toBe(true)
         expect(plan.services.map((service) => [service.service, service.from, service.to, service.applied.length]))
-          .toEqual([["mailbox", null, 11, 11], ["work lease", null, 4, 4], ["merge queue", null, 3, 3]])
+          .toEqual([["mailbox", null, 12, 12], ["work lease", null, 4, 4], ["merge queue", null, 3, 3]])
         const text = yield* leasehold("migrate", "--db", db, "--prefix", prefix, "--dry-run")
-        expect(text.stdout).toContain("dry run: 18 migrations would run; nothing was changed.")
+        expect(text.stdout).toContain("dry run: 19 migrations would run; nothing was changed.")
 
         const behind = yield* leasehold("status", "--db", db, "--prefix", prefix)
         expect(behind.code).toBe(3)
-        expect(behind.stdout).toMatch(/mailbox\s+none\s+11\s+not created/)
+        expect(behind.stdout).toMatch(/mailbox\s+none\s+12\s+not created/)
         expect(behind.stdout).toContain(
           `Run \`leasehold migrate --db ${db} --prefix ${prefix}\` to bring it up to date.`
         )
 
         const migrated = yield* leasehold("migrate", "--db", db, "--prefix", prefix)
         expect(migrated.code).toBe(0)
-        expect(migrated.stdout).toMatch(/mailbox\s+none\s+11\s+1_create_mailbox/)
-        expect(migrated.stdout).toMatch(/^\s+11_journal$/m)
+        expect(migrated.stdout).toMatch(/mailbox\s+none\s+12\s+1_create_mailbox/)
+        expect(migrated.stdout).toMatch(/^\s+12_journal_identity$/m)
         expect(migrated.stdout).toMatch(/merge queue\s+none\s+3\s+1_create_merge_queue/)
-        expect(migrated.stdout).toContain("18 migrations applied.")
+        expect(migrated.stdout).toContain("19 migrations applied.")
 
         const current = yield* leasehold("status", "--db", db, "--prefix", prefix, "--json")
         expect(current.code).toBe(0)
@@ -298,7 +298,7 @@ describe("leasehold migrate and leasehold status", () => {
         }
         expect(status.upToDate).toBe(true)
         expect(status.services.map((service) => [service.service, service.current, service.latest, service.state]))
-          .toEqual([["mailbox", 11, 11, "current"], ["work lease", 4, 4, "current"], ["merge queue", 3, 3, "current"]])
+          .toEqual([["mailbox", 12, 12, "current"], ["work lease", 4, 4, "current"], ["merge queue", 3, 3, "current"]])
         const again = yield* leasehold("migrate", "--db", db, "--prefix", prefix)
         expect(again.stdout).toContain("0 migrations applied.")
         expect(again.stdout).toMatch(/work lease\s+4\s+4\s+none: up to date/)

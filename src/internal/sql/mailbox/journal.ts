@@ -14,7 +14,7 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
 import { randomUUID } from "node:crypto"
-import { encodeRequestId, maxSteps, requestDigest, type StoredStep, utf8Bytes } from "../../mailbox/journal.js"
+import { decodeRequestId, encodeRequestId, maxSteps, requestDigest, type StoredStep, utf8Bytes } from "../../mailbox/journal.js"
 import * as Sql from "../common.js"
 import { GroupCommit } from "../groupCommit.js"
 import { batchLimits } from "./batching.js"
@@ -36,6 +36,7 @@ interface StepRow {
   readonly position: number | string
   readonly step_key: string
   readonly entry: string
+  readonly request_json: string | null
 }
 
 /** The table holding the database's identity under `prefix` (migration 12): one row, drawn at random. */
@@ -93,15 +94,14 @@ const requestColumns = (requestId: string | undefined) =>
 export const load = (store: Store, seq: string): Effect.Effect<ReadonlyArray<StoredStep>, SqlError> => {
   const { sql } = store
   return Effect.map(
-    sql<StepRow>`SELECT position, step_key, entry FROM ${sql(store.journal)}
+    sql<StepRow>`SELECT position, step_key, entry, request_json FROM ${sql(store.journal)}
       WHERE message_seq = ${Number(seq)} ORDER BY position LIMIT ${maxSteps + 1}`,
     (rows) =>
       rows.map((row): StoredStep => ({
         position: Number(row.position),
         key: row.step_key,
         entry: row.entry,
-        // Not read back: a replay needs the steps only (the operator's view decodes it).
-        requestId: undefined
+        requestId: row.request_json === null ? undefined : decodeRequestId(row.request_json)
       }))
   )
 }
