@@ -153,7 +153,7 @@ for (const backend of sqlBackends("migrations")) {
         ])
         expect(refusals[0]!.message).toBe(
           `the mailbox tables with prefix "${prefix}" have not been created (no table ${prefix}mailbox_migrations); ` +
-            "this release needs version 11, and was started with create: false (no migrations at start). Run " +
+            "this release needs version 12, and was started with create: false (no migrations at start). Run " +
             `\`leasehold migrate --db <the database> --prefix ${prefix}\` first.`
         )
         // Nothing was created by trying.
@@ -174,7 +174,7 @@ for (const backend of sqlBackends("migrations")) {
         const envRefusal = yield* Effect.flip(MailboxSql.make({ name: "jobs", schema: Job, prefix })).pipe(
           fromEnv("false")
         )
-        expect(envRefusal).toMatchObject({ _tag: "SchemaVersionError", current: 8, required: 11 })
+        expect(envRefusal).toMatchObject({ _tag: "SchemaVersionError", current: 8, required: 12 })
         expect(yield* Effect.flip(MergeQueue.make({ prefix })).pipe(fromEnv("0"))).toMatchObject({
           _tag: "SchemaVersionError",
           current: 2,
@@ -197,11 +197,19 @@ for (const backend of sqlBackends("migrations")) {
         yield* Migrations.run({ prefix })
         yield* openWorkers(prefix)
         const sql = yield* SqlClient.SqlClient
-        yield* sql`INSERT INTO ${sql(`${prefix}mailbox_migrations`)} (migration_id, name) VALUES (12, 'from_later')`
+        yield* sql`INSERT INTO ${sql(`${prefix}mailbox_migrations`)} (migration_id, name) VALUES (${
+          latest.mailbox + 1
+        }, 'from_later')`
         yield* openWorkers(prefix)
         const newer = yield* Migrations.status({ prefix })
-        expect(newer[0]).toMatchObject({ current: 12, latest: 11, state: "newer", pending: [] })
-        expect((yield* Migrations.run({ prefix }))[0]).toMatchObject({ from: 12, to: 12, applied: [], state: "newer" })
+        const later = latest.mailbox + 1
+        expect(newer[0]).toMatchObject({ current: later, latest: latest.mailbox, state: "newer", pending: [] })
+        expect((yield* Migrations.run({ prefix }))[0]).toMatchObject({
+          from: later,
+          to: later,
+          applied: [],
+          state: "newer"
+        })
       }).pipe(onDb))
 
     for (
