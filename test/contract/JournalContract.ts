@@ -8,6 +8,7 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Exit, Fiber, Metric, Option, Ref, Schema, TestClock } from "effect"
+import { createHash } from "node:crypto"
 import * as ScriptedAdapter from "../../src/adapters/ScriptedAdapter.js"
 import * as Budget from "../../src/Budget.js"
 import { journalOf } from "../../src/internal/mailbox/journal.js"
@@ -19,6 +20,16 @@ import * as Session from "../../src/Session.js"
 import * as Subagent from "../../src/Subagent.js"
 import * as Tool from "../../src/Tool.js"
 import type { MakeMailbox } from "./MailboxContract.js"
+
+/**
+ * `length` characters that do not compress (base64 of a hash chain): PostgreSQL compresses an index entry before it
+ * checks its size, so a repeated character would fit its btree where a real long id does not.
+ */
+const incompressible = (length: number): string => {
+  let text = ""
+  for (let n = 0; text.length < length; n++) text += createHash("sha256").update(`${n}`).digest("base64")
+  return text.slice(0, length)
+}
 
 /** What the backend still stores of `message`'s journal after its acknowledgement (memory: `MailboxMemory.journal`). */
 export type JournalKept = (
@@ -483,7 +494,7 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
 
     for (
       const [what, requestId] of [
-        ["a request id of 4,000 characters", "r".repeat(4000)],
+        ["a request id of 4,000 characters", incompressible(4000)],
         ["a request id with a NUL", "order\u0000-42"],
         ["a request id with a lone surrogate", "order-\ud800"],
         ["a request id of astral and combining characters", "\u{1F4B8}e\u0301".repeat(500)]
