@@ -601,11 +601,14 @@ export const journals = (options?: Options): Effect.Effect<JournalModel.Journals
   Effect.gen(function*() {
     const store = yield* open(options)
     const withStore = connectionError(store.journal)
-    if (!(yield* withStore(Journal.present(store)))) {
+    // Migration 12 made the identity table with the columns lookups use: a database before it is told so.
+    const needed = [store.journal, Journal.identityTable(store.prefix)]
+    const missing = yield* withStore(Sql.missingTables(store.sql, needed))
+    if (missing.length > 0) {
       return yield* new TablesNotFoundError({
-        what: "mailbox journal table (mailbox migration 11; leasehold migrate adds it)",
+        what: "mailbox journal tables (mailbox migrations 11 and 12; leasehold migrate adds them)",
         prefix: store.prefix,
-        missing: [store.journal]
+        missing
       })
     }
     return {

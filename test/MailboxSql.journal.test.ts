@@ -549,6 +549,31 @@ for (const backend of backends) {
         expect(stored.map((row) => `${row.id}.${mine!.id}`)).toEqual([identity])
       }).pipe(onDb))
 
+    it.scoped("a tampered stored request id is never trusted: not found by it, shown as none", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        const message = yield* journaled(jobs, "order-42")
+        const sql = yield* SqlClient.SqlClient
+        // Someone with the database rewrote the stored id into text that is not a JSON string, digest untouched.
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_journal`)} SET request_json = ${"{\"not\": \"a string\"}"}`
+        expect(yield* admin.read("order-42", { by: "request" })).toEqual(Option.none())
+        const view = Option.getOrThrow(yield* admin.read(message.id, { by: "message" }))
+        expect(view.requestId).toEqual(Option.none())
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_journal`)} SET request_json = ${"not json {"}`
+        expect(yield* admin.matches("order-42")).toEqual([])
+        expect(Option.getOrThrow(yield* admin.read(message.id)).requestId).toEqual(Option.none())
+      }).pipe(onDb))
+
+    it.scoped("a database without migration 12 is named as such to the operator (TablesNotFoundError)", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const older = Object.fromEntries(Object.entries(Store.migrations(Store.storeFor(sql, prefix))).slice(0, 11))
+        yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
+        const refused = yield* Effect.flip(MailboxSqlAdmin.journals({ prefix, create: false }))
+        expect(refused).toMatchObject({ _tag: "TablesNotFoundError", missing: [`${prefix}mailbox_identity`] })
+      }).pipe(onDb))
+
     it.scoped("migration 12 carries the request ids recorded before it over: found by request id", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
@@ -653,6 +678,17 @@ for (const backend of backends) {
           expect([none.code, none.stderr]).toEqual([1, expect.stringContaining("in queue \"c\"")])
           const bad = yield* leasehold("mailbox", "journal", "--id", "order-42", "--by", "guess", ...args)
           expect(bad.code).toBe(2)
+          const hostileQueue = yield* leasehold(
+            "mailbox",
+            "journal",
+            "--id",
+            "order-42",
+            "--queue",
+            "\u001b]0;x\u0007",
+            ...args
+          )
+          expect([hostileQueue.code, hostileQueue.stderr]).toEqual([2, expect.stringContaining("Invalid queue")])
+          expect(hostileQueue.stderr).not.toContain("\u001b")
         }).pipe(onDb, Effect.scoped),
       60_000
     )
