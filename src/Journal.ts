@@ -22,6 +22,10 @@
  * its result differs from the recorded one, what was recorded after it no
  * longer follows, and is discarded.
  *
+ * A journal also names its message (`identity`: the stored message's own, unique across queues, prefixes and
+ * databases, the same on every delivery): the base of a tool's `idempotencyKey`, never the sender's request id,
+ * which only labels the steps for the operator. Sizes are UTF-8 bytes, as the store keeps them.
+ *
  * Appends are checked against the delivery's lease in the store: a delivery
  * that lost its lease (a zombie) cannot record, and its run stops with
  * `JournalStoreError` (`reason: "lease lost"`). The journal is deleted with
