@@ -91,7 +91,7 @@ Effect.gen(function*() {
     `worker 1: model calls ${yield* Ref.get(modelCalls)}, tools run: ${(yield* Ref.get(toolRuns)).join(", ")}`
   )
   const journals = yield* MailboxSqlAdmin.journals()
-  const journal = yield* journals.read(id)
+  const journal = yield* journals.read(id, { by: "message" })
   for (const step of Option.match(journal, { onNone: () => [], onSome: (view) => view.steps })) {
     const entry = step.entry as { readonly _tag: string; readonly toolName?: string }
     yield* Effect.log(
@@ -111,6 +111,6 @@ Effect.gen(function*() {
   )
   yield* Effect.log(`refunds made: ${refunds.size} (${[...refunds].join(", ")})`)
   yield* Effect.log(
-    `journal after the ack: ${Option.isNone(yield* journals.read(id)) ? "gone" : "still there"}`
+    `journal after the ack: ${Option.isNone(yield* journals.read(id, { by: "message" })) ? "gone" : "still there"}`
   )
 }).pipe(Effect.scoped, Effect.provide(MailboxSql.layerSqlite({ filename })), NodeRuntime.runMain)

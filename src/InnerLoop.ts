@@ -300,7 +300,8 @@ export const run = <Out>(
       budgetTracker: options.budgetTracker,
       adapter,
       journal: undefined, // each tool call gets its own scope (ToolExecutor)
-      idempotencyKey: ""
+      idempotencyKey: "",
+      fencingToken: options.runContext?.attempt
     }
     let usage: Session.Usage = { inputTokens: 0, outputTokens: 0 }
     /** Adds a turn's tokens (live or replayed: they were spent) and checks the budget. */

@@ -22,6 +22,10 @@
  * its result differs from the recorded one, what was recorded after it no
  * longer follows, and is discarded.
  *
+ * A journal also names its message (`identity`: the stored message's own, unique across queues, prefixes and
+ * databases, the same on every delivery): the base of a tool's `idempotencyKey`, never the sender's request id,
+ * which only labels the steps for the operator. Sizes are UTF-8 bytes, as the store keeps them.
+ *
  * Appends are checked against the delivery's lease in the store: a delivery
  * that lost its lease (a zombie) cannot record, and its run stops with
  * `JournalStoreError` (`reason: "lease lost"`). The journal is deleted with
@@ -40,7 +44,8 @@ import {
   Journaled,
   journalOf,
   maxSteps as stepLimit,
-  type StoredStep
+  type StoredStep,
+  utf8Bytes
 } from "./internal/mailbox/journal.js"
 import { counter } from "./internal/metrics.js"
 
@@ -117,7 +122,10 @@ export const Step = Schema.Union(Turn, ToolStep, Evaluation)
  */
 export type Step = typeof Step.Type
 
-/** The largest step recorded (its JSON text): a tool that returns more can say `replay: "rerun"`. */
+/**
+ * The largest step recorded, in UTF-8 bytes of its JSON text (as the store keeps it: a '€' is 3 bytes, an emoji 4):
+ * a tool that returns more can say `replay: "rerun"`.
+ */
 export const maxStepBytes = 4 * 1024 * 1024
 
 /** The most steps one request's journal holds: a run that would record more stops with `JournalStoreError`. */
@@ -235,6 +243,12 @@ export interface Journal {
   readonly path: string
   /** Whether steps are kept anywhere (`false`: `unrecorded`, which only counts keys). */
   readonly durable: boolean
+  /**
+   * The stored message's own name, the base of a tool's idempotency key: unique among every message of every
+   * store (queue, table prefix and database included), the same on every delivery of the message, never taken from
+   * its body. `undefined` when unknown (`unrecorded` without one).
+   */
+  readonly identity: Effect.Effect<string | undefined, JournalStoreError>
   /** The key of this scope's next step (`"1.3"`): steps take keys in the order they start. */
   readonly nextKey: () => string
   /** The step earlier deliveries recorded at `key`, if any (the first look reads the journal from the store). */
@@ -266,8 +280,26 @@ class Log {
     private readonly message: object | undefined,
     readonly requestId: string | undefined,
     /** The message's first delivery: nothing can have been recorded, and the store is not asked. */
-    private readonly firstDelivery: boolean
+    private readonly firstDelivery: boolean,
+    /** The message's identity when known without a store (`unrecorded`). */
+    private readonly given?: string | undefined
   ) {}
+
+  private named: string | undefined
+
+  /** The message's identity (see `Journal.identity`), asked of the store once. */
+  get identity(): Effect.Effect<string | undefined, JournalStoreError> {
+    return Effect.suspend(() => {
+      const delivery = this.delivery
+      if (this.named !== undefined || delivery === undefined) return Effect.succeed(this.named ?? this.given)
+      return delivery.identity.pipe(
+        Effect.mapError(this.storeFailure(undefined)),
+        Effect.tap((identity) => {
+          this.named = identity
+        })
+      )
+    })
+  }
 
   get durable(): boolean {
     return this.message !== undefined
@@ -346,10 +378,11 @@ class Log {
         ))
       }
       const entry = encoded.right
-      if (entry.length > maxStepBytes) {
+      const bytes = utf8Bytes(entry)
+      if (bytes > maxStepBytes) {
         return Effect.fail(this.failure(
           "too large",
-          `${describe(step)} is ${entry.length} bytes, more than the ${maxStepBytes} a step may be ` +
+          `${describe(step)} is ${bytes} bytes (UTF-8), more than the ${maxStepBytes} a step may be ` +
             `(a tool that returns this much can be made with replay: "rerun")`,
           step.key
         ))
@@ -393,6 +426,9 @@ class Scope implements Journal {
   get durable(): boolean {
     return this.log.durable
   }
+  get identity(): Effect.Effect<string | undefined, JournalStoreError> {
+    return this.log.identity
+  }
   nextKey(): string {
     return `${this.path}${++this.count}`
   }
@@ -423,11 +459,13 @@ export const forDelivery = (
   Journaled in message ? new Scope(new Log(message, requestId, message.deliveryCount <= 1), "") : undefined
 
 /**
- * A journal that keeps nothing: it only numbers steps (their keys make a tool's idempotency key).
+ * A journal that keeps nothing: it only numbers steps (their keys make a tool's idempotency key, with `identity`
+ * the message's own name when the caller knows one).
  *
  * @category constructors
  */
-export const unrecorded = (requestId?: string): Journal => new Scope(new Log(undefined, requestId, true), "")
+export const unrecorded = (requestId?: string, identity?: string): Journal =>
+  new Scope(new Log(undefined, requestId, true, identity), "")
 
 /**
  * Keeps the journal of `message` after its acknowledgement, for the operator: the loops call it when they

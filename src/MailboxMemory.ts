@@ -244,6 +244,8 @@ class MemoryMessage<A, R> implements Message<A, R> {
     const { store } = this
     const id = this.entry.id
     return {
+      // Unique beyond this mailbox: every memory mailbox draws its ids' prefix at random (see `make`).
+      identity: Effect.succeed(id),
       load: Effect.sync(() => (store.journals.get(id) ?? []).slice(0, maxSteps + 1)),
       append: (step) =>
         this.settle(() => {

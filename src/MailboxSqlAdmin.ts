@@ -30,7 +30,7 @@ import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./i
 import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
 import type * as JournalModel from "./internal/sql/mailbox/journalModel.js"
-import { stepLimit } from "./internal/sql/mailbox/journalModel.js"
+import { matchLimit, stepLimit } from "./internal/sql/mailbox/journalModel.js"
 import * as JournalView from "./internal/sql/mailbox/journalView.js"
 import * as QueueTable from "./internal/sql/mailbox/queues.js"
 import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
@@ -559,7 +559,30 @@ export const workers = (options?: Options): Effect.Effect<Workers, OpenError, Sq
     return { list: (listOptions) => connectionError(table)(WorkersTable.listProcesses(store, listOptions)) }
   })
 
-export type { JournalReadBound, Journals, JournalStep, JournalView } from "./internal/sql/mailbox/journalModel.js"
+export type {
+  JournalLookup,
+  JournalMatch,
+  JournalReadBound,
+  JournalReadOptions,
+  Journals,
+  JournalStep,
+  JournalView
+} from "./internal/sql/mailbox/journalModel.js"
+export {
+  /**
+   * An id names more than one journal: nothing was read or discarded (see `JournalLookup`).
+   *
+   * @category errors
+   */
+  JournalAmbiguousError
+} from "./internal/sql/mailbox/journalModel.js"
+
+/**
+ * The most journals `journals().matches` lists.
+ *
+ * @category models
+ */
+export const journalMatchLimit: number = matchLimit
 
 /**
  * The most steps `journals().read` returns (`JournalView.truncated` says when a journal has more).
@@ -569,7 +592,9 @@ export type { JournalReadBound, Journals, JournalStep, JournalView } from "./int
 export const journalStepLimit: number = stepLimit
 
 /**
- * The step journals of agent runs (mailbox migration 11): read one by message id or request id, or discard it.
+ * The step journals of agent runs (mailbox migrations 11 and 12): read one by message id or request id (a request
+ * id that several journals carry, in one queue or several, is refused with `JournalAmbiguousError` listing them:
+ * name the queue or the message id), list the journals an id names, or discard one.
  * With `create: false`, a database before that migration is a `TablesNotFoundError` naming it.
  *
  * @category constructors
@@ -578,15 +603,19 @@ export const journals = (options?: Options): Effect.Effect<JournalModel.Journals
   Effect.gen(function*() {
     const store = yield* open(options)
     const withStore = connectionError(store.journal)
-    if (!(yield* withStore(Journal.present(store)))) {
+    // Migration 12 made the identity table with the columns lookups use: a database before it is told so.
+    const needed = [store.journal, Journal.identityTable(store.prefix)]
+    const missing = yield* withStore(Sql.missingTables(store.sql, needed))
+    if (missing.length > 0) {
       return yield* new TablesNotFoundError({
-        what: "mailbox journal table (mailbox migration 11; leasehold migrate adds it)",
+        what: "mailbox journal tables (mailbox migrations 11 and 12; leasehold migrate adds them)",
         prefix: store.prefix,
-        missing: [store.journal]
+        missing
       })
     }
     return {
-      read: (id, bound) => withStore(JournalView.read(store, id, bound)),
-      discard: (id) => withStore(JournalView.discard(store, id))
+      read: (id, options) => withStore(JournalView.read(store, id, options)),
+      discard: (id, lookup) => withStore(JournalView.discard(store, id, lookup)),
+      matches: (id, lookup) => withStore(JournalView.matches(store, id, lookup))
     }
   })

@@ -15,10 +15,15 @@
  * redelivered request gets it back without running the tool again
  * (`replay: "journal"`, the default). A tool that must run again — it reads
  * state that may have changed — says `replay: "rerun"`. Either way the
- * context's `idempotencyKey` (the request id and the step's key) is the same
- * on every delivery: pass it to the services a tool changes outside leasehold,
- * so a step that ran but was not recorded (the worker died in between) does
- * not act twice.
+ * context's `idempotencyKey` is the same on every delivery of the message:
+ * pass it to the services a tool changes outside leasehold, so a step that
+ * ran but was not recorded (the worker died in between) does not act twice.
+ * It is the stored message's own name and the step's key — never the sender's
+ * request id, so two messages sent with the same request id get different
+ * keys. `fencingToken` (the attempt: the message's delivery count) grows with
+ * every delivery: a store that keeps the highest token it accepted for the
+ * key's message and refuses lower ones refuses a zombie — an earlier delivery
+ * still running after the message was redelivered.
  */
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
@@ -50,8 +55,19 @@ export interface ToolContext {
   readonly adapter: ProviderAdapter.ProviderAdapter["Type"]
   /** The journal of the steps inside this tool call (a subagent's), when the run keeps one. */
   readonly journal: Journal.Journal | undefined
-  /** The same on every delivery of the request: `<request id>/<step key>`, for side effects outside leasehold. */
+  /**
+   * For side effects outside leasehold: `<message identity>/<step key>`, the same on every delivery of the message
+   * and different for any other message (whatever request id it carries; another queue, prefix or database).
+   * The identity is the stored message's (`Journal.identity`); without a journaling mailbox, the session's id.
+   */
   readonly idempotencyKey: string
+  /**
+   * The fencing token of this delivery: the attempt (`runContext.attempt`, the message's delivery count), higher on
+   * every redelivery. Hand it to storage with the key: it keeps the highest token it accepted and refuses a
+   * lower one, so a zombie (an earlier delivery still running) cannot overwrite the current one. `undefined`
+   * outside a loop (no run context).
+   */
+  readonly fencingToken: number | undefined
 }
 
 /**

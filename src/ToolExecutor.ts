@@ -115,8 +115,16 @@ export const execute = (
       return result
     }
     yield* session.record(event)
-    const idempotencyKey = `${steps.requestId ?? session.id}/${key}`
-    const callContext: ToolContext = { ...context, journal: steps.within(key), idempotencyKey }
+    // The stored message's own name, never the sender's request id: two messages that carry the same request id
+    // get different keys, and every delivery of one message the same. Without one (no journaling mailbox), the
+    // session's id: the same for this evaluation only.
+    const idempotencyKey = `${(yield* steps.identity) ?? session.id}/${key}`
+    const callContext: ToolContext = {
+      ...context,
+      journal: steps.within(key),
+      idempotencyKey,
+      fencingToken: context.runContext?.attempt
+    }
     let result: ToolResult
     if (tool === undefined) {
       result = ToolResult.Error({

@@ -472,7 +472,8 @@ describe("deadlines on the agent path", () => {
         budgetTracker: undefined,
         adapter,
         journal: undefined,
-        idempotencyKey: "t"
+        idempotencyKey: "t",
+        fencingToken: undefined
       })))
       expect([error.phase, error.reason]).toEqual(["tool", "deadline"])
       expect(yield* Ref.get(called)).toBe(false)

@@ -9,9 +9,9 @@ import { Effect, Exit, Option, Ref, Schema, TestClock } from "effect"
 import * as ScriptedAdapter from "../src/adapters/ScriptedAdapter.js"
 import * as DeadLetter from "../src/DeadLetter.js"
 import * as InnerLoop from "../src/InnerLoop.js"
-import { journalOf } from "../src/internal/mailbox/journal.js"
+import { Journaled, journalOf } from "../src/internal/mailbox/journal.js"
 import * as Journal from "../src/Journal.js"
-import { MailboxResolver } from "../src/Mailbox.js"
+import { MailboxConnectionError, MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MainLoop from "../src/MainLoop.js"
@@ -87,6 +87,63 @@ describe("replay reads back what the run saw live", () => {
       const second = yield* run
       expect(Exit.map(second, (response) => response.output)).toEqual(Exit.succeed("done"))
       expect(yield* Ref.get(calls)).toBe(4) // the first two turns were replayed, not asked again
+    }))
+})
+
+describe("a message's identity", () => {
+  it.scoped("a store that cannot name the message fails the step (unavailable) before the tool acts", () =>
+    Effect.gen(function*() {
+      const ran = yield* Ref.make(0)
+      const pay = Tool.make({
+        name: "pay",
+        description: "Pays, keyed by the message's identity.",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: () => Effect.as(Ref.update(ran, (n) => n + 1), "paid")
+      })
+      const down = new MailboxConnectionError({ mailbox: "sick", cause: "the identity table is unreachable" })
+      // A delivery of a sick store: it reads (nothing recorded yet) but cannot say who the message is.
+      const message = {
+        deliveryCount: 1,
+        [Journaled]: {
+          identity: Effect.fail(down),
+          load: Effect.succeed([]),
+          append: () => Effect.void,
+          truncate: () => Effect.void,
+          keep: Effect.void
+        }
+      }
+      const adapter = yield* ScriptedAdapter.make([{ toolCalls: [{ id: "p", name: "pay", params: {} }] }, {
+        text: "x"
+      }])
+      const exit = yield* Effect.exit(adapter.evaluate(
+        Prompt.make({ name: "p", instructions: "Pay.", input: "go", tools: [pay] }),
+        { session: yield* Session.make, journal: Journal.forDelivery(message, "r")! }
+      ))
+      expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "unavailable" })))
+      expect(yield* Ref.get(ran)).toBe(0) // no key, no side effect
+    }))
+
+  it.effect("without a journaling mailbox the key is the session's, and the fencing token is the attempt", () =>
+    Effect.gen(function*() {
+      const seen = yield* Ref.make<ReadonlyArray<readonly [string, number | undefined]>>([])
+      const probe = Tool.make({
+        name: "probe",
+        description: "Reports its context.",
+        parameters: Schema.Struct({}),
+        success: Schema.String,
+        handler: (_, context) =>
+          Effect.as(Ref.update(seen, (all) => [...all, [context.idempotencyKey, context.fencingToken] as const]), "ok")
+      })
+      const session = yield* Session.make
+      const adapter = yield* ScriptedAdapter.make([{ toolCalls: [{ id: "p", name: "probe", params: {} }] }, {
+        text: "x"
+      }])
+      yield* adapter.evaluate(Prompt.make({ name: "p", instructions: "Go.", input: "go", tools: [probe] }), {
+        session,
+        runContext: { workerId: "w", runId: "r", requestId: "order-42", attempt: 3 }
+      })
+      expect(yield* Ref.get(seen)).toEqual([[`${session.id}/1.2`, 3]])
     }))
 })
 

@@ -9,15 +9,32 @@
  */
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
-import { DateTime, Effect, Either, Option, Schema, TestClock } from "effect"
+import { DateTime, Deferred, Effect, Either, Fiber, Option, Ref, Schema, TestClock } from "effect"
+import { createHash } from "node:crypto"
+import * as InnerLoop from "../src/InnerLoop.js"
 import { journalOf, type StoredStep } from "../src/internal/mailbox/journal.js"
-import { MailboxResolver, type Message, settleAll } from "../src/Mailbox.js"
+import * as Sql from "../src/internal/sql/common.js"
+import * as Store from "../src/internal/sql/mailbox/store.js"
+import { type Mailbox, MailboxResolver, type Message, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
+import * as MainLoop from "../src/MainLoop.js"
+import * as Prompt from "../src/Prompt.js"
 import * as Retention from "../src/Retention.js"
+import * as Tool from "../src/Tool.js"
 import { leasehold } from "./helpers.js"
 import { startConsole } from "./support/console.js"
 import { sqlBackends } from "./support/sqlBackends.js"
+
+/**
+ * `length` characters that do not compress (base64 of a hash chain): PostgreSQL compresses an index entry before it
+ * checks its size, so a repeated character would fit its btree where a real long id does not.
+ */
+const incompressible = (length: number): string => {
+  let text = ""
+  for (let n = 0; text.length < length; n++) text += createHash("sha256").update(`${n}`).digest("base64")
+  return text.slice(0, length)
+}
 
 let tables = 0
 let prefix = "j0_"
@@ -393,5 +410,287 @@ for (const backend of backends) {
         expect(dead.body).toContain("request <code>req-dead</code>")
         expect(dead.body).toContain("Turn prompt=p tokens=1/2")
       }).pipe(onDb, Effect.scoped), 60_000)
+  })
+}
+
+/** Hostile and careless ids against the journal's identity (issue 43, findings 3 and 8), on both databases. */
+for (const backend of backends) {
+  const onDb = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+    Effect.provideService(effect, SqlClient.SqlClient, backend.client())
+
+  /** One message of queue `queue` received, with a step recorded under `requestId`. */
+  const journaled = (queue: Mailbox<{ readonly n: number }>, requestId: string, n = 1) =>
+    Effect.gen(function*() {
+      yield* queue.send({ n })
+      const [message] = yield* queue.receive({ visibilityTimeout: "1 hour" })
+      yield* journal(message!).append(step(1, requestId))
+      return message!
+    })
+
+  describe(`one journal identity on ${backend.label}`, () => {
+    it.scoped("any request id send accepts is recorded and read back exactly: 4,000 characters, NUL, lone surrogate", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        // "\ud800" and "\ufffd" are two ids (UTF-8 would make them one): each finds its own journal.
+        const ids = [incompressible(4000), "order\u0000-42", "order-\ud800", "order-\ufffd", "\u{1F4B8}".repeat(3000)]
+        const messages: Array<Message<{ readonly n: number }>> = []
+        for (const id of ids) messages.push(yield* journaled(jobs, id))
+        for (const [index, id] of ids.entries()) {
+          const message = messages[index]!
+          expect((yield* journal(message).load).map((stored) => stored.requestId)).toEqual([id])
+          const view = Option.getOrThrow(yield* admin.read(id))
+          expect([view.messageId, view.requestId]).toEqual([message.id, Option.some(id)])
+          expect(yield* admin.matches(id, { by: "request" })).toEqual([
+            { messageId: message.id, queue: "jobs", matchedBy: "request id" }
+          ])
+        }
+        expect(yield* admin.discard("order-\ud800")).toBe(1)
+        expect(Option.isSome(yield* admin.read("order-\ufffd"))).toBe(true)
+      }).pipe(onDb))
+
+    it.scoped("a request id in two queues is never guessed: read and discard refuse it, listing both; a queue names one", () =>
+      Effect.gen(function*() {
+        const a = yield* MailboxSql.make({ name: "a", schema: Job, prefix })
+        const b = yield* MailboxSql.make({ name: "b", schema: Job, prefix })
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        const inA = yield* journaled(a, "order-42")
+        const inB = yield* journaled(b, "order-42")
+        const both = [
+          { messageId: inA.id, queue: "a", matchedBy: "request id" },
+          { messageId: inB.id, queue: "b", matchedBy: "request id" }
+        ]
+        const refused = yield* Effect.flip(admin.read("order-42"))
+        expect(refused).toBeInstanceOf(MailboxSqlAdmin.JournalAmbiguousError)
+        expect(refused).toMatchObject({ _tag: "JournalAmbiguousError", id: "order-42", matches: both, more: false })
+        expect(refused.message).toContain(`message ${inA.id} in queue "a"`)
+        expect((yield* Effect.flip(admin.discard("order-42")))._tag).toBe("JournalAmbiguousError")
+        expect(yield* rows).toEqual([`${inA.id}:1`, `${inB.id}:1`]) // nothing discarded
+        expect(yield* admin.matches("order-42")).toEqual(both)
+        expect(Option.map(yield* admin.read("order-42", { queue: "b" }), (view) => view.messageId))
+          .toEqual(Option.some(inB.id))
+        expect(yield* admin.read("order-42", { queue: "c" })).toEqual(Option.none())
+        expect(yield* admin.discard("order-42", { queue: "a" })).toBe(1)
+        expect(Option.map(yield* admin.read("order-42"), (view) => view.queue)).toEqual(Option.some("b"))
+      }).pipe(onDb))
+
+    it.scoped("a request id that is another message's id is refused under either; --by names which", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        const victim = yield* journaled(jobs, "req-victim")
+        // A sender picks the victim's message id as its request id, to shadow its journal.
+        const shadow = yield* journaled(jobs, victim.id, 2)
+        const refused = yield* Effect.flip(admin.read(victim.id))
+        expect(refused).toMatchObject({
+          _tag: "JournalAmbiguousError",
+          matches: [
+            { messageId: victim.id, queue: "jobs", matchedBy: "message id" },
+            { messageId: shadow.id, queue: "jobs", matchedBy: "request id" }
+          ]
+        })
+        expect(Option.map(yield* admin.read(victim.id, { by: "message" }), (view) => view.messageId))
+          .toEqual(Option.some(victim.id))
+        expect(Option.map(yield* admin.read(victim.id, { by: "request" }), (view) => view.messageId))
+          .toEqual(Option.some(shadow.id))
+        expect(yield* admin.discard(victim.id, { by: "request" })).toBe(1)
+        expect(yield* rows).toEqual([`${victim.id}:1`])
+      }).pipe(onDb))
+
+    it.scoped("a request id sent many times lists at most journalMatchLimit matches, and says there were more", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        for (let n = 0; n <= MailboxSqlAdmin.journalMatchLimit; n++) yield* journaled(jobs, "same", n)
+        const refused = yield* Effect.flip(admin.read("same"))
+        expect(refused).toMatchObject({ _tag: "JournalAmbiguousError", more: true })
+        expect(refused._tag === "JournalAmbiguousError" && refused.matches).toHaveLength(
+          MailboxSqlAdmin.journalMatchLimit
+        )
+        expect(yield* admin.matches("same")).toHaveLength(MailboxSqlAdmin.journalMatchLimit)
+      }).pipe(onDb))
+
+    it.scoped("a lookup with a bad id, queue or kind is an InvalidParameterError naming it", () =>
+      Effect.gen(function*() {
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        const refusedAs = (effect: Effect.Effect<unknown, { readonly _tag: string }>) =>
+          Effect.map(Effect.flip(effect), (error) => [error._tag, (error as { parameter?: string }).parameter])
+        expect(yield* refusedAs(admin.read(""))).toEqual(["InvalidParameterError", "id"])
+        expect(yield* refusedAs(admin.read("x".repeat(1_000_001)))).toEqual(["InvalidParameterError", "id"])
+        expect(yield* refusedAs(admin.read("x", { queue: "bad\u001b[2J" }))).toEqual(["InvalidParameterError", "queue"])
+        expect(yield* refusedAs(admin.read("x", { queue: "" }))).toEqual(["InvalidParameterError", "queue"])
+        expect(yield* refusedAs(admin.matches("x", { by: "everything" as never }))).toEqual([
+          "InvalidParameterError",
+          "by"
+        ])
+        expect(yield* refusedAs(admin.discard(42 as never))).toEqual(["InvalidParameterError", "id"])
+      }).pipe(onDb))
+
+    it.scoped("a message's identity is its database's and its seq: two prefixes never share one, a redelivery keeps it", () =>
+      Effect.gen(function*() {
+        const other = `${prefix}x_`
+        const here = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const there = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix: other })
+        yield* here.send({ n: 1 })
+        yield* there.send({ n: 1 })
+        const [mine] = yield* here.receive({ visibilityTimeout: "1 minute" })
+        const [theirs] = yield* there.receive({ visibilityTimeout: "1 minute" })
+        expect(mine!.id).toBe(theirs!.id) // the same seq, in two tables of one database…
+        const identity = yield* journal(mine!).identity
+        expect(identity).not.toBe(yield* journal(theirs!).identity) // …two identities
+        expect(identity).toMatch(new RegExp(`^[0-9a-f-]{36}\\.${mine!.id}$`))
+        yield* mine!.nack()
+        const [again] = yield* here.receive({ visibilityTimeout: "1 minute" })
+        expect(again!.deliveryCount).toBe(2)
+        expect(yield* journal(again!).identity).toBe(identity)
+        // Kept in the database, not the process: a store made afresh reads the same one.
+        const sql = yield* SqlClient.SqlClient
+        const stored = yield* sql<{ id: string }>`SELECT id FROM ${sql(`${prefix}mailbox_identity`)}`
+        expect(stored.map((row) => `${row.id}.${mine!.id}`)).toEqual([identity])
+      }).pipe(onDb))
+
+    it.scoped("a tampered stored request id is never trusted: not found by it, shown as none", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const admin = yield* MailboxSqlAdmin.journals({ prefix })
+        const message = yield* journaled(jobs, "order-42")
+        const sql = yield* SqlClient.SqlClient
+        // Someone with the database rewrote the stored id into text that is not a JSON string, digest untouched.
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_journal`)} SET request_json = ${"{\"not\": \"a string\"}"}`
+        expect(yield* admin.read("order-42", { by: "request" })).toEqual(Option.none())
+        const view = Option.getOrThrow(yield* admin.read(message.id, { by: "message" }))
+        expect(view.requestId).toEqual(Option.none())
+        yield* sql`UPDATE ${sql(`${prefix}mailbox_journal`)} SET request_json = ${"not json {"}`
+        expect(yield* admin.matches("order-42")).toEqual([])
+        expect(Option.getOrThrow(yield* admin.read(message.id)).requestId).toEqual(Option.none())
+      }).pipe(onDb))
+
+    it.scoped("a database without migration 12 is named as such to the operator (TablesNotFoundError)", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const older = Object.fromEntries(Object.entries(Store.migrations(Store.storeFor(sql, prefix))).slice(0, 11))
+        yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
+        const refused = yield* Effect.flip(MailboxSqlAdmin.journals({ prefix, create: false }))
+        expect(refused).toMatchObject({ _tag: "TablesNotFoundError", missing: [`${prefix}mailbox_identity`] })
+      }).pipe(onDb))
+
+    it.scoped("migration 12 carries the request ids recorded before it over: found by request id", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const older = Object.fromEntries(
+          Object.entries(Store.migrations(Store.storeFor(sql, prefix))).slice(0, 11)
+        )
+        yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
+        yield* sql`INSERT INTO ${sql(`${prefix}mailbox_journal`)}
+          (message_seq, position, step_key, queue, request_id, entry, recorded_at)
+          VALUES (7, 1, '1', 'jobs', 'legacy-7', '{}', 0)`
+        yield* MailboxSql.make({ name: "jobs", schema: Job, prefix }) // migrates to the latest
+        const view = Option.getOrThrow(yield* (yield* MailboxSqlAdmin.journals({ prefix })).read("legacy-7"))
+        expect([view.messageId, view.requestId]).toEqual(["7", Option.some("legacy-7")])
+      }).pipe(onDb))
+
+    it.live(
+      "MainLoop.agent resumes a request whose id is 4,000 characters with a NUL and a lone surrogate",
+      () =>
+        Effect.gen(function*() {
+          const requestId = `${incompressible(4000)}\u0000\ud800`
+          const requests = yield* MailboxSql.make({
+            name: "agent-requests",
+            schema: MainLoop.requestSchema(Schema.String),
+            replySchema: MainLoop.resultSchema(Schema.String),
+            prefix
+          })
+          const replies = yield* MailboxSql.make({
+            name: "agent-replies",
+            schema: MainLoop.resultSchema(Schema.String),
+            prefix
+          })
+          const stalled = yield* Deferred.make<void>()
+          const turns = yield* Ref.make(0)
+          const charge = Tool.make({
+            name: "charge",
+            description: "Charges; the first attempt stalls until its worker stops.",
+            parameters: Schema.Struct({}),
+            success: Schema.String,
+            handler: (_, context) =>
+              context.fencingToken === 1
+                ? Effect.zipRight(Deferred.succeed(stalled, undefined), Effect.never)
+                : Effect.succeed(`charged by attempt ${context.fencingToken}`)
+          })
+          const adapter = yield* InnerLoop.makeAdapter("stub", (request) =>
+            Effect.map(
+              Ref.updateAndGet(turns, (n) => n + 1),
+              () =>
+                request.messages.some((message) => message.role === "tool")
+                  ? { text: "paid", toolCalls: [], usage: { inputTokens: 1, outputTokens: 1 } }
+                  : {
+                    text: "",
+                    toolCalls: [{ id: "c", name: "charge", params: {} }],
+                    usage: { inputTokens: 1, outputTokens: 1 }
+                  }
+            ))
+          const loop = MainLoop.agent({
+            requests,
+            adapter,
+            prepare: (input: string) =>
+              Effect.succeed(Prompt.make({ name: "pay", instructions: "Pay.", input, tools: [charge] }))
+          })
+          yield* requests.send(MainLoop.request("pay", { requestId }), { replyTo: "agent-replies" })
+          const first = yield* Effect.fork(Effect.flatMap(loop, (runnable) => runnable.run({ waitTime: "100 millis" })))
+          yield* Deferred.await(stalled)
+          yield* Fiber.interrupt(first) // the worker stops: its request goes back, its journal (the first turn) stays
+          yield* Effect.flatMap(loop, (runnable) => runnable.run({ maxIterations: 1, waitTime: "1 second" }))
+          const [reply] = yield* replies.receive({ waitTime: "5 seconds" })
+          expect(reply?.body.error).toBeUndefined()
+          expect([reply?.body.output, reply?.body.requestId, reply?.body.runContext.attempt]).toEqual([
+            "paid",
+            requestId,
+            2
+          ])
+          expect(yield* Ref.get(turns)).toBe(2) // the first turn came from the journal: not asked again
+        }).pipe(onDb, Effect.provide(MailboxResolver.layer()), Effect.scoped),
+      60_000
+    )
+
+    it.live(
+      "leasehold mailbox journal refuses an ambiguous request id (exit 2) listing the matches; --queue names one",
+      () =>
+        Effect.gen(function*() {
+          const a = yield* MailboxSql.make({ name: "a", schema: Job, prefix })
+          const b = yield* MailboxSql.make({ name: "b", schema: Job, prefix })
+          const inA = yield* journaled(a, "order-42")
+          const inB = yield* journaled(b, "order-42")
+          const args = ["--db", backend.db(), "--prefix", prefix]
+          const refused = yield* leasehold("mailbox", "journal", "--id", "order-42", ...args)
+          expect(refused.code).toBe(2)
+          expect(refused.stderr).toContain("\"order-42\" names 2 journals")
+          expect(refused.stderr).toMatch(new RegExp(`^${inA.id}\\s+a\\s+request id$`, "m"))
+          expect(refused.stderr).toMatch(new RegExp(`^${inB.id}\\s+b\\s+request id$`, "m"))
+          const discard = yield* leasehold("mailbox", "journal", "--id", "order-42", "--discard", ...args)
+          expect(discard.code).toBe(2)
+          expect(yield* rows).toEqual([`${inA.id}:1`, `${inB.id}:1`])
+          const named = yield* leasehold("mailbox", "journal", "--id", "order-42", "--queue", "b", "--json", ...args)
+          expect(named.code).toBe(0)
+          expect(JSON.parse(named.stdout)).toMatchObject({ messageId: inB.id, queue: "b", requestId: "order-42" })
+          const byMessage = yield* leasehold("mailbox", "journal", "--id", inA.id, "--by", "message", "--json", ...args)
+          expect(JSON.parse(byMessage.stdout)).toMatchObject({ messageId: inA.id, queue: "a" })
+          const none = yield* leasehold("mailbox", "journal", "--id", "order-42", "--queue", "c", ...args)
+          expect([none.code, none.stderr]).toEqual([1, expect.stringContaining("in queue \"c\"")])
+          const bad = yield* leasehold("mailbox", "journal", "--id", "order-42", "--by", "guess", ...args)
+          expect(bad.code).toBe(2)
+          const hostileQueue = yield* leasehold(
+            "mailbox",
+            "journal",
+            "--id",
+            "order-42",
+            "--queue",
+            "\u001b]0;x\u0007",
+            ...args
+          )
+          expect([hostileQueue.code, hostileQueue.stderr]).toEqual([2, expect.stringContaining("Invalid queue")])
+          expect(hostileQueue.stderr).not.toContain("\u001b")
+        }).pipe(onDb, Effect.scoped),
+      60_000
+    )
   })
 }

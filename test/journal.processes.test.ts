@@ -58,7 +58,12 @@ for (const backend of backends) {
               (rows) => rows.map((row) => row.step_key)
             )
 
-          yield* requests.send(MainLoop.request("q", { requestId: "interrupted" }), { replyTo: "agent-replies" })
+          const interrupted = yield* requests.send(MainLoop.request("q", { requestId: "interrupted" }), {
+            replyTo: "agent-replies"
+          })
+          // A charge's idempotency key is the stored message's identity (the database's, and the message's seq).
+          const [database] = yield* sql<{ id: string }>`SELECT id FROM ${sql(`${prefix}mailbox_identity`)}`
+          const keyOf = (messageId: string) => `${database!.id}.${messageId}/1.3`
           const first = yield* spawnBundled(WORKER, [backend.target(), prefix, logFile, "hang"])
           yield* first.waitFor(/^hanging$/m, 60_000)
           // The first turn and its two tools are recorded; the model is working on the second turn.
@@ -68,12 +73,14 @@ for (const backend of backends) {
           expect(linesOf(logFile, first.pid)).toEqual([
             "provider interrupted turn=1",
             "lookup interrupted a",
-            "charge interrupted/1.3",
+            `charge ${keyOf(interrupted)}`,
             "provider interrupted turn=2"
           ])
 
           // A second worker takes the request over once its lease runs out, and answers a fresh one too.
-          yield* requests.send(MainLoop.request("q", { requestId: "uninterrupted" }), { replyTo: "agent-replies" })
+          const uninterrupted = yield* requests.send(MainLoop.request("q", { requestId: "uninterrupted" }), {
+            replyTo: "agent-replies"
+          })
           const second = yield* spawnBundled(WORKER, [backend.target(), prefix, logFile])
           for (let waited = 0; (yield* replies.approximateCount) < 2; waited++) {
             if (waited > 600) {
@@ -105,8 +112,8 @@ for (const backend of backends) {
             "provider interrupted turn=3"
           ])
           expect(linesOf(logFile).filter((line) => line.startsWith("charge"))).toEqual([
-            "charge interrupted/1.3",
-            "charge uninterrupted/1.3"
+            `charge ${keyOf(interrupted)}`,
+            `charge ${keyOf(uninterrupted)}`
           ])
           // Both journals went with their acknowledgements.
           expect(yield* journal()).toEqual([])

@@ -118,7 +118,8 @@ const runCli = () =>
     // (a ParseError: a --prefix that breaks the prefix rule, say).
     const usage = error instanceof MissingDatabaseError || error instanceof InvalidDatabaseError ||
       error instanceof demo.DemoArgumentError ||
-      error instanceof mailbox.ConfirmationRequiredError || error instanceof InvalidParameterError ||
+      error instanceof mailbox.ConfirmationRequiredError || error instanceof mailbox.AmbiguousJournalIdError ||
+      error instanceof InvalidParameterError ||
       ParseResult.isParseError(error)
     return Effect.runPromise(
       // An error's message may quote what another party stored (a queue name, a request id): the one printer.

@@ -4,7 +4,8 @@
  * (the next messages, not received), `dlq list`, `dlq redrive` (back to the
  * source queue), `dlq delete`, `purge`, and `pause` / `resume` / `drop` (the
  * queues table, mailbox migration 10), and `journal` (an agent run's step
- * journal, by message id or request id, mailbox migration 11). What acts on everything (a redrive
+ * journal, by message id or request id — an ambiguous one refused with its
+ * matches, exit 2 —, mailbox migrations 11 and 12). What acts on everything (a redrive
  * or delete without `--queue`/`--id`, a delete of a queue's dead letters, a
  * purge) needs `--yes`, and without it says how many rows it would touch
  * (exit 2). A queue or dead letter that is not there is a `NotFoundError`
@@ -425,11 +426,40 @@ const drop = Command.make(
   )
 )
 
-const notFound = (id: string, prefix: string) =>
+/**
+ * The id given to `journal` names several journals (a request id in two queues, or sent twice; a message id that is
+ * another message's request id): nothing was read or discarded (exit 2). The message lists them.
+ */
+export class AmbiguousJournalIdError extends Schema.TaggedError<AmbiguousJournalIdError>()(
+  "AmbiguousJournalIdError",
+  { message: Schema.String }
+) {}
+
+const notFound = (id: string, prefix: string, lookup: MailboxSqlAdmin.JournalLookup) =>
   new NotFoundError({
-    message: `no step journal for ${JSON.stringify(id)} (a message id or a request id) with prefix ` +
+    message: `no step journal for ${JSON.stringify(id)} (${
+      lookup.by === "message"
+        ? "a message id"
+        : lookup.by === "request"
+        ? "a request id"
+        : "a message id or a request id"
+    }${lookup.queue === undefined ? "" : ` in queue ${JSON.stringify(lookup.queue)}`}) with prefix ` +
       `"${prefix}" in this database: the run recorded no step, or its journal went with its ` +
       "acknowledgement or retention"
+  })
+
+/** A refused ambiguous lookup, as the command line says it: every match, and how to name one. */
+const ambiguous = (error: MailboxSqlAdmin.JournalAmbiguousError) =>
+  new AmbiguousJournalIdError({
+    message:
+      `${JSON.stringify(clip(error.id, 200))} names ${error.more ? "more than " : ""}${
+        plural(error.matches.length, "journal")
+      }${error.queue === undefined ? "" : ` in queue ${JSON.stringify(error.queue)}`}; nothing was read or ` +
+      "discarded. Name one with --queue, or by its message id with --by message:\n" +
+      table(
+        ["message", "queue", "matched by"],
+        error.matches.map((match) => [match.messageId, match.queue, match.matchedBy])
+      )
   })
 
 /** The journal's header line and steps table. */
@@ -450,23 +480,37 @@ const journal = Command.make(
   {
     ...common,
     id: Options.text("id").pipe(Options.withDescription("A message id, or the request id the run answers.")),
+    queue: Options.text("queue").pipe(
+      Options.withDescription("Only the journals of this queue (a request id may be sent to several)."),
+      Options.optional
+    ),
+    by: Options.choice("by", ["message", "request", "either"]).pipe(
+      Options.withDescription(
+        "What --id is: a message id, a request id, or either (the default: refused when both answer)."
+      ),
+      Options.withDefault("either" as const)
+    ),
     discard: Options.boolean("discard").pipe(
       Options.withDescription("Delete the journal (the request's next delivery runs from its first step).")
     )
   },
-  (options) =>
-    admin.pipe(
+  (options) => {
+    const lookup: MailboxSqlAdmin.JournalLookup = {
+      by: options.by,
+      ...(Option.isSome(options.queue) ? { queue: options.queue.value } : {})
+    }
+    return admin.pipe(
       Effect.flatMap((MailboxSqlAdmin) => MailboxSqlAdmin.journals({ prefix: options.prefix, create: false })),
       Effect.flatMap((journals) =>
         options.discard
-          ? Effect.flatMap(journals.discard(options.id), (steps) =>
+          ? Effect.flatMap(journals.discard(options.id, lookup), (steps) =>
             steps === 0
-              ? notFound(options.id, options.prefix)
+              ? notFound(options.id, options.prefix, lookup)
               : print(options.json, { discarded: steps }, () => `discarded ${plural(steps, "step")}`))
           : Effect.flatMap(
-            journals.read(options.id),
+            journals.read(options.id, lookup),
             Option.match({
-              onNone: () => notFound(options.id, options.prefix),
+              onNone: () => notFound(options.id, options.prefix, lookup),
               onSome: (found) =>
                 print(
                   options.json,
@@ -480,14 +524,18 @@ const journal = Command.make(
             })
           )
       ),
+      Effect.catchTag("JournalAmbiguousError", (error) => Effect.fail(ambiguous(error))),
       withDatabase(Option.getOrUndefined(options.db))
     )
+  }
 ).pipe(
   Command.withDescription(
     "The step journal of an agent run's message, by message id or request id: one line per recorded step\n" +
       "(position, key, when, the entry's kind, prompt, tool, tokens, ok); --json has every entry whole.\n" +
+      "A request id is the sender's choice: one that several journals carry (in two queues, or sent twice) is\n" +
+      "refused with the list of them (exit 2); name one with --queue, or by its message id with --by message.\n" +
       "--discard deletes it: for a run the code no longer matches (it replied JournalDivergedError).\n" +
-      "Example: leasehold mailbox journal --id 42 --db ./.leasehold/demo.db"
+      "Example: leasehold mailbox journal --id order-42 --queue requests --db ./.leasehold/demo.db"
   )
 )
 

@@ -7,17 +7,29 @@
  * `TestClock`'s.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Metric, Option, Ref, Schema, TestClock } from "effect"
+import { Deferred, Effect, Exit, Fiber, Metric, Option, Ref, Schema, TestClock } from "effect"
+import { createHash } from "node:crypto"
 import * as ScriptedAdapter from "../../src/adapters/ScriptedAdapter.js"
 import * as Budget from "../../src/Budget.js"
 import { journalOf } from "../../src/internal/mailbox/journal.js"
 import * as Journal from "../../src/Journal.js"
 import type { Mailbox, Message } from "../../src/Mailbox.js"
 import * as Prompt from "../../src/Prompt.js"
+import type { RunContext } from "../../src/RunContext.js"
 import * as Session from "../../src/Session.js"
 import * as Subagent from "../../src/Subagent.js"
 import * as Tool from "../../src/Tool.js"
 import type { MakeMailbox } from "./MailboxContract.js"
+
+/**
+ * `length` characters that do not compress (base64 of a hash chain): PostgreSQL compresses an index entry before it
+ * checks its size, so a repeated character would fit its btree where a real long id does not.
+ */
+const incompressible = (length: number): string => {
+  let text = ""
+  for (let n = 0; text.length < length; n++) text += createHash("sha256").update(`${n}`).digest("base64")
+  return text.slice(0, length)
+}
 
 /** What the backend still stores of `message`'s journal after its acknowledgement (memory: `MailboxMemory.journal`). */
 export type JournalKept = (
@@ -80,25 +92,61 @@ const turn3: ScriptedAdapter.ScriptedTurn = { text: "done", usage: { inputTokens
 const promptFor = (world: World, instructions = "Help.") =>
   Prompt.make({ name: "helper", instructions, input: "do it", tools: tools(world) })
 
-/** One delivery of the only message, with its journal. */
-const deliver = (mailbox: Mailbox<string, string>) =>
+/** One delivery of the only message, with its journal (its steps labelled `requestId`). */
+const deliver = (mailbox: Mailbox<string, string>, requestId = "request-1") =>
   Effect.map(mailbox.receive({ visibilityTimeout: "30 seconds" }), (messages) => {
     expect(messages).toHaveLength(1)
     const message = messages[0]!
-    return { message, journal: Journal.forDelivery(message, "request-1")! }
+    return { message, journal: Journal.forDelivery(message, requestId)! }
   })
+
+/** The run context of `message`'s delivery, as the loops make it: its attempt is the delivery count. */
+const runContextOf = (message: Message<string, string>, requestId = "request-1"): RunContext => ({
+  workerId: "w",
+  runId: `run-${message.deliveryCount}`,
+  requestId,
+  attempt: message.deliveryCount
+})
 
 const evaluate = (
   adapter: ScriptedAdapter.Scripted,
   prompt: Prompt.Prompt<string>,
   journal: Journal.Journal,
-  budgetTracker?: Budget.BudgetTracker
+  budgetTracker?: Budget.BudgetTracker,
+  runContext?: RunContext
 ) =>
   Effect.flatMap(Session.make, (session) =>
     Effect.map(
-      Effect.exit(adapter.evaluate(prompt, { session, journal, budgetTracker })),
+      Effect.exit(adapter.evaluate(prompt, { session, journal, budgetTracker, runContext })),
       (exit) => ({ exit, session })
     ))
+
+/**
+ * A tiny fenced store, as a tool's own storage would be: a write carries a fencing token, and the store refuses a
+ * token lower than the highest it accepted for the resource (a zombie's), keeping the current holder's write.
+ */
+interface Fenced {
+  readonly highest: ReadonlyMap<string, number>
+  readonly values: ReadonlyMap<string, string>
+  readonly refused: ReadonlyArray<string>
+}
+
+const makeFencedStore = Effect.map(
+  Ref.make<Fenced>({ highest: new Map(), values: new Map(), refused: [] }),
+  (state) => ({
+    state,
+    write: (resource: string, value: string, token: number) =>
+      Ref.modify(state, (now): [boolean, Fenced] => {
+        const highest = now.highest.get(resource) ?? 0
+        if (token < highest) return [false, { ...now, refused: [...now.refused, `${value} (token ${token})`] }]
+        return [true, {
+          ...now,
+          highest: new Map([...now.highest, [resource, token]]),
+          values: new Map([...now.values, [resource, value]])
+        }]
+      })
+  })
+)
 
 /** The steps stored for `message` (read through a delivery's journal). */
 const stored = (message: Message<string, string>) =>
@@ -138,7 +186,7 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
         // The model was asked for the second and third turns only, the tools of the first turn did not run again.
         expect(yield* adapter.requests).toHaveLength(2)
         expect(yield* Ref.get(world.lookups)).toBe(2) // "a" on the first delivery, "b" on the second
-        expect(yield* Ref.get(world.charges)).toEqual(["request-1/1.3"])
+        expect(yield* Ref.get(world.charges)).toEqual([`${yield* second.journal.identity}/1.3`])
         const events = yield* session.events
         expect(events.filter((e) => e.replayed === true).map((e) => e._tag)).toEqual([
           "ProviderCall",
@@ -346,7 +394,155 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
         yield* TestClock.adjust("31 seconds")
         const second = yield* deliver(mailbox)
         yield* evaluate(yield* ScriptedAdapter.make([{ text: "done" }]), prompt(false), second.journal)
-        expect(yield* Ref.get(keys)).toEqual(["request-1/1.2", "request-1/1.2"])
+        const identity = yield* first.journal.identity
+        expect(identity).toBeDefined()
+        expect(yield* second.journal.identity).toBe(identity)
+        expect(yield* Ref.get(keys)).toEqual([`${identity}/1.2`, `${identity}/1.2`])
+      }))
+
+    it.scoped("two messages sent with the same request id get different idempotency keys; each keeps its own", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        // A sender reuses its request id for two different charges: the payment service must see two keys.
+        yield* mailbox.send("charge 5")
+        yield* mailbox.send("charge 7")
+        const both = yield* mailbox.receive({ maxMessages: 2, visibilityTimeout: "30 seconds" })
+        expect(both).toHaveLength(2)
+        const charge: ScriptedAdapter.ScriptedTurn = { toolCalls: [{ id: "b", name: "charge", params: { amount: 5 } }] }
+        for (const message of both) {
+          const journal = Journal.forDelivery(message, "order-42")!
+          yield* evaluate(yield* ScriptedAdapter.make([charge, { fail: "down" }]), promptFor(world), journal)
+        }
+        const keys = yield* Ref.get(world.charges)
+        expect(keys).toHaveLength(2)
+        expect(keys[0]).not.toBe(keys[1])
+        for (const key of keys) expect(key).not.toContain("order-42") // never the sender's id
+        // Redelivered, each message names itself as before.
+        const identities = yield* Effect.forEach(both, (message) => Journal.forDelivery(message, "order-42")!.identity)
+        yield* TestClock.adjust("31 seconds")
+        const again = yield* mailbox.receive({ maxMessages: 2, visibilityTimeout: "30 seconds" })
+        const byId = new Map(again.map((message) => [message.id, message]))
+        for (const [index, message] of both.entries()) {
+          const redelivered = byId.get(message.id)!
+          expect(redelivered.deliveryCount).toBe(2)
+          expect(yield* Journal.forDelivery(redelivered, "order-42")!.identity).toBe(identities[index])
+        }
+        expect(keys).toEqual(identities.map((identity) => `${identity}/1.2`))
+      }))
+
+    it.scoped("a zombie's fenced write is refused: the attempt is a fencing token the tool hands its storage", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const store = yield* makeFencedStore
+        const zombieStarted = yield* Deferred.make<void>()
+        const releaseZombie = yield* Deferred.make<void>()
+        const zombieWrote = yield* Deferred.make<boolean>()
+        const tokens = yield* Ref.make<ReadonlyArray<number | undefined>>([])
+        const save = Tool.make({
+          name: "save",
+          description: "Saves the account's balance in a fenced store.",
+          parameters: Schema.Struct({ balance: Schema.Number }),
+          success: Schema.String,
+          handler: ({ balance }, context) =>
+            Effect.gen(function*() {
+              yield* Ref.update(tokens, (all) => [...all, context.fencingToken])
+              const token = context.fencingToken!
+              if (token === 1) {
+                // The first delivery stalls past its lease: the message is redelivered meanwhile.
+                yield* Deferred.succeed(zombieStarted, undefined)
+                yield* Deferred.await(releaseZombie)
+              }
+              const accepted = yield* store.write("account-7", `balance ${balance} by attempt ${token}`, token)
+              if (token === 1) yield* Deferred.succeed(zombieWrote, accepted as boolean)
+              return accepted ? "saved" : "refused: a newer attempt holds the account"
+            })
+        })
+        const prompt = Prompt.make({ name: "bank", instructions: "Save.", input: "go", tools: [save] })
+        const script: ReadonlyArray<ScriptedAdapter.ScriptedTurn> = [
+          { toolCalls: [{ id: "s", name: "save", params: { balance: 10 } }] },
+          { text: "done" }
+        ]
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        const zombie = yield* Effect.fork(
+          evaluate(yield* ScriptedAdapter.make(script), prompt, first.journal, undefined, runContextOf(first.message))
+        )
+        yield* Deferred.await(zombieStarted)
+        yield* TestClock.adjust("31 seconds") // the zombie's lease runs out
+        const second = yield* deliver(mailbox)
+        expect(second.message.deliveryCount).toBe(2)
+        // Its model turn is replayed (the call to save 10), the tool runs again, now as attempt 2.
+        const current = yield* evaluate(
+          yield* ScriptedAdapter.make([{ text: "done" }]),
+          prompt,
+          second.journal,
+          undefined,
+          runContextOf(second.message)
+        )
+        expect(Exit.map(current.exit, (response) => response.output)).toEqual(Exit.succeed("done"))
+        yield* Deferred.succeed(releaseZombie, undefined)
+        expect(yield* Deferred.await(zombieWrote)).toBe(false) // its fenced write was refused…
+        const { exit } = yield* Fiber.join(zombie)
+        // …and it could not record either: its lease is gone.
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "lease lost" })))
+        const state = yield* Ref.get(store.state)
+        expect(state.values.get("account-7")).toBe("balance 10 by attempt 2")
+        expect(state.refused).toEqual(["balance 10 by attempt 1 (token 1)"])
+        expect(yield* Ref.get(tokens)).toEqual([1, 2])
+      }))
+
+    for (
+      const [what, requestId] of [
+        ["a request id of 4,000 characters", incompressible(4000)],
+        ["a request id with a NUL", "order\u0000-42"],
+        ["a request id with a lone surrogate", "order-\ud800"],
+        ["a request id of astral and combining characters", "\u{1F4B8}e\u0301".repeat(500)]
+      ] as const
+    ) {
+      it.scoped(`${what} is journaled: a redelivery replays its steps`, () =>
+        Effect.gen(function*() {
+          const mailbox = yield* fresh
+          const world = yield* makeWorld
+          yield* mailbox.send("request")
+          const first = yield* deliver(mailbox, requestId)
+          const dying = yield* ScriptedAdapter.make([turn1, { fail: "provider down" }])
+          const crashed = yield* evaluate(dying, promptFor(world), first.journal)
+          expect(crashed.exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "PromptEvaluationError" })))
+          expect(yield* stored(first.message)).toEqual(["1.1", "1.2", "1.3"])
+          const steps = yield* journalOf(first.message)!.load
+          expect(steps.map((step) => step.requestId)).toEqual([requestId, requestId, requestId])
+          yield* TestClock.adjust("31 seconds")
+          const second = yield* deliver(mailbox, requestId)
+          const adapter = yield* ScriptedAdapter.make([turn2, turn3])
+          const { exit } = yield* evaluate(adapter, promptFor(world), second.journal)
+          expect(Exit.map(exit, (response) => response.output)).toEqual(Exit.succeed("done"))
+          expect(yield* adapter.requests).toHaveLength(2) // the first turn came from the journal
+        }))
+    }
+
+    it.scoped("the step limit is in UTF-8 bytes: '€' and astral characters count as they are stored", () =>
+      Effect.gen(function*() {
+        const mailbox = yield* fresh
+        const world = yield* makeWorld
+        yield* mailbox.send("request")
+        const first = yield* deliver(mailbox)
+        // Fewer UTF-16 units than the limit, more bytes: 3 bytes a '€', 4 an emoji (2 units).
+        for (
+          const huge of ["€".repeat(Journal.maxStepBytes / 3 + 1), "\u{1F600}".repeat(Journal.maxStepBytes / 4 + 1)]
+        ) {
+          expect(huge.length).toBeLessThan(Journal.maxStepBytes)
+          const adapter = yield* ScriptedAdapter.make([{ text: huge }])
+          const { exit } = yield* evaluate(adapter, promptFor(world), first.journal)
+          expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "too large" })))
+          expect(Exit.isFailure(exit) && String(exit.cause)).toMatch(/is \d+ bytes \(UTF-8\)/)
+        }
+        expect(yield* stored(first.message)).toEqual([])
+        // Just under the limit in bytes is recorded, and replays.
+        const fits = "€".repeat(Math.floor((Journal.maxStepBytes - 1024) / 3))
+        const { exit } = yield* evaluate(yield* ScriptedAdapter.make([{ text: fits }]), promptFor(world), first.journal)
+        expect(Exit.map(exit, (response) => response.output.length)).toEqual(Exit.succeed(fits.length))
+        expect(yield* stored(first.message)).toEqual(["3.1", "3"]) // the third evaluation of this delivery
       }))
 
     it.scoped("a stored step that does not decode stops the run with JournalStoreError (undecodable)", () =>

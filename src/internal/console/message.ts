@@ -99,8 +99,9 @@ export const page = (context: Browse.Context, dead: boolean, params: URLSearchPa
       context,
       Effect.flatMap(
         MailboxSqlAdmin.journals({ prefix: context.prefix, create: false }),
-        // Only what the page shows: `journalShown` steps (one more says there are more), `maxPretty` characters each.
-        (journals) => journals.read(message.id, { steps: journalShown, entryChars: maxPretty })
+        // Only what the page shows: the page's message (never a request id), `journalShown` steps (one more says
+        // there are more), `maxPretty` characters each.
+        (journals) => journals.read(message.id, { by: "message", steps: journalShown, entryChars: maxPretty })
       )
     )
     return {

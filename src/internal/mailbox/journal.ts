@@ -7,6 +7,10 @@
  * delivery.
  *
  * What a backend promises:
+ * - `identity` names the stored message uniquely among every message of every
+ *   store (another queue, table prefix or database included) and is the same
+ *   on every delivery of it: the base of a tool's idempotency key. Never from
+ *   the body (a sender chooses its request id).
  * - `load` answers the steps every earlier delivery of the message recorded, in
  *   the order they were recorded (`position` ascending), entries as stored —
  *   at most `maxSteps + 1` of them, so a reader can tell a journal that is too
@@ -24,6 +28,7 @@
  *   delivery.
  */
 import type * as Effect from "effect/Effect"
+import { createHash } from "node:crypto"
 import type { MailboxConnectionError, ReceiptHandleExpiredError } from "../../Mailbox.js"
 
 /** One recorded step as stored: where it sits in the run, and its entry (JSON text, see `Journal.Step`). */
@@ -40,6 +45,8 @@ export interface StoredStep {
 
 /** The journal of the message one delivery holds. */
 export interface DeliveryJournal {
+  /** The stored message's own name: unique across stores, the same on every delivery (see above). */
+  readonly identity: Effect.Effect<string, MailboxConnectionError>
   /** Steps earlier deliveries recorded, by position. */
   readonly load: Effect.Effect<ReadonlyArray<StoredStep>, MailboxConnectionError>
   /** Records a step while this delivery holds the message. */
@@ -55,6 +62,33 @@ export interface DeliveryJournal {
 
 /** The most steps one request's journal holds (a run that would record more stops: `Journal.maxSteps`). */
 export const maxSteps = 10_000
+
+/** The size of `text` as stored: its UTF-8 bytes (every journal size is counted so, never in UTF-16 units). */
+export const utf8Bytes = (text: string): number => Buffer.byteLength(text, "utf8")
+
+/**
+ * The request id as the SQL journal stores it: JSON text, which escapes NUL and lone surrogates, so any string
+ * `send` accepts is stored as PostgreSQL takes text (well-formed, no NUL) and read back exactly.
+ */
+export const encodeRequestId = (requestId: string): string => JSON.stringify(requestId)
+
+/** The request id stored as `encoded` (see `encodeRequestId`); `undefined` when it is not a JSON string. */
+export const decodeRequestId = (encoded: string): string | undefined => {
+  try {
+    const value: unknown = JSON.parse(encoded)
+    return typeof value === "string" ? value : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * What the SQL journal indexes a request id by: a SHA-256 digest of its encoded form (base64url, 43 characters),
+ * so an id of any length is found through a small index entry, and two ids that differ only in a lone surrogate
+ * (which UTF-8 would replace) have different digests. A match is confirmed on the stored id itself.
+ */
+export const requestDigest = (requestId: string): string =>
+  createHash("sha256").update(encodeRequestId(requestId)).digest("base64url")
 
 /** Where a message carries its delivery's journal. */
 export const Journaled: unique symbol = Symbol.for("leasehold/Journaled")

@@ -1,6 +1,10 @@
 /**
  * The step journal's statements (the storage `internal/mailbox/journal.ts` describes), one table per prefix
- * (mailbox migration 11): a delivery's steps are rows keyed by its message's seq and their position. An append
+ * (mailbox migrations 11 and 12): a delivery's steps are rows keyed by its message's seq and their position. The
+ * request id a step carries is stored as JSON text (`request_json`: any string `send` accepts, NUL and lone
+ * surrogates included, is text PostgreSQL takes) and indexed by its digest (`request_digest`: an id of any length
+ * fits the index), the same on SQLite and PostgreSQL. A message's identity (the base of its tools' idempotency
+ * keys) is the database's identity (`<prefix>mailbox_identity`, drawn at random by migration 12) and its seq. An append
  * is written only while the delivery holds the message — checked in the insert itself, which selects the
  * message row by seq, receipt handle and visibility (on PostgreSQL locking it `FOR SHARE`, so a claim and the
  * append serialise) — and the appends of a mailbox's concurrent loops go together in one statement (a
@@ -10,7 +14,15 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
-import { maxSteps, type StoredStep } from "../../mailbox/journal.js"
+import { randomUUID } from "node:crypto"
+import {
+  decodeRequestId,
+  encodeRequestId,
+  maxSteps,
+  requestDigest,
+  type StoredStep,
+  utf8Bytes
+} from "../../mailbox/journal.js"
 import * as Sql from "../common.js"
 import { GroupCommit } from "../groupCommit.js"
 import { batchLimits } from "./batching.js"
@@ -32,21 +44,72 @@ interface StepRow {
   readonly position: number | string
   readonly step_key: string
   readonly entry: string
-  readonly request_id: string | null
+  readonly request_json: string | null
 }
+
+/** The table holding the database's identity under `prefix` (migration 12): one row, drawn at random. */
+export const identityTable = (prefix: string): string => `${prefix}mailbox_identity`
+
+/** Creates the identity table and draws the database's identity (idempotent: a second draw is ignored). */
+export const createIdentity = (store: Store): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  const table = sql(identityTable(store.prefix))
+  return Effect.zipRight(
+    sql`CREATE TABLE IF NOT EXISTS ${table} (one INTEGER PRIMARY KEY CHECK (one = 1), id TEXT NOT NULL)`,
+    Effect.flatMap(
+      Effect.sync(() => randomUUID()),
+      (id) => sql`INSERT INTO ${table} (one, id) VALUES (1, ${id}) ON CONFLICT (one) DO NOTHING`
+    )
+  )
+}
+
+/**
+ * The identity of the database under the store's prefix (read once per store, drawn if the row was removed): a
+ * message's identity is it and the message's seq, so two prefixes, two databases or a database made again never
+ * name two messages alike.
+ */
+export const databaseIdentity = (store: Store): Effect.Effect<string, SqlError> =>
+  Effect.suspend(() => {
+    if (store.identity !== undefined) return Effect.succeed(store.identity)
+    const { sql } = store
+    const read = Effect.map(
+      sql<{ id: string }>`SELECT id FROM ${sql(identityTable(store.prefix))} WHERE one = 1`,
+      (rows) => rows[0]?.id
+    )
+    return read.pipe(
+      Effect.flatMap((found) =>
+        found !== undefined ? Effect.succeed(found) : Effect.zipRight(createIdentity(store), read)
+      ),
+      Effect.flatMap((found) =>
+        found === undefined
+          ? Effect.dieMessage("the mailbox identity row is missing after it was written")
+          : Effect.sync(() => (store.identity = found))
+      )
+    )
+  })
+
+/** The identity of message `seq` (see `databaseIdentity`). */
+export const messageIdentity = (store: Store, seq: string): Effect.Effect<string, SqlError> =>
+  Effect.map(databaseIdentity(store), (database) => `${database}.${seq}`)
+
+/** What a step stores of its request id: the id as JSON text and its digest (both NULL without one). */
+const requestColumns = (requestId: string | undefined) =>
+  requestId === undefined
+    ? { request: null, digest: null }
+    : { request: encodeRequestId(requestId), digest: requestDigest(requestId) }
 
 /** The steps of message `seq`, in position order. */
 export const load = (store: Store, seq: string): Effect.Effect<ReadonlyArray<StoredStep>, SqlError> => {
   const { sql } = store
   return Effect.map(
-    sql<StepRow>`SELECT position, step_key, entry, request_id FROM ${sql(store.journal)}
+    sql<StepRow>`SELECT position, step_key, entry, request_json FROM ${sql(store.journal)}
       WHERE message_seq = ${Number(seq)} ORDER BY position LIMIT ${maxSteps + 1}`,
     (rows) =>
       rows.map((row): StoredStep => ({
         position: Number(row.position),
         key: row.step_key,
         entry: row.entry,
-        requestId: row.request_id ?? undefined
+        requestId: row.request_json === null ? undefined : decodeRequestId(row.request_json)
       }))
   )
 }
@@ -77,17 +140,17 @@ export const append = (
       position: item.step.position,
       key: item.step.key,
       entry: item.step.entry,
-      request: item.step.requestId ?? null
+      ...requestColumns(item.step.requestId)
     })))
     // The message row is locked (FOR SHARE) while the steps go in: a claim (FOR UPDATE SKIP LOCKED) skips it
     // meanwhile, and an append that waited for a claim re-reads the row and finds another handle.
     return Effect.map(
       store.onLane((lane) =>
         lane<{ message_seq: string; position: number }>`INSERT INTO ${journal}
-          (message_seq, position, step_key, queue, request_id, entry, recorded_at)
-        SELECT m.seq, v.position, v.key, m.queue, v.request, v.entry, ${at}
+          (message_seq, position, step_key, queue, request_json, request_digest, entry, recorded_at)
+        SELECT m.seq, v.position, v.key, m.queue, v.request, v.digest, v.entry, ${at}
         FROM json_to_recordset(${input}::json)
-            AS v (seq bigint, handle text, position integer, key text, entry text, request text)
+            AS v (seq bigint, handle text, position integer, key text, entry text, request text, digest text)
           JOIN ${messages} m ON m.seq = v.seq AND m.receipt_handle = v.handle AND m.visible_at > ${at}
         FOR SHARE OF m
         RETURNING message_seq, position`
@@ -95,21 +158,17 @@ export const append = (
       written
     )
   }
-  const input = JSON.stringify(items.map((item) => [
-    Number(item.seq),
-    item.handle,
-    item.step.position,
-    item.step.key,
-    item.step.entry,
-    item.step.requestId ?? null
-  ]))
+  const input = JSON.stringify(items.map((item) => {
+    const { digest, request } = requestColumns(item.step.requestId)
+    return [Number(item.seq), item.handle, item.step.position, item.step.key, item.step.entry, request, digest]
+  }))
   // In a write transaction, so the check and the insert see the message as the file has it (no claim between).
   return Effect.map(
     Sql.writeTransaction(sql)(
       sql<{ message_seq: number; position: number }>`INSERT INTO ${journal}
-        (message_seq, position, step_key, queue, request_id, entry, recorded_at)
+        (message_seq, position, step_key, queue, request_json, request_digest, entry, recorded_at)
       SELECT m.seq, json_extract(v.value, '$[2]'), json_extract(v.value, '$[3]'), m.queue,
-        json_extract(v.value, '$[5]'), json_extract(v.value, '$[4]'), ${at}
+        json_extract(v.value, '$[5]'), json_extract(v.value, '$[6]'), json_extract(v.value, '$[4]'), ${at}
       FROM json_each(${input}) v
         JOIN ${messages} m ON m.seq = json_extract(v.value, '$[0]') AND m.receipt_handle = json_extract(v.value, '$[1]')
           AND m.visible_at > ${at}
@@ -161,9 +220,45 @@ export const truncate = (
 export const appendBatcher = (store: Store, statements: Statements, now: () => Now): AppendBatcher =>
   new GroupCommit((items) => append(store, statements, items, now()), {
     ...batchLimits,
-    sizeOf: (item) => 96 + item.step.entry.length + item.step.key.length,
+    sizeOf: (item) =>
+      160 + utf8Bytes(item.step.entry) + item.step.key.length +
+      (item.step.requestId === undefined ? 0 : utf8Bytes(encodeRequestId(item.step.requestId))),
     retryAlone: Sql.isDataError
   })
+
+/**
+ * Migration 12: the request id stored as JSON text and indexed by its digest, not as raw text indexed whole (a
+ * PostgreSQL btree refuses an entry over about 2,700 bytes; its text refuses NUL), and the database's identity.
+ * The rows recorded before it get both columns from their `request_id`, which is then no longer written.
+ */
+export const migrateIdentity = (store: Store): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  const journal = sql(store.journal)
+  const addColumn = (name: string) =>
+    store.dialect === "pg"
+      ? sql`ALTER TABLE ${journal} ADD COLUMN IF NOT EXISTS ${sql(name)} TEXT`
+      : sql`ALTER TABLE ${journal} ADD COLUMN ${sql(name)} TEXT`
+  return Effect.all([
+    addColumn("request_json"),
+    addColumn("request_digest"),
+    sql`DROP INDEX IF EXISTS ${sql(`${store.journal}_request`)}`,
+    sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_request_digest`)} ON ${journal} (request_digest)`,
+    Effect.flatMap(
+      sql<{ request_id: string }>`SELECT DISTINCT request_id FROM ${journal} WHERE request_id IS NOT NULL`,
+      (rows) =>
+        Effect.forEach(
+          rows,
+          ({ request_id }) =>
+            sql`UPDATE ${journal} SET request_json = ${encodeRequestId(request_id)},
+            request_digest = ${requestDigest(request_id)}, request_id = NULL WHERE request_id = ${request_id}`,
+          {
+            discard: true
+          }
+        )
+    ),
+    createIdentity(store)
+  ], { discard: true })
+}
 
 /** Whether the database has the journal table (a database before mailbox migration 11 has not). */
 export const present = (store: Store): Effect.Effect<boolean, SqlError> =>

@@ -183,6 +183,9 @@ export class SqlMessage<A, R> implements Message<A, R> {
   /** The step journal of this delivery's message (see `internal/mailbox/journal.ts`). */
   get [Journaled](): DeliveryJournal {
     return this.journalView ??= {
+      identity: Effect.suspend(() => Journal.messageIdentity(this.mailbox.store, this.id)).pipe(
+        connectionError(this.mailbox.name)
+      ),
       load: Effect.suspend(() => Journal.load(this.mailbox.store, this.id)).pipe(
         Effect.tap((steps) =>
           Effect.sync(() => {

@@ -29,6 +29,7 @@ import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
 import type { Registry, TrackedLoop } from "../../worker/pulse.js"
 import * as Sql from "../common.js"
 import { requireVersion } from "../version.js"
+import * as Journal from "./journal.js"
 import * as Queues from "./queues.js"
 import * as Workers from "./workers.js"
 
@@ -68,6 +69,8 @@ export class Store {
   }
   /** The process's row is written (and so is deleted when the store closes). */
   registered = false
+  /** The database's identity under the prefix, once read (`journal.ts`: the base of a message's identity). */
+  identity: string | undefined = undefined
   /** Mailboxes open on this store, by queue name (the resolver's view). */
   readonly open = new Map<string, Set<ReplyTarget>>()
   /** Queues this process has recorded in the queues table (see queues.ts): a send records its queue once. */
@@ -336,6 +339,10 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
       // Retention's `journals` takes the oldest steps first.
       sql`CREATE INDEX IF NOT EXISTS ${sql(`${store.journal}_recorded`)} ON ${sql(store.journal)} (recorded_at)`
     ], { discard: true }),
+    // One journal identity on every backend (journal.ts): the request id stored as JSON text and indexed by a
+    // digest (PostgreSQL refused a long id in the index, and a NUL or a lone surrogate as text), and the
+    // database's identity, drawn here, which names its messages in tools' idempotency keys.
+    "12_journal_identity": Journal.migrateIdentity(store),
     // The workers table keyed by each store's random instance (workers.ts): rows of one `host:pid` no longer
     // overwrite each other. 9's table stays, for processes of the previous release (still listed).
     "13_worker_instance": Workers.createInstancesTable(store)
