@@ -234,10 +234,15 @@ export const appendBatcher = (store: Store, statements: Statements, now: () => N
 export const migrateIdentity = (store: Store): Effect.Effect<void, SqlError> => {
   const { sql } = store
   const journal = sql(store.journal)
+  // Idempotent on both databases (SQLite has no ADD COLUMN IF NOT EXISTS): a database whose migrations table
+  // lost its rows runs this again over the columns it made.
   const addColumn = (name: string) =>
     store.dialect === "pg"
       ? sql`ALTER TABLE ${journal} ADD COLUMN IF NOT EXISTS ${sql(name)} TEXT`
-      : sql`ALTER TABLE ${journal} ADD COLUMN ${sql(name)} TEXT`
+      : Effect.flatMap(
+        sql<{ name: string }>`SELECT name FROM pragma_table_info(${store.journal}) WHERE name = ${name}`,
+        (found) => found.length > 0 ? Effect.void : sql`ALTER TABLE ${journal} ADD COLUMN ${sql(name)} TEXT`
+      )
   return Effect.all([
     addColumn("request_json"),
     addColumn("request_digest"),
