@@ -21,9 +21,14 @@
  * streams stops it with `phase: "response"` (a stream that breaks is a failed
  * request, retried like any other). Only a complete answer is an answer: a
  * stream that ends before its final part (the usage) is a failed response,
- * retried like a broken stream; and a turn is bounded while it streams — past
- * `Journal.maxStepBytes` (UTF-8, as the journal stores it) the stream stops at
- * once and the evaluation fails (`response`, `provider`), not retried.
+ * retried like a broken stream, and the turn ends at that part (nothing after
+ * it is read or charged); a usage that is not two non-negative safe integers,
+ * streamed or whole, is a failed response too ("unchargeable usage"). A turn is
+ * bounded while it streams — past `Journal.maxStepBytes` (UTF-8, as the journal
+ * stores it) the stream stops at once and the evaluation fails (`response`,
+ * `provider`, `limit_bytes`), not retried — and any turn whose step, as the
+ * journal would store it (`Journal.stepBytes`), passes the limit fails the same
+ * way before it is recorded.
  *
  * With a journal (`EvaluateOptions.journal`, see `Journal`), the evaluation
  * is a step of it and each model turn and tool call a step inside that: a
@@ -45,7 +50,16 @@ import * as Stream from "effect/Stream"
 import { randomUUID } from "node:crypto"
 import * as Deadline from "./Deadline.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { Answering, deadlinePayload, digest, diverged, replayed, since, toolsAsked } from "./internal/agent.js"
+import {
+  Answering,
+  deadlinePayload,
+  digest,
+  diverged,
+  replayed,
+  since,
+  toolsAsked,
+  unchargeable
+} from "./internal/agent.js"
 import * as Options_ from "./internal/options.js"
 import * as Journal from "./Journal.js"
 import type * as Prompt from "./Prompt.js"
@@ -171,8 +185,11 @@ class Assembly {
   private kept = 0
   private pending = 0
 
-  /** Adds `part`; whether it made progress (it beats), or `TurnTooLarge` the moment the turn passes `limit`. */
-  add(part: TurnPart, limit: number): Effect.Effect<boolean, TurnTooLarge> {
+  /**
+   * Adds `part`; whether it made progress (it beats), or `TurnTooLarge` the moment the turn passes `limit`, or a
+   * `ProviderError` (`response`) for a usage that cannot be charged.
+   */
+  add(part: TurnPart, limit: number): Effect.Effect<boolean, TurnTooLarge | ProviderError> {
     let progress: boolean
     switch (part._tag) {
       case "Text":
@@ -188,10 +205,13 @@ class Assembly {
         this.pending = 0
         this.toolCalls.push(part.call)
         break
-      case "Usage":
+      case "Usage": {
+        const wrong = unchargeable(part.usage)
+        if (wrong !== undefined) return Effect.fail(new ProviderError({ phase: "response", detail: wrong }))
         progress = true
         this.usage = part.usage
         break
+      }
       case "Progress": {
         const bytes = part.bytes ?? 0
         progress = Number.isFinite(bytes) && bytes > 0
@@ -207,7 +227,8 @@ class Assembly {
 /**
  * Runs a streamed turn to its end: `onPart` hears of each part as it arrives, and the current heartbeat beats
  * on the parts that make progress (at most once per `interval`). A turn that grows past `limit` stops the
- * stream there (`TurnTooLarge`); one that ends without its final part (the usage) was cut short.
+ * stream there (`TurnTooLarge`); one that ends without its final part (the usage) was cut short. The turn ends
+ * at its first usage part: nothing after it is read, kept or charged.
  */
 const collect = (
   parts: Stream.Stream<TurnPart, ProviderError>,
@@ -218,6 +239,7 @@ const collect = (
   Effect.suspend(() => {
     const turn = new Assembly()
     return parts.pipe(
+      Stream.takeUntil((part) => part._tag === "Usage"),
       Stream.tap(() => onPart),
       Stream.mapEffect((part) => turn.add(part, limit)),
       Stream.filter((progress) => progress),
@@ -360,7 +382,13 @@ export const run = <Out>(
     const beatInterval = loopOptions?.beatInterval ?? "1 second"
     const complete = (request: ModelRequest): Effect.Effect<ModelTurn, ProviderError | PromptEvaluationError> =>
       typeof turns === "function"
-        ? turns(request)
+        ? Effect.flatMap(turns(request), (turn) => {
+          // A hand-written adapter's usage is checked as a stream's is: a turn that cannot be charged is no answer.
+          const wrong = unchargeable(turn.usage)
+          return wrong === undefined
+            ? Effect.succeed(turn)
+            : Effect.fail(new ProviderError({ phase: "response", detail: wrong }))
+        })
         : Effect.suspend(() => {
           progress.answering = false
           const turn = collect(turns.stream(request), beatInterval, startAnswering, Journal.maxStepBytes).pipe(
@@ -402,6 +430,23 @@ export const run = <Out>(
             (error) => Effect.fail(fail(error.phase ?? "request", "provider", error.detail))
           )
         )
+
+    // One measure for a turn's size: the step as the journal stores it (its JSON, key, digest and usage
+    // included), journaled or not. A streamed turn is stopped early at the same limit by its parts alone; what the
+    // envelope adds is refused here, with the same error, before the journal would refuse it as "too large".
+    const fits = (step: Journal.Step, what: string) =>
+      Effect.suspend(() => {
+        const bytes = Journal.stepBytes(step)
+        return bytes === undefined || bytes <= Journal.maxStepBytes
+          ? Effect.void
+          : Effect.fail(fail(
+            "response",
+            "provider",
+            `the ${what} is ${bytes} bytes as the journal stores it (UTF-8 JSON), more than ` +
+              `Journal.maxStepBytes (${Journal.maxStepBytes}): it is not taken as an answer`,
+            { limit_bytes: Journal.maxStepBytes }
+          ))
+      })
 
     let messages: ReadonlyArray<Prompt.ChatMessage> = [
       { role: "system", content: prompt.instructions },
@@ -447,8 +492,7 @@ export const run = <Out>(
         // what the next turn asks, is then the same live and replayed, whatever else an adapter put on a call.
         turn = { ...answered, toolCalls: answered.toolCalls.map(({ id, name, params }) => ({ id, name, params })) }
         const durationMs = yield* since(started)
-        // Recorded before anything else: the turn is paid for, whatever the budget says next.
-        yield* steps.append({
+        const step: Journal.Step = {
           _tag: "Turn",
           key,
           promptName: prompt.name,
@@ -457,7 +501,10 @@ export const run = <Out>(
           toolCalls: turn.toolCalls,
           usage: turn.usage,
           durationMs
-        })
+        }
+        yield* fits(step, "model's turn")
+        // Recorded before anything else: the turn is paid for, whatever the budget says next.
+        yield* steps.append(step)
         yield* options.session.record({
           _tag: "ProviderCall",
           promptName: prompt.name,
@@ -470,7 +517,7 @@ export const run = <Out>(
       if (turn.toolCalls.length === 0) {
         yield* checkpoint("response")
         const output = yield* decodeOutput(prompt, turn.text, fail)
-        yield* parent.append({
+        const outcome: Journal.Step = {
           _tag: "Evaluation",
           key: evaluationKey,
           promptName: prompt.name,
@@ -478,7 +525,9 @@ export const run = <Out>(
           text: turn.text,
           usage,
           durationMs: yield* since(evaluationStarted)
-        })
+        }
+        yield* fits(outcome, "evaluation's outcome")
+        yield* parent.append(outcome)
         return { output, text: turn.text, usage }
       }
       messages = [...messages, { role: "assistant", content: turn.text, toolCalls: turn.toolCalls }]

@@ -264,6 +264,16 @@ export interface Journal {
 const decodeStep = Schema.decodeUnknownEither(Schema.parseJson(Step))
 const encodeStep = Schema.encodeEither(Schema.parseJson(Step))
 
+/**
+ * The UTF-8 bytes `step` takes as the journal stores it (its JSON text): what `maxStepBytes` bounds, measured as
+ * `append` measures it; `undefined` when the step cannot be encoded (`append` says why). The inner loop refuses a
+ * model turn over the limit with this measure before it is recorded.
+ *
+ * @category utils
+ */
+export const stepBytes = (step: Step): number | undefined =>
+  Either.match(encodeStep(step), { onLeft: () => undefined, onRight: utf8Bytes })
+
 /** A recorded step and where it sits. */
 interface Placed {
   readonly position: number

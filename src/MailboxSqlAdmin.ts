@@ -174,6 +174,11 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
     }
     // Nothing to select: no ids, or a queue name or id no message can have (the name rule: a NUL would be a
     // failed statement on PostgreSQL, a lone surrogate would match U+FFFD's letters there).
+    // A dead letter's journal goes with it (redriven or deleted), in the same transaction; a database before
+    // mailbox migration 11 has no journal table.
+    const journalsPresent = Journal.present(store)
+    const dropJournals = (journals: boolean, gone: ReadonlyArray<{ readonly id: string }>) =>
+      journals ? Journal.dropLetters(store, gone.map((row) => row.id)) : Effect.void
     const empty = (selection: Selection | undefined) =>
       (selection?.ids !== undefined &&
         (selection.ids.length === 0 || selection.ids.some((id) => nameProblem(id) !== undefined))) ||
@@ -214,29 +219,37 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
         empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
           const at = statements(store).at(nowOf(clock)())
           // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted,
-          // visible from now on the database's clock.
-          return Sql.writeTransaction(sql)(
-            Effect.flatMap(
-              sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
-              (gone) =>
-                gone.length === 0 ? Effect.succeed(gone) : Effect.as(
-                  sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent) VALUES ${
-                    sql.csv(gone.map((row) =>
-                      sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
-                        row.traceparent ?? null
-                      })`
-                    ))
-                  }`,
-                  gone
-                )
-            )
-          ).pipe(Effect.tap((gone) => Effect.sync(() => gone.forEach((row) => store.wake(row.queue)))))
+          // visible from now on the database's clock. The redriven message is new (its own seq, run afresh): the
+          // letters' journals go in the same transaction.
+          return Effect.flatMap(journalsPresent, (journals) =>
+            Sql.writeTransaction(sql)(
+              Effect.flatMap(
+                sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
+                (gone) =>
+                  gone.length === 0 ? Effect.succeed(gone) : Effect.as(
+                    Effect.zipRight(
+                      sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent) VALUES ${
+                        sql.csv(gone.map((row) =>
+                          sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
+                            row.traceparent ?? null
+                          })`
+                        ))
+                      }`,
+                      dropJournals(journals, gone)
+                    ),
+                    gone
+                  )
+              )
+            )).pipe(Effect.tap((gone) => Effect.sync(() => gone.forEach((row) => store.wake(row.queue)))))
         }).pipe(Effect.map((gone) => gone.length), withStore),
       purge: (selection) =>
-        empty(selection) ? Effect.succeed(0) : sql`DELETE FROM ${table} ${where(selection)} RETURNING id`.pipe(
-          Effect.map((rows) => rows.length),
-          withStore
-        ),
+        empty(selection) ? Effect.succeed(0) : Effect.flatMap(journalsPresent, (journals) =>
+          Sql.writeTransaction(sql)(
+            Effect.tap(
+              sql<{ id: string }>`DELETE FROM ${table} ${where(selection)} RETURNING id`,
+              (gone) => dropJournals(journals, gone)
+            )
+          )).pipe(Effect.map((rows) => rows.length), withStore),
       sink: (schema) => {
         const encode = encoderOf(schema, maxBodyBytesLimit)
         return {

@@ -275,6 +275,115 @@ for (const backend of sqlBackends("journal-lifecycle")) {
         expect(yield* rows).toEqual([])
       }).pipe(onDb))
 
+    it.scoped("`dlq delete` (the admin's purge) deletes the letters' journals with them; other letters' stay", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const one = yield* deadLettered(jobs)
+        const two = yield* deadLettered(jobs)
+        expect(yield* rows).toEqual([`${one.id}:1`, `${two.id}:1`])
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        expect(yield* letters.purge({ ids: [one.id] })).toBe(1)
+        expect(yield* rows).toEqual([`${two.id}:1`])
+        expect(yield* letters.purge({ queue: "jobs" })).toBe(1)
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb))
+
+    it.scoped("`dlq redrive` deletes the redriven letters' journals: the new message runs afresh, nothing is left", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const one = yield* deadLettered(jobs)
+        const two = yield* deadLettered(jobs)
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        expect(yield* letters.redrive({ ids: [one.id] })).toBe(1)
+        expect(yield* rows).toEqual([`${two.id}:1`])
+        expect(yield* letters.redrive({ queue: "jobs" })).toBe(1)
+        expect(yield* rows).toEqual([])
+        const redriven = yield* jobs.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+        expect(redriven.length).toBe(2)
+        for (const message of redriven) {
+          expect(message.id).not.toBe(one.id)
+          expect(message.id).not.toBe(two.id)
+          yield* message.acknowledge
+        }
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb))
+
+    it.scoped("a redrive or delete keeps the journal of a letter whose message is still there (not yet acked)", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 1 })
+        const [message] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        yield* journal(message!).append(step(1))
+        // The letter is stored, the delivery has not acknowledged yet (or lost its lease and runs again).
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        yield* letters.sink(Job).send({
+          messageId: message!.id,
+          body: message!.body,
+          sourceMailbox: "jobs",
+          deliveryCount: 1,
+          lastError: "boom",
+          lastErrorTag: "Boom",
+          enqueuedAt: DateTime.unsafeMake(0),
+          deadLetteredAt: DateTime.unsafeMake(0),
+          requestId: "r",
+          replyTo: undefined,
+          traceId: undefined
+        })
+        expect(yield* letters.redrive({ ids: [message!.id] })).toBe(1)
+        expect(yield* rows).toEqual([`${message!.id}:1`])
+        // Its delivery still holds it and records on.
+        yield* journal(message!).append(step(2))
+        expect(yield* rows).toEqual([`${message!.id}:1`, `${message!.id}:2`])
+      }).pipe(onDb))
+
+    it.scoped("a redrive or delete whose journal delete fails moves and deletes no letter (one transaction)", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        const dead = yield* deadLettered(jobs)
+        const sql = yield* SqlClient.SqlClient
+        const table = sql(`${prefix}mailbox_journal`)
+        const trigger = sql(`${prefix}sick`)
+        const sick = backend.label === "SQLite"
+          ? sql`CREATE TRIGGER ${trigger} BEFORE DELETE ON ${table} BEGIN SELECT RAISE(ABORT, 'sick store'); END`
+          : Effect.zipRight(
+            sql.unsafe(`CREATE FUNCTION ${prefix}sick() RETURNS trigger LANGUAGE plpgsql AS
+              $$ BEGIN RAISE EXCEPTION 'sick store'; END $$`),
+            sql`CREATE TRIGGER ${trigger} BEFORE DELETE ON ${table} FOR EACH ROW EXECUTE FUNCTION ${trigger}()`
+          )
+        yield* sick
+        const letters = yield* MailboxSqlAdmin.deadLetters({ prefix })
+        expect((yield* Effect.flip(letters.redrive({ ids: [dead.id] })))._tag).toBe("MailboxConnectionError")
+        expect((yield* Effect.flip(letters.purge({ ids: [dead.id] })))._tag).toBe("MailboxConnectionError")
+        expect(yield* letters.count()).toBe(1)
+        expect(yield* jobs.approximateCount).toBe(0)
+        expect(yield* rows).toEqual([`${dead.id}:1`])
+        yield* backend.label === "SQLite" ? sql`DROP TRIGGER ${trigger}` : sql`DROP TRIGGER ${trigger} ON ${table}`
+        expect(yield* letters.redrive({ ids: [dead.id] })).toBe(1)
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb))
+
+    it.live("`leasehold mailbox dlq delete --id` deletes the letter's journal", () =>
+      Effect.gen(function*() {
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })
+        yield* jobs.send({ n: 0 })
+        const [message] = yield* jobs.receive({ visibilityTimeout: "1 minute" })
+        yield* journal(message!).append(step(1))
+        yield* deadLetter(message!)
+        const run = yield* leasehold(
+          "mailbox",
+          "dlq",
+          "delete",
+          "--id",
+          message!.id,
+          "--db",
+          backend.db(),
+          "--prefix",
+          prefix
+        )
+        expect(run.code).toBe(0)
+        expect(yield* rows).toEqual([])
+      }).pipe(onDb, Effect.scoped), 60_000)
+
     it.scoped("a journal an older checkout's acknowledgement left behind (a bare delete) goes with retention", () =>
       Effect.gen(function*() {
         const jobs = yield* MailboxSql.make({ name: "jobs", schema: Job, prefix })

@@ -12,7 +12,8 @@
  * that carries something beats the heartbeat and a deadline can stop the
  * response mid-way. Only a finished stream is an answer: one that ends before
  * its `finish` part (Anthropic's `message_stop`, OpenAI's
- * `response.completed`), a `finish` without token usage, or a server-sent
+ * `response.completed`), a `finish` without token usage or with counts that
+ * are not non-negative safe integers ("unchargeable usage"), or a server-sent
  * event larger than the SSE parser takes is a `ProviderError` in the
  * `response` phase, retried like any broken stream.
  * `@effect/ai` is an optional peer dependency, loaded when an adapter is made
@@ -35,6 +36,7 @@ import * as Predicate from "effect/Predicate"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as InnerLoop from "../InnerLoop.js"
+import { unchargeable } from "../internal/agent.js"
 import * as Options_ from "../internal/options.js"
 import type * as Prompt from "../Prompt.js"
 import { ProviderAdapter } from "../ProviderAdapter.js"
@@ -111,15 +113,19 @@ const toUsage = (usage: AiResponse.Usage): { inputTokens: number; outputTokens: 
 })
 
 const complete = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.Complete => (request) =>
-  Effect.map(
+  Effect.flatMap(
     model.generateText(callOptions(AiTool, request)).pipe(
       Effect.mapError((error) => new InnerLoop.ProviderError({ detail: error.message }))
     ),
-    (response) => ({
-      text: response.text,
-      toolCalls: response.toolCalls.map((call) => ({ id: call.id, name: call.name, params: call.params })),
-      usage: toUsage(response.usage)
-    })
+    (response) => {
+      const usage = toUsage(response.usage)
+      const wrong = unchargeable(usage)
+      return wrong !== undefined ? Effect.fail(brokenAnswer(wrong)) : Effect.succeed({
+        text: response.text,
+        toolCalls: response.toolCalls.map((call) => ({ id: call.id, name: call.name, params: call.params })),
+        usage
+      })
+    }
   )
 
 const nothing: InnerLoop.TurnPart = { _tag: "Progress" }
@@ -151,12 +157,17 @@ const toTurnPart = (
       )
     case "finish": {
       const { inputTokens, outputTokens } = part.usage
-      return typeof inputTokens === "number" && typeof outputTokens === "number"
-        ? Effect.succeed({ _tag: "Usage", usage: toUsage(part.usage) })
-        : Effect.fail(brokenAnswer(
+      if (typeof inputTokens !== "number" || typeof outputTokens !== "number") {
+        return Effect.fail(brokenAnswer(
           `the stream's final event carried no token usage (input ${inputTokens}, output ${outputTokens}): ` +
             "a turn that cannot be charged is not taken as an answer"
         ))
+      }
+      // Negative, fractional or infinite counts (a provider's JSON can say -5 or 1e400): unchargeable usage.
+      const wrong = unchargeable({ inputTokens, outputTokens })
+      return wrong === undefined
+        ? Effect.succeed({ _tag: "Usage", usage: { inputTokens, outputTokens } })
+        : Effect.fail(brokenAnswer(wrong))
     }
     case "error":
       return Effect.fail(
@@ -186,8 +197,18 @@ const cutShort = () =>
 const completeStream = (model: AiLanguageModel.Service, AiTool: AiToolModule): InnerLoop.CompleteStream => (request) =>
   Stream.suspend(() => {
     let finished = false
+    // Once a part has arrived the model was answering: a failure after it (an event the provider's schema
+    // rejects, a connection reset) broke the response, not the request.
+    let answering = false
     return model.streamText(callOptions(AiTool, request)).pipe(
-      Stream.mapError((error) => new InnerLoop.ProviderError({ detail: error.message })),
+      Stream.tap(() =>
+        Effect.sync(() => {
+          answering = true
+        })
+      ),
+      Stream.mapError((error) =>
+        new InnerLoop.ProviderError({ ...(answering ? { phase: "response" as const } : {}), detail: error.message })
+      ),
       // An oversized event is the provider's doing, not a defect of ours: a broken answer, retried.
       Stream.catchSomeCause((cause) =>
         Option.map(

@@ -72,3 +72,21 @@ export const replayed: Effect.Effect<void> = Metric.increment(stepsReplayed)
  * notices first is reported in the phase the inner loop would have said (`response`, not `request`).
  */
 export class Answering extends Context.Tag("leasehold/internal/Answering")<Answering, { answering: boolean }>() {}
+
+/** A token count a turn can be charged: a non-negative safe integer (not negative, fractional, NaN or infinite). */
+const isCount = (n: unknown): boolean => typeof n === "number" && Number.isSafeInteger(n) && n >= 0
+
+/**
+ * What is wrong with a turn's usage, or `undefined` when it can be charged: both counts non-negative safe
+ * integers. A turn that cannot be charged is no answer (a `ProviderError` in the `response` phase, retried).
+ */
+export const unchargeable = (usage: unknown): string | undefined => {
+  const { inputTokens, outputTokens } = (typeof usage === "object" && usage !== null ? usage : {}) as Record<
+    string,
+    unknown
+  >
+  return isCount(inputTokens) && isCount(outputTokens)
+    ? undefined
+    : `unchargeable usage from the provider (input ${String(inputTokens)}, output ${String(outputTokens)} tokens; ` +
+      "each must be a non-negative safe integer): a turn that cannot be charged is not taken as an answer"
+}

@@ -534,8 +534,30 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
           expect(huge.length).toBeLessThan(Journal.maxStepBytes)
           const adapter = yield* ScriptedAdapter.make([{ text: huge }])
           const { exit } = yield* evaluate(adapter, promptFor(world), first.journal)
-          expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "too large" })))
-          expect(Exit.isFailure(exit) && String(exit.cause)).toMatch(/is \d+ bytes \(UTF-8\)/)
+          // A model turn over the limit is refused by the inner loop with the journal's own measure
+          // (`Journal.stepBytes`), as the documented limit_bytes error, before the journal is asked to store it.
+          expect(exit).toEqual(Exit.fail(expect.objectContaining({
+            _tag: "PromptEvaluationError",
+            phase: "response",
+            reason: "provider",
+            providerPayload: { limit_bytes: Journal.maxStepBytes }
+          })))
+          expect(Exit.isFailure(exit) && String(exit.cause)).toMatch(/is \d+ bytes as the journal stores it \(UTF-8/)
+          // The journal itself refuses the step as "too large", by the same measure.
+          const step: Journal.Step = {
+            _tag: "Turn",
+            key: "9",
+            promptName: "p",
+            asked: "a",
+            text: huge,
+            toolCalls: [],
+            usage: { inputTokens: 1, outputTokens: 1 },
+            durationMs: 0
+          }
+          expect(Journal.stepBytes(step)).toBeGreaterThan(Journal.maxStepBytes)
+          const refused = yield* Effect.flip(first.journal.append(step))
+          expect([refused._tag, refused.reason]).toEqual(["JournalStoreError", "too large"])
+          expect(refused.message).toMatch(/is \d+ bytes \(UTF-8\)/)
         }
         expect(yield* stored(first.message)).toEqual([])
         // Just under the limit in bytes is recorded, and replays.
@@ -573,8 +595,26 @@ export const journalContract = (label: string, make: MakeMailbox, journalKept: J
         const first = yield* deliver(mailbox)
         const huge = "x".repeat(Journal.maxStepBytes)
         const { exit } = yield* evaluate(yield* ScriptedAdapter.make([{ text: huge }]), promptFor(world), first.journal)
-        expect(exit).toEqual(Exit.fail(expect.objectContaining({ _tag: "JournalStoreError", reason: "too large" })))
-        expect(Exit.isFailure(exit) && String(exit.cause)).toContain("replay: \"rerun\"")
+        // The model turn: the documented limit_bytes error (the inner loop measures the step as the journal would).
+        expect(exit).toEqual(Exit.fail(expect.objectContaining({
+          _tag: "PromptEvaluationError",
+          providerPayload: { limit_bytes: Journal.maxStepBytes }
+        })))
+        // Any step handed to the journal over the limit: JournalStoreError "too large", naming the way out.
+        const refused = yield* Effect.flip(first.journal.append({
+          _tag: "Tool",
+          key: "9",
+          promptName: "p",
+          toolName: "t",
+          callId: "c",
+          asked: "a",
+          replay: "journal",
+          ok: true,
+          value: huge,
+          durationMs: 0
+        }))
+        expect([refused._tag, refused.reason]).toEqual(["JournalStoreError", "too large"])
+        expect(refused.message).toContain("replay: \"rerun\"")
         expect(yield* stored(first.message)).toEqual([])
       }))
 

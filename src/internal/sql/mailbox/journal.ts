@@ -268,3 +268,34 @@ export const migrateIdentity = (store: Store): Effect.Effect<void, SqlError> => 
 /** Whether the database has the journal table (a database before mailbox migration 11 has not). */
 export const present = (store: Store): Effect.Effect<boolean, SqlError> =>
   Effect.map(Sql.missingTables(store.sql, [store.journal]), (missing) => missing.length === 0)
+
+/** A dead letter's id that names a message's seq (the SQL mailbox's ids: a positive integer, written canonically). */
+const seqOf = (id: string): number | undefined => {
+  if (!/^[1-9][0-9]{0,15}$/.test(id)) return undefined
+  const seq = Number(id)
+  return Number.isSafeInteger(seq) ? seq : undefined
+}
+
+/**
+ * Deletes the journals of the dead letters `ids` as they go (redriven or deleted, in the caller's transaction): a
+ * letter's id is its message's seq. A journal whose message is still in the table stays: it is that message's (a
+ * delivery that dead-lettered the request and has not acknowledged it yet, or lost its lease and was received again).
+ */
+export const dropLetters = (store: Store, ids: ReadonlyArray<string>): Effect.Effect<void, SqlError> => {
+  const seqs = ids.flatMap((id) => {
+    const seq = seqOf(id)
+    return seq === undefined ? [] : [seq]
+  })
+  if (seqs.length === 0) return Effect.void
+  const { sql } = store
+  const journal = sql(store.journal)
+  const messages = sql(store.messages)
+  const input = JSON.stringify(seqs)
+  const named = store.dialect === "pg"
+    ? sql`SELECT value::bigint FROM json_array_elements_text(${input}::json)`
+    : sql`SELECT value FROM json_each(${input})`
+  return Effect.asVoid(
+    sql`DELETE FROM ${journal} WHERE message_seq IN (${named})
+      AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = ${journal}.message_seq)`
+  )
+}
