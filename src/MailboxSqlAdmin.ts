@@ -37,6 +37,7 @@ import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
 import * as WorkersTable from "./internal/sql/mailbox/workers.js"
 import type { WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
+import * as StoredTime from "./internal/storedTime.js"
 import { currentTraceparent } from "./internal/tracing.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
@@ -194,8 +195,8 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
                   body: row.body,
                   replyTo: row.reply_to ?? undefined,
                   deliveryCount: Number(row.delivery_count),
-                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-                  deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+                  enqueuedAt: StoredTime.decode(row.enqueued_at),
+                  deadLetteredAt: StoredTime.decode(row.dead_lettered_at),
                   errorTag: row.error_tag,
                   error: row.error
                 }))
@@ -417,7 +418,7 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
                 delayed: Number(row?.delayed ?? 0),
                 oldestEnqueuedAt: row?.oldest === null || row?.oldest === undefined
                   ? Option.none()
-                  : Option.some(DateTime.unsafeMake(Number(row.oldest))),
+                  : Option.some(StoredTime.decode(row.oldest)),
                 maxDeliveryCount: Number(row?.max_delivery ?? 0),
                 deadLetters: Number(dead.find((r) => r.queue === queue)?.n ?? 0)
               }
@@ -444,9 +445,9 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
                   id: String(row.seq),
                   body: row.body,
                   state: Number(row.visible) === 1 ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
-                  visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+                  visibleAt: StoredTime.decode(row.visible_at),
                   deliveryCount: Number(row.delivery_count),
-                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                  enqueuedAt: StoredTime.decode(row.enqueued_at),
                   replyTo: Option.fromNullable(row.reply_to)
                 }))
               ),
@@ -463,7 +464,7 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
           ? Effect.map(QueueTable.list(store), (rows) =>
             rows.map((row): RecordedQueue => ({
               queue: row.name,
-              createdAt: DateTime.unsafeMake(row.createdAt),
+              createdAt: StoredTime.decode(row.createdAt),
               paused: row.paused
             })))
           : Effect.succeed([])).pipe(withStore),

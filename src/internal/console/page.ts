@@ -68,7 +68,7 @@ export { escape }
 
 /** Whether `millis` is a time a `Date` can show (a damaged row's can be anything). */
 const showable = (millis: number | undefined): millis is number =>
-  millis !== undefined && Number.isFinite(millis) && Math.abs(millis) <= 8.64e15
+  millis !== undefined && Number.isFinite(millis) && Math.abs(millis) < 8.64e15
 
 /** A time the script keeps current: "in 12 s" counting down, "4 s ago" counting up. */
 const clock = (millis: number | undefined, now: number) =>

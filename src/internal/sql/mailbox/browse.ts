@@ -20,7 +20,6 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
-import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { InvalidParameterError } from "../../../Errors.js"
@@ -29,6 +28,7 @@ import { nameProblem } from "../../names.js"
 import { nowOf, statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
 export * from "./browseModel.js"
+import * as StoredTime from "../../storedTime.js"
 import {
   detailLength,
   maxPageSize,
@@ -310,10 +310,10 @@ export const make = (store: Store, clock: Clock.Clock) => {
           deliveryCount: Number(row.delivery_count),
           replyTo: row.reply_to ?? undefined,
           traceparent: row.traceparent ?? undefined,
-          enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-          visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+          enqueuedAt: StoredTime.decode(row.enqueued_at),
+          visibleAt: StoredTime.decode(row.visible_at),
           receivedBy: row.received_by ?? undefined,
-          extendedAt: row.extended_at === null ? undefined : DateTime.unsafeMake(Number(row.extended_at)),
+          extendedAt: row.extended_at === null ? undefined : StoredTime.decode(row.extended_at),
           deadLetteredAt: undefined,
           errorTag: undefined,
           error: undefined,
@@ -352,11 +352,11 @@ export const make = (store: Store, clock: Clock.Clock) => {
           deliveryCount: Number(row.delivery_count),
           replyTo: row.reply_to ?? undefined,
           traceparent: row.traceparent ?? undefined,
-          enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+          enqueuedAt: StoredTime.decode(row.enqueued_at),
           visibleAt: undefined,
           receivedBy: undefined,
           extendedAt: undefined,
-          deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+          deadLetteredAt: StoredTime.decode(row.dead_lettered_at),
           errorTag: row.error_tag,
           error: row.error,
           errorLength: Number(row.error_length)
@@ -417,8 +417,8 @@ const pageOf = <E, R>(
     queue: row.queue,
     state: state(row),
     deliveryCount: Number(row.delivery_count),
-    enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-    at: DateTime.unsafeMake(Number(row.at)),
+    enqueuedAt: StoredTime.decode(row.enqueued_at),
+    at: StoredTime.decode(row.at),
     receivedBy: row.received_by ?? undefined,
     errorTag: row.error_tag ?? undefined,
     error: row.error ?? undefined,
