@@ -66,6 +66,11 @@ export interface StoredDeadLetter {
 export interface Selection {
   readonly queue?: string | undefined
   readonly ids?: ReadonlyArray<string> | undefined
+  /**
+   * Only letters dead-lettered at this time (as read: a time `list` gave): with `ids`, the letters shown, not
+   * others stored under the same ids since.
+   */
+  readonly deadLetteredAt?: DateTime.Utc | undefined
 }
 
 /**
@@ -169,7 +174,10 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
     const where = (selection: Selection | undefined) => {
       const conditions = [
         ...(selection?.queue === undefined ? [] : [sql`queue = ${selection.queue}`]),
-        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)])
+        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)]),
+        ...(selection?.deadLetteredAt === undefined ?
+          [] :
+          [StoredTime.still(sql, "dead_lettered_at", selection.deadLetteredAt)])
       ]
       return conditions.length === 0 ? sql`` : sql`WHERE ${sql.and(conditions)}`
     }
@@ -512,7 +520,11 @@ export interface Browser {
     id: string
   ) => Effect.Effect<Option.Option<MessageDetail>, MailboxConnectionError>
   /** Deletes the message `id` of `queue` unless a receiver holds it now; whether it did. */
-  readonly remove: (queue: string, id: string) => Effect.Effect<boolean, MailboxConnectionError>
+  readonly remove: (
+    queue: string,
+    id: string,
+    shown?: { readonly enqueuedAt: DateTime.Utc }
+  ) => Effect.Effect<boolean, MailboxConnectionError>
 }
 
 /**

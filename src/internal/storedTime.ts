@@ -5,6 +5,8 @@
  * ever is, so one damaged row is still listed (its time shown as "invalid time", null in JSON) and the other
  * rows are not affected.
  */
+import type * as SqlClient from "@effect/sql/SqlClient"
+import type * as Statement from "@effect/sql/Statement"
 import * as DateTime from "effect/DateTime"
 
 /** The largest epoch milliseconds a Date holds: what a stored time out of range (or not a number) decodes to. */
@@ -33,3 +35,19 @@ export const iso = (time: DateTime.Utc): string => isValid(time) ? DateTime.form
 
 /** `time` as ISO text for JSON, or null. */
 export const json = (time: DateTime.Utc): string | null => isValid(time) ? DateTime.formatIso(time) : null
+
+/**
+ * The condition that `column` still holds `time` as it was read (`invalid`: still no time), for a statement
+ * that acts on a row only while it is the row an operator was shown.
+ */
+export const still = (sql: SqlClient.SqlClient, column: string, time: DateTime.Utc): Statement.Fragment =>
+  isValid(time)
+    ? sql`${sql(column)} = ${DateTime.toEpochMillis(time)}`
+    : sql`NOT (${sql(column)} > ${-limit} AND ${sql(column)} < ${limit})`
+
+/** A time as a form carries it (epoch milliseconds, `invalid` as the limit); `undefined` when it is none. */
+export const ofField = (text: string): DateTime.Utc | undefined =>
+  /^-?\d{1,16}$/.test(text) ? decode(Number(text)) : undefined
+
+/** `time` as a form carries it (see `ofField`). */
+export const toField = (time: DateTime.Utc): string => String(DateTime.toEpochMillis(time))

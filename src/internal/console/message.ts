@@ -214,15 +214,23 @@ export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDe
         ["last extended", when(message.extendedAt)] as const
       ])
   ]
+  // What the actions act on: this letter (dead-lettered when shown), this message (enqueued when shown).
+  const letterShown: Record<string, string> = message.deadLetteredAt === undefined
+    ? {}
+    : { at: StoredTime.toField(message.deadLetteredAt) }
   const whole = message.body.length >= message.bodyLength
   const body = pretty(message.body, whole)
   const actions = dead
-    ? `${button(context, "/actions/dead-letters/redrive", "Redrive", { id: message.id })}${
-      button(context, "/actions/dead-letters/delete", "Delete", { id: message.id }, true)
+    ? `${button(context, "/actions/dead-letters/redrive", "Redrive", { id: message.id, ...letterShown })}${
+      button(context, "/actions/dead-letters/delete", "Delete", { id: message.id, ...letterShown }, true)
     }`
     : message.state === "inFlight"
     ? `<span class="note">Held by a receiver: it can be deleted once its lease ends.</span>`
-    : button(context, "/actions/messages/delete", "Delete", { queue: message.queue, id: message.id }, true)
+    : button(context, "/actions/messages/delete", "Delete", {
+      queue: message.queue,
+      id: message.id,
+      at: StoredTime.toField(message.enqueuedAt)
+    }, true)
   return `<section id="message"><h2>${dead ? "Dead letter" : "Message"} <code>${Browse.shown(message.id)}</code></h2>
   ${actions === "" ? "" : `<div class="actions">${actions}</div>`}
   <dl class="fields">${fields.map(([name, value]) => `<dt>${name}</dt><dd>${value}</dd>`).join("")}</dl>

@@ -28,6 +28,7 @@ import { nameProblem } from "../../names.js"
 import { nowOf, statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
 export * from "./browseModel.js"
+import type * as DateTime from "effect/DateTime"
 import * as StoredTime from "../../storedTime.js"
 import {
   detailLength,
@@ -363,14 +364,24 @@ export const make = (store: Store, clock: Clock.Clock) => {
         }))
       }).pipe(bounded, withStore)
     },
-    /** Deletes a message of `queue` that no receiver holds now (queued or delayed); whether it did. */
-    remove: (queue: string, id: string): Effect.Effect<boolean, MailboxConnectionError> => {
+    /**
+     * Deletes a message of `queue` that no receiver holds now (queued or delayed); whether it did. With
+     * `shown`, only while it is still the message shown (enqueued when it was: a seq used again after the
+     * table was emptied, or in a copy of another database, names another message).
+     */
+    remove: (
+      queue: string,
+      id: string,
+      shown?: { readonly enqueuedAt: DateTime.Utc }
+    ): Effect.Effect<boolean, MailboxConnectionError> => {
       const seq = seqOf(id)
       if (seq === undefined || nameProblem(queue) !== undefined) return Effect.succeed(false)
       return Effect.suspend(() => {
         const now = at(nowOf(clock)())
         return sql`DELETE FROM ${messages} WHERE seq = ${seq} AND queue = ${queue}
-          AND (receipt_handle IS NULL OR visible_at <= ${now}) RETURNING seq`
+          AND (receipt_handle IS NULL OR visible_at <= ${now})${
+          shown === undefined ? sql`` : sql` AND ${StoredTime.still(sql, "enqueued_at", shown.enqueuedAt)}`
+        } RETURNING seq`
       }).pipe(Effect.map((rows) => rows.length > 0), withStore)
     }
   }
