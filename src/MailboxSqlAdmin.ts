@@ -519,7 +519,10 @@ export interface Browser {
     queue: string,
     id: string
   ) => Effect.Effect<Option.Option<MessageDetail>, MailboxConnectionError>
-  /** Deletes the message `id` of `queue` unless a receiver holds it now; whether it did. */
+  /**
+   * Deletes a message of `queue` no receiver holds now; whether it did. With `shown`, only while the message
+   * was enqueued at `shown.enqueuedAt` (as `messages`/`message` gave it): an id used again names another.
+   */
   readonly remove: (
     queue: string,
     id: string,

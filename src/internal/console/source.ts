@@ -6,10 +6,21 @@
  * instead of the old file's contents, until a file is there again. PostgreSQL (no file) is read as it is.
  *
  * Each open database has an identity (`identity`): the file's device and inode on SQLite, the database's oid and
- * name on PostgreSQL (the device and inode suffice: the console keeps the file it opened open, so its inode is
- * not given to another file while the console runs). Every form the console renders carries the identity of the database it was read from, and
- * an action is carried out only on a database with that identity (server.ts): a page rendered from the old file
- * acts on nothing once the file is replaced.
+ * name on PostgreSQL (the console keeps the file it opened open, so its inode is not given to another file while
+ * the console runs), followed by the mailbox's own random identity (`<prefix>mailbox_identity`, mailbox
+ * migration 12) read anew each time: a copy of another database over the file in place (same inode), a file
+ * truncated to nothing, or tables dropped and made again in the same PostgreSQL database is another database.
+ * Every form the console renders carries the identity of the database it was read from, and an action is
+ * carried out only on a database with that identity (server.ts): a page rendered from the old file acts on
+ * nothing once the file is replaced. (What a form shows of its row guards the rest: server.ts, `at`.)
+ *
+ * A file written in place (the same inode, its size or times changed: SQLite's own checkpoints, or `cp` over
+ * it) is read through a new connection, SQLite's cache of the old pages not being trusted; the connection
+ * before is closed at the next such change (a page may still be reading through it). The same database keeps
+ * its throughput across it.
+ *
+ * The path is resolved (symbolic links followed) at every look: SQLite keeps `-wal` and `-shm` beside the file
+ * a link names, so that is where the guard below looks.
  *
  * A file replaced while its `-wal` or `-shm` file stays (SQLite finds them by the file's name, so the new file
  * would be read through the old file's log) is not opened: the page says which to move, until they are gone.
