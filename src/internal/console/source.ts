@@ -190,6 +190,12 @@ export const make = (
       logs = { wal: now.wal ?? logs.wal, shm: now.shm ?? logs.shm }
     }
     remember()
+    /**
+     * The connections opened for a file written in place, each in its own scope: the one before the newest is
+     * closed at the next such opening (not at once: a page may still be reading through it).
+     * A replaced file's are forgotten, never closed: see the module comment.
+     */
+    let connections: ReadonlyArray<Scope.CloseableScope> = []
     const lock = yield* Effect.makeSemaphore(1)
     const stop = Effect.suspend(() => Scope.close(state.scope, Exit.void))
     /** The file the path names is not the one open: says so, then opens it if it is there. */
@@ -197,6 +203,8 @@ export const make = (
       Effect.gen(function*() {
         const gone = now === undefined
         yield* stop
+        // The old file's connections stay open (closing the last would delete the -wal its name now names).
+        connections = []
         const what = gone
           ? `The database file ${file.path} was deleted at ${iso(at)}; this console shows nothing until it is back.`
           : `The database file ${file.path} was replaced at ${iso(at)}`
@@ -246,11 +254,6 @@ export const make = (
         remember()
         yield* Effect.logInfo(`leasehold console: ${what}; reading the new file`)
       })
-    /**
-     * The connections opened for a file written in place, each in its own scope: the one before the newest is
-     * closed at the next such opening (not at once: a page may still be reading through it).
-     */
-    let connections: ReadonlyArray<Scope.CloseableScope> = []
     /**
      * The file is the one open but was written since (its size or times changed): by SQLite's checkpoints, or
      * by a copy over it in place (`cp other.db live.db`) or a truncation, which SQLite's cache does not notice
