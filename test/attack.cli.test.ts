@@ -262,6 +262,16 @@ for (const backend of backends) {
           }
           console.log(`DATES ${backend.label}`, JSON.stringify(results))
           expect(Object.values(results).every((r) => r === "exit 0")).toBe(true)
+          // The damaged rows are listed too, their times shown as none.
+          const listed = JSON.parse(
+            (yield* leasehold("mailbox", "dlq", "list", "--json", ...args)).stdout
+          ) as ReadonlyArray<{ id: string; deadLetteredAt: string | null }>
+          expect(
+            listed.filter((l) => l.id === "1001" || l.id === "1002").map((l) => [l.id, l.deadLetteredAt === null])
+          ).toEqual([["1001", false], ["1002", true]])
+          const peek = yield* leasehold("mailbox", "peek", "jobs", ...args)
+          expect(peek.stdout).toContain("invalid time")
+          expect(peek.stdout).toContain("good")
         }).pipe(Effect.scoped, onDb),
       TIMEOUT
     )
