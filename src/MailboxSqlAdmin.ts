@@ -37,6 +37,7 @@ import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
 import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
 import * as WorkersTable from "./internal/sql/mailbox/workers.js"
 import type { WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
+import * as StoredTime from "./internal/storedTime.js"
 import { currentTraceparent } from "./internal/tracing.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
@@ -65,6 +66,11 @@ export interface StoredDeadLetter {
 export interface Selection {
   readonly queue?: string | undefined
   readonly ids?: ReadonlyArray<string> | undefined
+  /**
+   * Only letters dead-lettered at this time (as read: a time `list` gave): with `ids`, the letters shown, not
+   * others stored under the same ids since.
+   */
+  readonly deadLetteredAt?: DateTime.Utc | undefined
 }
 
 /**
@@ -168,7 +174,10 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
     const where = (selection: Selection | undefined) => {
       const conditions = [
         ...(selection?.queue === undefined ? [] : [sql`queue = ${selection.queue}`]),
-        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)])
+        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)]),
+        ...(selection?.deadLetteredAt === undefined ?
+          [] :
+          [StoredTime.still(sql, "dead_lettered_at", selection.deadLetteredAt)])
       ]
       return conditions.length === 0 ? sql`` : sql`WHERE ${sql.and(conditions)}`
     }
@@ -199,8 +208,8 @@ export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenE
                   body: row.body,
                   replyTo: row.reply_to ?? undefined,
                   deliveryCount: Number(row.delivery_count),
-                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-                  deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+                  enqueuedAt: StoredTime.decode(row.enqueued_at),
+                  deadLetteredAt: StoredTime.decode(row.dead_lettered_at),
                   errorTag: row.error_tag,
                   error: row.error
                 }))
@@ -430,7 +439,7 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
                 delayed: Number(row?.delayed ?? 0),
                 oldestEnqueuedAt: row?.oldest === null || row?.oldest === undefined
                   ? Option.none()
-                  : Option.some(DateTime.unsafeMake(Number(row.oldest))),
+                  : Option.some(StoredTime.decode(row.oldest)),
                 maxDeliveryCount: Number(row?.max_delivery ?? 0),
                 deadLetters: Number(dead.find((r) => r.queue === queue)?.n ?? 0)
               }
@@ -457,9 +466,9 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
                   id: String(row.seq),
                   body: row.body,
                   state: Number(row.visible) === 1 ? "queued" : row.receipt_handle === null ? "delayed" : "in flight",
-                  visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+                  visibleAt: StoredTime.decode(row.visible_at),
                   deliveryCount: Number(row.delivery_count),
-                  enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+                  enqueuedAt: StoredTime.decode(row.enqueued_at),
                   replyTo: Option.fromNullable(row.reply_to)
                 }))
               ),
@@ -476,7 +485,7 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
           ? Effect.map(QueueTable.list(store), (rows) =>
             rows.map((row): RecordedQueue => ({
               queue: row.name,
-              createdAt: DateTime.unsafeMake(row.createdAt),
+              createdAt: StoredTime.decode(row.createdAt),
               paused: row.paused
             })))
           : Effect.succeed([])).pipe(withStore),
@@ -523,8 +532,15 @@ export interface Browser {
     queue: string,
     id: string
   ) => Effect.Effect<Option.Option<MessageDetail>, MailboxConnectionError>
-  /** Deletes the message `id` of `queue` unless a receiver holds it now; whether it did. */
-  readonly remove: (queue: string, id: string) => Effect.Effect<boolean, MailboxConnectionError>
+  /**
+   * Deletes a message of `queue` no receiver holds now; whether it did. With `shown`, only while the message
+   * was enqueued at `shown.enqueuedAt` (as `messages`/`message` gave it): an id used again names another.
+   */
+  readonly remove: (
+    queue: string,
+    id: string,
+    shown?: { readonly enqueuedAt: DateTime.Utc }
+  ) => Effect.Effect<boolean, MailboxConnectionError>
 }
 
 /**

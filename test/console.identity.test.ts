@@ -165,8 +165,8 @@ describe("the SQLite file replaced under a running console", () => {
         )
 
         // The forms name the file they were read from.
-        expect(field(stalePage, "db")).toMatch(/^sqlite:\d+:\d+$/)
-        expect(field(freshPage, "db")).toMatch(/^sqlite:\d+:\d+$/)
+        expect(field(stalePage, "db")).toMatch(/^sqlite:\d+:\d+:[\da-f-]{36}$/)
+        expect(field(freshPage, "db")).toMatch(/^sqlite:\d+:\d+:[\da-f-]{36}$/)
         expect(field(freshPage, "db")).not.toBe(field(stalePage, "db"))
         // The page read from the new file acts on the new file: its message 1 only.
         const confirm = yield* post(url, "/actions/messages/delete", freshPage)
@@ -235,7 +235,7 @@ describe("the PostgreSQL database dropped and created again under a running cons
           ["1", "NEW-one"],
           ["2", "NEW-two"]
         ])
-        expect(field(stalePage, "db")).toMatch(new RegExp(`^pg:\\d+:${name}$`))
+        expect(field(stalePage, "db")).toMatch(new RegExp(`^pg:\\d+:${name}:[\\da-f-]{36}$`))
       }).pipe(Effect.scoped),
     90_000
   )

@@ -21,6 +21,7 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { causeOf, clip } from "../internal/errorText.js"
 import { summary } from "../internal/sql/mailbox/journalView.js"
+import * as StoredTime from "../internal/storedTime.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, limit as limitOption, prefix, withDatabase } from "./database.js"
 import { line, print } from "./output.js"
@@ -36,8 +37,9 @@ export class ConfirmationRequiredError extends Schema.TaggedError<ConfirmationRe
 export class NotFoundError extends Schema.TaggedError<NotFoundError>()("NotFoundError", { message: Schema.String }) {}
 
 const common = { db, json, prefix }
-const iso = (time: DateTime.Utc) => DateTime.formatIso(time)
-const since = (time: DateTime.Utc, now: number) => ago(DateTime.toEpochMillis(time), now)
+const iso = (time: DateTime.Utc) => StoredTime.json(time)
+const since = (time: DateTime.Utc, now: number) =>
+  StoredTime.isValid(time) ? ago(DateTime.toEpochMillis(time), now) : "invalid time"
 const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
 
 type Common = { readonly db: Option.Option<string>; readonly prefix: string }
@@ -471,7 +473,7 @@ const journalText = (found: MailboxSqlAdmin.JournalView) =>
     `: ${plural(found.steps.length, "step")}${found.truncated ? " (the first ones; there are more)" : ""}`,
     table(
       ["position", "key", "recorded", "entry"],
-      found.steps.map((step) => [String(step.position), step.key, iso(step.recordedAt), summary(step.entry)])
+      found.steps.map((step) => [String(step.position), step.key, StoredTime.iso(step.recordedAt), summary(step.entry)])
     )
   ].join("\n")
 

@@ -6,11 +6,11 @@
  */
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
-import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { InvalidParameterError } from "../Errors.js"
+import * as StoredTime from "../internal/storedTime.js"
 import type * as MailboxSqlAdmin from "../MailboxSqlAdmin.js"
 import { db, json, prefix, withDatabase } from "./database.js"
 import { print } from "./output.js"
@@ -40,9 +40,9 @@ export const workerJson = (worker: MailboxSqlAdmin.WorkerProcess) => ({
   process: worker.process,
   instance: Option.getOrNull(worker.instance),
   name: Option.getOrNull(worker.name),
-  startedAt: DateTime.formatIso(worker.startedAt),
+  startedAt: StoredTime.json(worker.startedAt),
   version: worker.version,
-  refreshedAt: DateTime.formatIso(worker.refreshedAt),
+  refreshedAt: StoredTime.json(worker.refreshedAt),
   lost: worker.lost,
   loops: worker.loops.map((loop) => ({
     name: loop.name,

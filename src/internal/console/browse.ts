@@ -127,9 +127,9 @@ ${body}</main></body></html>`
 export const when = (time: DateTime.Utc | undefined, now: number) => {
   if (time === undefined) return "–"
   const millis = DateTime.toEpochMillis(time)
-  return Number.isFinite(millis) && Math.abs(millis) <= 8.64e15
+  return Number.isFinite(millis) && Math.abs(millis) < 8.64e15
     ? `<time title="${new Date(millis).toISOString()}">${Page.escape(ago(millis, now))}</time>`
-    : "–"
+    : "invalid time"
 }
 
 /** `text` escaped, cut to `max` characters ("…" says so). */

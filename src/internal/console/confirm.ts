@@ -16,6 +16,8 @@ export interface Binding {
   readonly kind: string
   readonly queue: string | undefined
   readonly id: string | undefined
+  /** What the page showed of the row (its time: server.ts), if the action names one. */
+  readonly at?: string | undefined
   /** The identity of the database the page was read from (source.ts). */
   readonly database: string
 }
@@ -39,7 +41,7 @@ const kept = 256
 
 /** One text per binding, every field in it (absent and empty kept apart). */
 const key = (binding: Binding) =>
-  JSON.stringify([binding.kind, binding.queue ?? null, binding.id ?? null, binding.database])
+  JSON.stringify([binding.kind, binding.queue ?? null, binding.id ?? null, binding.at ?? null, binding.database])
 
 export const make = (): Confirmations => {
   const issued = new Map<string, { readonly key: string; readonly back: string | undefined }>()

@@ -17,6 +17,7 @@ import * as Option from "effect/Option"
 import * as MailboxSqlAdmin from "../../MailboxSqlAdmin.js"
 import { causesOf } from "../errorText.js"
 import { summary } from "../sql/mailbox/journalView.js"
+import * as StoredTime from "../storedTime.js"
 import * as Browse from "./browse.js"
 import * as Page from "./page.js"
 
@@ -145,7 +146,7 @@ export const journal = (
       Browse.shown(tag, 60)
     }</td><td>${
       cutAt === undefined ? Browse.shown(summary(step.entry), 300) : `${Browse.shown(tag, 60)} (${cutAt} characters)`
-    }</td><td>${Page.escape(DateTime.formatIso(step.recordedAt))} (${
+    }</td><td>${Page.escape(StoredTime.iso(step.recordedAt))} (${
       Browse.when(step.recordedAt, now)
     })</td></tr><tr class="entry"><td colspan="5"><details><summary>entry${
       cut
@@ -177,7 +178,11 @@ export const journal = (
 export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDetail, now: number) => {
   const dead = message.state === "dead"
   const when = (time: DateTime.Utc | undefined) =>
-    time === undefined ? "–" : `${Page.escape(DateTime.formatIso(time))} (${Browse.when(time, now)})`
+    time === undefined
+      ? "–"
+      : StoredTime.isValid(time)
+      ? `${Page.escape(DateTime.formatIso(time))} (${Browse.when(time, now)})`
+      : "invalid time"
   const traceId = message.traceparent === undefined ? undefined : traceIdOf(message.traceparent)
   const fields: Array<readonly [string, string]> = [
     [
@@ -209,15 +214,23 @@ export const view = (context: Browse.Context, message: MailboxSqlAdmin.MessageDe
         ["last extended", when(message.extendedAt)] as const
       ])
   ]
+  // What the actions act on: this letter (dead-lettered when shown), this message (enqueued when shown).
+  const letterShown: Record<string, string> = message.deadLetteredAt === undefined
+    ? {}
+    : { at: StoredTime.toField(message.deadLetteredAt) }
   const whole = message.body.length >= message.bodyLength
   const body = pretty(message.body, whole)
   const actions = dead
-    ? `${button(context, "/actions/dead-letters/redrive", "Redrive", { id: message.id })}${
-      button(context, "/actions/dead-letters/delete", "Delete", { id: message.id }, true)
+    ? `${button(context, "/actions/dead-letters/redrive", "Redrive", { id: message.id, ...letterShown })}${
+      button(context, "/actions/dead-letters/delete", "Delete", { id: message.id, ...letterShown }, true)
     }`
     : message.state === "inFlight"
     ? `<span class="note">Held by a receiver: it can be deleted once its lease ends.</span>`
-    : button(context, "/actions/messages/delete", "Delete", { queue: message.queue, id: message.id }, true)
+    : button(context, "/actions/messages/delete", "Delete", {
+      queue: message.queue,
+      id: message.id,
+      at: StoredTime.toField(message.enqueuedAt)
+    }, true)
   return `<section id="message"><h2>${dead ? "Dead letter" : "Message"} <code>${Browse.shown(message.id)}</code></h2>
   ${actions === "" ? "" : `<div class="actions">${actions}</div>`}
   <dl class="fields">${fields.map(([name, value]) => `<dt>${name}</dt><dd>${value}</dd>`).join("")}</dl>

@@ -17,6 +17,7 @@
 import * as Option from "effect/Option"
 import { ago } from "../../cli/table.js"
 import * as MergeQueue from "../../MergeQueue.js"
+import * as StoredTime from "../storedTime.js"
 import { escape } from "./html.js"
 import * as Snapshot from "./snapshot.js"
 import * as Workers from "./workers.js"
@@ -68,7 +69,7 @@ export { escape }
 
 /** Whether `millis` is a time a `Date` can show (a damaged row's can be anything). */
 const showable = (millis: number | undefined): millis is number =>
-  millis !== undefined && Number.isFinite(millis) && Math.abs(millis) <= 8.64e15
+  millis !== undefined && Number.isFinite(millis) && Math.abs(millis) < 8.64e15
 
 /** A time the script keeps current: "in 12 s" counting down, "4 s ago" counting up. */
 const clock = (millis: number | undefined, now: number) =>
@@ -95,6 +96,12 @@ const table = (
         }</tr>`
       ).join("")
     }</tbody></table>`
+
+/** What a dead letter's actions act on: its id, and when it was dead-lettered as shown (StoredTime.ts). */
+const letterFields = (letter: { readonly id: string; readonly deadLetteredAt: number }) => ({
+  id: letter.id,
+  at: StoredTime.toField(StoredTime.decode(letter.deadLetteredAt))
+})
 
 /** A form posting `action` with the token and `fields`; nothing on a read-only console. */
 const button = (view: View, action: string, label: string, fields: Record<string, string> = {}, danger = false) =>
@@ -260,8 +267,8 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
         // An id too long to show whole is not one the console can name in a form (none of leasehold's is).
         letter.id.length > cellLimits.name ?
           "" :
-          `${button(view, "/actions/dead-letters/redrive", "Redrive", { id: letter.id })}${
-            button(view, "/actions/dead-letters/delete", "Delete", { id: letter.id }, true)
+          `${button(view, "/actions/dead-letters/redrive", "Redrive", letterFields(letter))}${
+            button(view, "/actions/dead-letters/delete", "Delete", letterFields(letter), true)
           }`
       ]),
       "No dead letters.",

@@ -39,12 +39,15 @@ import type * as UrlParams from "@effect/platform/UrlParams"
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as Cause from "effect/Cause"
 import * as Clock from "effect/Clock"
+import * as DateTime from "effect/DateTime"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
 import * as HttpServers from "../httpServer.js"
+import * as StoredTime from "../storedTime.js"
 import * as Browse from "./browse.js"
 import * as Confirm from "./confirm.js"
 import * as Message from "./message.js"
@@ -92,7 +95,7 @@ const refused = (status: number, reason: string) =>
   )
 
 /** The fields an action may take besides the token, the database and the confirmation: each given at most once. */
-type Field = "id" | "queue"
+type Field = "id" | "queue" | "at"
 
 /** What an action takes: each field it reads, required or not; any other field refuses the form. */
 type Takes = { readonly [K in Field]?: "required" | "optional" }
@@ -104,6 +107,11 @@ interface ActionForm {
   readonly confirm: string | undefined
   readonly id: string | undefined
   readonly queue: string | undefined
+  /**
+   * What the page showed of the row `id` names: a message's `enqueued_at`, a dead letter's `dead_lettered_at`
+   * (epoch milliseconds, StoredTime.toField). The action acts on the row only while it still holds it.
+   */
+  readonly at: string | undefined
 }
 
 /** An action's form is a token, a database identity and an id: a larger body is refused before it is read whole. */
@@ -126,6 +134,11 @@ const formOf = (params: UrlParams.UrlParams, takes: Takes, confirmed: boolean): 
   for (const [name, need] of Object.entries(takes)) {
     if (need === "required" && !fields.has(name)) return Either.left(`the form names no ${name}`)
   }
+  const at = fields.get("at")
+  if (at !== undefined && !fields.has("id")) return Either.left("the form gives a row's time but names no row")
+  if (at !== undefined && StoredTime.ofField(at) === undefined) {
+    return Either.left(`the form's row time ${clipped(JSON.stringify(at))} is not one the console's pages give`)
+  }
   const db = fields.get("db")
   if (db === undefined) return Either.left("the form does not say which database its page was read from")
   return Either.right({
@@ -133,7 +146,8 @@ const formOf = (params: UrlParams.UrlParams, takes: Takes, confirmed: boolean): 
     db,
     confirm: fields.get("confirm"),
     id: fields.get("id"),
-    queue: fields.get("queue")
+    queue: fields.get("queue"),
+    at: fields.get("at")
   })
 }
 
@@ -196,7 +210,7 @@ export const make = (options: Options) =>
     const action = <E extends { readonly message: string }>(
       anchor: (typeof Page.noticeAnchors)[number],
       takes: Takes,
-      work: (form: ActionForm) => Effect.Effect<string, E, SqlClient.SqlClient>,
+      work: (form: ActionForm) => Effect.Effect<string, E | RowGoneError, SqlClient.SqlClient>,
       confirm?: (form: ActionForm) => Effect.Effect<Omit<Confirm.Request, "fields" | "back">, E, SqlClient.SqlClient>
     ) =>
       Effect.gen(function*() {
@@ -231,7 +245,7 @@ export const make = (options: Options) =>
           return yield* refused(409, `Refused: ${database.left.message}. Nothing was changed.`)
         }
         const kind = new URL(request.url, "http://console").pathname
-        const binding: Confirm.Binding = { kind, queue: form.queue, id: form.id, database: form.db }
+        const binding: Confirm.Binding = { kind, queue: form.queue, id: form.id, at: form.at, database: form.db }
         const given = confirm === undefined ? undefined : form.confirm
         // A confirmed action returns where the first step came from (kept with its confirmation value).
         const confirmed = given === undefined ? undefined : confirmations.take(given, binding)
@@ -251,7 +265,7 @@ export const make = (options: Options) =>
               }). Nothing was changed: reload the page and act on what it shows now.`
           )
         }
-        const onDatabase = <A>(effect: Effect.Effect<A, E, SqlClient.SqlClient>) =>
+        const onDatabase = <A, F>(effect: Effect.Effect<A, F, SqlClient.SqlClient>) =>
           Effect.provideService(effect, SqlClient.SqlClient, current.sql)
         // Back to the page and search the form was on (only those two are taken from the Referer), or from a
         // browse or message page to the queue's browse page.
@@ -279,15 +293,20 @@ export const make = (options: Options) =>
               db: form.db,
               ...(form.id === undefined ? {} : { id: form.id }),
               ...(form.queue === undefined ? {} : { queue: form.queue }),
+              ...(form.at === undefined ? {} : { at: form.at }),
               confirm: confirmations.issue(binding, referer)
             },
             back: browsed ?? `/${Page.search(from.q, page)}#${anchor}`
           }))
         }
-        const notice = yield* onDatabase(work(form)).pipe(
-          Effect.catchAll((error) => Effect.succeed(`Failed: ${error.message}`))
-        )
-        return back(notice)
+        const done = yield* onDatabase(work(form)).pipe(Effect.either)
+        if (Either.isLeft(done) && done.left instanceof RowGoneError) {
+          return yield* refused(
+            409,
+            `Refused: ${done.left.message}. Nothing was changed: reload the page and act on what it shows now.`
+          )
+        }
+        return back(Either.isLeft(done) ? `Failed: ${done.left.message}` : done.right)
       })
 
     const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`
@@ -390,30 +409,33 @@ export const make = (options: Options) =>
       ),
       HttpRouter.post(
         "/actions/dead-letters/redrive",
-        action("dead-letters", { id: "optional" }, ({ id }) =>
+        action("dead-letters", { id: "optional", at: "optional" }, ({ at, id }) =>
           Effect.flatMap(deadLetters, (letters) =>
-            Effect.map(
-              letters.redrive(id === undefined ? {} : { ids: [id] }),
+            Effect.flatMap(
+              letters.redrive(letterSelection(id, at)),
               (n) =>
                 id === undefined || n > 0
-                  ? `Redrove ${plural(n, "dead letter")} to their queues.`
-                  : `Dead letter ${id} is gone (redriven or deleted meanwhile).`
+                  ? Effect.succeed(`Redrove ${plural(n, "dead letter")} to their queues.`)
+                  : Effect.fail(letterGone(id))
             )))
       ),
       HttpRouter.post(
         "/actions/dead-letters/delete",
         action(
           "dead-letters",
-          { id: "optional" },
-          ({ id }) =>
+          { id: "optional", at: "optional" },
+          ({ at, id }) =>
             Effect.flatMap(deadLetters, (letters) =>
-              Effect.map(
-                letters.purge(id === undefined ? {} : { ids: [id] }),
-                (n) => `Deleted ${plural(n, "dead letter")}.`
+              Effect.flatMap(
+                letters.purge(letterSelection(id, at)),
+                (n) =>
+                  id === undefined || n > 0
+                    ? Effect.succeed(`Deleted ${plural(n, "dead letter")}.`)
+                    : Effect.fail(letterGone(id))
               )),
-          ({ id }) =>
+          ({ at, id }) =>
             Effect.flatMap(deadLetters, (letters) =>
-              Effect.map(letters.count(id === undefined ? {} : { ids: [id] }), (n) => ({
+              Effect.map(letters.count(letterSelection(id, at)), (n) => ({
                 action: "/actions/dead-letters/delete",
                 question: id === undefined ? `Delete all ${plural(n, "dead letter")}?` : `Delete dead letter ${id}?`,
                 detail: id === undefined
@@ -431,19 +453,34 @@ export const make = (options: Options) =>
         "/actions/messages/delete",
         action(
           "mailboxes",
-          { queue: "required", id: "required" },
-          ({ id, queue }) =>
+          { queue: "required", id: "required", at: "required" },
+          ({ at, id, queue }) =>
             Effect.flatMap(
               Effect.flatMap(admin, (module) =>
                 module.browse({ prefix: options.prefix, create: false })),
-              (browser) =>
-                Effect.map(
-                  browser.remove(queue ?? "", id ?? ""),
+              (browser) => {
+                const enqueuedAt = at === undefined ? undefined : StoredTime.ofField(at)
+                const gone = new RowGoneError({
+                  message: `the message shown is no longer there (message ${clipped(id ?? "")} of ${
+                    clipped(JSON.stringify(queue ?? ""))
+                  } was deleted, or the id names another message now)`
+                })
+                if (enqueuedAt === undefined) {
+                  return Effect.fail(gone)
+                }
+                return Effect.flatMap(
+                  browser.remove(queue ?? "", id ?? "", { enqueuedAt }),
                   (removed) =>
                     removed
-                      ? `Deleted message ${id}.`
-                      : `Message ${id} was not deleted: it is gone, or a receiver holds it now.`
+                      ? Effect.succeed(`Deleted message ${id}.`)
+                      // Still the message shown: a receiver holds it now. Else it is another, or none.
+                      : Effect.flatMap(browser.message(queue ?? "", id ?? ""), (found) =>
+                        Option.isSome(found) &&
+                          DateTime.toEpochMillis(found.value.enqueuedAt) === DateTime.toEpochMillis(enqueuedAt)
+                          ? Effect.succeed(`Message ${id} was not deleted: a receiver holds it now.`)
+                          : Effect.fail(gone))
                 )
+              }
             ),
           ({ id, queue }) =>
             Effect.succeed({
@@ -474,7 +511,9 @@ export const make = (options: Options) =>
         )
       )
     )
-    const allowed = new Set(options.allowedHosts.map((host) => host.toLowerCase()))
+    const allowed = new Set(options.allowedHosts.map((host) =>
+      host.toLowerCase()
+    ))
     /** Whether a request addressed to `host` may be answered: an allowed name, and the console's port. */
     const addressed = (host: HttpServers.Host | undefined) =>
       host !== undefined && (host.port ?? 80) === options.port && (isLoopback(host.name) || allowed.has(host.name))
@@ -488,6 +527,26 @@ export const make = (options: Options) =>
           }, not ${clipped(request.headers["host"] ?? "no Host")} (on port ${options.port} only; ` +
             "leasehold console --allow-host NAME adds a name)."
         ))
+  })
+
+/**
+ * The row an action names is no longer the one its page showed (deleted, or its id names another row now: a
+ * table emptied and its ids used again, a copy of another database): refused with 409, nothing changed.
+ */
+class RowGoneError extends Schema.TaggedError<RowGoneError>()("RowGoneError", { message: Schema.String }) {}
+
+/** The dead letters a form names: all, or the letter `id` as shown (dead-lettered at `at`). */
+const letterSelection = (id: string | undefined, at: string | undefined) =>
+  id === undefined ? {} : {
+    ids: [id],
+    ...(at === undefined ? {} : { deadLetteredAt: StoredTime.ofField(at) })
+  }
+
+const letterGone = (id: string) =>
+  new RowGoneError({
+    message: `the dead letter shown is no longer there (dead letter ${
+      clipped(id)
+    } was redriven or deleted, or the id names another letter now)`
   })
 
 /** The notice an action's redirect carries, and the part it is about. */

@@ -265,8 +265,8 @@ export interface Sampler {
  * are still there (a row sent after the sequence was read waits for the next sample, so nothing is counted as
  * having been there that was not).
  */
-export const makeSampler = (sql: SqlClient.SqlClient, prefix: string): Effect.Effect<Sampler> =>
-  Effect.map(Ref.make<Rates>({ last: undefined, buckets: [] }), (ref) => ({
+export const makeSampler = (sql: SqlClient.SqlClient, prefix: string, seed?: Rates): Effect.Effect<Sampler> =>
+  Effect.map(Ref.make<Rates>(seed ?? { last: undefined, buckets: [] }), (ref) => ({
     rates: Ref.get(ref),
     sample: Effect.gen(function*() {
       const store = yield* openExisting(prefix)

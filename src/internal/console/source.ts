@@ -6,10 +6,21 @@
  * instead of the old file's contents, until a file is there again. PostgreSQL (no file) is read as it is.
  *
  * Each open database has an identity (`identity`): the file's device and inode on SQLite, the database's oid and
- * name on PostgreSQL (the device and inode suffice: the console keeps the file it opened open, so its inode is
- * not given to another file while the console runs). Every form the console renders carries the identity of the database it was read from, and
- * an action is carried out only on a database with that identity (server.ts): a page rendered from the old file
- * acts on nothing once the file is replaced.
+ * name on PostgreSQL (the console keeps the file it opened open, so its inode is not given to another file while
+ * the console runs), followed by the mailbox's own random identity (`<prefix>mailbox_identity`, mailbox
+ * migration 12) read anew each time: a copy of another database over the file in place (same inode), a file
+ * truncated to nothing, or tables dropped and made again in the same PostgreSQL database is another database.
+ * Every form the console renders carries the identity of the database it was read from, and an action is
+ * carried out only on a database with that identity (server.ts): a page rendered from the old file acts on
+ * nothing once the file is replaced. (What a form shows of its row guards the rest: server.ts, `at`.)
+ *
+ * A file written in place (the same inode, its size or times changed: SQLite's own checkpoints, or `cp` over
+ * it) is read through a new connection, SQLite's cache of the old pages not being trusted; the connection
+ * before is closed at the next such change (a page may still be reading through it). The same database keeps
+ * its throughput across it.
+ *
+ * The path is resolved (symbolic links followed) at every look: SQLite keeps `-wal` and `-shm` beside the file
+ * a link names, so that is where the guard below looks.
  *
  * A file replaced while its `-wal` or `-shm` file stays (SQLite finds them by the file's name, so the new file
  * would be read through the old file's log) is not opened: the page says which to move, until they are gone.
@@ -22,11 +33,13 @@ import type * as SqlClient from "@effect/sql/SqlClient"
 import * as Clock from "effect/Clock"
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
 import * as ExecutionStrategy from "effect/ExecutionStrategy"
 import * as Exit from "effect/Exit"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
-import { statSync } from "node:fs"
+import { realpathSync, statSync } from "node:fs"
+import * as Journal from "../sql/mailbox/journal.js"
 import * as Snapshot from "./snapshot.js"
 
 /** What the console reads now: a database and its sampler, or why there is none. */
@@ -55,34 +68,79 @@ export interface Source {
   readonly current: Effect.Effect<Current>
 }
 
-type Identity = { readonly dev: number; readonly ino: number } | undefined
+/** A file as `stat` sees it: which file (device and inode) and what it holds now (size, times). */
+type Identity =
+  | {
+    readonly dev: number
+    readonly ino: number
+    readonly size: number
+    readonly mtimeMs: number
+    readonly ctimeMs: number
+  }
+  | undefined
 
 const identity = (path: string): Identity => {
   const stats = statSync(path, { throwIfNoEntry: false })
-  return stats === undefined ? undefined : { dev: stats.dev, ino: stats.ino }
+  return stats === undefined
+    ? undefined
+    : { dev: stats.dev, ino: stats.ino, size: stats.size, mtimeMs: stats.mtimeMs, ctimeMs: stats.ctimeMs }
 }
 
 const same = (a: Identity, b: Identity) => a !== undefined && b !== undefined && a.dev === b.dev && a.ino === b.ino
 
+/** The same file, and nothing wrote it since (its size and times are as they were). */
+const unwritten = (a: Identity, b: Identity) =>
+  same(a, b) && a!.size === b!.size && a!.mtimeMs === b!.mtimeMs && a!.ctimeMs === b!.ctimeMs
+
+/**
+ * The file `path` names, its symbolic links followed (SQLite finds a database's `-wal` and `-shm` beside the
+ * file a link names, not beside the link); `path` itself when it names nothing now.
+ */
+const real = (path: string): string => {
+  try {
+    return realpathSync(path)
+  } catch {
+    return path
+  }
+}
+
 const iso = (millis: number) => new Date(millis).toISOString()
 
-const named = (opened: Identity) =>
-  Effect.succeed(opened === undefined ? "sqlite:unknown" : `sqlite:${opened.dev}:${opened.ino}`)
+/**
+ * The mailbox's own identity under `prefix` (`<prefix>mailbox_identity`, drawn at random by mailbox migration
+ * 12), read anew each time: a copy of another database, tables made again or an emptied file is another
+ * database even where the file (or the PostgreSQL database) is the same. `none` where there is no such row.
+ */
+const mailboxIdentity = (sql: SqlClient.SqlClient, prefix: string): Effect.Effect<string> =>
+  sql<{ id: string }>`SELECT id FROM ${sql(Journal.identityTable(prefix))} WHERE one = 1`.pipe(
+    Effect.map((rows) => rows[0] === undefined ? "none" : String(rows[0].id)),
+    Effect.orElseSucceed(() => "none")
+  )
+
+const named = (opened: Identity, sql: SqlClient.SqlClient, prefix: string) =>
+  Effect.map(
+    mailboxIdentity(sql, prefix),
+    (mailbox) => `${opened === undefined ? "sqlite:unknown" : `sqlite:${opened.dev}:${opened.ino}`}:${mailbox}`
+  )
 
 /**
  * What a database without a file says it is: on PostgreSQL its oid and name (a database dropped and created
  * again under the same name has a new oid); elsewhere (a SQLite database that is no file) one fixed name.
  */
-const asked = (sql: SqlClient.SqlClient): Effect.Effect<string, { readonly message: string }> =>
-  sql.onDialectOrElse({
-    pg: () =>
-      sql<{ oid: string; name: string }>`SELECT oid::text AS oid, datname AS name FROM pg_database
+const asked = (sql: SqlClient.SqlClient, prefix: string): Effect.Effect<string, { readonly message: string }> =>
+  Effect.zipWith(
+    sql.onDialectOrElse({
+      pg: () =>
+        sql<{ oid: string; name: string }>`SELECT oid::text AS oid, datname AS name FROM pg_database
         WHERE datname = current_database()`.pipe(
-        Effect.map((rows) => rows[0] === undefined ? "pg:unknown" : `pg:${rows[0].oid}:${rows[0].name}`),
-        Effect.mapError((error) => ({ message: `could not tell which database this is: ${error.message}` }))
-      ),
-    orElse: () => Effect.succeed("sqlite:no file")
-  })
+          Effect.map((rows) => rows[0] === undefined ? "pg:unknown" : `pg:${rows[0].oid}:${rows[0].name}`),
+          Effect.mapError((error) => ({ message: `could not tell which database this is: ${error.message}` }))
+        ),
+      orElse: () => Effect.succeed("sqlite:no file")
+    }),
+    mailboxIdentity(sql, prefix),
+    (database, mailbox) => `${database}:${mailbox}`
+  )
 
 /**
  * The console's source over `sql` (open already); with `file`, watched as the module comment says. Each
@@ -97,10 +155,14 @@ export const make = (
   Effect.gen(function*() {
     const outer = yield* Effect.scope
     /** Starts a database's sampler in a scope of its own (closed when the database is replaced). */
-    const start = (client: SqlClient.SqlClient, identity: Extract<Current, { _tag: "Open" }>["identity"]) =>
+    const start = (
+      client: SqlClient.SqlClient,
+      identity: Extract<Current, { _tag: "Open" }>["identity"],
+      seed?: Snapshot.Rates
+    ) =>
       Effect.gen(function*() {
         const scope = yield* Scope.fork(outer, ExecutionStrategy.sequential)
-        const sampler = yield* Snapshot.makeSampler(client, prefix)
+        const sampler = yield* Snapshot.makeSampler(client, prefix, seed)
         yield* sampler.sample.pipe(
           Effect.repeat(Schedule.spaced(sampleEvery)),
           Effect.forkIn(scope)
@@ -108,23 +170,32 @@ export const make = (
         return { current: { _tag: "Open", sql: client, sampler, identity } as Current, scope }
       })
     if (file === undefined) {
-      const state = yield* start(sql, asked(sql))
+      const state = yield* start(sql, asked(sql, prefix))
       return { current: Effect.succeed(state.current) }
     }
 
     let opened = identity(file.path)
-    let state = yield* start(sql, named(opened))
+    let state = yield* start(sql, named(opened, sql, prefix))
     /**
      * The `-wal` and `-shm` files seen beside the open file. SQLite finds them by name: a file replaced without
      * them would be read through the old file's log (its rows shown as the new file's, and written into).
      */
     let logs: { readonly wal: Identity; readonly shm: Identity } = { wal: undefined, shm: undefined }
-    const logsOf = () => ({ wal: identity(`${file.path}-wal`), shm: identity(`${file.path}-shm`) })
+    const logsOf = () => {
+      const path = real(file.path)
+      return { wal: identity(`${path}-wal`), shm: identity(`${path}-shm`) }
+    }
     const remember = () => {
       const now = logsOf()
       logs = { wal: now.wal ?? logs.wal, shm: now.shm ?? logs.shm }
     }
     remember()
+    /**
+     * The connections opened for a file written in place, each in its own scope: the one before the newest is
+     * closed at the next such opening (not at once: a page may still be reading through it).
+     * A replaced file's are forgotten, never closed: see the module comment.
+     */
+    let connections: ReadonlyArray<Scope.CloseableScope> = []
     const lock = yield* Effect.makeSemaphore(1)
     const stop = Effect.suspend(() => Scope.close(state.scope, Exit.void))
     /** The file the path names is not the one open: says so, then opens it if it is there. */
@@ -132,6 +203,8 @@ export const make = (
       Effect.gen(function*() {
         const gone = now === undefined
         yield* stop
+        // The old file's connections stay open (closing the last would delete the -wal its name now names).
+        connections = []
         const what = gone
           ? `The database file ${file.path} was deleted at ${iso(at)}; this console shows nothing until it is back.`
           : `The database file ${file.path} was replaced at ${iso(at)}`
@@ -139,9 +212,10 @@ export const make = (
         opened = now
         if (gone) return
         const left = logsOf()
+        const beside = real(file.path)
         const stale = [
-          ...(same(left.wal, logs.wal) ? [`${file.path}-wal`] : []),
-          ...(same(left.shm, logs.shm) ? [`${file.path}-shm`] : [])
+          ...(same(left.wal, logs.wal) ? [`${beside}-wal`] : []),
+          ...(same(left.shm, logs.shm) ? [`${beside}-shm`] : [])
         ]
         if (stale.length > 0) {
           state = {
@@ -173,16 +247,70 @@ export const make = (
         }
         // The file is the one stat named only if the path still names it once open: else it is looked at again
         // (and opened anew) at the next look, so an identity never names another file than the one read.
-        if (!same(identity(file.path), now)) opened = undefined
-        state = yield* start(client.right, named(now))
+        const after = identity(file.path)
+        opened = same(after, now) ? after : undefined
+        state = yield* start(client.right, named(now, client.right, prefix))
         logs = { wal: undefined, shm: undefined }
         remember()
         yield* Effect.logInfo(`leasehold console: ${what}; reading the new file`)
+      })
+    /**
+     * The file is the one open but was written since (its size or times changed): by SQLite's checkpoints, or
+     * by a copy over it in place (`cp other.db live.db`) or a truncation, which SQLite's cache does not notice
+     * (the old rows would still be shown, and written back). Read through a new connection from now on; its
+     * identity (the mailbox's own, read anew) tells a copy of another database from this one.
+     */
+    const rewritten = (now: Identity) =>
+      Effect.gen(function*() {
+        const scope = yield* Scope.fork(outer, ExecutionStrategy.sequential)
+        const client = yield* Scope.extend(file.open, scope).pipe(Effect.either)
+        if (client._tag === "Left") {
+          yield* Scope.close(scope, Exit.void)
+          yield* stop
+          state = {
+            current: {
+              _tag: "Problem",
+              problem:
+                `The database file ${file.path} was written in place and could not be opened again: ${client.left.message}`
+            },
+            scope: state.scope
+          }
+          // Tried again at the next look.
+          opened = undefined
+          return
+        }
+        // The same database written by a checkpoint keeps its throughput; another one starts over.
+        const before = state.current
+        const seed = before._tag === "Open"
+          ? yield* Effect.zipWith(
+            Effect.either(before.identity),
+            Effect.either(named(now, client.right, prefix)),
+            (a, b) => Either.isRight(a) && Either.isRight(b) && a.right === b.right
+          ).pipe(
+            Effect.flatMap((kept) =>
+              kept
+                ? Effect.map(before.sampler.rates, (r) => r as Snapshot.Rates | undefined)
+                : Effect.succeed(undefined)
+            )
+          )
+          : undefined
+        yield* stop
+        const after = identity(file.path)
+        opened = same(after, now) ? after : undefined
+        state = yield* start(client.right, named(now, client.right, prefix), seed)
+        const [older, ...kept] = [...connections, scope].length > 2
+          ? [...connections, scope]
+          : [undefined, ...connections, scope]
+        if (older !== undefined) yield* Scope.close(older, Exit.void)
+        connections = kept
+        remember()
       })
     const current = lock.withPermits(1)(Effect.gen(function*() {
       const now = identity(file.path)
       if (!same(now, opened) && !(now === undefined && opened === undefined)) {
         yield* changed(now, yield* Clock.currentTimeMillis)
+      } else if (state.current._tag === "Open" && !unwritten(now, opened)) {
+        yield* rewritten(now)
       } else if (state.current._tag === "Open") {
         remember()
       }

@@ -34,7 +34,7 @@ const seconds = (millis: number) => `${Math.round(millis / 1000)} s`
 
 /** A time that the page's script keeps current ("12 s ago"); the server's own words until it does. */
 const since = (millis: number, now: number) =>
-  Number.isFinite(millis) && Math.abs(millis) <= 8.64e15
+  Number.isFinite(millis) && Math.abs(millis) < 8.64e15
     ? `<time data-at="${millis}" title="${new Date(millis).toISOString()}">${seconds(now - millis)} ago</time>`
     : "–"
 

@@ -20,7 +20,6 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
-import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { InvalidParameterError } from "../../../Errors.js"
@@ -29,6 +28,8 @@ import { nameProblem } from "../../names.js"
 import { nowOf, statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
 export * from "./browseModel.js"
+import type * as DateTime from "effect/DateTime"
+import * as StoredTime from "../../storedTime.js"
 import {
   detailLength,
   maxPageSize,
@@ -310,10 +311,10 @@ export const make = (store: Store, clock: Clock.Clock) => {
           deliveryCount: Number(row.delivery_count),
           replyTo: row.reply_to ?? undefined,
           traceparent: row.traceparent ?? undefined,
-          enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-          visibleAt: DateTime.unsafeMake(Number(row.visible_at)),
+          enqueuedAt: StoredTime.decode(row.enqueued_at),
+          visibleAt: StoredTime.decode(row.visible_at),
           receivedBy: row.received_by ?? undefined,
-          extendedAt: row.extended_at === null ? undefined : DateTime.unsafeMake(Number(row.extended_at)),
+          extendedAt: row.extended_at === null ? undefined : StoredTime.decode(row.extended_at),
           deadLetteredAt: undefined,
           errorTag: undefined,
           error: undefined,
@@ -352,25 +353,35 @@ export const make = (store: Store, clock: Clock.Clock) => {
           deliveryCount: Number(row.delivery_count),
           replyTo: row.reply_to ?? undefined,
           traceparent: row.traceparent ?? undefined,
-          enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
+          enqueuedAt: StoredTime.decode(row.enqueued_at),
           visibleAt: undefined,
           receivedBy: undefined,
           extendedAt: undefined,
-          deadLetteredAt: DateTime.unsafeMake(Number(row.dead_lettered_at)),
+          deadLetteredAt: StoredTime.decode(row.dead_lettered_at),
           errorTag: row.error_tag,
           error: row.error,
           errorLength: Number(row.error_length)
         }))
       }).pipe(bounded, withStore)
     },
-    /** Deletes a message of `queue` that no receiver holds now (queued or delayed); whether it did. */
-    remove: (queue: string, id: string): Effect.Effect<boolean, MailboxConnectionError> => {
+    /**
+     * Deletes a message of `queue` that no receiver holds now (queued or delayed); whether it did. With
+     * `shown`, only while it is still the message shown (enqueued when it was: a seq used again after the
+     * table was emptied, or in a copy of another database, names another message).
+     */
+    remove: (
+      queue: string,
+      id: string,
+      shown?: { readonly enqueuedAt: DateTime.Utc }
+    ): Effect.Effect<boolean, MailboxConnectionError> => {
       const seq = seqOf(id)
       if (seq === undefined || nameProblem(queue) !== undefined) return Effect.succeed(false)
       return Effect.suspend(() => {
         const now = at(nowOf(clock)())
         return sql`DELETE FROM ${messages} WHERE seq = ${seq} AND queue = ${queue}
-          AND (receipt_handle IS NULL OR visible_at <= ${now}) RETURNING seq`
+          AND (receipt_handle IS NULL OR visible_at <= ${now})${
+          shown === undefined ? sql`` : sql` AND ${StoredTime.still(sql, "enqueued_at", shown.enqueuedAt)}`
+        } RETURNING seq`
       }).pipe(Effect.map((rows) => rows.length > 0), withStore)
     }
   }
@@ -417,8 +428,8 @@ const pageOf = <E, R>(
     queue: row.queue,
     state: state(row),
     deliveryCount: Number(row.delivery_count),
-    enqueuedAt: DateTime.unsafeMake(Number(row.enqueued_at)),
-    at: DateTime.unsafeMake(Number(row.at)),
+    enqueuedAt: StoredTime.decode(row.enqueued_at),
+    at: StoredTime.decode(row.at),
     receivedBy: row.received_by ?? undefined,
     errorTag: row.error_tag ?? undefined,
     error: row.error ?? undefined,

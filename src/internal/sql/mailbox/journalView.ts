@@ -7,13 +7,13 @@
  * code no longer matches (a run that diverged after a deploy).
  */
 import type { SqlError } from "@effect/sql/SqlError"
-import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import { InvalidParameterError } from "../../../Errors.js"
 import { decodeRequestId, requestDigest } from "../../mailbox/journal.js"
 import { refusedName } from "../../names.js"
+import * as StoredTime from "../../storedTime.js"
 import {
   JournalAmbiguousError,
   type JournalLookup,
@@ -179,7 +179,7 @@ export const read = (
         return {
           position: Number(row.position),
           key: row.step_key,
-          recordedAt: DateTime.unsafeMake(Number(row.recorded_at)),
+          recordedAt: StoredTime.decode(row.recorded_at),
           entry: cut ? row.entry : parseEntry(row.entry),
           ...(cut ? { entryLength: length } : {})
         }

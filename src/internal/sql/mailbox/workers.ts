@@ -21,7 +21,6 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Config from "effect/Config"
-import * as DateTime from "effect/DateTime"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -31,6 +30,7 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { InvalidParameterError } from "../../../Errors.js"
 import * as Durations from "../../duration.js"
+import * as StoredTime from "../../storedTime.js"
 import { version } from "../../version.js"
 import type { LoopPulse } from "../../worker/pulse.js"
 import { missingTables } from "../common.js"
@@ -349,9 +349,9 @@ export const listProcesses = (
       process: row.process,
       instance: Option.fromNullable(row.instance),
       name: Option.fromNullable(row.name),
-      startedAt: DateTime.unsafeMake(row.startedAt),
+      startedAt: StoredTime.decode(row.startedAt),
       version: row.version,
-      refreshedAt: DateTime.unsafeMake(row.refreshedAt),
+      refreshedAt: StoredTime.decode(row.refreshedAt),
       lost: row.lost,
       loops: row.loops.map((loop): Admin.WorkerLoop => ({
         name: loop.name,
