@@ -22,12 +22,12 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
-import { nameProblem, storableText } from "./internal/names.js"
+import { nameProblem } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
 import * as Browse from "./internal/sql/mailbox/browse.js"
 import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/sql/mailbox/browseModel.js"
-import { encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import * as DeadLetterTable from "./internal/sql/mailbox/deadLetters.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
 import type * as JournalModel from "./internal/sql/mailbox/journalModel.js"
 import { matchLimit, stepLimit } from "./internal/sql/mailbox/journalModel.js"
@@ -38,7 +38,6 @@ import { connectionError, openExisting, prepare, type Row } from "./internal/sql
 import * as WorkersTable from "./internal/sql/mailbox/workers.js"
 import type { WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
 import * as StoredTime from "./internal/storedTime.js"
-import { currentTraceparent } from "./internal/tracing.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
 /**
@@ -74,20 +73,6 @@ export interface Selection {
 }
 
 /**
- * The longest error a stored dead letter keeps (a handler's error message is the user's: it may be long, hold a
- * NUL or a lone surrogate — stored as U+FFFD, so the letter is stored and the request leaves the queue).
- */
-const maxErrorLength = 64 * 1024
-
-/** A `limit` of the operator's queries: a positive integer (the database would take a negative one as none). */
-const checkLimit = (limit: number | undefined): Either.Either<undefined, InvalidParameterError> =>
-  limit === undefined || (Number.isSafeInteger(limit) && limit > 0 && limit <= 100_000)
-    ? Either.right(undefined)
-    : Either.left(
-      new InvalidParameterError({ parameter: "limit", value: limit, reason: "must be an integer in 1..100000" })
-    )
-
-/**
  * Operations on the dead-letter table (used by the command line).
  *
  * @category models
@@ -112,20 +97,6 @@ export interface DeadLetters {
       letter: DeadLetter.DeadLetter<A>
     ) => Effect.Effect<string, SerializationError | MailboxConnectionError>
   }
-}
-
-interface DeadLetterRow {
-  readonly id: string
-  readonly queue: string
-  readonly body: string
-  readonly reply_to: string | null
-  readonly delivery_count: number | string
-  readonly enqueued_at: number | string
-  readonly dead_lettered_at: number | string
-  readonly error_tag: string
-  readonly error: string
-  /** The message's trace context (mailbox migration 8; absent before). */
-  readonly traceparent?: string | null | undefined
 }
 
 /**
@@ -164,130 +135,7 @@ const open = (options: Options | undefined) =>
  * @category constructors
  */
 export const deadLetters = (options?: Options): Effect.Effect<DeadLetters, OpenError, SqlClient.SqlClient> =>
-  Effect.gen(function*() {
-    const store = yield* open(options)
-    const { sql } = store
-    const table = sql(store.deadLetters)
-    const messages = sql(store.messages)
-    const clock = yield* Effect.clock
-    const withStore = connectionError(store.deadLetters)
-    const where = (selection: Selection | undefined) => {
-      const conditions = [
-        ...(selection?.queue === undefined ? [] : [sql`queue = ${selection.queue}`]),
-        ...(selection?.ids === undefined ? [] : [sql.in("id", selection.ids)]),
-        ...(selection?.deadLetteredAt === undefined ?
-          [] :
-          [StoredTime.still(sql, "dead_lettered_at", selection.deadLetteredAt)])
-      ]
-      return conditions.length === 0 ? sql`` : sql`WHERE ${sql.and(conditions)}`
-    }
-    // Nothing to select: no ids, or a queue name or id no message can have (the name rule: a NUL would be a
-    // failed statement on PostgreSQL, a lone surrogate would match U+FFFD's letters there).
-    // A dead letter's journal goes with it (redriven or deleted), in the same transaction; a database before
-    // mailbox migration 11 has no journal table.
-    const journalsPresent = Journal.present(store)
-    const dropJournals = (journals: boolean, gone: ReadonlyArray<{ readonly id: string }>) =>
-      journals ? Journal.dropLetters(store, gone.map((row) => row.id)) : Effect.void
-    const empty = (selection: Selection | undefined) =>
-      (selection?.ids !== undefined &&
-        (selection.ids.length === 0 || selection.ids.some((id) => nameProblem(id) !== undefined))) ||
-      (selection?.queue !== undefined && nameProblem(selection.queue) !== undefined)
-
-    return {
-      list: (selection) =>
-        Either.match(checkLimit(selection?.limit), {
-          onLeft: (invalid): Effect.Effect<ReadonlyArray<StoredDeadLetter>, InvalidParameterError> =>
-            Effect.fail(invalid),
-          onRight: () =>
-            empty(selection) ? Effect.succeed([]) : sql<DeadLetterRow>`SELECT * FROM ${table} ${where(selection)}
-              ORDER BY dead_lettered_at, id LIMIT ${selection?.limit ?? 100}`.pipe(
-              Effect.map((rows) =>
-                rows.map((row): StoredDeadLetter => ({
-                  id: row.id,
-                  queue: row.queue,
-                  body: row.body,
-                  replyTo: row.reply_to ?? undefined,
-                  deliveryCount: Number(row.delivery_count),
-                  enqueuedAt: StoredTime.decode(row.enqueued_at),
-                  deadLetteredAt: StoredTime.decode(row.dead_lettered_at),
-                  errorTag: row.error_tag,
-                  error: row.error
-                }))
-              ),
-              withStore
-            )
-        }),
-      count: (selection) =>
-        empty(selection) ?
-          Effect.succeed(0) :
-          sql<{ n: number | string }>`SELECT count(*) AS n FROM ${table} ${where(selection)}`.pipe(
-            Effect.map((rows) => Number(rows[0]?.n ?? 0)),
-            withStore
-          ),
-      redrive: (selection) =>
-        empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
-          const at = statements(store).at(nowOf(clock)())
-          // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted,
-          // visible from now on the database's clock. The redriven message is new (its own seq, run afresh): the
-          // letters' journals go in the same transaction.
-          return Effect.flatMap(journalsPresent, (journals) =>
-            Sql.writeTransaction(sql)(
-              Effect.flatMap(
-                sql<DeadLetterRow>`DELETE FROM ${table} ${where(selection)} RETURNING *`,
-                (gone) =>
-                  gone.length === 0 ? Effect.succeed(gone) : Effect.as(
-                    Effect.zipRight(
-                      sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent) VALUES ${
-                        sql.csv(gone.map((row) =>
-                          sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
-                            row.traceparent ?? null
-                          })`
-                        ))
-                      }`,
-                      dropJournals(journals, gone)
-                    ),
-                    gone
-                  )
-              )
-            )).pipe(Effect.tap((gone) => Effect.sync(() => gone.forEach((row) => store.wake(row.queue)))))
-        }).pipe(Effect.map((gone) => gone.length), withStore),
-      purge: (selection) =>
-        empty(selection) ? Effect.succeed(0) : Effect.flatMap(journalsPresent, (journals) =>
-          Sql.writeTransaction(sql)(
-            Effect.tap(
-              sql<{ id: string }>`DELETE FROM ${table} ${where(selection)} RETURNING id`,
-              (gone) => dropJournals(journals, gone)
-            )
-          )).pipe(Effect.map((rows) => rows.length), withStore),
-      sink: (schema) => {
-        const encode = encoderOf(schema, maxBodyBytesLimit)
-        return {
-          name: store.deadLetters,
-          send: (letter) =>
-            Either.match(encode(letter.body), {
-              onLeft: (reason) =>
-                Effect.fail(
-                  new SerializationError({ mailbox: store.deadLetters, messageId: letter.messageId, reason })
-                ),
-              // Sent by a worker in the span it handled the message in: a redrive continues that trace.
-              onRight: (body) =>
-                currentTraceparent((traceparent) =>
-                  sql`INSERT INTO ${table} (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at,
-                    error_tag, error, traceparent)
-                  VALUES (${letter.messageId}, ${letter.sourceMailbox}, ${body}, ${letter.replyTo ?? null},
-                    ${letter.deliveryCount}, ${DateTime.toEpochMillis(letter.enqueuedAt)},
-                    ${DateTime.toEpochMillis(letter.deadLetteredAt)}, ${storableText(letter.lastErrorTag, 200)},
-                    ${storableText(letter.lastError, maxErrorLength)},
-                    ${traceparent ?? null})
-                  ON CONFLICT (id) DO UPDATE SET delivery_count = excluded.delivery_count,
-                    dead_lettered_at = excluded.dead_lettered_at, error_tag = excluded.error_tag,
-                    error = excluded.error, traceparent = excluded.traceparent`
-                ).pipe(Effect.as(letter.messageId), withStore)
-            })
-        }
-      }
-    }
-  })
+  Effect.zipWith(open(options), Effect.clock, DeadLetterTable.make)
 
 /**
  * One queue of a database, as operators see it.
@@ -450,7 +298,7 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
       peek: (queue, peekOptions) =>
         Effect.suspend(
           (): Effect.Effect<ReadonlyArray<PeekedMessage>, MailboxConnectionError | InvalidParameterError> => {
-            const limit = checkLimit(peekOptions?.limit)
+            const limit = DeadLetterTable.checkLimit(peekOptions?.limit)
             if (Either.isLeft(limit)) return Effect.fail(limit.left)
             const problem = nameProblem(queue)
             if (problem !== undefined) {
