@@ -136,18 +136,19 @@ for (const backend of backends) {
             ["health --url with controls", ["health", "--url", `http://127.0.0.1:1/${hostile}`]]
           ]
           const found: Record<string, string | null> = {}
-          for (const [what, argv] of runs) {
-            const run = yield* leasehold(...argv)
-            found[what] = rawOf(run)
-            console.log(
-              `RUN ${backend.label} ${what} exit ${run.code}: ${
-                (run.stdout + run.stderr).replace(/\s+/g, " ").slice(0, 300)
-              }`
-            )
-            if (what.endsWith("--json") && run.code === 0) {
-              expect(() => JSON.parse(run.stdout), what).not.toThrow()
-            }
-          }
+          // Independent runs (each checks only what it prints): four at a time.
+          yield* Effect.forEach(runs, ([what, argv]) =>
+            Effect.map(leasehold(...argv), (run) => {
+              found[what] = rawOf(run)
+              console.log(
+                `RUN ${backend.label} ${what} exit ${run.code}: ${
+                  (run.stdout + run.stderr).replace(/\s+/g, " ").slice(0, 300)
+                }`
+              )
+              if (what.endsWith("--json") && run.code === 0) {
+                expect(() => JSON.parse(run.stdout), what).not.toThrow()
+              }
+            }), { concurrency: 4, discard: true })
           const dirty = Object.fromEntries(Object.entries(found).filter(([, v]) => v !== null))
           expect(dirty).toEqual({})
         }).pipe(Effect.scoped, onDb),
@@ -329,26 +330,33 @@ for (const backend of backends) {
             "36500 days 1 millis"
           ]
           const bad: Record<string, string> = {}
-          for (const age of refused) {
-            const run = yield* leasehold("prune", "--older-than", age, ...args)
-            if (run.code === 0) {
-              const counted = (JSON.parse(run.stdout) as { deadLetters: number }).deadLetters
-              if (counted > 0) bad[age] = `accepted and would prune ${counted} (a 10 s old letter)`
-              else bad[age] = "accepted (prunes nothing)"
-            } else if (run.code !== 2 || !(run.stdout + run.stderr).includes("--older-than")) {
-              bad[age] = `exit ${run.code}: ${(run.stdout + run.stderr).slice(0, 200)}`
-            }
-          }
+          // The CLI runs are independent (a dry run each): four at a time.
+          yield* Effect.forEach(refused, (age) =>
+            Effect.map(leasehold("prune", "--older-than", age, ...args), (run) => {
+              if (run.code === 0) {
+                const counted = (JSON.parse(run.stdout) as { deadLetters: number }).deadLetters
+                if (counted > 0) bad[age] = `accepted and would prune ${counted} (a 10 s old letter)`
+                else bad[age] = "accepted (prunes nothing)"
+              } else if (run.code !== 2 || !(run.stdout + run.stderr).includes("--older-than")) {
+                bad[age] = `exit ${run.code}: ${(run.stdout + run.stderr).slice(0, 200)}`
+              }
+            }), { concurrency: 4, discard: true })
           // Accepted ones: a minute or more never takes a 10 s old letter.
-          for (const age of ["1000000 nanos", "1 minute", "60000 millis", "36500d", " 7d", "7D", "1.5d"]) {
-            const run = yield* leasehold("prune", "--older-than", age, ...args)
-            if (run.code === 0) {
-              const counted = (JSON.parse(run.stdout) as { deadLetters: number }).deadLetters
-              if (counted > 0 && age !== "1000000 nanos") bad[age] = `pruned ${counted}`
-            }
-          }
+          yield* Effect.forEach(["1000000 nanos", "1 minute", "60000 millis", "36500d", " 7d", "7D", "1.5d"], (age) =>
+            Effect.map(leasehold("prune", "--older-than", age, ...args), (run) => {
+              if (run.code === 0) {
+                const counted = (JSON.parse(run.stdout) as { deadLetters: number }).deadLetters
+                if (counted > 0 && age !== "1000000 nanos") {
+                  bad[age] = `pruned ${counted}`
+                }
+              }
+            }), { concurrency: 4, discard: true })
           console.log(`OLDER-THAN ${backend.label}`, JSON.stringify(bad))
-          expect(Object.fromEntries(Object.entries(bad).filter(([, v]) => !v.startsWith("accepted (prunes nothing)"))))
+          expect(Object.fromEntries(
+            Object.entries(bad).filter(([, v]) =>
+              !v.startsWith("accepted (prunes nothing)")
+            )
+          ))
             .toEqual({})
         }).pipe(Effect.scoped, onDb),
       TIMEOUT
