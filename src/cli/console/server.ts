@@ -46,8 +46,8 @@ import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
-import * as HttpServers from "../httpServer.js"
-import * as StoredTime from "../storedTime.js"
+import * as HttpServers from "../../internal/httpServer.js"
+import * as StoredTime from "../../internal/storedTime.js"
 import * as Browse from "./browse.js"
 import * as Confirm from "./confirm.js"
 import * as Message from "./message.js"
@@ -196,7 +196,7 @@ export const make = (options: Options) =>
     const admin = Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     const deadLetters = Effect.flatMap(admin, (module) => module.deadLetters({ prefix: options.prefix, create: false }))
     const mergeQueue = Effect.flatMap(
-      Effect.promise(() => import("../mergeQueue/look.js")),
+      Effect.promise(() => import("../../internal/mergeQueue/look.js")),
       (module) => module.look({ prefix: options.prefix })
     )
 
