@@ -27,13 +27,13 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
-import * as MergeQueue from "../../MergeQueue.js"
 import { look } from "../../internal/mergeQueue/look.js"
 import * as Sql from "../../internal/sql/common.js"
 import * as QueueTable from "../../internal/sql/mailbox/queues.js"
 import { openExisting } from "../../internal/sql/mailbox/store.js"
 import * as WorkersTable from "../../internal/sql/mailbox/workers.js"
 import * as WorkLeaseTables from "../../internal/sql/workLease/schema.js"
+import * as MergeQueue from "../../MergeQueue.js"
 
 /** A part of the page: its data, or why there is none. */
 export type Section<A> =
