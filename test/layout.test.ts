@@ -113,6 +113,10 @@ describe("src/ layout", () => {
     expect(edges(graph, isLoop, (f) => f === "Health.ts")).toEqual([])
   })
 
+  it("the step-storage contract (internal/journal.ts) is a leaf", () => {
+    expect(graph.get("internal/journal.ts")).toEqual([])
+  })
+
   it("agent code imports no transport", () => {
     expect(edges(graph, isAgent, isTransport)).toEqual([])
   })
