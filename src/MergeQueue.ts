@@ -1,39 +1,22 @@
 /**
- * MergeQueue: a merge queue in SQL (SQLite or PostgreSQL) whose stale
- * processing locks heal themselves, and that never lets a zombie worker write.
+ * MergeQueue: a merge queue in SQL (SQLite or PostgreSQL) whose stale processing locks heal themselves, and that
+ * never lets a zombie worker write.
  *
- * Entries wait as `pending`, ordered by priority (lower first) then age. One
- * processing lock serialises the work: `nextWithLock(agentId)` takes the lock
- * and claims the next entry atomically, and every claim draws a fencing token
- * that only grows. An entry stays the agent's while the lock that carries its
- * token is live; the agent keeps it live with `extendLock` (driven by a
- * `Heartbeat` through `LeaseExtender` with `extendable`), so a working agent
- * keeps its entry however long the work takes and a stuck or killed one loses
- * it once the lock expires, judged by the database's clock.
+ * Entries wait as `pending`, by priority then age. One processing lock serialises the work: `nextWithLock` takes
+ * it and claims the next entry atomically, under a fencing token that only grows. An entry stays its agent's
+ * while the lock carrying its token is live (`extendLock`, driven by a `Heartbeat` through `LeaseExtender` with
+ * `extendable`); a stuck or killed agent loses it when the lock expires, by the database's clock. Recovery
+ * (`detectAndRecoverStale`, best effort before a claim) clears an expired lock and returns every in-progress
+ * entry not carried by the live lock to `pending`. Ownership is checked in the transaction that writes, so an
+ * agent whose lock was reclaimed gets `LockLostError` and changes nothing.
  *
- * Self-healing (`detectAndRecoverStale`, run best-effort by a claim that finds
- * something stale): an expired lock is cleared and every entry in an
- * in-progress status whose token is not carried by the live lock goes back to
- * `pending`, keeping its workspace, bead id and priority. State changes check
- * ownership in the same transaction as the write, so an agent whose lock was
- * reclaimed is refused with `LockLostError` and changes nothing.
+ * Every call is one round trip (a PL/pgSQL function; on SQLite one write transaction), holding the single lock
+ * row first, so the audit log's order is the order things happened in. Tables are created on first use under
+ * `prefix`, or by `leasehold migrate` with `create: false`.
  *
- * Every coordination call — the claim, taking, extending and releasing the
- * lock, a transition with its audit row — is one round trip: a PL/pgSQL
- * function on PostgreSQL, one `BEGIN IMMEDIATE` transaction of two or three
- * statements on SQLite. Every write holds the single lock row first, so
- * writers are serialised and the audit log's order is the order things
- * happened in. Tables (and the functions) are created on first use under
- * `prefix` (default `leasehold_`), or by `leasehold migrate` for queues
- * opened with `create: false`.
- *
- * Where it lives: this module is the API; `internal/mergeQueue/` holds the
- * rest — `model.ts` (the vocabulary and the contract, a leaf this module
- * re-exports), `service.ts` (the calls: arguments, retries, errors, metrics),
- * `statements.ts` (one statement set per dialect; SQLite's compiled once,
- * `compiled.ts`, and run on a connection held for the call under the shared
- * write discipline, `sqliteConnection.ts`), `conditions.ts` (the rules as SQL,
- * shared by both), `schema.ts` (tables, functions, migrations), `recovery.ts`,
+ * `internal/mergeQueue/`: `model.ts` (the vocabulary and contract, re-exported here), `service.ts` (arguments,
+ * retries, errors, metrics), `statements.ts` (one set per dialect; SQLite's compiled once, `compiled.ts`, run on
+ * a held connection, `sqliteConnection.ts`), `conditions.ts` (the rules as SQL), `schema.ts`, `recovery.ts`,
  * `rows.ts`, and the leaves `errors.ts`, `metrics.ts`, `statuses.ts`.
  */
 import type * as SqlClient from "@effect/sql/SqlClient"
