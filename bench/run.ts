@@ -28,6 +28,7 @@ import { parseArgs } from "node:util"
 import * as Postgres from "../test/support/postgres.js"
 import * as BullMQ from "./bullmq.js"
 import { journalSection } from "./journal.js"
+import type { LifeReport } from "./lifeFiles.js"
 import { PG_BOSS_BEST, type System, systems, type Throughput } from "./mailboxSql.js"
 import { bareCycles, mergeQueueCycles, recoveryAfterKill } from "./mergeQueue.js"
 import { measurePackage, PROCESS_ROUNDS } from "./package.js"
@@ -341,6 +342,56 @@ const systemRound = (system: System, args: ReadonlyArray<string>): Promise<Throu
       }
     })
   })
+
+/** One message's life in a fresh process (bench/lifeFiles.ts, bundled next to this file): the files it enters. */
+const lifeFiles = (args: ReadonlyArray<string>): Promise<LifeReport> =>
+  new Promise((resolve, reject) => {
+    const entry = fileURLToPath(new URL("./lifeFiles.mjs", import.meta.url))
+    const child = spawn(process.execPath, [entry, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk))
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk))
+    child.once("error", reject)
+    child.once("close", (code, signal) => {
+      const line = stdout.trim().split("\n").pop() ?? ""
+      if (code !== 0 || !line.startsWith("{")) {
+        reject(new Error(`lifeFiles: the process exited (${code ?? signal}): ${stderr.trim() || stdout}`))
+      } else {
+        resolve(JSON.parse(line) as LifeReport)
+      }
+    })
+  })
+
+/** The section of bench/lifeFiles.ts: one table per backend, a file and its functions per row. */
+const lifeSection = (reports: ReadonlyArray<LifeReport>): Array<string> => {
+  const lines = [
+    "## The files one message's life enters",
+    "",
+    "bench/lifeFiles.ts: V8 precise coverage (call counts) over the compiled `dist/` while one message is sent,",
+    "claimed, handled by a MainLoop (`execute` returns at once, no replyTo) and acknowledged, after a warm-up of",
+    "20 messages through the same layer, mailbox and loop; a file counts when one of its functions ran in that",
+    "window. Target: ≤ 14 files, by removing hops, not by merging files.",
+    "",
+    `| backend | files | functions |`,
+    "| --- | ---: | ---: |",
+    ...reports.map((r) => `| ${r.backend} | ${r.files.length} | ${r.functions} |`),
+    ""
+  ]
+  for (const report of reports) {
+    lines.push(
+      `<details><summary>${report.backend}: the files and how many of their functions ran</summary>`,
+      "",
+      "| file | functions |",
+      "| --- | ---: |",
+      ...report.files.map((f) => `| ${f.file} | ${f.functions} |`),
+      "",
+      "</details>",
+      ""
+    )
+  }
+  return lines
+}
 
 /**
  * The durable mailbox against its peers, every round of every system in a fresh process, rounds alternating
@@ -693,6 +744,9 @@ const main = async () => {
   const durableLines = await durableSection(url, sqliteFile, log)
   // The agent step journal: recording and resuming, on memory, SQLite and PostgreSQL (bench/journal.ts).
   const journalLines = await journalSection(join(mkdtempSync(join(tmpdir(), "leasehold-bench-")), "j.db"), url, log)
+  // The files one message's life enters (bench/lifeFiles.ts), on SQLite and on this cluster.
+  const lifeReports = [await lifeFiles([]), await lifeFiles(["--url", url])]
+  for (const r of lifeReports) log(`message life (${r.backend}): ${r.files.length} files, ${r.functions} functions`)
   // How cost grows with the work (bench/scale.ts): backlog sizes, many queues, dead rows, a worker's memory.
   const scaleReport = await measureScale(url, log)
   await Effect.runPromise(ScopeModule.close(clusterScope, Exit.void))
@@ -837,6 +891,7 @@ const main = async () => {
     } |`,
     "",
     ...durableLines,
+    ...lifeSection(lifeReports),
     ...journalLines,
     ...scaleSection(scaleReport),
     "## MergeQueue: claim → transitions → merged → release",

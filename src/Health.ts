@@ -8,7 +8,8 @@
  * every Effect `Metric` of the runtime in Prometheus text, rendered by
  * OpenTelemetry's Prometheus serializer through `@effect/opentelemetry`,
  * with each registered loop's `leasehold_heartbeat_age_seconds` as of the
- * scrape. Anything else is 404.
+ * scrape. Anything else is 404. Its layers also provide `Runnable.Readiness`,
+ * where loops count themselves in, so no loop imports this module.
  */
 import type { ServeError } from "@effect/platform/HttpServerError"
 import * as Context from "effect/Context"
@@ -23,7 +24,7 @@ import { recordAge } from "./internal/heartbeat.js"
 import * as HttpServers from "./internal/httpServer.js"
 import * as Optional from "./internal/optional.js"
 import * as Options_ from "./internal/options.js"
-import type * as MailboxWorker from "./MailboxWorker.js"
+import * as Runnable from "./Runnable.js"
 
 /**
  * The readiness verdict and why.
@@ -42,7 +43,7 @@ export interface Readiness {
  */
 export class Health extends Context.Tag("leasehold/Health")<Health, {
   /** Counts `loop` in readiness until the scope closes. */
-  readonly register: (loop: MailboxWorker.Runnable) => Effect.Effect<void, never, Scope.Scope>
+  readonly register: (loop: Runnable.Runnable) => Effect.Effect<void, never, Scope.Scope>
   /** From now on, not ready: the worker is draining. */
   readonly setShuttingDown: Effect.Effect<void>
   readonly readiness: Effect.Effect<Readiness>
@@ -54,7 +55,7 @@ const makeRegistry = (
   staleAfter: Duration.Duration,
   url: string | undefined
 ): { readonly health: Health["Type"]; readonly recordAges: Effect.Effect<void> } => {
-  const loops = new Set<MailboxWorker.Runnable>()
+  const loops = new Set<Runnable.Runnable>()
   let shuttingDown = false
   const health: Health["Type"] = {
     register: (loop) =>
@@ -81,6 +82,12 @@ const makeRegistry = (
   )
   return { health, recordAges }
 }
+
+/** `Health` and the `Runnable.Readiness` the loops register with, one registry behind both. */
+const services = (health: Health["Type"]): Context.Context<Health | Runnable.Readiness> =>
+  Context.make(Health, health).pipe(
+    Context.add(Runnable.Readiness, { register: health.register, setShuttingDown: health.setShuttingDown })
+  )
 
 /**
  * Options of `layer`; `layerRegistry` takes `staleAfter` only.
@@ -125,10 +132,9 @@ const decodeOptions = Options_.decoder("Health.layer", {
  */
 export const layerRegistry = (
   options?: Pick<Options, "staleAfter">
-): Layer.Layer<Health, ParseResult.ParseError> =>
-  Layer.effect(
-    Health,
-    Effect.map(decodeRegistryOptions(options), ({ staleAfter }) => makeRegistry(staleAfter, undefined).health)
+): Layer.Layer<Health | Runnable.Readiness, ParseResult.ParseError> =>
+  Layer.effectContext(
+    Effect.map(decodeRegistryOptions(options), ({ staleAfter }) => services(makeRegistry(staleAfter, undefined).health))
   )
 
 /**
@@ -191,9 +197,8 @@ const prometheusText = (
  */
 export const layer = (
   options: Options
-): Layer.Layer<Health, ServeError | ParseResult.ParseError | MissingPackageError> =>
-  Layer.scoped(
-    Health,
+): Layer.Layer<Health | Runnable.Readiness, ServeError | ParseResult.ParseError | MissingPackageError> =>
+  Layer.scopedContext(
     Effect.gen(function*() {
       const { host, port, staleAfter } = yield* decodeOptions(options)
       const modules = yield* serverModules
@@ -226,6 +231,6 @@ export const layer = (
         })
       )
       yield* Effect.logInfo(`Health server listening on ${url}`)
-      return health
+      return services(health)
     })
   )

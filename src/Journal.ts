@@ -46,7 +46,7 @@ import {
   maxSteps as stepLimit,
   type StoredStep,
   utf8Bytes
-} from "./internal/mailbox/journal.js"
+} from "./internal/journal.js"
 import { counter } from "./internal/metrics.js"
 
 // ---------------------------------------------------------------------------

@@ -322,4 +322,5 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
  *
  * @category constructors
  */
+// `orDie`: setup that cannot fail (STYLE rule 4): with no config, `make` decodes the schema's own defaults.
 export const makeDefault: Effect.Effect<LeaseExtender> = Effect.orDie(make())

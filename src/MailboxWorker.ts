@@ -74,44 +74,10 @@ import * as SettleFailure from "./internal/worker/settleFailure.js"
 import * as Settler from "./internal/worker/settler.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import { InvalidParameterError, type Mailbox, MailboxResolver, type Message } from "./Mailbox.js"
+import type { Runnable, RunOptions } from "./Runnable.js"
 
-/**
- * Options of `run`.
- *
- * @category models
- */
-export interface RunOptions {
-  /** Stop after this many polls (empty ones included); unlimited by default. */
-  readonly maxIterations?: number | undefined
-  /** Visibility of received messages (default 300 s): longer than the slowest handler plus the shutdown timeout. */
-  readonly visibilityTimeout?: Duration.DurationInput | undefined
-  /** Long poll per receive (default 20 s). */
-  readonly waitTime?: Duration.DurationInput | undefined
-  /**
-   * Messages per receive (default 1, clamped to 1..10). Later messages of a
-   * batch wait while earlier ones run, and their visibility runs meanwhile.
-   */
-  readonly maxMessages?: number | undefined
-}
-
-/**
- * A loop with a graceful stop: what MainLoop, EvalLoop and LoopGroup have in common.
- *
- * @category models
- */
-export interface Runnable {
-  readonly name: string
-  /** Beaten on every poll and by the work itself; a Watchdog reads it. */
-  readonly heartbeat: Heartbeat.Heartbeat
-  /**
-   * Runs until `maxIterations`, `shutdown` or the mailbox closing. Fails when the loop dies, with the
-   * cause (logged at error level first).
-   */
-  readonly run: (options?: RunOptions) => Effect.Effect<void, InvalidParameterError | AlreadyRunningError>
-  /** Stops the loop; true when it stopped within `timeout` (default 30 s) without interrupting work. */
-  readonly shutdown: (options?: { readonly timeout?: Duration.DurationInput | undefined }) => Effect.Effect<boolean>
-  readonly running: Effect.Effect<boolean>
-}
+/** The loop contract and its run options live in the leaf `Runnable.ts`, so that `Health` imports no loop. */
+export type { Runnable, RunOptions } from "./Runnable.js"
 
 /** The loops' metrics: messages processed, failed, interrupted and redelivered, and loops that died (by name). */
 export {

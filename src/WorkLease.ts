@@ -1,51 +1,24 @@
 /**
  * WorkLease: exclusive, FIFO processing per domain, with fencing tokens.
  *
- * For each `domainId` at most one offset is in flight under a lease; offsets
- * that arrive meanwhile wait in a de-duplicated FIFO backlog, and terminal
- * offsets (succeeded, or failed for good) are never acquired again. The
- * component does not hand work on: `succeed` and `fail` clear or keep the
- * lease and return a hint (the backlog head) for the external orchestrator,
- * which also owns timing (from `acquiredAt` and `retryCount`). Every
- * acquisition in a domain gets the next `fencingToken`, so storage can refuse
- * a zombie holder (`assertCurrent`). Misuse that the seed spec calls a hard
- * bug (out-of-order acquire, wrong token, no lease) is a typed failure.
+ * Per `domainId` at most one offset is in flight under a lease; offsets that arrive meanwhile wait in a
+ * de-duplicated FIFO backlog, and terminal offsets are never acquired again. `succeed` and `fail` return a hint
+ * (the backlog head) for the orchestrator, which owns timing. Each acquisition draws the domain's next
+ * `fencingToken`, so storage can refuse a zombie (`assertCurrent`); what the seed calls a hard bug is a typed
+ * failure.
  *
- * Beyond the seed, an optional `leaseTimeout`: a holder that dies or pauses
- * would otherwise stop its domain for good, and taking its offset again only
- * answered with its own token. With it, a lease not renewed within
- * `leaseTimeout` (`renew`, or `keepAlive` on a `Heartbeat`, or a `fail` that
- * schedules a retry) is stale, and `tryAcquire` of the same offset takes it
- * over: a new token, the next fencing token. A takeover counts as a failed
- * attempt, as `fail` would (work that kills its holder — out of memory, a
- * SIGKILL — must not be taken over and crash again for ever): the new lease's
- * `retryCount` is one more, and once the retries are used up the takeover
- * gives the offset up instead. Only a takeover ends a lease: a stale lease
- * nobody took over is still its holder's. Without `leaseTimeout`, the seed's
- * behaviour exactly.
+ * Beyond the seed, an optional `leaseTimeout`: a lease not renewed in time (`renew`, `keepAlive` on a
+ * `Heartbeat`, a `fail` that schedules a retry) is stale, and `tryAcquire` of the same offset takes it over with
+ * a new token and the next fencing token, counting a failed attempt (work that kills its holder must not be
+ * retried for ever). Only a takeover ends a lease. Without `leaseTimeout`, the seed's behaviour exactly.
  *
- * State lives in STM: a `TMap` from domain id to a `TRef` of the domain's
- * state, created once and never replaced — which is why a plain map of the
- * TRefs can serve lookups outside the transaction. Tokens and the clock are
- * read before the transaction, which stays pure.
+ * State lives in STM (a `TMap` of per-domain `TRef`s, created once and never replaced, so lookups can skip the
+ * transaction); tokens and the clock are read before it. Memory is bounded by a low-water mark below which every
+ * offset is terminal (O(1) for offsets that finish in order); `retention.maxOutOfOrder` caps the rest, at the
+ * price that an unseen offset below the mark answers `AlreadyProcessed`.
  *
- * Bounded memory: processed offsets are kept as a low-water mark (every offset
- * below it is terminal) plus the processed offsets above it; failed offsets
- * (give-ups, which should be rare) are always kept, exactly. The mark
- * advances while the terminal offsets are contiguous, so a domain whose
- * offsets run 0, 1, 2, … keeps O(1) state with exact answers. Offsets that
- * finish out of order, or a domain that starts at a high offset, keep a set
- * that grows; the optional `retention.maxOutOfOrder` cap bounds it by raising
- * the mark past the smallest kept offsets (never past the lease or the
- * backlog head). The trade-off of the cap: an offset below the mark that was
- * never seen also answers `AlreadyProcessed`.
- *
- * Where it lives: this module is the API; `internal/workLease/` holds the
- * rest — `model.ts` (the results, errors, views, the contract and the
- * metrics, re-exported here; the leaf every backend imports), `assemble.ts`
- * (what every backend shares: the `domainId` rule, takeover logs,
- * `extendable` and `keepAlive`) and `stm.ts` (the in-memory backend).
- * `WorkLeaseSql.ts` is the other backend, over the same `assemble`.
+ * `internal/workLease/model.ts` (the vocabulary and contract, re-exported here; the leaf every backend imports),
+ * `assemble.ts` (what the backends share) and `stm.ts` (this backend); `WorkLeaseSql.ts` is the other.
  */
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"

@@ -1,34 +1,15 @@
 /**
- * WorkLeaseSql: the WorkLease contract over `SqlClient`, for workers in
- * several processes or on several machines (SQLite in one file, PostgreSQL).
+ * WorkLeaseSql: the WorkLease contract over `SqlClient`, for workers in several processes or on several
+ * machines (SQLite in one file, PostgreSQL).
  *
- * Each call is one round trip, because a worker waits for every round trip
- * and so does everyone queued on the domain's lock. On PostgreSQL a call is a
- * PL/pgSQL function (made by the migrations) that locks the domain's row
- * (`SELECT … FOR UPDATE`) and applies the same rules as the STM version next
- * to the rows. On SQLite, where better-sqlite3 runs statements synchronously
- * and their number is the cost, a call is one guarded `UPDATE … RETURNING`
- * when the common case holds (a statement is a transaction of its own, with
- * the file's write lock); otherwise the general rules run in a transaction
- * that begins with `BEGIN IMMEDIATE`, which takes the file's write lock at
- * once and waits for it (so two processes never fail upgrading a read lock).
- * Fencing tokens come from the domain row, so they grow across every
- * process; `acquiredAt` is the database's clock, like every time a shared
- * database judges (the test's time under `TestClock`). Terminal offsets use
- * the same low-water-mark retention: processed offsets below the mark are
- * dropped, failed ones are kept. Tables are created on first use, under
- * `prefix` (default `leasehold_`), or by `leasehold migrate` for leases made
- * with `create: false`.
- *
- * With `leaseTimeout`, a lease expires by the database's clock (the test's
- * under `TestClock`), read inside the statement that judges it: machines
- * whose clocks drift apart judge a lease alike. The expiry is the lease's own
- * (stored with it), so a process of this release configured without
- * `leaseTimeout` sees and takes over a stale lease the same way (counting it
- * as a failed attempt against its own `maxRetries`), and its own leases never
- * expire. A process still on the previous release does not: its statements
- * and PostgreSQL functions know no expiry, answer `AlreadyAcquired` for a
- * stale lease, and leave its own leases without one.
+ * Each call is one round trip, since everyone queued on a domain waits for it: on PostgreSQL a PL/pgSQL
+ * function that locks the domain's row and applies the STM version's rules; on SQLite one guarded
+ * `UPDATE … RETURNING` when the common case holds, else the general rules in a write transaction
+ * (`Sql.writeTransaction`). Fencing tokens come from the domain row, so they grow across processes; times are
+ * the database's clock (the test's under `TestClock`), read in the statement that judges them, so machines whose
+ * clocks drift judge a lease alike. A lease's expiry is stored with it, so a process without `leaseTimeout` still
+ * takes over a stale lease (a process on the previous release does not). Tables are created on first use under
+ * `prefix`, or by `leasehold migrate` with `create: false`.
  */
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"

@@ -8,6 +8,7 @@ import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import type * as MailboxWorker from "../src/MailboxWorker.js"
 import { messagesProcessed } from "../src/MailboxWorker.js"
+import * as Runnable from "../src/Runnable.js"
 import { refusedOptions, spawnBundled } from "./helpers.js"
 
 /** A loop stand-in whose running flag the test sets. */
@@ -81,6 +82,29 @@ describe("Health server (real HTTP on a free port)", () => {
       Effect.provide(Layer.fresh(Health.layer({ port: 0, host: "127.0.0.1", staleAfter: "20 millis" }))),
       Effect.scoped
     ))
+})
+
+describe("Runnable.Readiness", () => {
+  it.scoped("Health's layers provide it, one registry behind both: a loop registered there counts in readiness", () =>
+    Effect.gen(function*() {
+      const health = yield* Health.Health
+      const readiness = yield* Runnable.Readiness
+      const { loop, stop } = yield* fakeLoop("through-readiness")
+      yield* Effect.scoped(
+        Effect.gen(function*() {
+          yield* readiness.register(loop)
+          stop()
+          expect(yield* health.readiness).toEqual({
+            ready: false,
+            reasons: [`loop "through-readiness" is not running`]
+          })
+        })
+      )
+      // The registration ended with its scope.
+      expect((yield* health.readiness).ready).toBe(true)
+      yield* readiness.setShuttingDown
+      expect(yield* health.readiness).toEqual({ ready: false, reasons: ["shutting down"] })
+    }).pipe(Effect.provide(Layer.fresh(Health.layerRegistry()))))
 })
 
 describe("Health config", () => {

@@ -32,6 +32,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Heartbeat from "../src/Heartbeat.js"
 import { look as lookAt } from "../src/internal/mergeQueue/look.js"
+import * as Sql from "../src/internal/sql/common.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
 import * as MergeQueue from "../src/MergeQueue.js"
 import { captureLogs, refusedOptions, skewedClock } from "./helpers.js"
@@ -187,6 +188,29 @@ for (const backend of backends) {
         const stats = yield* queue.stats
         expect(stats.byStatus).toMatchObject({ merged: 1, claimed: 1, pending: 1 })
         expect(Option.getOrThrow(stats.lock).agentId).toBe("agent-b")
+      }).pipe(Effect.orDie))
+
+    it.effect("inside a caller's write transaction its writes are the caller's: undone with it, kept with it", () =>
+      Effect.gen(function*() {
+        const sql = backend.client()
+        const queue = yield* queueOn(sql)
+        const entry = yield* queue.enqueue("ws-tx")
+        // Two levels deep (a savepoint inside the caller's transaction), then the caller fails: nothing stays.
+        const undone = yield* Effect.flip(
+          Sql.writeTransaction(sql)(
+            Sql.writeTransaction(sql)(
+              Effect.zipRight(queue.nextWithLock("agent-tx"), Effect.fail("caller gives up" as const))
+            )
+          )
+        )
+        expect(undone).toBe("caller gives up")
+        expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("pending")
+        expect(Option.isNone(yield* queue.getProcessingLock)).toBe(true)
+        // The same claim in a caller's transaction that commits: the claim and the lock are there after it.
+        const claimed = yield* Sql.writeTransaction(sql)(queue.nextWithLock("agent-tx"))
+        expect(Option.getOrThrow(claimed).id).toBe(entry.id)
+        expect(Option.getOrThrow(yield* queue.get(entry.id)).status).toBe("claimed")
+        expect(Option.getOrThrow(yield* queue.getProcessingLock).agentId).toBe("agent-tx")
       }).pipe(Effect.orDie))
 
     it.effect("refuses illegal transitions and unknown statuses, changing nothing", () =>

@@ -297,6 +297,14 @@ describe("WorkLease options", () => {
       const twelve = yield* Effect.flip(day.keepAlive("A", third.token, heartbeat, { interval: "12 hours" }))
       expect(refusedOptions(twelve)).toEqual(["interval"])
       yield* day.keepAlive("A", third.token, yield* Heartbeat.make, { interval: "11 hours" })
+      // The edges of the default interval (a third of leaseTimeout) are an extender's to accept, never a defect.
+      for (const leaseTimeout of [1, "24 hours"] as const) {
+        const edge = yield* WorkLease.make({ leaseTimeout })
+        const acquired = yield* edge.tryAcquire("A", 0)
+        if (acquired._tag !== "Acquired") return expect.fail(acquired._tag)
+        const kept = yield* edge.keepAlive("A", acquired.token, yield* Heartbeat.make)
+        expect(yield* kept.lost).toBe(false)
+      }
     }))
 
   it.effect("maxRetries is refused beyond what a SQL backend stores (a 32-bit integer): the same rule in memory", () =>

@@ -178,6 +178,13 @@ suite(
 )
 
 describe("the Host header, parsed strictly", () => {
+  it("the socket idle limit is Node's own server setting, with no listener of ours", () => {
+    const server = HttpServers.createLimitedServer()
+    expect(server.timeout).toBe(HttpServers.limits.socketTimeout)
+    expect(server.listenerCount("timeout")).toBe(0) // Node then destroys an idle socket itself
+    expect(server.maxConnections).toBe(HttpServers.limits.maxConnections)
+  })
+
   it("reads a name or address and the port's digits, and nothing else", () => {
     expect(HttpServers.parseHost("127.0.0.1:8080")).toEqual({ name: "127.0.0.1", port: 8080 })
     expect(HttpServers.parseHost("LocalHost")).toEqual({ name: "localhost", port: undefined })

@@ -8,7 +8,7 @@
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
 import { DateTime, Effect, Option, Schema, TestClock } from "effect"
-import { journalOf, type StoredStep } from "../src/internal/mailbox/journal.js"
+import { journalOf, type StoredStep } from "../src/internal/journal.js"
 import type { Mailbox, Message } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"

@@ -3,7 +3,7 @@
  * letters (redrive, delete), the merge queue's lock and audit log (recover now), work-lease domains — served
  * until the process is stopped. It binds loopback unless `--host` says otherwise, never creates tables, and
  * with `--read-only` offers no action. Over a SQLite file it notices the file being replaced or deleted and
- * reads the new one (or says it is gone). The page and its guards are in src/internal/console/; the server is
+ * reads the new one (or says it is gone). The page and its guards are in src/cli/console/; the server is
  * every leasehold server's (src/internal/httpServer.ts: clients that hold a connection without using it are
  * cut, open connections are capped, and all are closed when the console stops).
  */
@@ -103,7 +103,7 @@ export const command = Command.make(
       const database = redact(target ?? "")
       // Loaded when the console runs, so that `--help` does not load the HTTP server.
       const [NodeHttpServer, Server] = yield* Effect.promise(() =>
-        Promise.all([import("@effect/platform-node/NodeHttpServer"), import("../internal/console/server.js")])
+        Promise.all([import("@effect/platform-node/NodeHttpServer"), import("./console/server.js")])
       )
       const served = Layer.scopedDiscard(Effect.gen(function*() {
         const address = yield* HttpServer.addressWith((address) => Effect.succeed(address))

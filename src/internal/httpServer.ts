@@ -54,7 +54,10 @@ export const createLimitedServer = () => {
     keepAliveTimeout: limits.keepAliveTimeout
   })
   server.maxConnections = limits.maxConnections
-  server.setTimeout(limits.socketTimeout)
+  // Node's socket idle timeout, configured like the limits above (no `createServer` option in Node 20 sets it):
+  // Node arms it on each accepted socket and, with no `timeout` listener, destroys the socket. No timer of
+  // ours, and nothing the platform's `HttpServer` offers (it serves the Node server it is given).
+  server.timeout = limits.socketTimeout
   return server
 }
 

@@ -11,7 +11,7 @@ import { Deferred, Effect, Exit, Fiber, Metric, Option, Ref, Schema, TestClock }
 import { createHash } from "node:crypto"
 import * as ScriptedAdapter from "../../src/adapters/ScriptedAdapter.js"
 import * as Budget from "../../src/Budget.js"
-import { journalOf } from "../../src/internal/mailbox/journal.js"
+import { journalOf } from "../../src/internal/journal.js"
 import * as Journal from "../../src/Journal.js"
 import type { Mailbox, Message } from "../../src/Mailbox.js"
 import * as Prompt from "../../src/Prompt.js"

@@ -7,9 +7,9 @@ import type * as SqlClient from "@effect/sql/SqlClient"
 import * as Effect from "effect/Effect"
 import type * as ParseResult from "effect/ParseResult"
 import type { TablesNotFoundError } from "../../Errors.js"
-import { MergeQueueConfig, type MergeQueueService } from "../../MergeQueue.js"
 import * as Options_ from "../options.js"
 import type { MergeQueueStoreError } from "./errors.js"
+import { MergeQueueConfig, type MergeQueueService } from "./model.js"
 import * as Service from "./service.js"
 
 const decodeOptions = Options_.classDecoder("MergeQueue.make", MergeQueueConfig)

@@ -5,7 +5,7 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import * as DateTime from "effect/DateTime"
 import * as Option from "effect/Option"
-import type { AuditAction, AuditRecord, Claim, ProcessingLock, QueueEntry, Status } from "../../MergeQueue.js"
+import type { AuditAction, AuditRecord, Claim, ProcessingLock, QueueEntry, Status } from "./model.js"
 
 export type Numeric = number | string
 

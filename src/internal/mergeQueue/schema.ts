@@ -12,11 +12,11 @@ import type * as Statement from "@effect/sql/Statement"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import { type SchemaVersionError, TablesNotFoundError } from "../../Errors.js"
-import type { MergeQueueConfig } from "../../MergeQueue.js"
 import * as Sql from "../sql/common.js"
 import { requireVersion } from "../sql/version.js"
 import { live, type MoveInputs, moveSet, needsRecovery, verdict } from "./conditions.js"
 import { MergeQueueStoreError } from "./errors.js"
+import type { MergeQueueConfig } from "./model.js"
 
 /** The names of one queue's tables and functions. */
 export interface Names {

@@ -14,16 +14,6 @@ import * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { InvalidParameterError, type SchemaVersionError, type TablesNotFoundError } from "../../Errors.js"
-import type {
-  AuditRecord,
-  LockHold,
-  MergeQueueConfig,
-  MergeQueueService,
-  ProcessingLock,
-  QueueStats,
-  RecoveryStats,
-  Status as StatusType
-} from "../../MergeQueue.js"
 import { DurationFromInput } from "../duration.js"
 import { nameProblem, storableText } from "../names.js"
 import * as Sql from "../sql/common.js"
@@ -36,6 +26,16 @@ import {
   Status
 } from "./errors.js"
 import * as Metrics from "./metrics.js"
+import type {
+  AuditRecord,
+  LockHold,
+  MergeQueueConfig,
+  MergeQueueService,
+  ProcessingLock,
+  QueueStats,
+  RecoveryStats,
+  Status as StatusType
+} from "./model.js"
 import * as Recovery from "./recovery.js"
 import { type AuditRow, type EntryRow, isLive, millis, retryable, toAudit, toClaim, toEntry, toLock } from "./rows.js"
 import * as Schema_ from "./schema.js"

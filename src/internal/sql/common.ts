@@ -150,29 +150,39 @@ const transactionStatements = (dialect: Dialect, depth: number) =>
 export const writeTransaction =
   (sql: SqlClient.SqlClient) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
     const dialect = dialectOf(sql)
-    const inTransaction = (connection: Connection, depth: number): Effect.Effect<A, E | SqlError, R> => {
-      const { begin, commit, undo } = transactionStatements(dialect, depth)
-      const run = (text: string) => connection.executeUnprepared(text, [], undefined)
-      const rollback = Effect.ignore(Effect.forEach(undo, run, { discard: true }))
-      return Effect.uninterruptibleMask((restore) =>
-        Effect.zipRight(
-          run(begin),
-          Effect.flatMap(
-            Effect.exit(restore(Effect.provideService(effect, SqlClient.TransactionConnection, [connection, depth]))),
-            (exit): Effect.Effect<A, E | SqlError> =>
-              Exit.isSuccess(exit)
-                ? Effect.as(Effect.tapError(run(commit), () => rollback), exit.value)
-                : Effect.zipRight(rollback, exit)
-          )
-        )
-      )
-    }
     return Effect.flatMap(
       Effect.serviceOption(SqlClient.TransactionConnection),
       (outer): Effect.Effect<A, E | SqlError, R> =>
         Option.isSome(outer)
-          ? inTransaction(outer.value[0], outer.value[1] + 1)
-          : Effect.scoped(Effect.flatMap(sql.reserve, (connection) => inTransaction(connection, 0)))
+          ? writeTransactionOn(dialect, outer.value[0], outer.value[1] + 1)(effect)
+          : Effect.scoped(
+            Effect.flatMap(sql.reserve, (connection) => writeTransactionOn(dialect, connection, 0)(effect))
+          )
+    )
+  }
+
+/**
+ * `writeTransaction` on a connection the caller holds already, at `depth` (0: a transaction, more: a savepoint
+ * inside the caller's): for code that runs its statements on the connection itself (the merge queue's SQLite
+ * calls). `effect` sees the connection as the `TransactionConnection`, so nested writes become savepoints.
+ */
+export const writeTransactionOn =
+  (dialect: Dialect, connection: Connection, depth: number) =>
+  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
+    const { begin, commit, undo } = transactionStatements(dialect, depth)
+    const run = (text: string) => connection.executeUnprepared(text, [], undefined)
+    const rollback = Effect.ignore(Effect.forEach(undo, run, { discard: true }))
+    return Effect.uninterruptibleMask((restore) =>
+      Effect.zipRight(
+        run(begin),
+        Effect.flatMap(
+          Effect.exit(restore(Effect.provideService(effect, SqlClient.TransactionConnection, [connection, depth]))),
+          (exit): Effect.Effect<A, E | SqlError> =>
+            Exit.isSuccess(exit)
+              ? Effect.as(Effect.tapError(run(commit), () => rollback), exit.value)
+              : Effect.zipRight(rollback, exit)
+        )
+      )
     )
   }
 

@@ -167,15 +167,16 @@ export const assemble = <E extends { readonly _tag: string }>(
       if (refused !== undefined) return yield* refused
       const { interval } = yield* decodeKeepAlive(options)
       if (leaseTimeout === undefined) return notKept
-      // Valid by the checks above (interval below extension, both within 12 h): the extender cannot refuse them,
-      // and a fresh extender is never attached already.
-      const extender = yield* Effect.orDie(LeaseExtender.make({
+      // The checks above keep the interval below the extension, both within 12 h; were the extender to refuse
+      // them anyway, its ParseError is keepAlive's own.
+      const extender = yield* LeaseExtender.make({
         interval: interval ?? Duration.millis(Duration.toMillis(leaseTimeout) / 3),
         extension
-      }))
+      })
       const lease = extendable(domainId, token)
       const detach = yield* Effect.uninterruptible(
         Effect.tap(
+          // Cannot fail: AlreadyAttachedError needs an earlier attach, and this extender was made just above.
           Effect.orDie(extender.attachUnscoped(lease, heartbeat)),
           (detach) => Effect.addFinalizer(() => detach)
         )

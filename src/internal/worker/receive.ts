@@ -68,6 +68,7 @@ export const retrying = <A, R>(
       Effect.ensuring(Effect.sync(() => {
         failures = 0
       })),
+      // The schedule never ends, so only a failure that is not the store's gets here: a bug, as above.
       Effect.orDie
     )
   }

@@ -311,7 +311,7 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     const withFallback = (message: Msg, heartbeat: Heartbeat.Heartbeat, budgetTracker?: Budget.BudgetTracker) =>
       message.body.deadline === undefined && timeout !== undefined
         ? Effect.flatMap(
-          Effect.orDie(Deadline.after(timeout)), // ≥ 1 s, checked at construction: cannot be refused
+          Effect.orDie(Deadline.after(timeout)), // cannot fail: 1 s..7 days, checked at construction
           (fallback) => start(message, heartbeat, budgetTracker, fallback)
         )
         : start(message, heartbeat, budgetTracker, undefined)

@@ -3,7 +3,7 @@
  * `layer` of MainLoop and EvalLoop): its run options and shutdown timeout
  * are configuration, decoded before anything runs (a `ParseError` naming the
  * option), by the same rules `Runnable.run` applies to its arguments.
- * Where a `Health` service is provided, the loop counts in readiness while
+ * Where `Runnable.Readiness` is provided (by `Health`), the loop counts in readiness while
  * the scope is open, and readiness turns 503 the moment the scope starts
  * to close — before the drain, as a `LoopGroup` does.
  */
@@ -12,8 +12,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
-import * as Health from "../../Health.js"
-import type * as MailboxWorker from "../../MailboxWorker.js"
+import * as Runnable from "../../Runnable.js"
 import { limits } from "../mailbox/validation.js"
 import * as Options from "../options.js"
 
@@ -41,18 +40,18 @@ export const decoder = (label: string) => Options.decoder(label, fields)
 
 /**
  * Runs `loop` in the current scope, in the background, with decoded options; closing the scope shuts it down
- * gracefully within `shutdownTimeout`. The loop's death is logged by the loop itself. With a `Health` service,
+ * gracefully within `shutdownTimeout`. The loop's death is logged by the loop itself. With `Readiness`,
  * the loop counts in readiness, and closing the scope first marks the worker as shutting down.
  */
 export const run = (
-  loop: MailboxWorker.Runnable,
+  loop: Runnable.Runnable,
   options: {
-    readonly run?: MailboxWorker.RunOptions | undefined
+    readonly run?: Runnable.RunOptions | undefined
     readonly shutdownTimeout: Duration.Duration
   }
 ): Effect.Effect<void, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const health = yield* Effect.serviceOption(Health.Health)
+    const health = yield* Effect.serviceOption(Runnable.Readiness)
     yield* loop.run(options.run).pipe(
       Effect.catchAll((error) => Effect.logError(`Loop "${loop.name}" could not run`, error)),
       Effect.catchAllCause(() => Effect.void), // a death: the loop logged it

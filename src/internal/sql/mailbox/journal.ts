@@ -15,14 +15,7 @@
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
 import { randomUUID } from "node:crypto"
-import {
-  decodeRequestId,
-  encodeRequestId,
-  maxSteps,
-  requestDigest,
-  type StoredStep,
-  utf8Bytes
-} from "../../mailbox/journal.js"
+import { decodeRequestId, encodeRequestId, maxSteps, requestDigest, type StoredStep, utf8Bytes } from "../../journal.js"
 import * as Sql from "../common.js"
 import { GroupCommit } from "../groupCommit.js"
 import { batchLimits } from "./batching.js"

@@ -11,7 +11,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import { InvalidParameterError } from "../../../Errors.js"
-import { decodeRequestId, requestDigest } from "../../mailbox/journal.js"
+import { decodeRequestId, requestDigest } from "../../journal.js"
 import { refusedName } from "../../names.js"
 import * as StoredTime from "../../storedTime.js"
 import {

@@ -27,8 +27,8 @@ import {
   type Settlement,
   type SettleOutcome
 } from "../../../Mailbox.js"
+import { type DeliveryJournal, Journaled, type StoredStep } from "../../journal.js"
 import * as FrontEnd from "../../mailbox/frontEnd.js"
-import { type DeliveryJournal, Journaled, type StoredStep } from "../../mailbox/journal.js"
 import { GroupSettle, type GroupSettler, settleOne } from "../../mailbox/settle.js"
 import { validateVisibility } from "../../mailbox/validation.js"
 import { currentTraceparent, traceparentOf } from "../../tracing.js"

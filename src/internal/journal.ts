@@ -1,10 +1,10 @@
 /**
  * The step journal's storage, as a delivery offers it: a backend that can keep
  * a run's journal with the message puts a `DeliveryJournal` on its messages
- * under `Journaled` (as it puts its `GroupSettler` under `GroupSettle`);
- * `Journal` (the public module) finds it there. Not part of the contract: a
- * mailbox without it runs agents as before, from the first step on every
- * delivery.
+ * under `Journaled`; `Journal` (the public module) finds it there. A leaf the
+ * agent side and every backend import, so neither imports the other. Not part
+ * of the contract: a mailbox without it runs agents as before, from the first
+ * step on every delivery.
  *
  * What a backend promises:
  * - `identity` names the stored message uniquely among every message of every
@@ -29,7 +29,7 @@
  */
 import type * as Effect from "effect/Effect"
 import { createHash } from "node:crypto"
-import type { MailboxConnectionError, ReceiptHandleExpiredError } from "../../Mailbox.js"
+import type { MailboxConnectionError, ReceiptHandleExpiredError } from "../Mailbox.js"
 
 /** One recorded step as stored: where it sits in the run, and its entry (JSON text, see `Journal.Step`). */
 export interface StoredStep {

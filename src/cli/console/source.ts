@@ -1,33 +1,18 @@
 /**
- * The database the console reads, kept honest: over a SQLite file, every look (each page, each refresh, each
- * throughput sample) first compares the file the path names now with the one the console opened (device and
- * inode). A file replaced under the console (the demo deletes and re-creates its database) is opened anew and
- * the throughput starts over; a file that is gone, or that cannot be opened, is a `problem` the page shows
- * instead of the old file's contents, until a file is there again. PostgreSQL (no file) is read as it is.
+ * The database the console reads, kept honest. Over a SQLite file every look first compares the file the path
+ * names now (links resolved: SQLite keeps `-wal` and `-shm` beside the file a link names) with the one opened
+ * (device and inode): a replaced file is opened anew, its throughput started over; a file gone or unopenable is
+ * a `problem` the page shows instead of old contents. PostgreSQL is read as it is.
  *
- * Each open database has an identity (`identity`): the file's device and inode on SQLite, the database's oid and
- * name on PostgreSQL (the console keeps the file it opened open, so its inode is not given to another file while
- * the console runs), followed by the mailbox's own random identity (`<prefix>mailbox_identity`, mailbox
- * migration 12) read anew each time: a copy of another database over the file in place (same inode), a file
- * truncated to nothing, or tables dropped and made again in the same PostgreSQL database is another database.
- * Every form the console renders carries the identity of the database it was read from, and an action is
- * carried out only on a database with that identity (server.ts): a page rendered from the old file acts on
- * nothing once the file is replaced. (What a form shows of its row guards the rest: server.ts, `at`.)
+ * `identity` is the file's device and inode (PostgreSQL: the database's oid and name) plus the mailbox's own
+ * random identity, read anew each time, so a copy over the file in place or tables made again is another
+ * database; server.ts acts only on a database with the identity its form carries.
  *
- * A file written in place (the same inode, its size or times changed: SQLite's own checkpoints, or `cp` over
- * it) is read through a new connection, SQLite's cache of the old pages not being trusted; the connection
- * before is closed at the next such change (a page may still be reading through it). The same database keeps
- * its throughput across it.
- *
- * The path is resolved (symbolic links followed) at every look: SQLite keeps `-wal` and `-shm` beside the file
- * a link names, so that is where the guard below looks.
- *
- * A file replaced while its `-wal` or `-shm` file stays (SQLite finds them by the file's name, so the new file
- * would be read through the old file's log) is not opened: the page says which to move, until they are gone.
- *
- * A replaced file's old connection is not closed: closing the last connection to a WAL database deletes the
- * `-wal` file by its name, which now names the new database's. It is one connection per replacement, left to
- * the process's end.
+ * Why the connections are handled so: a file written in place is read through a new connection (SQLite's cache
+ * of the old pages is not trusted) and the one before closed at the next change; a file replaced while its
+ * `-wal` or `-shm` stays is not opened (it would be read through the old log); a replaced file's connection is
+ * never closed, since closing a WAL database's last connection deletes the `-wal` its name now gives the new
+ * file (one connection per replacement, left to the process's end).
  */
 import type * as SqlClient from "@effect/sql/SqlClient"
 import * as Clock from "effect/Clock"
@@ -39,7 +24,7 @@ import * as Exit from "effect/Exit"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 import { realpathSync, statSync } from "node:fs"
-import * as Journal from "../sql/mailbox/journal.js"
+import * as Journal from "../../internal/sql/mailbox/journal.js"
 import * as Snapshot from "./snapshot.js"
 
 /** What the console reads now: a database and its sampler, or why there is none. */

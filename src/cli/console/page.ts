@@ -15,9 +15,9 @@
  * when, and stops the clocks, until the server answers again.
  */
 import * as Option from "effect/Option"
-import { ago } from "../../cli/table.js"
+import * as StoredTime from "../../internal/storedTime.js"
 import * as MergeQueue from "../../MergeQueue.js"
-import * as StoredTime from "../storedTime.js"
+import { ago } from "../table.js"
 import { escape } from "./html.js"
 import * as Snapshot from "./snapshot.js"
 import * as Workers from "./workers.js"

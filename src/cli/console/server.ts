@@ -1,35 +1,16 @@
 /**
- * The operator's console as an HTTP app (`leasehold console` serves it):
+ * The operator's console as an HTTP app (`leasehold console` serves it): `GET /` the page and `/live` its live
+ * part (page.ts), `/queue` a queue's messages by page (browse.ts), `/message` and `/dead-letter` one whole
+ * (message.ts); `POST /actions/…` redrive or delete dead letters, recover the merge queue, delete a message no
+ * receiver holds, pause, resume or drop a queue — each redirecting back (its `Referer`) with what it did, a
+ * delete only after a confirmation posted with its one-time value (confirm.ts).
  *
- * - `GET /` the page, `GET /live` its live part (see page.ts), `GET /console.js`.
- * - `GET /queue?name=…` a queue's messages page by page (browse.ts), `GET /message?queue=…&id=…` and
- *   `GET /dead-letter?queue=…&id=…` one message whole (message.ts).
- * - `POST /actions/dead-letters/redrive` and `…/delete` (one letter by `id`, or all), and
- *   `POST /actions/merge-queue/recover` (self-healing now), `POST /actions/messages/delete` (one message no
- *   receiver holds, by `queue` and `id`), `POST /actions/queues/pause`, `…/resume` and `…/drop` (a `queue`).
- *   Each action redirects back to the page with what it did, shown next to what it changed. A delete first
- *   answers a confirmation page and is carried out only when posted again with its one-time value
- *   (confirm.ts).
- *
- * What is read comes through `Source` (source.ts): over a SQLite file, a file replaced or deleted under the
- * console is noticed at the next look, and the page says so rather than showing the old file as live. Every
- * page, the browse and message pages too, reads the database the source reads now, and every form carries that
- * database's identity: an action posted from a page of another database (the file replaced since) is refused
- * (409) and changes nothing. A form carries exactly the fields its action takes (each once), or is refused (403).
- *
- * The page and its live part take `?q=` (queues whose name contains it) and `?page=` (which page of the queue
- * table); an action redirects back to the page and search it was taken from (its `Referer`), or from a browse
- * or message page to the queue's browse page.
- *
- * Actions are guarded against cross-site requests: the form must carry the token this process drew at start
- * (it is only in the console's own page, which no other site can read), and a request whose `Origin` is another
- * host (or `null`) is refused whatever it carries. The console answers only requests addressed (`Host`) to a
- * loopback name or to one it was told of (`allowedHosts`), on the port it listens on: a page of another site
- * whose name was re-pointed at the console's address (DNS rebinding) would otherwise be same-origin with it and
- * read the page, token included. The `Host` header is parsed strictly (a name or address and the port's digits,
- * nothing else: `evil.example@127.0.0.1` is refused, not read as a URL would) and its name and port compared
- * exactly. Responses forbid framing and inline scripts. A read-only console renders no action and refuses every
- * POST. Nothing here creates a table: a part whose tables are missing says so.
+ * Why the guards: every form carries the identity of the database it was read from (source.ts), so an action
+ * from a page of a replaced file is refused (409); a form carries exactly its action's fields, or is refused
+ * (403). Against cross-site requests an action needs this process's token (only in its own page) and a
+ * same-host `Origin`; against DNS rebinding only requests addressed (`Host`, parsed strictly, compared exactly)
+ * to a loopback name or an `allowedHosts` one, on the console's port, are answered. Responses forbid framing and
+ * inline scripts; a read-only console renders no action and refuses every POST; nothing creates a table.
  */
 import * as IncomingMessage from "@effect/platform/HttpIncomingMessage"
 import * as HttpRouter from "@effect/platform/HttpRouter"
@@ -46,8 +27,8 @@ import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { randomBytes, timingSafeEqual } from "node:crypto"
-import * as HttpServers from "../httpServer.js"
-import * as StoredTime from "../storedTime.js"
+import * as HttpServers from "../../internal/httpServer.js"
+import * as StoredTime from "../../internal/storedTime.js"
 import * as Browse from "./browse.js"
 import * as Confirm from "./confirm.js"
 import * as Message from "./message.js"
@@ -196,7 +177,7 @@ export const make = (options: Options) =>
     const admin = Effect.promise(() => import("../../MailboxSqlAdmin.js"))
     const deadLetters = Effect.flatMap(admin, (module) => module.deadLetters({ prefix: options.prefix, create: false }))
     const mergeQueue = Effect.flatMap(
-      Effect.promise(() => import("../mergeQueue/look.js")),
+      Effect.promise(() => import("../../internal/mergeQueue/look.js")),
       (module) => module.look({ prefix: options.prefix })
     )
 

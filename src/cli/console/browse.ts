@@ -12,8 +12,8 @@
 import * as SqlClient from "@effect/sql/SqlClient"
 import * as DateTime from "effect/DateTime"
 import * as Effect from "effect/Effect"
-import { ago } from "../../cli/table.js"
 import * as MailboxSqlAdmin from "../../MailboxSqlAdmin.js"
+import { ago } from "../table.js"
 import * as Page from "./page.js"
 import { readLimit } from "./snapshot.js"
 
