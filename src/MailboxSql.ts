@@ -99,7 +99,7 @@ import {
 } from "./internal/sql/mailbox/batching.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
-import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
+import { type MailboxContext, registered, sink, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
 import { acquire, connectionError, prepare, requireMigrated, type Row, storeFor } from "./internal/sql/mailbox/store.js"
@@ -245,7 +245,6 @@ export const make = <A, I, R = never, IR = never>(
       store,
       statements: statements_,
       settler,
-      settleGroup: groupSettler(settler),
       appender: Journal.appendBatcher(store, statements_, now),
       routes: new WeakMap(),
       now,
@@ -360,7 +359,8 @@ export const make = <A, I, R = never, IR = never>(
       purge: withStore(statements_.purge(name)),
       // Other processes' sends reach PostgreSQL's receivers by NOTIFY, so its polls are only a fallback;
       // SQLite's receivers poll with backoff from 10 ms.
-      poll: { firstMillis: store.dialect === "pg" ? maxPollMillis : 10, maxMillis: maxPollMillis }
+      poll: { firstMillis: store.dialect === "pg" ? maxPollMillis : 10, maxMillis: maxPollMillis },
+      sink
     }, clock)
 
     const target = mailbox as unknown as ReplyTarget

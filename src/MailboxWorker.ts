@@ -210,6 +210,7 @@ export const make = <A, R, Out, E, Req>(
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     const environment = Environment.make(name, context as Context.Context<never>, heartbeat)
+    const resolver = Context.get(environment.context, MailboxResolver)
     let state: RunState<A, R> | undefined
     Pulse.track(mailbox, name, heartbeat.elapsed, () => state as RunState<unknown, unknown> | undefined)
 
@@ -287,18 +288,7 @@ export const make = <A, R, Out, E, Req>(
       reply: Option.Option<R>
     ): Effect.Effect<void, never, Req | MailboxResolver> => {
       Metrics.messagesProcessed.unsafeUpdate(1, run.metricLabels)
-      // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
-      // overlap and handing it to the settler would cost a wake-up for nothing.
-      if (run.next >= run.pending.length && (run.settler === undefined || run.settler.idle())) {
-        return Settler.settleGroup([{ message, reply }], retryAfter)
-      }
-      const settler = run.settler ??= Settler.make(
-        retryAfter,
-        (body) => Environment.forkSettler(environment, run.caller, body)
-      )
-      if (run.traced) return settler.queueInSpan({ message, reply })
-      settler.queue({ message, reply })
-      return Effect.void
+      return run.settler.settle(message, reply)
     }
 
     const settleFailure = (
@@ -352,7 +342,7 @@ export const make = <A, R, Out, E, Req>(
             if (work !== undefined) yield* runAll(work)
             // A closed mailbox answers every receive at once with nothing: looked at only then.
             if (run.pending.length === 0 && (yield* mailbox.isClosed)) return
-            const previous = run.settler?.nextBatch()
+            const previous = run.settler.nextBatch()
             if (previous !== undefined) yield* restore(previous)
             while (run.next < run.pending.length) {
               const message = run.pending[run.next++]!
@@ -418,7 +408,7 @@ export const make = <A, R, Out, E, Req>(
           Effect.onExit((exit) =>
             giveBack(exit).pipe(
               Effect.zipRight(current.extender.stop),
-              Effect.zipRight(Effect.suspend(() => current.settler?.stop ?? Effect.void))
+              Effect.zipRight(current.settler.stop)
             )
           )
         )
@@ -463,7 +453,9 @@ export const make = <A, R, Out, E, Req>(
                 inHand: undefined,
                 fiber: undefined,
                 extender: binding,
-                settler: undefined,
+                settler: Settler.make(mailbox, resolver, retryAfter, (effect) => {
+                  Environment.forkSettler(environment, caller, effect)
+                }),
                 caller,
                 annotations: cell,
                 traced,

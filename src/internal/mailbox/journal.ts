@@ -1,7 +1,7 @@
 /**
  * The step journal's storage, as a delivery offers it: a backend that can keep
  * a run's journal with the message puts a `DeliveryJournal` on its messages
- * under `Journaled` (as it puts its `GroupSettler` under `GroupSettle`);
+ * under `Journaled` (as it puts its settle `Sink` under `Settles`);
  * `Journal` (the public module) finds it there. Not part of the contract: a
  * mailbox without it runs agents as before, from the first step on every
  * delivery.

@@ -59,6 +59,18 @@ export class GroupCommit<I, O, E> {
     )
   }
 
+  /**
+   * `submit` without the wait: the item joins the next batch and `done` hears its result once that batch has
+   * committed (on the committer's fiber, so `done` must not block or throw).
+   */
+  offer(item: I, done: (result: Exit.Exit<O, E>) => void): Effect.Effect<void> {
+    return Effect.suspend(() =>
+      this.enqueue(Effect.sync(() => {
+        this.pending.push({ item, done })
+      }))
+    )
+  }
+
   /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
   submitAll(items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, E>>> {
     return Effect.suspend(() => {
