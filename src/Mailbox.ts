@@ -302,7 +302,12 @@ export const settleAll = <A, R>(
   settlements: ReadonlyArray<Settlement<A, R>>
 ): Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver> =>
   settlements.length === 0 ? Effect.succeed([]) : Effect.flatMap(MailboxResolver, (resolver) =>
-    Effect.withFiberRuntime((fiber) => Settle.settleAll(settlements, resolver, traceparentOf(fiber.currentSpan))))
+    // Uninterruptible from queuing a row to starting its committer: only the wait for the outcomes is not.
+    Effect.uninterruptibleMask((restore) =>
+      Effect.withFiberRuntime((fiber) =>
+        Settle.settleAll(settlements, resolver, traceparentOf(fiber.currentSpan), restore)
+      )
+    ))
 
 /**
  * The span `message` was sent in, as a `parent` for `Effect.withSpan` (the worker's span is its child, and a

@@ -30,10 +30,11 @@ export type Done = (
 export interface Sink {
   /**
    * Queues the acknowledgement of `message` (a delivery of this sink's mailbox), with `reply` inserted in the
-   * same transaction when it has one and a `replyTo`: the effect only queues it, and `done` hears the outcome
-   * once it committed (on the committer's fiber: it must not block). `undefined` when the row cannot be data
-   * yet — the reply goes to another store, its queue was never resolved, or it is refused — and the caller
-   * settles the message in line instead (`settleOne`).
+   * same transaction when it has one and a `replyTo`, at once; `done` hears the outcome once it committed (on
+   * the committer's fiber: it must not block). `true` when it is queued; an effect when it is queued and the
+   * committer must be started (run it at once); `false` when the row cannot be data yet — the reply goes to
+   * another store, its queue was never resolved, or it is refused — and the caller settles the message in line
+   * instead (`settleOne`).
    */
   readonly offer?: <A, R>(
     message: Message<A, R>,
@@ -41,7 +42,7 @@ export interface Sink {
     resolver: MailboxResolver["Type"],
     traceparent: string | undefined,
     done: Done
-  ) => Effect.Effect<void> | undefined
+  ) => Effect.Effect<void> | boolean
 }
 
 /** The sink of a driver whose settles never wait: each is settled in line, on the caller's fiber. */
@@ -69,12 +70,14 @@ export const settleOne = <A, R>(
 
 /**
  * `Mailbox.settleAll`: each settlement offered to its message's sink, the rest settled in line concurrently;
- * one wait for all of them.
+ * one wait for all of them. Called uninterruptibly: a row queued has its committer started; `restore` marks
+ * the waits.
  */
 export const settleAll = <A, R>(
   settlements: ReadonlyArray<Settlement<A, R>>,
   resolver: MailboxResolver["Type"],
-  traceparent: string | undefined
+  traceparent: string | undefined,
+  restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
 ): Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver> => {
   const outcomes = new Array<SettleOutcome>(settlements.length)
   const offers: Array<Effect.Effect<void>> = []
@@ -94,24 +97,24 @@ export const settleAll = <A, R>(
         if (--waiting === 0) resume?.()
       }
     )
-    if (offer === undefined) {
+    if (offer === undefined || offer === false) {
       inLine.push(settlement)
       inLineIndexes.push(index)
     } else {
       waiting++
-      offers.push(offer)
+      if (offer !== true) offers.push(offer)
     }
   })
-  const grouped = offers.length === 0 ? Effect.void : Effect.zipRight(
+  const grouped = waiting === 0 ? Effect.void : Effect.zipRight(
     Effect.all(offers, { discard: true }),
-    Effect.async<void>((wake) => {
+    restore(Effect.async<void>((wake) => {
       if (waiting === 0) return wake(Effect.void)
       resume = () => wake(Effect.void)
-    })
+    }))
   )
-  const single = Effect.forEach(inLine, (settlement, k) =>
+  const single = restore(Effect.forEach(inLine, (settlement, k) =>
     Effect.map(settleOne(settlement), (outcome) => {
       outcomes[inLineIndexes[k]!] = outcome
-    }), { concurrency: inLine.length > 1 ? "unbounded" : 1, discard: true })
+    }), { concurrency: inLine.length > 1 ? "unbounded" : 1, discard: true }))
   return Effect.as(inLine.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
 }

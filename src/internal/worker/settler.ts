@@ -11,6 +11,7 @@
  */
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import type * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { Mailbox, MailboxResolver, Message } from "../../Mailbox.js"
 import { type Sink, sinkOf } from "../mailbox/settle.js"
@@ -53,15 +54,18 @@ export const settleInLine = <A, R>(
 }
 
 /**
- * The settler of a run over `mailbox`: rows go to the mailbox's sink, if it has one, with `resolver` routing
- * their replies; `fork` runs a failed row's handling on a fiber of `run`'s caller.
+ * The settler of a run over `mailbox` (`run`: whether it is traced, and `run`'s fiber): rows go to the mailbox's
+ * sink, if it has one, with `resolver` routing their replies; `fork` runs a failed row's handling on a fiber of
+ * `run`'s caller.
  */
 export const make = <A, R>(
   mailbox: Mailbox<A, R>,
   resolver: MailboxResolver["Type"],
   retryAfter: RetryAfter<A, R>,
+  run: { readonly traced: boolean; readonly caller: Fiber.RuntimeFiber<unknown, unknown> },
   fork: (effect: Effect.Effect<void, never, MailboxResolver>) => void
 ): Settler<A, R> => {
+  const { caller, traced } = run
   const sink = sinkOf(mailbox)
   /** Rows ever queued, and ever finished (committed, or failed and handled). */
   let submitted = 0
@@ -85,19 +89,31 @@ export const make = <A, R>(
       waiters.push({ count, resume: () => resume(Effect.void) })
     })
 
-  /** A row of the mailbox's group commit; in line when it cannot be one. */
-  const queue = (offer: NonNullable<Sink["offer"]>) => (message: Message<A, R>, reply: Option.Option<R>) =>
-    // The reply continues the span current here: the one the message was handled in.
-    Effect.withFiberRuntime<void, never, MailboxResolver>((fiber) => {
-      const queued = offer(message, reply, resolver, traceparentOf(fiber.currentSpan), (error) => {
+  /**
+   * A row of the mailbox's group commit, queued in this step; in line when it cannot be one. The reply continues
+   * the span the message was handled in: in a traced run, the loop fiber's current span, read per message;
+   * otherwise the span `run` was called in, the loop fiber's for the whole run.
+   */
+  const queue = (offer: NonNullable<Sink["offer"]>) => {
+    const row = (message: Message<A, R>, reply: Option.Option<R>, traceparent: string | undefined) => {
+      const queued = offer(message, reply, resolver, traceparent, (error) => {
         if (error === undefined) return complete()
         const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
         fork(Effect.ensuring(onSettleFailure(message, replied, error, retryAfter(message)), Effect.sync(complete)))
       })
-      if (queued === undefined) return settleInLine(message, reply, retryAfter)
+      if (queued === false) return settleInLine(message, reply, retryAfter)
       submitted++
-      return queued
-    })
+      return queued === true ? Effect.void : queued
+    }
+    if (traced) {
+      return (message: Message<A, R>, reply: Option.Option<R>) =>
+        Effect.withFiberRuntime<void, never, MailboxResolver>((fiber) =>
+          row(message, reply, traceparentOf(fiber.currentSpan))
+        )
+    }
+    const traceparent = traceparentOf(caller.currentSpan)
+    return (message: Message<A, R>, reply: Option.Option<R>) => row(message, reply, traceparent)
+  }
 
   /**
    * Another implementation's message: its own settle on a fiber of its own, so that its commit overlaps the

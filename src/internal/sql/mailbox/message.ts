@@ -81,7 +81,7 @@ const localReply = (
 /** The mailbox's `Sink`: each handled delivery's acknowledgement, with its local reply, a row of its group commit. */
 export const sink: Sink = {
   offer: (message, reply, resolver, traceparent, done) =>
-    message instanceof SqlMessage ? message.offer(reply, resolver, traceparent, done) : undefined
+    message instanceof SqlMessage && message.offer(reply, resolver, traceparent, done)
 }
 
 export class SqlMessage<A, R> implements Message<A, R> {
@@ -196,7 +196,7 @@ export class SqlMessage<A, R> implements Message<A, R> {
 
   /**
    * This delivery's row for the group commit (see `Sink.offer`): queued, its outcome to `done` once committed;
-   * `undefined` when `replyAndAcknowledge` must settle it in line — a reply to another store, to a queue this
+   * `false` when `replyAndAcknowledge` must settle it in line — a reply to another store, to a queue this
    * resolver has not been asked about yet (the first reply resolves it, later ones find it cached), or one
    * that is refused or cannot be encoded (in line, it fails as it would alone).
    */
@@ -205,22 +205,26 @@ export class SqlMessage<A, R> implements Message<A, R> {
     resolver: MailboxResolver["Type"],
     traceparent: string | undefined,
     done: Done
-  ): Effect.Effect<void> | undefined {
+  ): Effect.Effect<void> | boolean {
     let local: SettleItem["reply"]
     if (Option.isSome(reply) && Option.isSome(this.replyTo)) {
       const routed = this.routeNow(resolver, reply.value)
-      if (routed === undefined || Either.isLeft(routed) || routed.right._tag === "Remote") return undefined
+      if (routed === undefined || Either.isLeft(routed) || routed.right._tag === "Remote") return false
       local = localReply(routed.right, traceparent)
     }
-    return this.mailbox.settler.offer(this.item(local), (result) => {
+    const start = this.mailbox.settler.offer(this.item(local), (result) => {
       if (Exit.isFailure(result)) {
-        return done(new MailboxConnectionError({ mailbox: this.mailbox.name, cause: Cause.squash(result.cause) }), undefined)
+        return done(
+          new MailboxConnectionError({ mailbox: this.mailbox.name, cause: Cause.squash(result.cause) }),
+          undefined
+        )
       }
       if (result.value === false) return done(this.expired(), undefined)
       this.finalized = true
       if (local !== undefined) this.mailbox.store.wake(local.queue)
       done(undefined, result.value)
     })
+    return start ?? true
   }
 
   /** Acknowledges through the mailbox's group commit, with the reply to insert in the same transaction. */
