@@ -33,8 +33,8 @@ import * as Schema from "effect/Schema"
 import type * as Tracer from "effect/Tracer"
 import { InvalidParameterError } from "./Errors.js"
 import { causeText, isUnreachable } from "./internal/errors.js"
-import { GroupSettle, type GroupSettler, settleOne } from "./internal/mailbox/settle.js"
-import { parseTraceparent } from "./internal/tracing.js"
+import * as Settle from "./internal/mailbox/settle.js"
+import { parseTraceparent, traceparentOf } from "./internal/tracing.js"
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -293,21 +293,21 @@ export type SettleOutcome = Either.Either<string | undefined, ReplyError | Recei
 /**
  * Replies to and acknowledges each message (`replyAndAcknowledge` when it has a reply and a `replyTo`,
  * `acknowledge` otherwise), one outcome per message, in order. A durable mailbox commits the group
- * together and waits once for all of it, where settling each message on its own fiber would cost a
- * fiber and a wake-up per message; messages of other mailboxes (or of several) settle concurrently.
+ * together and waits once for all of it; messages of other mailboxes (or of several) settle concurrently.
+ * It takes the path a worker's settles take (`internal/mailbox/settle.ts`).
  *
  * @category utils
  */
 export const settleAll = <A, R>(
   settlements: ReadonlyArray<Settlement<A, R>>
-): Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver> => {
-  const settlerOf = (message: Message<A, R>): GroupSettler | undefined =>
-    (message as Partial<Record<typeof GroupSettle, GroupSettler>>)[GroupSettle]
-  const settler = settlements.length === 0 ? undefined : settlerOf(settlements[0]!.message)
-  return settler !== undefined && settlements.every(({ message }) => settlerOf(message) === settler)
-    ? settler(settlements)
-    : Effect.forEach(settlements, settleOne, { concurrency: "unbounded" })
-}
+): Effect.Effect<ReadonlyArray<SettleOutcome>, never, MailboxResolver> =>
+  settlements.length === 0 ? Effect.succeed([]) : Effect.flatMap(MailboxResolver, (resolver) =>
+    // Uninterruptible from queuing a row to starting its committer: only the wait for the outcomes is not.
+    Effect.uninterruptibleMask((restore) =>
+      Effect.withFiberRuntime((fiber) =>
+        Settle.settleAll(settlements, resolver, traceparentOf(fiber.currentSpan), restore)
+      )
+    ))
 
 /**
  * The span `message` was sent in, as a `parent` for `Effect.withSpan` (the worker's span is its child, and a

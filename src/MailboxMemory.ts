@@ -36,7 +36,7 @@ import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
 import { type DeliveryJournal, Journaled, maxSteps, type StoredStep } from "./internal/journal.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
-import { GroupSettle, type GroupSettler, settleInTurn } from "./internal/mailbox/settle.js"
+import { inLine } from "./internal/mailbox/settle.js"
 import { MaxSize, QueueName, validateVisibility } from "./internal/mailbox/validation.js"
 import * as Options_ from "./internal/options.js"
 import {
@@ -206,10 +206,6 @@ class MemoryMessage<A, R> implements Message<A, R> {
   }
   get traceparent(): string | undefined {
     return this.entry.traceparent
-  }
-  /** Settles never wait here, so a group settles one message after the other, on one fiber. */
-  get [GroupSettle](): GroupSettler {
-    return settleInTurn
   }
 
   /** Runs `f` on the entry if this delivery's handle is still valid, else fails with the expired handle. */
@@ -401,7 +397,8 @@ export const make = <A, R = never>(
         }),
         arm: () => store.arm(),
         count: Effect.sync(() => store.live),
-        purge: Effect.sync(() => store.purge())
+        purge: Effect.sync(() => store.purge()),
+        sink: inLine
       }, clock)
       stores.set(mailbox, store)
       return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)

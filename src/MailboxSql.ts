@@ -99,7 +99,7 @@ import {
 } from "./internal/sql/mailbox/batching.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
-import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
+import { type MailboxContext, registered, sink, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
 import { acquire, connectionError, prepare, requireMigrated, type Row, storeFor } from "./internal/sql/mailbox/store.js"
@@ -245,7 +245,6 @@ export const make = <A, I, R = never, IR = never>(
       store,
       statements: statements_,
       settler,
-      settleGroup: groupSettler(settler),
       appender: Journal.appendBatcher(store, statements_, now),
       routes: new WeakMap(),
       now,
@@ -275,42 +274,52 @@ export const make = <A, I, R = never, IR = never>(
     }
 
     /**
-     * Turns claimed rows into messages; a row whose body no longer decodes (whatever the reason: a schema
-     * error, a transformation that throws, a stack overflow) goes to the dead-letter table alone, and the
-     * others are delivered.
+     * Turns claimed rows (in queue order: `ClaimBatcher` sorts a claim once) into messages; a row whose body no
+     * longer decodes (whatever the reason: a schema error, a transformation that throws, a stack overflow)
+     * goes to the dead-letter table alone, and the others are delivered. A batch that decodes whole — nearly
+     * every one — is a plain loop.
      */
-    const toMessages = (rows: ReadonlyArray<Row>, now: Now) =>
-      Effect.gen(function*() {
-        const received: Array<Message<A, R>> = []
-        for (const row of rows.length > 1 ? [...rows].sort((a, b) => Number(a.seq) - Number(b.seq)) : rows) {
-          const id = String(row.seq)
-          const body = decode(row.body)
-          if (Either.isLeft(body)) {
-            const reason = storableText(body.left, maxReasonLength)
-            yield* statements_.deadLetter(id, row.receipt_handle, now, "SerializationError", reason)
-            yield* Metric.increment(undecodableDeadLettered)
-            yield* Effect.logWarning(
-              `Message ${id} in mailbox "${name}" no longer decodes; moved to dead letters`,
-              reason
-            )
-            continue
-          }
-          received.push(
-            new SqlMessage<A, R>(
-              context,
-              id,
-              body.right,
-              row.receipt_handle,
-              Number(row.delivery_count),
-              Number(row.enqueued_at),
-              Option.fromNullable(row.reply_to),
-              // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
-              validTraceparent(row.traceparent)
-            )
-          )
+    const toMessages = (rows: ReadonlyArray<Row>, now: Now): Effect.Effect<Array<Message<A, R>>, SqlError> => {
+      const received: Array<Message<A, R>> = []
+      let undecodable: Array<{ readonly id: string; readonly handle: string; readonly reason: string }> | undefined
+      for (const row of rows) {
+        const id = String(row.seq)
+        const body = decode(row.body)
+        if (Either.isLeft(body)) {
+          ;(undecodable ??= []).push({
+            id,
+            handle: row.receipt_handle,
+            reason: storableText(body.left, maxReasonLength)
+          })
+          continue
         }
-        return received
-      })
+        received.push(
+          new SqlMessage<A, R>(
+            context,
+            id,
+            body.right,
+            row.receipt_handle,
+            Number(row.delivery_count),
+            Number(row.enqueued_at),
+            Option.fromNullable(row.reply_to),
+            // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
+            validTraceparent(row.traceparent)
+          )
+        )
+      }
+      if (undecodable === undefined) return Effect.succeed(received)
+      return Effect.as(
+        Effect.forEach(undecodable, ({ handle, id, reason }) =>
+          Effect.zipRight(
+            statements_.deadLetter(id, handle, now, "SerializationError", reason),
+            Effect.zipRight(
+              Metric.increment(undecodableDeadLettered),
+              Effect.logWarning(`Message ${id} in mailbox "${name}" no longer decodes; moved to dead letters`, reason)
+            )
+          ), { discard: true }),
+        received
+      )
+    }
 
     const releaseRows = (rows: ReadonlyArray<Row>, now: Now) =>
       Effect.forEach(
@@ -360,7 +369,8 @@ export const make = <A, I, R = never, IR = never>(
       purge: withStore(statements_.purge(name)),
       // Other processes' sends reach PostgreSQL's receivers by NOTIFY, so its polls are only a fallback;
       // SQLite's receivers poll with backoff from 10 ms.
-      poll: { firstMillis: store.dialect === "pg" ? maxPollMillis : 10, maxMillis: maxPollMillis }
+      poll: { firstMillis: store.dialect === "pg" ? maxPollMillis : 10, maxMillis: maxPollMillis },
+      sink
     }, clock)
 
     const target = mailbox as unknown as ReplyTarget

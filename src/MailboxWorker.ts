@@ -9,9 +9,9 @@
  * settled by the handler's `Exit`: a failure by the caller's policy, before
  * the next message; an interruption by `nack(0)`, so another worker gets it at
  * once; a success by replying (the caller's `onSuccess` makes the reply) and
- * acknowledging, in the background with the other successes
- * (`internal/worker/settler`). A settle that fails is handled without losing
- * the message (`internal/worker/settleFailure`).
+ * acknowledging, handed to the mailbox's driver as a row of its group commit
+ * while the loop goes on (`internal/worker/settler`). A settle that fails is
+ * handled without losing the message (`internal/worker/settleFailure`).
  *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
@@ -24,8 +24,8 @@
  * **What a message costs.** The loop runs under one `uninterruptibleMask` for the whole run (`restore` around
  * the receive's wait and the handler), the lease extender is bound to the loop's heartbeat once per run
  * (`internal/leaseExtender`: attaching a message is a field write), a beat is one step (the heartbeat's
- * `Ref.modify`; its listeners' work only when there is some), and a message alone is settled in line: what is
- * left per message is the Effect steps themselves (BENCHMARKS.md counts them, against a bare loop).
+ * `Ref.modify`; its listeners' work only when there is some), and a success is queued as data in the loop's
+ * own step: what is left per message is the Effect steps themselves (BENCHMARKS.md counts them).
  *
  * Traced (an exporting tracer installed), a message is handled in a span
  * `MailboxWorker.handle`, a child of the span it was sent in (`traceparent`),
@@ -103,8 +103,8 @@ export interface Options<A, R, Out, E, Req> {
   readonly handle: (message: Message<A, R>, heartbeat: Heartbeat.Heartbeat) => Effect.Effect<Out, E, Req>
   /**
    * The reply to a message whose handler succeeded (`Option.none()` for none). The worker sends it to
-   * the message's `replyTo`, if any, and acknowledges, as one step (`replyAndAcknowledge`), in the
-   * background and together with the other messages handled meanwhile (`Mailbox.settleAll`).
+   * the message's `replyTo`, if any, and acknowledges, as one step (`replyAndAcknowledge`): a durable
+   * mailbox commits it with the other messages settled meanwhile, while the loop goes on.
    */
   readonly onSuccess: (message: Message<A, R>, output: Out) => Effect.Effect<Option.Option<R>, never, Req>
   /**
@@ -176,6 +176,7 @@ export const make = <A, R, Out, E, Req>(
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     const environment = Environment.make(name, context as Context.Context<never>, heartbeat)
+    const resolver = Context.get(environment.context, MailboxResolver)
     let state: RunState<A, R> | undefined
     Pulse.track(mailbox, name, heartbeat.elapsed, () => state as RunState<unknown, unknown> | undefined)
 
@@ -187,9 +188,9 @@ export const make = <A, R, Out, E, Req>(
 
     /**
      * Handles the message in hand: the extender is attached, the handler (user code) runs inside `restore`,
-     * and the message is settled by the handler's exit — a success queued for the settler (its commit
-     * overlaps the next message, the next receive and the next batch; a durable store batches those
-     * commits), a failure settled here before the next message starts, an interruption given back at once.
+     * and the message is settled by the handler's exit — a success handed to the run's settler (its commit
+     * overlaps the next message, the next receive and the next batch), a failure settled here before the next
+     * message starts, an interruption given back at once.
      *
      * It runs once per message, inside the loop's one `uninterruptibleMask` (see `loop`), so it is written
      * as a chain of the fewest steps: no mask, finalizer, `annotateLogs` or generator of its own — each costs
@@ -253,18 +254,7 @@ export const make = <A, R, Out, E, Req>(
       reply: Option.Option<R>
     ): Effect.Effect<void, never, Req | MailboxResolver> => {
       Metrics.messagesProcessed.unsafeUpdate(1, run.metricLabels)
-      // Alone (a batch of one, nothing else outstanding): settled here, as there is nothing to
-      // overlap and handing it to the settler would cost a wake-up for nothing.
-      if (run.next >= run.pending.length && (run.settler === undefined || run.settler.idle())) {
-        return Settler.settleGroup([{ message, reply }], retryAfter)
-      }
-      const settler = run.settler ??= Settler.make(
-        retryAfter,
-        (body) => Environment.forkSettler(environment, run.caller, body)
-      )
-      if (run.traced) return settler.queueInSpan({ message, reply })
-      settler.queue({ message, reply })
-      return Effect.void
+      return run.settler.settle(message, reply)
     }
 
     const settleFailure = (
@@ -318,7 +308,7 @@ export const make = <A, R, Out, E, Req>(
             if (work !== undefined) yield* runAll(work)
             // A closed mailbox answers every receive at once with nothing: looked at only then.
             if (run.pending.length === 0 && (yield* mailbox.isClosed)) return
-            const previous = run.settler?.nextBatch()
+            const previous = run.settler.nextBatch()
             if (previous !== undefined) yield* restore(previous)
             while (run.next < run.pending.length) {
               const message = run.pending[run.next++]!
@@ -345,8 +335,7 @@ export const make = <A, R, Out, E, Req>(
 
     /**
      * Starts the loop fiber of `current`. It is interruptible however `run` was called (a layer, a
-     * finalizer), so a shutdown can always stop it. The settler, when the run has one, stops after the loop,
-     * once every settle is done, and cannot outlive it. However the loop ends, what it had received and not
+     * finalizer), so a shutdown can always stop it. It ends once every settle it queued is done. However the loop ends, what it had received and not
      * settled goes back: unstarted messages at once, a message in hand when the loop died after `retryAfter`
      * (it may be what killed the loop; it must not come straight back and kill the next one).
      */
@@ -384,7 +373,7 @@ export const make = <A, R, Out, E, Req>(
           Effect.onExit((exit) =>
             giveBack(exit).pipe(
               Effect.zipRight(current.extender.stop),
-              Effect.zipRight(Effect.suspend(() => current.settler?.stop ?? Effect.void))
+              Effect.zipRight(current.settler.stop)
             )
           )
         )
@@ -429,7 +418,9 @@ export const make = <A, R, Out, E, Req>(
                 inHand: undefined,
                 fiber: undefined,
                 extender: binding,
-                settler: undefined,
+                settler: Settler.make(mailbox, resolver, retryAfter, { traced, caller }, (effect) => {
+                  Environment.forkSettler(environment, caller, effect)
+                }),
                 caller,
                 annotations: cell,
                 traced,

@@ -1,10 +1,11 @@
 /**
  * The step journal's storage, as a delivery offers it: a backend that can keep
  * a run's journal with the message puts a `DeliveryJournal` on its messages
- * under `Journaled`; `Journal` (the public module) finds it there. A leaf the
- * agent side and every backend import, so neither imports the other. Not part
- * of the contract: a mailbox without it runs agents as before, from the first
- * step on every delivery.
+ * under `Journaled` (as it puts its settle `Sink` under `Settles`);
+ * `Journal` (the public module) finds it there. A leaf the agent side and
+ * every backend import, so neither imports the other. Not part of the
+ * contract: a mailbox without it runs agents as before, from the first step
+ * on every delivery.
  *
  * What a backend promises:
  * - `identity` names the stored message uniquely among every message of every

@@ -32,6 +32,7 @@ import {
   type SendError
 } from "../../Mailbox.js"
 import { perMessage, traceparentOf } from "../tracing.js"
+import { Settles, type Sink } from "./settle.js"
 import { validateDelay, validateReceiveOptions, validateReplyTo } from "./validation.js"
 
 /** One queue's storage, as the front end uses it. */
@@ -66,6 +67,8 @@ export interface Driver<A, R> {
    * a store that other processes write to; `undefined` when every write wakes receivers.
    */
   readonly poll?: { readonly firstMillis: number; readonly maxMillis: number } | undefined
+  /** The driver's group commit of settles, when it has one (see `settle.ts`): carried by the mailbox. */
+  readonly sink?: Sink | undefined
 }
 
 /**
@@ -170,6 +173,8 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
     isClosed: Effect.sync(() => closed)
   }
   receiveNow.set(mailbox, now as ReceiveNow<unknown, unknown>)
+  // Not enumerable: a mailbox made by spreading this one (a wrapper with messages of its own) has no sink.
+  if (driver.sink !== undefined) Object.defineProperty(mailbox, Settles, { value: driver.sink })
   return mailbox
 }
 

@@ -59,6 +59,18 @@ export class GroupCommit<I, O, E> {
     )
   }
 
+  /**
+   * `submit` without the wait: the item joins the next batch at once and `done` hears its result once that
+   * batch has committed (on the committer's fiber, so `done` must not block or throw). Returns the effect that
+   * starts the committer, to be run at once, when none is running; else `undefined` (nothing to run).
+   */
+  offer(item: I, done: (result: Exit.Exit<O, E>) => void): Effect.Effect<void> | undefined {
+    this.pending.push({ item, done })
+    if (this.flushing) return undefined
+    this.flushing = true
+    return Effect.asVoid(Effect.forkDaemon(this.flush()))
+  }
+
   /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
   submitAll(items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, E>>> {
     return Effect.suspend(() => {

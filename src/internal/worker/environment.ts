@@ -1,6 +1,6 @@
 /**
  * What a worker's fibers run with: the loop's fiber its context (the worker's services and the reply
- * resolver), heartbeat, log annotations and loggers; the settler's fiber what `run`'s caller has.
+ * resolver), heartbeat, log annotations and loggers; a failed settle's handling what `run`'s caller has.
  *
  * The loop's fiber does nothing but the loop, so it sets these once, for the rest of its life
  * (`FiberRef.set`). Around the loop instead (`Effect.provide`, `Effect.locally`, `Heartbeat.within`), each
@@ -67,15 +67,15 @@ export const setUpLoop = (environment: Environment, cell: AnnotationCell | undef
 }
 
 /**
- * Starts a run's settler fiber as a fork of `run`'s fiber (`caller`, waiting for the loop meanwhile) would
- * be: with its context and fiber refs, not the loop fiber's (its span, message annotations and heartbeat).
- * Synchronous: the scheduler starts it.
+ * Starts `body` (a failed settle's handling) on a fiber as a fork of `run`'s fiber (`caller`, waiting for the
+ * loop meanwhile) would be: with its context and fiber refs, not the loop fiber's (its span, message
+ * annotations and heartbeat). Synchronous: the scheduler starts it.
  */
-export const forkSettler = (
+export const forkSettler = <A>(
   environment: Environment,
   caller: Fiber.RuntimeFiber<unknown, unknown>,
-  body: Effect.Effect<never, never, MailboxResolver>
-): Fiber.RuntimeFiber<never> => {
+  body: Effect.Effect<A, never, MailboxResolver>
+): Fiber.RuntimeFiber<A> => {
   const fiberRefs = caller.getFiberRefs()
   const runtime = Runtime.make({
     context: caller.currentContext,

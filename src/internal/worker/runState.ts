@@ -62,12 +62,9 @@ export interface RunState<A, R> {
   fiber: Fiber.RuntimeFiber<void> | undefined
   /** The lease extender, bound to the loop's heartbeat for the run. */
   readonly extender: Binding
-  /**
-   * Successful messages' replies and acknowledgements, committed in the background: made with its fiber on the
-   * first settle queued (a loop taking one message at a time settles in line and never makes one).
-   */
-  settler: Settler.Settler<A, R> | undefined
-  /** `run`'s fiber, waiting for the loop's: the settler's fiber starts as a fork of it would. */
+  /** Successful messages' replies and acknowledgements: rows of the mailbox's group commit, or settled in line. */
+  readonly settler: Settler.Settler<A, R>
+  /** `run`'s fiber, waiting for the loop's: a failed settle is handled on a fiber started as a fork of it would be. */
   readonly caller: Fiber.RuntimeFiber<unknown, unknown>
   /** The annotations of the message in hand, which the run's loggers add. */
   readonly annotations: AnnotationCell

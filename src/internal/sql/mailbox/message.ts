@@ -1,9 +1,9 @@
 /**
  * A delivery of a SQL mailbox (`SqlMessage`): acknowledge, nack and extend as statements guarded by its
  * receipt handle, replies routed to a queue of the same database (written in the acknowledgement's
- * transaction) or to another store's mailbox, and the mailbox's `GroupSettler`, which commits the
- * acknowledgements and local replies of a group together. `registered` is how the reply path finds the
- * mailboxes made in this process.
+ * transaction) or to another store's mailbox, and the mailbox's settle `Sink`: a handled delivery's
+ * acknowledgement and local reply as one row of the group commit. `registered` is how the reply path finds
+ * the mailboxes made in this process.
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
@@ -23,16 +23,14 @@ import {
   type ReplyError,
   type ReplyNotAvailableError,
   type ReplyTarget,
-  SerializationError,
-  type Settlement,
-  type SettleOutcome
+  SerializationError
 } from "../../../Mailbox.js"
 import { type DeliveryJournal, Journaled, type StoredStep } from "../../journal.js"
 import * as FrontEnd from "../../mailbox/frontEnd.js"
-import { GroupSettle, type GroupSettler, settleOne } from "../../mailbox/settle.js"
+import { type Done, Settles, type Sink } from "../../mailbox/settle.js"
 import { validateVisibility } from "../../mailbox/validation.js"
-import { currentTraceparent, traceparentOf } from "../../tracing.js"
-import type { SettleBatcher, SettleExit } from "./batching.js"
+import { currentTraceparent } from "../../tracing.js"
+import type { SettleBatcher } from "./batching.js"
 import type { Encoder } from "./codec.js"
 import * as Journal from "./journal.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
@@ -54,7 +52,6 @@ export interface MailboxContext {
   readonly store: Store
   readonly statements: Statements
   readonly settler: SettleBatcher
-  readonly settleGroup: GroupSettler
   /** The step journal's appends (see `journal.ts`). */
   readonly appender: Journal.AppendBatcher
   /** Reply destinations already resolved, by resolver and name. */
@@ -81,47 +78,11 @@ const localReply = (
     ? { queue: route.queue, body: route.body }
     : { queue: route.queue, body: route.body, traceparent }
 
-/** How a group settle handles one delivery (see `SqlMessage.prepare`). */
-export type Prepared =
-  | { readonly _tag: "Item"; readonly item: SettleItem }
-  | { readonly _tag: "Done"; readonly outcome: SettleOutcome }
-
-/**
- * The `GroupSettler` of a mailbox's messages: every delivery's acknowledgement and local reply go to the
- * group commit together, with one wait for all of them.
- */
-export const groupSettler =
-  (settler: SettleBatcher): GroupSettler => <A, R>(settlements: ReadonlyArray<Settlement<A, R>>) =>
-    Effect.flatMap(MailboxResolver, (resolver) =>
-      // The span current here is the one the replies continue, unless a settlement names its own.
-      currentTraceparent((traceparent) => {
-        const outcomes = new Array<SettleOutcome>(settlements.length)
-        const items: Array<SettleItem> = []
-        const itemIndexes: Array<number> = []
-        const alone: Array<number> = []
-        settlements.forEach(({ message, reply, span }, index) => {
-          const step = (message as SqlMessage<A, R>).prepare(
-            resolver,
-            reply,
-            span === undefined ? traceparent : traceparentOf(span)
-          )
-          if (step === undefined) alone.push(index)
-          else if (step._tag === "Item") {
-            items.push(step.item)
-            itemIndexes.push(index)
-          } else outcomes[index] = step.outcome
-        })
-        const grouped = Effect.map(settler.submitAll(items), (results) =>
-          results.forEach((result, k) => {
-            const index = itemIndexes[k]!
-            outcomes[index] = (settlements[index]!.message as SqlMessage<A, R>).settled(result, items[k]!.reply)
-          }))
-        const single = Effect.forEach(alone, (index) =>
-          Effect.map(settleOne(settlements[index]!), (outcome) => {
-            outcomes[index] = outcome
-          }), { concurrency: "unbounded", discard: true })
-        return Effect.as(alone.length === 0 ? grouped : Effect.zip(grouped, single, { concurrent: true }), outcomes)
-      }))
+/** The mailbox's `Sink`: each handled delivery's acknowledgement, with its local reply, a row of its group commit. */
+export const sink: Sink = {
+  offer: (message, reply, resolver, traceparent, done) =>
+    message instanceof SqlMessage && message.offer(reply, resolver, traceparent, done)
+}
 
 export class SqlMessage<A, R> implements Message<A, R> {
   private finalized = false
@@ -176,8 +137,8 @@ export class SqlMessage<A, R> implements Message<A, R> {
     )
   }
 
-  get [GroupSettle](): GroupSettler {
-    return this.mailbox.settleGroup
+  get [Settles](): Sink {
+    return sink
   }
 
   /** The step journal of this delivery's message (see `internal/mailbox/journal.ts`). */
@@ -234,38 +195,36 @@ export class SqlMessage<A, R> implements Message<A, R> {
   }
 
   /**
-   * What a group settle does for this delivery: an item for the group commit (its local reply encoded),
-   * or an outcome already known (the reply could not be routed or encoded); `undefined` when
-   * `replyAndAcknowledge` must settle it on its own: a reply to another store, or to a queue this
-   * resolver has not been asked about yet (the first reply resolves it, later ones find it cached).
+   * This delivery's row for the group commit (see `Sink.offer`): queued, its outcome to `done` once committed;
+   * `false` when `replyAndAcknowledge` must settle it in line — a reply to another store, to a queue this
+   * resolver has not been asked about yet (the first reply resolves it, later ones find it cached), or one
+   * that is refused or cannot be encoded (in line, it fails as it would alone).
    */
-  prepare(
-    resolver: MailboxResolver["Type"],
+  offer(
     reply: Option.Option<R>,
-    traceparent: string | undefined
-  ): Prepared | undefined {
-    // (No named closures in here: this runs once per message, and `tsx` names every one it creates.)
-    if (Option.isNone(reply) || Option.isNone(this.replyTo)) {
-      return { _tag: "Item", item: this.item(undefined) }
+    resolver: MailboxResolver["Type"],
+    traceparent: string | undefined,
+    done: Done
+  ): Effect.Effect<void> | boolean {
+    let local: SettleItem["reply"]
+    if (Option.isSome(reply) && Option.isSome(this.replyTo)) {
+      const routed = this.routeNow(resolver, reply.value)
+      if (routed === undefined || Either.isLeft(routed) || routed.right._tag === "Remote") return false
+      local = localReply(routed.right, traceparent)
     }
-    const routed = this.routeNow(resolver, reply.value)
-    if (routed === undefined) return undefined
-    if (Either.isLeft(routed)) return { _tag: "Done", outcome: Either.left(routed.left) }
-    const route = routed.right
-    if (route._tag === "Remote") return undefined
-    return { _tag: "Item", item: this.item(localReply(route, traceparent)) }
-  }
-
-  /** The outcome of this delivery's item in a group commit (the twin of `settle`'s continuation). */
-  settled(result: SettleExit, reply: SettleItem["reply"]): SettleOutcome {
-    if (Exit.isFailure(result)) {
-      const cause = Cause.squash(result.cause)
-      return Either.left(new MailboxConnectionError({ mailbox: this.mailbox.name, cause }))
-    }
-    if (result.value === false) return Either.left(this.expired())
-    this.finalized = true
-    if (reply !== undefined) this.mailbox.store.wake(reply.queue)
-    return Either.right(result.value)
+    const start = this.mailbox.settler.offer(this.item(local), (result) => {
+      if (Exit.isFailure(result)) {
+        return done(
+          new MailboxConnectionError({ mailbox: this.mailbox.name, cause: Cause.squash(result.cause) }),
+          undefined
+        )
+      }
+      if (result.value === false) return done(this.expired(), undefined)
+      this.finalized = true
+      if (local !== undefined) this.mailbox.store.wake(local.queue)
+      done(undefined, result.value)
+    })
+    return start ?? true
   }
 
   /** Acknowledges through the mailbox's group commit, with the reply to insert in the same transaction. */
