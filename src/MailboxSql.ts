@@ -98,7 +98,7 @@ import {
   SingleFlight
 } from "./internal/sql/mailbox/batching.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
-import { extensionBatcher } from "./internal/sql/mailbox/extensions.js"
+import { batchRows, extensionBatcher } from "./internal/sql/mailbox/extensions.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
 import { groupSettler, type MailboxContext, registered, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
@@ -118,6 +118,13 @@ import {
   type SendError,
   SerializationError
 } from "./Mailbox.js"
+
+/**
+ * Deliveries extended per extension statement: extensions group-commit, so under load one statement carries many.
+ *
+ * @category metrics
+ */
+export const extensionBatchRows = batchRows
 
 /**
  * Stored bodies that no longer decoded and were moved to the dead-letter table.
