@@ -250,7 +250,7 @@ export const make = <A, I, R = never, IR = never>(
     )
     // Extensions group-commit ahead of claims (see internal/sql/mailbox/extensions.ts), their committer forked in
     // the mailbox's scope.
-    const extensions = extensionBatcher(store, statements_, name, now, clock, yield* Effect.scope)
+    const extensions = yield* extensionBatcher(store, statements_, name, now, clock, yield* Effect.scope)
     const context: MailboxContext = {
       name,
       store,

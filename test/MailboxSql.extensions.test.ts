@@ -9,7 +9,7 @@
 import { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Either, Exit, Fiber, Metric, Schema, TestClock } from "effect"
+import { Deferred, Effect, Either, Exit, Fiber, Metric, Schema, Scope, TestClock } from "effect"
 import { type Extension, ExtensionBatcher } from "../src/internal/sql/mailbox/extensions.js"
 import { batchRows } from "../src/internal/sql/mailbox/extensions.js"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -160,7 +160,7 @@ describe("ExtensionBatcher", () => {
   it.scoped("a store that fails mid-batch fails every waiter of that batch, and the next batch works", () =>
     Effect.gen(function*() {
       let calls = 0
-      const batcher = new ExtensionBatcher(
+      const batcher = yield* ExtensionBatcher.make(
         (items) =>
           Effect.suspend(() =>
             ++calls === 1
@@ -182,10 +182,24 @@ describe("ExtensionBatcher", () => {
       yield* batcher.beforeClaim // nothing outstanding: the gate is open
     }))
 
+  it.scoped("the mailbox closing under a batch in flight fails its waiters, and a later extension, with the store's error", () =>
+    Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      const batcher = yield* ExtensionBatcher.make(() => Effect.never, yield* Effect.clock, scope)
+      const waiting = yield* Effect.fork(batcher.submit(item(1)))
+      yield* settle
+      yield* Scope.close(scope, Exit.void)
+      const exit = yield* Fiber.await(waiting)
+      expect(Exit.isFailure(exit) && !Exit.isInterrupted(exit)).toBe(true)
+      const late = yield* Effect.exit(batcher.submit(item(2)))
+      expect(Exit.isFailure(late) && !Exit.isInterrupted(late)).toBe(true)
+      yield* batcher.beforeClaim
+    }))
+
   it.scoped("an interrupted waiter leaves nothing hanging: the others get their results, claims go on", () =>
     Effect.gen(function*() {
       const gate = yield* Deferred.make<void>()
-      const batcher = new ExtensionBatcher(
+      const batcher = yield* ExtensionBatcher.make(
         (items) => Effect.as(Deferred.await(gate), items.map(() => true)),
         yield* Effect.clock,
         yield* Effect.scope
@@ -203,7 +217,7 @@ describe("ExtensionBatcher", () => {
     Effect.gen(function*() {
       const gate = yield* Deferred.make<void>()
       const clock = yield* Effect.clock
-      const batcher = new ExtensionBatcher(
+      const batcher = yield* ExtensionBatcher.make(
         (items) => Effect.as(Deferred.await(gate), items.map(() => true)),
         clock,
         yield* Effect.scope
@@ -228,7 +242,7 @@ describe("ExtensionBatcher", () => {
   it.scoped("past a batch's size, the leases that end soonest go first", () =>
     Effect.gen(function*() {
       const batches: Array<ReadonlyArray<Extension>> = []
-      const batcher = new ExtensionBatcher(
+      const batcher = yield* ExtensionBatcher.make(
         (items) => Effect.sync(() => (batches.push(items), items.map(() => true))),
         yield* Effect.clock,
         yield* Effect.scope

@@ -13,13 +13,13 @@
  * leases it holds claims no more. With no extension outstanding the gate
  * costs a comparison.
  */
-import type { SqlError } from "@effect/sql/SqlError"
+import { SqlError } from "@effect/sql/SqlError"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Metric from "effect/Metric"
 import * as MetricBoundaries from "effect/MetricBoundaries"
-import type * as Scope from "effect/Scope"
+import * as Scope from "effect/Scope"
 import * as Sql from "../common.js"
 import { arrayLiteral, type Now, type Statements } from "./statements.js"
 import type { Store } from "./store.js"
@@ -61,22 +61,36 @@ type Commit = (items: ReadonlyArray<Extension>) => Effect.Effect<ReadonlyArray<b
 
 export class ExtensionBatcher {
   private pending: Array<Pending> = []
+  /** The batch in flight (its waiters are ended too if the committer stops). */
+  private inFlight: Array<Pending> = []
   private flushing = false
   /** The earliest `lateAt` of the batch in flight; `Infinity` when none is. */
   private inFlightLateAt = Infinity
   /** Claims waiting at `beforeClaim`. */
   private gated: Array<() => void> = []
 
-  constructor(
+  private constructor(
     private readonly commit: Commit,
     private readonly clock: Clock.Clock,
     /** The mailbox's scope: the committer is forked in it, and stops when the mailbox closes. */
     private readonly scope: Scope.Scope
   ) {}
 
+  /** The mailbox closed: later extensions fail at once. */
+  private closed = false
+
+  /** A batcher whose committer lives in `scope`, closed with it. */
+  static make(commit: Commit, clock: Clock.Clock, scope: Scope.Scope): Effect.Effect<ExtensionBatcher> {
+    return Effect.suspend(() => {
+      const batcher = new ExtensionBatcher(commit, clock, scope)
+      return Effect.as(Scope.addFinalizer(scope, Effect.sync(() => batcher.closed = true)), batcher)
+    })
+  }
+
   /** Extends one delivery once its batch has run: false when its handle was stale. */
   submit(item: Extension): Effect.Effect<boolean, SqlError> {
     return Effect.suspend(() => {
+      if (this.closed) return Effect.fail(closedError())
       const submitted = this.clock.unsafeCurrentTimeMillis()
       const wait = Effect.async<boolean, SqlError>((resume) => {
         this.pending.push({
@@ -124,6 +138,7 @@ export class ExtensionBatcher {
     let lateAt = Infinity
     for (const entry of batch) if (entry.lateAt < lateAt) lateAt = entry.lateAt
     this.inFlightLateAt = lateAt
+    this.inFlight = batch
     return batch
   }
 
@@ -154,9 +169,13 @@ export class ExtensionBatcher {
                 discard: true
               }
             ),
-            loop
+            Effect.suspend(() => {
+              this.inFlight = []
+              return loop
+            })
           )
         }
+        this.inFlight = []
         batch.forEach((entry, index) => entry.done(Exit.map(exit, (rows) => rows[index]!)))
         return loop
       })
@@ -165,12 +184,15 @@ export class ExtensionBatcher {
       Effect.onExit((exit) =>
         Effect.suspend(() => {
           if (Exit.isSuccess(exit)) return Effect.void
-          // Interrupted (the mailbox closed) or a defect: end every waiter and claim rather than leave it hanging.
+          // The mailbox closed (the committer was interrupted) or a defect: end every waiter and claim rather than
+          // leave it hanging, the waiters with the store's error (an extension after its mailbox closed lands nowhere).
           this.flushing = false
           this.inFlightLateAt = Infinity
-          const stranded = this.pending
+          const stranded = [...this.inFlight, ...this.pending]
+          this.inFlight = []
           this.pending = []
-          for (const entry of stranded) entry.done(Exit.failCause(exit.cause))
+          const failed = Exit.fail(closedError())
+          for (const entry of stranded) entry.done(Exit.isInterrupted(exit) ? failed : Exit.failCause(exit.cause))
           this.release()
           return Exit.isInterrupted(exit) ? Effect.void : Effect.logError("Extension batcher stopped", exit.cause)
         })
@@ -178,6 +200,8 @@ export class ExtensionBatcher {
     )
   }
 }
+
+const closedError = () => new SqlError({ message: "the mailbox closed before the extension was written" })
 
 const isDataFailure = (exit: Exit.Failure<unknown, SqlError>): boolean => {
   const failure = exit.cause._tag === "Fail" ? exit.cause.error : undefined
@@ -265,7 +289,7 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
   return (items) => rounds(run, items)
 }
 
-/** The extension batcher of a mailbox (`queue`) on `store`. */
+/** The extension batcher of a mailbox (`queue`) on `store`, for the mailbox's life (`scope`). */
 export const extensionBatcher = (
   store: Store,
   statements: Statements,
@@ -273,4 +297,4 @@ export const extensionBatcher = (
   now: () => Now,
   clock: Clock.Clock,
   scope: Scope.Scope
-): ExtensionBatcher => new ExtensionBatcher(commitOf(store, statements, queue, now), clock, scope)
+): Effect.Effect<ExtensionBatcher> => ExtensionBatcher.make(commitOf(store, statements, queue, now), clock, scope)
