@@ -28,6 +28,7 @@ import { parseArgs } from "node:util"
 import * as Postgres from "../test/support/postgres.js"
 import * as BullMQ from "./bullmq.js"
 import { journalSection } from "./journal.js"
+import { leasesSection, measureLeases } from "./leases.js"
 import type { LifeReport } from "./lifeFiles.js"
 import { PG_BOSS_BEST, type System, systems, type Throughput } from "./mailboxSql.js"
 import { bareCycles, mergeQueueCycles, recoveryAfterKill } from "./mergeQueue.js"
@@ -749,6 +750,8 @@ const main = async () => {
   for (const r of lifeReports) log(`message life (${r.backend}): ${r.files.length} files, ${r.functions} functions`)
   // How cost grows with the work (bench/scale.ts): backlog sizes, many queues, dead rows, a worker's memory.
   const scaleReport = await measureScale(url, log)
+  // Many long jobs beating in one process keep their leases (bench/leases.ts).
+  const leasesFigures = await measureLeases(url, log)
   await Effect.runPromise(ScopeModule.close(clusterScope, Exit.void))
   const heapBefore = process.memoryUsage().heapUsed
   const retained = await Effect.runPromise(retainedAfter(1_000_000))
@@ -894,6 +897,7 @@ const main = async () => {
     ...lifeSection(lifeReports),
     ...journalLines,
     ...scaleSection(scaleReport),
+    ...leasesSection(leasesFigures),
     "## MergeQueue: claim → transitions → merged → release",
     "",
     `${MQ_ENTRIES} entries per round, medians of ${MQ_ROUNDS} rounds after a warm-up, subject and baseline alternating.`,

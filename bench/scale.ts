@@ -103,7 +103,7 @@ const medianOf = (runs: ReadonlyArray<Drained>): Drained => ({
  * that process's children — from Linux `/proc`; `undefined` where it cannot be read. Other clusters on the
  * machine are not counted.
  */
-const serverCpuNanos = (port: string) => (): number | undefined => {
+export const serverCpuNanos = (port: string) => (): number | undefined => {
   try {
     const pids = readdirSync("/proc").filter((pid) => /^\d+$/.test(pid))
     const read = (pid: string, file: string) => {

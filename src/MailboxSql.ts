@@ -98,6 +98,7 @@ import {
   SingleFlight
 } from "./internal/sql/mailbox/batching.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
+import { batchRows, extensionBatcher } from "./internal/sql/mailbox/extensions.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
 import { type MailboxContext, registered, sink, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
@@ -117,6 +118,13 @@ import {
   type SendError,
   SerializationError
 } from "./Mailbox.js"
+
+/**
+ * Deliveries extended per extension statement: extensions group-commit, so under load one statement carries many.
+ *
+ * @category metrics
+ */
+export const extensionBatchRows = batchRows
 
 /**
  * Stored bodies that no longer decoded and were moved to the dead-letter table.
@@ -240,11 +248,16 @@ export const make = <A, I, R = never, IR = never>(
         ),
       { ...batchLimits, sizeOf: (item) => 64 + item.body.length, retryAlone: Sql.isDataError }
     )
+    // Extensions group-commit ahead of claims (see internal/sql/mailbox/extensions.ts), their committer forked in
+    // the mailbox's scope.
+    const extensions = yield* extensionBatcher(store, statements_, name, now, clock, yield* Effect.scope)
     const context: MailboxContext = {
       name,
       store,
       statements: statements_,
       settler,
+      extensions,
+      clock,
       appender: Journal.appendBatcher(store, statements_, now),
       routes: new WeakMap(),
       now,
@@ -279,7 +292,11 @@ export const make = <A, I, R = never, IR = never>(
      * goes to the dead-letter table alone, and the others are delivered. A batch that decodes whole — nearly
      * every one — is a plain loop.
      */
-    const toMessages = (rows: ReadonlyArray<Row>, now: Now): Effect.Effect<Array<Message<A, R>>, SqlError> => {
+    const toMessages = (
+      rows: ReadonlyArray<Row>,
+      now: Now,
+      leaseEnd: number
+    ): Effect.Effect<Array<Message<A, R>>, SqlError> => {
       const received: Array<Message<A, R>> = []
       let undecodable: Array<{ readonly id: string; readonly handle: string; readonly reason: string }> | undefined
       for (const row of rows) {
@@ -293,19 +310,19 @@ export const make = <A, I, R = never, IR = never>(
           })
           continue
         }
-        received.push(
-          new SqlMessage<A, R>(
-            context,
-            id,
-            body.right,
-            row.receipt_handle,
-            Number(row.delivery_count),
-            Number(row.enqueued_at),
-            Option.fromNullable(row.reply_to),
-            // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
-            validTraceparent(row.traceparent)
-          )
+        const message = new SqlMessage<A, R>(
+          context,
+          id,
+          body.right,
+          row.receipt_handle,
+          Number(row.delivery_count),
+          Number(row.enqueued_at),
+          Option.fromNullable(row.reply_to),
+          // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
+          validTraceparent(row.traceparent)
         )
+        message.leaseEnd = leaseEnd
+        received.push(message)
       }
       if (undecodable === undefined) return Effect.succeed(received)
       return Effect.as(
@@ -329,7 +346,8 @@ export const make = <A, I, R = never, IR = never>(
       )
     const nextVisibleIn = new SingleFlight(() => statements_.nextVisibleIn(name, now()))
     const claimer = new ClaimBatcher(
-      (at, visibilityMillis, max) => statements_.claim(name, at, visibilityMillis, max),
+      (at, visibilityMillis, max) =>
+        Effect.zipRight(extensions.beforeClaim, statements_.claim(name, at, visibilityMillis, max)),
       releaseRows,
       now
     )
@@ -342,12 +360,14 @@ export const make = <A, I, R = never, IR = never>(
     const claimOnce = (max: number, visibilityMillis: number) =>
       Effect.suspend(() => {
         let claimed: Claimed | undefined
+        // The leases end no sooner than this (the claim starts after it): what orders their extensions.
+        const leaseEnd = clock.unsafeCurrentTimeMillis() + visibilityMillis
         return Effect.uninterruptibleMask((restore) =>
           claimer.submit(max, visibilityMillis, restore).pipe(
             Effect.tap((result) => {
               claimed = result
             }),
-            Effect.flatMap(({ now, rows }) => toMessages(rows, now))
+            Effect.flatMap(({ now, rows }) => toMessages(rows, now, leaseEnd))
           )
         ).pipe(
           // Interrupted, or the store failed while the rows were being set aside: they go back (a row already

@@ -72,8 +72,20 @@ export class ClaimBatcher {
       yield* Effect.yieldNow() // let receivers that are ready in this tick join the claim
       while (this.waiting.length > 0) {
         const visibilityMillis = this.waiting[0]!.visibilityMillis
-        const batch = this.waiting.filter((request) => request.visibilityMillis === visibilityMillis)
-        this.waiting = this.waiting.filter((request) => request.visibilityMillis !== visibilityMillis)
+        // At most `maxClaimRows` rows a statement: a process that claims more at once than it can start before
+        // their visibility ends loses them, and between two claims its extensions go first (extensions.ts).
+        const batch: Array<ClaimRequest> = []
+        const rest: Array<ClaimRequest> = []
+        let taken = 0
+        for (const request of this.waiting) {
+          if (request.visibilityMillis !== visibilityMillis || (taken > 0 && taken + request.max > maxClaimRows)) {
+            rest.push(request)
+          } else {
+            batch.push(request)
+            if (!request.cancelled) taken += request.max
+          }
+        }
+        this.waiting = rest
         const open = batch.filter((request) => !request.cancelled)
         if (open.length === 0) continue
         const now = this.now()
@@ -104,6 +116,9 @@ export class ClaimBatcher {
     request.resume?.(outcome)
   }
 }
+
+/** The most rows one claim statement takes for its receivers. */
+export const maxClaimRows = 1000
 
 export interface Claimed {
   readonly rows: ReadonlyArray<Row>

@@ -7,6 +7,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
+import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -32,6 +33,7 @@ import { validateVisibility } from "../../mailbox/validation.js"
 import { currentTraceparent } from "../../tracing.js"
 import type { SettleBatcher } from "./batching.js"
 import type { Encoder } from "./codec.js"
+import type { ExtensionBatcher } from "./extensions.js"
 import * as Journal from "./journal.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
@@ -52,6 +54,10 @@ export interface MailboxContext {
   readonly store: Store
   readonly statements: Statements
   readonly settler: SettleBatcher
+  /** The extensions of its deliveries, group-committed ahead of its claims (see `extensions.ts`). */
+  readonly extensions: ExtensionBatcher
+  /** The process's clock, which `SqlMessage.leaseEnd` is on. */
+  readonly clock: Clock.Clock
   /** The step journal's appends (see `journal.ts`). */
   readonly appender: Journal.AppendBatcher
   /** Reply destinations already resolved, by resolver and name. */
@@ -91,6 +97,11 @@ export class SqlMessage<A, R> implements Message<A, R> {
   /** `keep` was called: the journal outlives the acknowledgement. */
   private kept = false
   private journalView: DeliveryJournal | undefined
+  /**
+   * When this delivery's lease ends as this process knows it (its clock's millis; 0 until the claim sets it): the
+   * claim's start plus its visibility, then each extension's submission plus its timeout. It orders extensions.
+   */
+  leaseEnd = 0
   constructor(
     private readonly mailbox: MailboxContext,
     readonly id: string,
@@ -264,7 +275,21 @@ export class SqlMessage<A, R> implements Message<A, R> {
   ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
     return Either.match(validateVisibility("timeout", timeout), {
       onLeft: Effect.fail,
-      onRight: (timeout) => this.setVisibility(timeout, false)
+      onRight: (timeout) =>
+        Effect.suspend(() => {
+          const { clock, extensions, name } = this.mailbox
+          const timeoutMillis = Duration.toMillis(timeout)
+          const submitted = clock.unsafeCurrentTimeMillis()
+          return extensions.submit({ seq: this.id, handle: this.receiptHandle, timeoutMillis, leaseEnd: this.leaseEnd })
+            .pipe(
+              connectionError(name),
+              Effect.flatMap((extended) => {
+                if (!extended) return Effect.fail(this.expired())
+                this.leaseEnd = submitted + timeoutMillis
+                return Effect.void
+              })
+            )
+        })
     })
   }
 
