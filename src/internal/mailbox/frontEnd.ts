@@ -32,6 +32,7 @@ import {
   type SendError
 } from "../../Mailbox.js"
 import { perMessage, traceparentOf } from "../tracing.js"
+import { type Registry, RegistryId } from "../worker/pulse.js"
 import { validateDelay, validateReceiveOptions, validateReplyTo } from "./validation.js"
 
 /** One queue's storage, as the front end uses it. */
@@ -66,7 +67,27 @@ export interface Driver<A, R> {
    * a store that other processes write to; `undefined` when every write wakes receivers.
    */
   readonly poll?: { readonly firstMillis: number; readonly maxMillis: number } | undefined
+  /** Where loops made on the mailbox are tracked, for a backend that records workers (`worker/pulse.ts`). */
+  readonly registry?: Registry | undefined
+  /** What the backend's own reply path reads back from a mailbox it built (`LocalId`). */
+  readonly local?: unknown
 }
+
+/** The mailbox's `ReceiveNow`, a field of every mailbox `make` builds. */
+export const ReceiveNowId: unique symbol = Symbol.for("leasehold/Mailbox/receiveNow")
+
+/** The backend's `Driver.local`, a field of a mailbox `make` built with one. */
+export const LocalId: unique symbol = Symbol.for("leasehold/Mailbox/local")
+
+/** The fields a mailbox `make` built carries beside the `Mailbox` interface (keyed by symbol, off its surface). */
+export interface Fields {
+  readonly [ReceiveNowId]?: ReceiveNow<unknown, unknown> | undefined
+  readonly [RegistryId]?: Registry | undefined
+  readonly [LocalId]?: unknown
+}
+
+/** The fields of `mailbox` (none for a mailbox this package did not build). */
+export const fieldsOf = (mailbox: object): Fields => mailbox as Fields
 
 /**
  * `receive` with options checked already and no span, as a plain call that returns the effect to run next: a
@@ -77,9 +98,6 @@ export type ReceiveNow<A, R> = (
   visibilityMillis: number,
   waitMillis: number
 ) => Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError>
-
-/** Each mailbox `make` built, with its `ReceiveNow`. */
-export const receiveNow: WeakMap<object, ReceiveNow<unknown, unknown>> = new WeakMap()
 
 /** Builds the `Mailbox` over `driver`; `close` refuses sends and wakes every sleeping receiver. */
 export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Clock): Mailbox<A, R> => {
@@ -157,7 +175,10 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
     })
 
   const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
-  const mailbox: Mailbox<A, R> = {
+  const mailbox: Mailbox<A, R> & Fields = {
+    [ReceiveNowId]: now as ReceiveNow<unknown, unknown>,
+    [RegistryId]: driver.registry,
+    [LocalId]: driver.local,
     name,
     send,
     receive: (options) => span(receive(options)),
@@ -169,7 +190,6 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
     }),
     isClosed: Effect.sync(() => closed)
   }
-  receiveNow.set(mailbox, now as ReceiveNow<unknown, unknown>)
   return mailbox
 }
 
