@@ -49,7 +49,7 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { age as ageGauge, beatRecords, currentRef, monotonicMillis, runAll } from "./internal/heartbeat.js"
+import { age as ageGauge, BeatRecordId, currentRef, monotonicMillis, runAll } from "./internal/heartbeat.js"
 
 /**
  * A liveness signal with listeners.
@@ -220,7 +220,7 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
     addListener,
     forkOnBeat
   }
-  beatRecords.set(heartbeat, record)
+  Object.defineProperty(heartbeat, BeatRecordId, { value: record, enumerable: false })
   return heartbeat
 })
 

@@ -175,10 +175,7 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
     })
 
   const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
-  const mailbox: Mailbox<A, R> & Fields = {
-    [ReceiveNowId]: now as ReceiveNow<unknown, unknown>,
-    [RegistryId]: driver.registry,
-    [LocalId]: driver.local,
+  const mailbox: Mailbox<A, R> = {
     name,
     send,
     receive: (options) => span(receive(options)),
@@ -189,6 +186,21 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
       Deferred.unsafeDone(closing, Exit.void)
     }),
     isClosed: Effect.sync(() => closed)
+  }
+  return withFields(mailbox, {
+    [ReceiveNowId]: now as ReceiveNow<unknown, unknown>,
+    [RegistryId]: driver.registry,
+    [LocalId]: driver.local
+  })
+}
+
+/**
+ * Sets the fields, not enumerable: a wrapper spreading the mailbox (`{ ...mailbox, receive }`) is another
+ * mailbox, and must not carry this one's `ReceiveNow` (nor its registry or reply route).
+ */
+const withFields = <M extends object>(mailbox: M, fields: Fields): M & Fields => {
+  for (const key of [ReceiveNowId, RegistryId, LocalId] as const) {
+    if (fields[key] !== undefined) Object.defineProperty(mailbox, key, { value: fields[key], enumerable: false })
   }
   return mailbox
 }

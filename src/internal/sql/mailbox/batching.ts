@@ -49,7 +49,9 @@ export class ClaimBatcher {
     return Effect.suspend(() => {
       const request: ClaimRequest = { max, visibilityMillis, outcome: undefined, resume: undefined, cancelled: false }
       this.waiting.push(request)
-      const start = this.claiming ? Effect.void : Effect.asVoid(Effect.uninterruptible(Effect.forkIn(this.drain(), this.scope)))
+      const start = this.claiming
+        ? Effect.void
+        : Effect.asVoid(Effect.uninterruptible(Effect.forkIn(this.drain(), this.scope)))
       this.claiming = true
       // A callback, not a Deferred: one per receive, and a Deferred costs more than the rest of the wait.
       const wait = Effect.async<Claimed, SqlError>((resume) => {
