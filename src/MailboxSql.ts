@@ -55,7 +55,8 @@
  * and the layers; `internal/sql/mailbox/` holds the rest — `message.ts` (a
  * delivery: settles, replies, group settling), `store.ts` (tables and
  * migrations, wake-up signals, the lane, the listener, and the store's open
- * life, reference-counted in an `RcMap` by the mailboxes' scopes),
+ * life: an entry of an `RcMap` owned by this module's layer, or by a lone
+ * mailbox's scope),
  * `statements.ts` (one statement set per dialect behind one interface),
  * `batching.ts` (shared claims, look-ups and settles) and `codec.ts` (bodies).
  * The operator's API is `MailboxSqlAdmin`.

@@ -14,6 +14,7 @@ import type * as PgClient from "@effect/sql-pg/PgClient"
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
+import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
@@ -21,7 +22,8 @@ import * as Exit from "effect/Exit"
 import * as FiberId from "effect/FiberId"
 import * as Layer from "effect/Layer"
 import * as RcMap from "effect/RcMap"
-import * as Scope from "effect/Scope"
+import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { randomBytes } from "node:crypto"
 import { hostname } from "node:os"
@@ -378,12 +380,20 @@ export const createSettleFunction = (store: Store, options?: { readonly tracepar
  * connection dies silently with the server, so a receive that meets a connection error restarts it
  * (`Store.relisten`); receivers poll meanwhile. Runs until interrupted (the store's open life ends).
  */
-const listening = (store: Store, listenTo: PgClient.PgClient["listen"]): Effect.Effect<never> => {
+const listening = (
+  store: Store,
+  listenTo: PgClient.PgClient["listen"],
+  ready: { readonly token: string; readonly listening: Deferred.Deferred<void> }
+): Effect.Effect<never> => {
   const once = Effect.suspend(() => {
     const restart = Deferred.unsafeMake<void>(FiberId.none)
     store.relisten = () => Deferred.unsafeDone(restart, Exit.void)
     return Effect.raceFirst(
-      listenTo(store.channel).pipe(Stream.runForEach((queue) => Effect.sync(() => store.wake(queue)))),
+      listenTo(store.channel).pipe(
+        Stream.runForEach((queue) =>
+          Effect.sync(() => queue === ready.token ? Deferred.unsafeDone(ready.listening, Exit.void) : store.wake(queue))
+        )
+      ),
       Deferred.await(restart)
     )
   })
@@ -423,7 +433,28 @@ const openLife = (stores: Stores, prefix: string): Effect.Effect<Store, SqlError
     // The PostgreSQL client is the SqlClient itself (whatever tag it was provided under).
     const client = store.sql as SqlClient.SqlClient & Partial<Pick<PgClient.PgClient, "listen">>
     if (store.dialect === "pg" && client.listen !== undefined) {
-      yield* Effect.forkScoped(Effect.interruptible(listening(store, client.listen)))
+      // The driver's LISTEN connection, interrupted while it connects, is never closed: the listener is stopped
+      // only once it has heard its own NOTIFY (a token no queue can be named: it has a control character), or
+      // after a bound when the server does not answer.
+      const ready = { token: `\u0001ready:${store.instance}`, listening: Deferred.unsafeMake<void>(FiberId.none) }
+      const { sql } = store
+      yield* Effect.forkScoped(Effect.interruptible(listening(store, client.listen, ready)))
+      // On the live clock: this waits for the network, and a test's clock standing still must not make it wait
+      // for ever.
+      const live = Effect.withClock(Clock.make())
+      yield* Effect.forkScoped(Effect.interruptible(
+        Effect.ignore(sql`SELECT pg_notify(${store.channel}, ${ready.token})`).pipe(
+          Effect.repeat(Schedule.spaced("50 millis")),
+          Effect.raceFirst(Deferred.await(ready.listening)),
+          Effect.timeout("5 seconds"),
+          Effect.ignore,
+          live
+        )
+      ))
+      // Runs before the two fibers are interrupted (finalizers run in reverse).
+      yield* Effect.addFinalizer(() =>
+        Effect.ignore(Effect.timeout(Effect.interruptible(Deferred.await(ready.listening)), "5 seconds")).pipe(live)
+      )
     }
     // The process's row: deleted when the store closes, after its refresh (forked later, so stopped first).
     yield* Effect.addFinalizer(() => Workers.unregister(store))
