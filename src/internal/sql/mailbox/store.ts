@@ -438,23 +438,27 @@ const openLife = (stores: Stores, prefix: string): Effect.Effect<Store, SqlError
       // after a bound when the server does not answer.
       const ready = { token: `\u0001ready:${store.instance}`, listening: Deferred.unsafeMake<void>(FiberId.none) }
       const { sql } = store
-      yield* Effect.forkScoped(Effect.interruptible(listening(store, client.listen, ready)))
-      // On the live clock: this waits for the network, and a test's clock standing still must not make it wait
-      // for ever.
-      const live = Effect.withClock(Clock.make())
-      yield* Effect.forkScoped(Effect.interruptible(
-        Effect.ignore(sql`SELECT pg_notify(${store.channel}, ${ready.token})`).pipe(
-          Effect.repeat(Schedule.spaced("50 millis")),
-          Effect.raceFirst(Deferred.await(ready.listening)),
-          Effect.timeout("5 seconds"),
-          Effect.ignore,
-          live
+      const listenTo = client.listen
+      // In one step: an interruption between the fork and the finalizer would stop the listener unheard.
+      yield* Effect.uninterruptible(Effect.gen(function*() {
+        yield* Effect.forkScoped(Effect.interruptible(listening(store, listenTo, ready)))
+        // On the live clock: this waits for the network, and a test's clock standing still must not make it wait
+        // for ever.
+        const live = Effect.withClock(Clock.make())
+        yield* Effect.forkScoped(Effect.interruptible(
+          Effect.ignore(sql`SELECT pg_notify(${store.channel}, ${ready.token})`).pipe(
+            Effect.repeat(Schedule.spaced("50 millis")),
+            Effect.raceFirst(Deferred.await(ready.listening)),
+            Effect.timeout("5 seconds"),
+            Effect.ignore,
+            live
+          )
+        ))
+        // Runs before the two fibers are interrupted (finalizers run in reverse).
+        yield* Effect.addFinalizer(() =>
+          Effect.ignore(Effect.timeout(Effect.interruptible(Deferred.await(ready.listening)), "5 seconds")).pipe(live)
         )
-      ))
-      // Runs before the two fibers are interrupted (finalizers run in reverse).
-      yield* Effect.addFinalizer(() =>
-        Effect.ignore(Effect.timeout(Effect.interruptible(Deferred.await(ready.listening)), "5 seconds")).pipe(live)
-      )
+      }))
     }
     // The process's row: deleted when the store closes, after its refresh (forked later, so stopped first).
     yield* Effect.addFinalizer(() => Workers.unregister(store))
