@@ -141,7 +141,7 @@ export interface ErrorInfo {
 }
 
 /** Fields that are the error's machinery, not its data. */
-const skipped = new Set(["_tag", "message", "stack", "cause", "name"])
+const skipped: ReadonlySet<string> = new Set(["_tag", "message", "stack", "cause", "name"])
 
 /** A field's JSON form, or undefined when it has none (a function, a cycle, a class JSON cannot hold). */
 const toJson = (value: unknown): unknown => {

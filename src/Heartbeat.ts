@@ -41,15 +41,16 @@
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
 import { dual, identity } from "effect/Function"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
-import type * as Scope from "effect/Scope"
+import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { age as ageGauge, beatRecords, currentRef, monotonicMillis, runAll } from "./internal/heartbeat.js"
+import { age as ageGauge, BeatRecordId, currentRef, monotonicMillis, runAll } from "./internal/heartbeat.js"
 
 /**
  * A liveness signal with listeners.
@@ -127,7 +128,8 @@ interface Flight {
  */
 class BeatFork {
   private flight: Flight | undefined
-  constructor(private readonly task: BeatTask) {}
+  /** `scope` owns the runs' fibers: the detach step closes it once the run in flight has landed. */
+  constructor(private readonly task: BeatTask, private readonly scope: Scope.Scope) {}
 
   call(now: number): Effect.Effect<void> | undefined {
     if (this.flight !== undefined || !this.task.due(now)) return undefined
@@ -144,8 +146,9 @@ class BeatFork {
           if (this.flight === started) this.flight = undefined
         })
       )
-      // A daemon, not a child of the beating fiber: the run must finish even if that fiber moves on.
-      return Effect.map(Effect.forkDaemon(run), (fiber) => {
+      // In the registration's scope, not a child of the beating fiber: the run must finish even if that fiber
+      // moves on.
+      return Effect.map(Effect.forkIn(run, this.scope), (fiber) => {
         // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
         if (this.flight === started) started.fiber = fiber
       })
@@ -196,10 +199,12 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
   const addListener = (listener: Listener) => addEntry({ call: listener }, identity)
   const onBeatAt = (listener: Listener) =>
     Effect.flatMap(addListener(listener), (remove) => Effect.addFinalizer(() => remove))
-  const forkOnBeat = (task: BeatTask): Effect.Effect<Effect.Effect<void>> => {
-    const fork = new BeatFork(task)
-    return addEntry(fork, (remove) => Effect.zipRight(remove, fork.landed))
-  }
+  const forkOnBeat = (task: BeatTask): Effect.Effect<Effect.Effect<void>> =>
+    Effect.flatMap(Scope.make(), (scope) => {
+      const fork = new BeatFork(task, scope)
+      return addEntry(fork, (remove) =>
+        Effect.zipRight(Effect.zipRight(remove, fork.landed), Scope.close(scope, Exit.void)))
+    })
 
   // One step records the beat and calls the listeners (synchronous callbacks) on the listeners it read; the
   // work they ask for runs next. Made once: a beat allocates the new state and nothing else.
@@ -220,7 +225,7 @@ export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) =
     addListener,
     forkOnBeat
   }
-  beatRecords.set(heartbeat, record)
+  Object.defineProperty(heartbeat, BeatRecordId, { value: record, enumerable: false })
   return heartbeat
 })
 

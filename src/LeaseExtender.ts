@@ -27,7 +27,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
-import { type Bind, binders } from "./internal/leaseExtender.js"
+import { type Bind, BindId } from "./internal/leaseExtender.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
 
@@ -310,10 +310,10 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
       extendWhile: config.enabled ? extendWhile : (_message, _heartbeat, effect) => effect,
       attachUnscoped: config.enabled ? attachUnscoped : () => Effect.succeed(Effect.void)
     }
-    binders.set(
-      extender,
-      config.enabled ? bind : () => Effect.succeed({ attach: () => {}, detach: () => undefined, stop: Effect.void })
-    )
+    const binder: Bind = config.enabled
+      ? bind
+      : () => Effect.succeed({ attach: () => {}, detach: () => undefined, stop: Effect.void })
+    Object.defineProperty(extender, BindId, { value: binder, enumerable: false })
     return extender
   })
 

@@ -269,7 +269,8 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
               })
             ),
             Effect.interruptible,
-            Effect.forkDaemon
+            // In the run's scope: a loop still running when the run ends (it was interrupted) is stopped with it.
+            Effect.forkScoped
           )
           current.fibers.push(fiber)
         }

@@ -398,18 +398,22 @@ export const make = <A, R = never>(
         arm: () => store.arm(),
         count: Effect.sync(() => store.live),
         purge: Effect.sync(() => store.purge()),
-        sink: inLine
+        sink: inLine,
+        // For `pause`, `resume` and `journal`: the store is a field of the mailbox.
+        local: store
       }, clock)
-      stores.set(mailbox, store)
       return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
     }))
 
-/** Each memory mailbox's store, for `pause` and `resume`. */
-const stores = new WeakMap<object, Store<unknown>>()
+/** The store of a mailbox `make` built, if it is one. */
+const storeOf = (mailbox: object): Store<unknown> | undefined => {
+  const local = FrontEnd.fieldsOf(mailbox)[FrontEnd.LocalId]
+  return local instanceof Store ? local as Store<unknown> : undefined
+}
 
 const setPaused = (mailbox: Mailbox<unknown, unknown>, paused: boolean): Effect.Effect<void> =>
   Effect.sync(() => {
-    const store = stores.get(mailbox)
+    const store = storeOf(mailbox)
     if (store === undefined) return
     store.paused = paused
     if (!paused) store.wake()
@@ -436,7 +440,7 @@ export const journal = <A, R>(
   id: string
 ): Effect.Effect<Option.Option<ReadonlyArray<StoredStep>>> =>
   Effect.sync(() => {
-    const store = stores.get(mailbox)
+    const store = storeOf(mailbox)
     return Option.fromNullable(store?.journals.get(id) ?? store?.kept.get(id)).pipe(Option.map((steps) => [...steps]))
   })
 

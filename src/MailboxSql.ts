@@ -55,7 +55,8 @@
  * and the layers; `internal/sql/mailbox/` holds the rest — `message.ts` (a
  * delivery: settles, replies, group settling), `store.ts` (tables and
  * migrations, wake-up signals, the lane, the listener, and the store's open
- * life, reference-counted in an `RcMap` by the mailboxes' scopes),
+ * life: an entry of an `RcMap` owned by this module's layer, or by a lone
+ * mailbox's scope),
  * `statements.ts` (one statement set per dialect behind one interface),
  * `batching.ts` (shared claims, look-ups and settles) and `codec.ts` (bodies).
  * The operator's API is `MailboxSqlAdmin`.
@@ -70,6 +71,7 @@
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as ConfigError from "effect/ConfigError"
+import * as Context from "effect/Context"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -100,13 +102,21 @@ import {
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
 import { batchRows, extensionBatcher } from "./internal/sql/mailbox/extensions.js"
 import * as Journal from "./internal/sql/mailbox/journal.js"
-import { type MailboxContext, registered, sink, SqlMessage } from "./internal/sql/mailbox/message.js"
+import { type Local, type MailboxContext, sink, SqlMessage } from "./internal/sql/mailbox/message.js"
 import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
 import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
-import { acquire, connectionError, prepare, requireMigrated, type Row, storeFor } from "./internal/sql/mailbox/store.js"
+import {
+  connectionError,
+  hold,
+  makeStores,
+  prepare,
+  requireMigrated,
+  type Row,
+  type Stores,
+  StoresTag
+} from "./internal/sql/mailbox/store.js"
 import { createFromEnv } from "./internal/sql/version.js"
 import { validTraceparent } from "./internal/tracing.js"
-import * as Pulse from "./internal/worker/pulse.js"
 import {
   type Mailbox,
   MailboxConnectionError,
@@ -227,14 +237,19 @@ export const make = <A, I, R = never, IR = never>(
     const { create, maxBodyBytes, maxSize, name, pollInterval, prefix } = yield* decodeOptions(
       yield* createFromEnv(options)
     )
-    const store = yield* (create ? prepare(prefix) : requireMigrated(prefix))
+    const sql = yield* SqlClient.SqlClient
+    yield* (create ? prepare(prefix) : requireMigrated(prefix))
+    // The layer's store of this prefix (else one of this mailbox's own), held open while the mailbox is: the
+    // first mailbox in starts its lane, listener and row; the last one out stops them.
+    const store = yield* hold(sql, prefix).pipe(connectionError(name))
+    const scope = yield* Effect.scope
     const maxPollMillis = Math.max(1, Duration.toMillis(pollInterval ?? (store.dialect === "pg" ? 1000 : 250)))
     const clock = yield* Effect.clock
     const statements_ = statements(store)
     const encode = encoderOf(options.schema, maxBodyBytes)
     const decode = decoderOf(options.schema)
     const now = nowOf(clock)
-    const settler = settleBatcher(statements_, now)
+    const settler = settleBatcher(statements_, now, scope)
     // Sends group-commit too: concurrent producers share one statement and one commit.
     const sender = new GroupCommit<SendItem, string | undefined, SqlError>(
       (items) =>
@@ -246,11 +261,12 @@ export const make = <A, I, R = never, IR = never>(
             return ids
           }
         ),
-      { ...batchLimits, sizeOf: (item) => 64 + item.body.length, retryAlone: Sql.isDataError }
+      { ...batchLimits, sizeOf: (item) => 64 + item.body.length, retryAlone: Sql.isDataError },
+      scope
     )
     // Extensions group-commit ahead of claims (see internal/sql/mailbox/extensions.ts), their committer forked in
     // the mailbox's scope.
-    const extensions = yield* extensionBatcher(store, statements_, name, now, clock, yield* Effect.scope)
+    const extensions = yield* extensionBatcher(store, statements_, name, now, clock, scope)
     const context: MailboxContext = {
       name,
       store,
@@ -258,7 +274,7 @@ export const make = <A, I, R = never, IR = never>(
       settler,
       extensions,
       clock,
-      appender: Journal.appendBatcher(store, statements_, now),
+      appender: Journal.appendBatcher(store, statements_, now, scope),
       routes: new WeakMap(),
       now,
       replyEncoder: options.replySchema === undefined ? undefined : encoderOf(options.replySchema, maxBodyBytesLimit)
@@ -344,12 +360,13 @@ export const make = <A, I, R = never, IR = never>(
         (row) => Effect.ignore(statements_.release(String(row.seq), row.receipt_handle, now)),
         { discard: true }
       )
-    const nextVisibleIn = new SingleFlight(() => statements_.nextVisibleIn(name, now()))
+    const nextVisibleIn = new SingleFlight(() => statements_.nextVisibleIn(name, now()), scope)
     const claimer = new ClaimBatcher(
       (at, visibilityMillis, max) =>
         Effect.zipRight(extensions.beforeClaim, statements_.claim(name, at, visibilityMillis, max)),
       releaseRows,
-      now
+      now,
+      scope
     )
 
     /**
@@ -380,6 +397,8 @@ export const make = <A, I, R = never, IR = never>(
         )
       })
 
+    // Loops made on it are listed in the process's row of the workers table (internal/sql/mailbox/workers.ts);
+    // a reply to it from a mailbox of the same database is written in that mailbox's acknowledgement.
     const mailbox = FrontEnd.make<A, R>(name, {
       insert,
       claim: claimOnce,
@@ -390,18 +409,16 @@ export const make = <A, I, R = never, IR = never>(
       // Other processes' sends reach PostgreSQL's receivers by NOTIFY, so its polls are only a fallback;
       // SQLite's receivers poll with backoff from 10 ms.
       poll: { firstMillis: store.dialect === "pg" ? maxPollMillis : 10, maxMillis: maxPollMillis },
-      sink
+      sink,
+      registry: store.registry,
+      local: { store, queue: name, encode } satisfies Local
     }, clock)
 
     const target = mailbox as unknown as ReplyTarget
-    registered.set(target, { store, queue: name, encode })
-    // Loops made on it are listed in the process's row of the workers table (internal/sql/mailbox/workers.ts).
-    Pulse.registries.set(mailbox, store.registry)
     let open = store.open.get(name)
     if (open === undefined) store.open.set(name, open = new Set())
     open.add(target)
-    // Closed in reverse: the mailbox, then its hold on the store (the last one out closes the lane).
-    yield* acquire(store)
+    // Closed in reverse: the mailbox, then its batchers (they drain), then its hold on the store.
     yield* Effect.addFinalizer(() =>
       Effect.zipRight(
         mailbox.close,
@@ -411,8 +428,6 @@ export const make = <A, I, R = never, IR = never>(
         })
       )
     )
-    // The lane's connection opens with the first mailbox, not with its first message.
-    yield* store.onLane(() => Effect.void).pipe(connectionError(name))
     return mailbox
   })
 
@@ -429,8 +444,9 @@ export interface ResolverOptions {
 const decodeResolverOptions = Options_.decoder("MailboxSql.resolver", { prefix: Sql.Prefix })
 
 /**
- * A resolver over the mailboxes made on this database and prefix in this
- * process: a reply to any of them needs no configuration.
+ * A resolver over the mailboxes open on this database and prefix under the
+ * layer in the context (`layer`, `layerSqlite`, `layerPg`): a reply to any of
+ * them needs no configuration. Without one it resolves nothing.
  *
  * @category constructors
  */
@@ -441,15 +457,19 @@ export const resolver = (options?: ResolverOptions): Effect.Effect<
 > =>
   Effect.gen(function*() {
     const { prefix } = yield* decodeResolverOptions(options)
-    const store = storeFor(yield* SqlClient.SqlClient, prefix)
-    return {
-      resolve: (name: string) => {
-        const open = store.open.get(name)
-        const first = open === undefined ? undefined : open.values().next().value
-        return first === undefined ? Effect.fail(new MailboxResolutionError({ name })) : Effect.succeed(first)
-      }
-    }
+    const sql = yield* SqlClient.SqlClient
+    const stores = yield* Effect.serviceOption(StoresTag)
+    return resolverOf(stores._tag === "Some" && stores.value.sql === sql ? stores.value : undefined, prefix)
   })
+
+/** Resolves a name to a mailbox open on the store of `prefix` in `stores`. */
+const resolverOf = (stores: Stores | undefined, prefix: string): MailboxResolver["Type"] => ({
+  resolve: (name: string) => {
+    const open = stores?.live.get(prefix)?.open.get(name)
+    const first = open === undefined ? undefined : open.values().next().value
+    return first === undefined ? Effect.fail(new MailboxResolutionError({ name })) : Effect.succeed(first)
+  }
+})
 
 // ---------------------------------------------------------------------------
 // Layers
@@ -463,8 +483,10 @@ export const resolver = (options?: ResolverOptions): Effect.Effect<
 export type Services = SqlClient.SqlClient | MailboxResolver
 
 /**
- * The mailboxes' `MailboxResolver` on the `SqlClient` in the context (provide `Database.layerSqlite` /
- * `layerPg` once: every durable service of the process then shares its pool).
+ * The mailboxes' stores and their `MailboxResolver` on the `SqlClient` in the context (provide
+ * `Database.layerSqlite` / `layerPg` once: every durable service of the process then shares its pool). The
+ * layer owns the stores: the mailboxes made under it share one per prefix (its lane, listener and workers
+ * row), and closing the layer ends them.
  *
  * @category layers
  */
@@ -472,7 +494,13 @@ export const layer = (options?: ResolverOptions): Layer.Layer<
   MailboxResolver,
   ParseResult.ParseError,
   SqlClient.SqlClient
-> => Layer.effect(MailboxResolver, resolver(options))
+> =>
+  // The stores ride in the context beside the resolver, under an internal tag: `make` finds them there.
+  Layer.scopedContext(Effect.gen(function*() {
+    const { prefix } = yield* decodeResolverOptions(options)
+    const stores = yield* makeStores(yield* SqlClient.SqlClient)
+    return Context.make(StoresTag, stores).pipe(Context.add(MailboxResolver, resolverOf(stores, prefix)))
+  }))
 
 /**
  * Options of `layerSqlite`: `Database.layerSqlite`'s and the table prefix.

@@ -51,8 +51,8 @@ import type * as Scope from "effect/Scope"
 import type * as DeadLetter from "./DeadLetter.js"
 import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
-import { beatRecords, runAll } from "./internal/heartbeat.js"
-import { binders } from "./internal/leaseExtender.js"
+import { beatRecordOf, runAll } from "./internal/heartbeat.js"
+import { binderOf } from "./internal/leaseExtender.js"
 import { validateDuration } from "./internal/mailbox/validation.js"
 import { loopNameProblem } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
@@ -169,10 +169,10 @@ export const make = <A, R, Out, E, Req>(
     const { mailbox } = options
     const { name } = yield* decodeOptions(options)
     const extender = yield* LeaseExtender.make(options.leaseExtender)
-    const bind = binders.get(extender)!
+    const bind = binderOf(extender)!
     const keepLease = HeldLeases.keeper(extender.config)
     const heartbeat = yield* Heartbeat.make
-    const beatRecord = beatRecords.get(heartbeat)!
+    const beatRecord = beatRecordOf(heartbeat)!
     const context = yield* Effect.context<Req>()
     const retryAfter = options.retryAfter ?? (() => Duration.zero)
     const environment = Environment.make(name, context as Context.Context<never>, heartbeat)

@@ -568,7 +568,7 @@ for (const backend of backends) {
     it.scoped("a database without migration 12 is named as such to the operator (TablesNotFoundError)", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
-        const older = Object.fromEntries(Object.entries(Store.migrations(Store.storeFor(sql, prefix))).slice(0, 11))
+        const older = Object.fromEntries(Object.entries(Store.migrations(Store.tablesOf(sql, prefix))).slice(0, 11))
         yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
         const refused = yield* Effect.flip(MailboxSqlAdmin.journals({ prefix, create: false }))
         expect(refused).toMatchObject({ _tag: "TablesNotFoundError", missing: [`${prefix}mailbox_identity`] })
@@ -578,7 +578,7 @@ for (const backend of backends) {
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
         const older = Object.fromEntries(
-          Object.entries(Store.migrations(Store.storeFor(sql, prefix))).slice(0, 11)
+          Object.entries(Store.migrations(Store.tablesOf(sql, prefix))).slice(0, 11)
         )
         yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
         yield* sql`INSERT INTO ${sql(`${prefix}mailbox_journal`)}

@@ -44,27 +44,31 @@ beforeEach(() => {
 })
 
 const suiteScope = Effect.runSync(Scope.make())
+// The client with the layer's stores (the mailboxes of a test share one per prefix), without its resolver.
+let sqliteContext: Context.Context<SqlClient.SqlClient>
+let pgContext: Context.Context<SqlClient.SqlClient>
 let sqlite: SqlClient.SqlClient
 let pg: SqlClient.SqlClient
 let cluster: Postgres.Cluster
+const withoutResolver = Context.omit(MailboxResolver)
 beforeAll(async () => {
-  sqlite = await Effect.runPromise(
+  sqliteContext = await Effect.runPromise(
     Layer.buildWithScope(MailboxSql.layerSqlite({ filename: join(directory, "mailbox.db") }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
+      Effect.map(withoutResolver)
     )
   )
+  sqlite = Context.get(sqliteContext, SqlClient.SqlClient)
   cluster = await Effect.runPromise(Scope.extend(Postgres.cluster, suiteScope))
-  pg = await Effect.runPromise(
-    Layer.buildWithScope(MailboxSql.layerPg({ url: cluster.url }), suiteScope).pipe(
-      Effect.map(Context.get(SqlClient.SqlClient))
-    )
+  pgContext = await Effect.runPromise(
+    Layer.buildWithScope(MailboxSql.layerPg({ url: cluster.url }), suiteScope).pipe(Effect.map(withoutResolver))
   )
+  pg = Context.get(pgContext, SqlClient.SqlClient)
 }, 120_000)
 afterAll(() => Effect.runPromise(Scope.close(suiteScope, Exit.void)))
 
 const backends = [
-  { label: "SQLite", client: () => sqlite },
-  { label: "PostgreSQL", client: () => pg }
+  { label: "SQLite", client: () => sqlite, context: () => sqliteContext },
+  { label: "PostgreSQL", client: () => pg, context: () => pgContext }
 ] as const
 
 for (const backend of backends) {
@@ -72,7 +76,7 @@ for (const backend of backends) {
     `SQL on ${backend.label}`,
     (options) =>
       MailboxSql.make<string, string, string, string>({ ...options, schema: Schema.String, prefix }).pipe(
-        Effect.provideService(SqlClient.SqlClient, backend.client())
+        Effect.provide(backend.context())
       ),
     // In the database, as `leasehold mailbox pause` sets it.
     {
@@ -91,11 +95,11 @@ for (const backend of backends) {
 }
 
 const Job = Schema.Struct({ n: Schema.Number })
-const provide = (client: () => SqlClient.SqlClient) => <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-  Effect.provideService(effect, SqlClient.SqlClient, client())
+const provide = (context: () => Context.Context<SqlClient.SqlClient>) => <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+  Effect.provide(effect, context())
 
 for (const backend of backends) {
-  const onDb = provide(backend.client)
+  const onDb = provide(backend.context)
   describe(`MailboxSql on ${backend.label}`, () => {
     it.scoped("a stored body that no longer decodes is dead-lettered with its error, never delivered", () =>
       Effect.gen(function*() {
@@ -497,7 +501,7 @@ describe("MailboxSql long polls across clients (another process, as far as the d
         yield* sender.send({ n: 7 })
         const received = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
         expect(received.map((m) => m.body)).toEqual([{ n: 7 }])
-      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+      }).pipe(Effect.provide(pgContext), Effect.scoped),
     30_000
   )
 
@@ -526,7 +530,7 @@ describe("MailboxSql long polls across clients (another process, as far as the d
           ...(yield* done.receive({ waitTime: 0, maxMessages: 10 })).map((m) => m.body.n)
         ]
         expect(replies.sort((a, b) => a - b)).toEqual([10, 20, 30])
-      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+      }).pipe(Effect.provide(pgContext), Effect.scoped),
     30_000
   )
 
@@ -551,7 +555,7 @@ describe("MailboxSql long polls across clients (another process, as far as the d
         yield* Effect.sleep("300 millis") // all eight found the queue empty and sleep until the next visible time
         expect(lookUps).toHaveLength(1)
         yield* Effect.forEach(receivers, Fiber.interrupt, { discard: true })
-      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+      }).pipe(Effect.provide(pgContext), Effect.scoped),
     30_000
   )
 
@@ -567,7 +571,7 @@ describe("MailboxSql long polls across clients (another process, as far as the d
       yield* sender.send({ n: 8 })
       const received = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
       expect(received.map((m) => m.body)).toEqual([{ n: 8 }])
-    }).pipe(Effect.provideService(SqlClient.SqlClient, sqlite), Effect.scoped), 30_000)
+    }).pipe(Effect.provide(sqliteContext), Effect.scoped), 30_000)
 })
 
 describe("MailboxSql layers", () => {
@@ -630,15 +634,15 @@ describe("MailboxSql lane on PostgreSQL", () => {
     () =>
       Effect.gen(function*() {
         const url = `${cluster.url}?application_name=lane_test`
-        const sql = Context.get(
-          yield* Layer.build(Layer.fresh(MailboxSql.layerPg({ url, maxConnections: 1, minConnections: 1 }))),
-          SqlClient.SqlClient
+        const context = yield* Layer.build(
+          Layer.fresh(MailboxSql.layerPg({ url, maxConnections: 1, minConnections: 1 }))
         )
+        const sql = Context.get(context, SqlClient.SqlClient)
         const mailboxes = yield* Scope.make()
         const [jobs, done] = yield* Effect.all([
           MailboxSql.make({ name: "jobs", schema: Job, replySchema: Job, prefix }),
           MailboxSql.make({ name: "done", schema: Job, prefix })
-        ]).pipe(Effect.provideService(SqlClient.SqlClient, sql), Scope.extend(mailboxes))
+        ]).pipe(Effect.provide(context), Scope.extend(mailboxes))
         yield* jobs.send({ n: 1 }, { replyTo: "done" })
         // The pool's one connection, LISTEN's, and the lane's.
         expect(yield* sessionsReach("lane_test", 3)).toBe(3)
@@ -760,7 +764,7 @@ describe("MailboxSql on PostgreSQL judges leases by the database's clock", () =>
     Effect.gen(function*() {
       const open = (skew: number) =>
         MailboxSql.make({ name: "skewed", schema: Job, prefix }).pipe(
-          Effect.provideService(SqlClient.SqlClient, pg),
+          Effect.provide(pgContext),
           Effect.withClock(skewedClock(skew))
         )
       const ahead = yield* open(2 * 60_000)
@@ -826,7 +830,7 @@ describe("MailboxSql migrations on PostgreSQL", () => {
       yield* message!.replyAndAcknowledge({ n: 2 })
       expect(yield* jobs.approximateCount).toBe(0)
     }).pipe(
-      Effect.provideService(SqlClient.SqlClient, pg),
+      Effect.provide(pgContext),
       Effect.provide(MailboxResolver.layer()),
       Effect.scoped
     ))
@@ -870,7 +874,7 @@ describe("MailboxSql when PostgreSQL goes away", () => {
         const [reply] = yield* responses.receive({ waitTime: "20 seconds" })
         expect(reply!.body.output).toBe(42)
         yield* loop.shutdown()
-      }).pipe(Effect.provideService(SqlClient.SqlClient, pg), Effect.scoped),
+      }).pipe(Effect.provide(pgContext), Effect.scoped),
     60_000
   )
 })

@@ -74,8 +74,8 @@ const stuckLoop = (name: string, mailbox: Mailbox<number>, gate: Deferred.Deferr
 const thresholds = { stalledAfter: "700 millis", lostAfter: "5 seconds" } as const
 
 for (const backend of backends) {
-  const onDb = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
-    Effect.provideService(effect, SqlClient.SqlClient, backend.client())
+  // With the layer's stores: the mailboxes of a test share one store (one row for the process).
+  const onDb = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provide(effect, backend.context())
 
   describe(`worker processes on ${backend.label}`, () => {
     it.live(

@@ -5,7 +5,7 @@
  */
 
 /** Error codes and messages of a database that cannot be reached (as opposed to one that refused a statement). */
-const unreachableCodes = new Set([
+const unreachableCodes: ReadonlySet<string> = new Set([
   "ECONNREFUSED",
   "ECONNRESET",
   "ETIMEDOUT",

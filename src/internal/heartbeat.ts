@@ -31,7 +31,14 @@ export const setCurrent = (heartbeat: Heartbeat): Effect.Effect<void> => FiberRe
  * state that records the beat and gives the work its listeners asked for, if any. The loop runs that work only
  * when there is some, so a beat costs it one step (`beat` itself is the record step and a step for the work).
  */
-export const beatRecords: WeakMap<Heartbeat, Effect.Effect<Array<Effect.Effect<void>> | undefined>> = new WeakMap()
+export const BeatRecordId: unique symbol = Symbol.for("leasehold/Heartbeat/beatRecord")
+
+/** The record step of a heartbeat `Heartbeat.make` made (a field of it, not enumerable). */
+export type BeatRecord = Effect.Effect<Array<Effect.Effect<void>> | undefined>
+
+/** `heartbeat`'s record step, if `Heartbeat.make` made it. */
+export const beatRecordOf = (heartbeat: Heartbeat): BeatRecord | undefined =>
+  (heartbeat as { readonly [BeatRecordId]?: BeatRecord })[BeatRecordId]
 
 /** Runs the listeners' work of a beat, in registration order . */
 export const runAll = (work: Array<Effect.Effect<void>> | undefined): Effect.Effect<void> => {

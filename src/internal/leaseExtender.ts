@@ -28,5 +28,8 @@ export interface Binding {
 /** Binds an extender to a heartbeat: registered by `LeaseExtender.make` for each extender it makes. */
 export type Bind = (heartbeat: Heartbeat.Heartbeat) => Effect.Effect<Binding>
 
-/** Each extender's `Bind`, kept aside so it stays off the public `LeaseExtender` interface. */
-export const binders: WeakMap<object, Bind> = new WeakMap()
+/** Each extender's `Bind`: a field of it, not enumerable, so it stays off the public `LeaseExtender` interface. */
+export const BindId: unique symbol = Symbol.for("leasehold/LeaseExtender/bind")
+
+/** `extender`'s `Bind`, if `LeaseExtender.make` made it. */
+export const binderOf = (extender: object): Bind | undefined => (extender as { readonly [BindId]?: Bind })[BindId]

@@ -32,6 +32,7 @@ import {
   type SendError
 } from "../../Mailbox.js"
 import { perMessage, traceparentOf } from "../tracing.js"
+import { type Registry, RegistryId } from "../worker/pulse.js"
 import { Settles, type Sink } from "./settle.js"
 import { validateDelay, validateReceiveOptions, validateReplyTo } from "./validation.js"
 
@@ -69,7 +70,28 @@ export interface Driver<A, R> {
   readonly poll?: { readonly firstMillis: number; readonly maxMillis: number } | undefined
   /** The driver's group commit of settles, when it has one (see `settle.ts`): carried by the mailbox. */
   readonly sink?: Sink | undefined
+  /** Where loops made on the mailbox are tracked, for a backend that records workers (`worker/pulse.ts`). */
+  readonly registry?: Registry | undefined
+  /** What the backend's own reply path reads back from a mailbox it built (`LocalId`). */
+  readonly local?: unknown
 }
+
+/** The mailbox's `ReceiveNow`, a field of every mailbox `make` builds. */
+export const ReceiveNowId: unique symbol = Symbol.for("leasehold/Mailbox/receiveNow")
+
+/** The backend's `Driver.local`, a field of a mailbox `make` built with one. */
+export const LocalId: unique symbol = Symbol.for("leasehold/Mailbox/local")
+
+/** The fields a mailbox `make` built carries beside the `Mailbox` interface (keyed by symbol, off its surface). */
+export interface Fields {
+  readonly [ReceiveNowId]?: ReceiveNow<unknown, unknown> | undefined
+  readonly [RegistryId]?: Registry | undefined
+  readonly [LocalId]?: unknown
+  readonly [Settles]?: Sink | undefined
+}
+
+/** The fields of `mailbox` (none for a mailbox this package did not build). */
+export const fieldsOf = (mailbox: object): Fields => mailbox as Fields
 
 /**
  * `receive` with options checked already and no span, as a plain call that returns the effect to run next: a
@@ -80,9 +102,6 @@ export type ReceiveNow<A, R> = (
   visibilityMillis: number,
   waitMillis: number
 ) => Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError>
-
-/** Each mailbox `make` built, with its `ReceiveNow`. */
-export const receiveNow: WeakMap<object, ReceiveNow<unknown, unknown>> = new WeakMap()
 
 /** Builds the `Mailbox` over `driver`; `close` refuses sends and wakes every sleeping receiver. */
 export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Clock): Mailbox<A, R> => {
@@ -172,9 +191,22 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
     }),
     isClosed: Effect.sync(() => closed)
   }
-  receiveNow.set(mailbox, now as ReceiveNow<unknown, unknown>)
-  // Not enumerable: a mailbox made by spreading this one (a wrapper with messages of its own) has no sink.
-  if (driver.sink !== undefined) Object.defineProperty(mailbox, Settles, { value: driver.sink })
+  return withFields(mailbox, {
+    [ReceiveNowId]: now as ReceiveNow<unknown, unknown>,
+    [RegistryId]: driver.registry,
+    [LocalId]: driver.local,
+    [Settles]: driver.sink
+  })
+}
+
+/**
+ * Sets the fields, not enumerable: a wrapper spreading the mailbox (`{ ...mailbox, receive }`) is another
+ * mailbox, and must not carry this one's `ReceiveNow` (nor its registry, reply route or settle sink).
+ */
+const withFields = <M extends object>(mailbox: M, fields: Fields): M & Fields => {
+  for (const key of [ReceiveNowId, RegistryId, LocalId, Settles] as const) {
+    if (fields[key] !== undefined) Object.defineProperty(mailbox, key, { value: fields[key], enumerable: false })
+  }
   return mailbox
 }
 

@@ -7,7 +7,7 @@
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { Connection } from "@effect/sql/SqlConnection"
-import type { SqlError } from "@effect/sql/SqlError"
+import { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import * as Cause from "effect/Cause"
 import type * as Clock from "effect/Clock"
@@ -170,7 +170,13 @@ export const writeTransactionOn =
   (dialect: Dialect, connection: Connection, depth: number) =>
   <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
     const { begin, commit, undo } = transactionStatements(dialect, depth)
-    const run = (text: string) => connection.executeUnprepared(text, [], undefined)
+    // The driver throws while it builds the statement when its connection is closed (a layer closed under a
+    // mailbox still in use): a `SqlError` too, not a defect.
+    const run = (text: string) =>
+      Effect.flatten(Effect.try({
+        try: () => connection.executeUnprepared(text, [], undefined),
+        catch: (cause) => new SqlError({ cause, message: "the connection is not open" })
+      }))
     const rollback = Effect.ignore(Effect.forEach(undo, run, { discard: true }))
     return Effect.uninterruptibleMask((restore) =>
       Effect.zipRight(

@@ -16,10 +16,16 @@
  * else goes wrong with one batch — the store is down — ends that batch's
  * waiters with it and nothing else: the committer goes on with the next batch,
  * and a later submit starts a new one if none is running.
+ *
+ * The committer is a fiber forked in the owner's scope (a mailbox's), never a
+ * daemon; it runs uninterruptibly, so closing that scope waits for what was
+ * submitted to commit instead of leaving its waiters hanging, and a submit
+ * after the scope closed still commits (its committer is never interrupted).
  */
 import * as Cause from "effect/Cause"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import type * as Scope from "effect/Scope"
 
 interface Pending<I, O, E> {
   readonly item: I
@@ -44,19 +50,28 @@ export class GroupCommit<I, O, E> {
   private pending: Array<Pending<I, O, E>> = []
   private flushing = false
 
-  /** `commit` writes a batch and gives each item's result, in order. */
+  /** `commit` writes a batch and gives each item's result, in order; the committer is forked in `scope`. */
   constructor(
     private readonly commit: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<O>, E>,
-    private readonly limits: Limits<I, E>
+    private readonly limits: Limits<I, E>,
+    private readonly scope: Scope.Scope
   ) {}
 
   /** Resolves with the item's result once its batch has committed. */
   submit(item: I): Effect.Effect<O, E> {
-    return Effect.suspend(() =>
-      this.enqueue(Effect.async<O, E>((resume) => {
-        this.pending.push({ item, done: resume })
+    return Effect.suspend(() => {
+      // The item is queued before the committer starts: a committer that runs at once (its scope closed) sees it.
+      let result: Exit.Exit<O, E> | undefined
+      let resume: ((result: Exit.Exit<O, E>) => void) | undefined
+      this.pending.push({
+        item,
+        done: (exit) => resume === undefined ? (result = exit) : resume(exit)
+      })
+      return this.start(Effect.async<O, E>((callback) => {
+        if (result !== undefined) return callback(result)
+        resume = callback
       }))
-    )
+    })
   }
 
   /**
@@ -68,30 +83,34 @@ export class GroupCommit<I, O, E> {
     this.pending.push({ item, done })
     if (this.flushing) return undefined
     this.flushing = true
-    return Effect.asVoid(Effect.forkDaemon(this.flush()))
+    return Effect.asVoid(Effect.uninterruptible(Effect.forkIn(this.flush(), this.scope)))
   }
 
   /** `submit` for many items with one wait: each item's result, in order, once all have committed. */
   submitAll(items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, E>>> {
     return Effect.suspend(() => {
       if (items.length === 0) return Effect.succeed([])
-      return this.enqueue(Effect.async<ReadonlyArray<Exit.Exit<O, E>>>((resume) => {
-        const results = new Array<Exit.Exit<O, E>>(items.length)
-        let left = items.length
-        const collect = (index: number) => (result: Exit.Exit<O, E>) => {
-          results[index] = result
-          if (--left === 0) resume(Effect.succeed(results))
-        }
-        items.forEach((item, index) => this.pending.push({ item, done: collect(index) }))
+      const results = new Array<Exit.Exit<O, E>>(items.length)
+      let left = items.length
+      let resume: ((results: Exit.Exit<ReadonlyArray<Exit.Exit<O, E>>>) => void) | undefined
+      const collect = (index: number) => (result: Exit.Exit<O, E>) => {
+        results[index] = result
+        if (--left === 0 && resume !== undefined) resume(Exit.succeed(results))
+      }
+      items.forEach((item, index) => this.pending.push({ item, done: collect(index) }))
+      return this.start(Effect.async<ReadonlyArray<Exit.Exit<O, E>>>((callback) => {
+        if (left === 0) return callback(Exit.succeed(results))
+        resume = callback
       }))
     })
   }
 
-  private enqueue<A, X>(wait: Effect.Effect<A, X>): Effect.Effect<A, X> {
+  /** Starts the committer unless it is running, then `wait`s. */
+  private start<A, X>(wait: Effect.Effect<A, X>): Effect.Effect<A, X> {
     if (this.flushing) return wait
     this.flushing = true
-    // The flush yields once before it takes the batch, so the waiter's items are in it.
-    return Effect.zipRight(Effect.forkDaemon(this.flush()), wait)
+    // Forked uninterruptible, so the committer starts so: a closing scope waits for it (see the top comment).
+    return Effect.zipRight(Effect.uninterruptible(Effect.forkIn(this.flush(), this.scope)), wait)
   }
 
   /** The next batch: items in order, up to the count and byte limits (at least one item). */

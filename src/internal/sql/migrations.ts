@@ -29,7 +29,7 @@ export const all = (sql: SqlClient.SqlClient, prefix: string): ReadonlyArray<Ser
   {
     service: "mailbox",
     table: MailboxStore.migrationsTable(prefix),
-    migrations: MailboxStore.migrations(MailboxStore.storeFor(sql, prefix))
+    migrations: MailboxStore.migrations(MailboxStore.tablesOf(sql, prefix))
   },
   {
     service: "work lease",

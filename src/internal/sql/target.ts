@@ -12,7 +12,7 @@ export type Target =
   | { readonly _tag: "Sqlite"; readonly filename: string }
 
 /** The URL schemes of PostgreSQL: libpq's two, and `pg` (which leasehold has always taken). */
-const postgresSchemes = new Set(["postgres", "postgresql", "pg"])
+const postgresSchemes: ReadonlySet<string> = new Set(["postgres", "postgresql", "pg"])
 
 /** A scheme of two letters or more (`C:` is a drive). */
 const schemeOf = (target: string): string | undefined => /^([a-z][a-z0-9+.-]+):/i.exec(target)?.[1]
@@ -142,7 +142,7 @@ const isSecretKey = (key: string) => /pass|pwd|secret|token/i.test(decoded(key.r
 const parameter = /(^|[\s?&;])([^\s?&;=]*)\s*=\s*/g
 
 /** Schemes whose URLs have a `//user:password@host` authority (with or without `jdbc:`). */
-const authoritySchemes = new Set([
+const authoritySchemes: ReadonlySet<string> = new Set([
   ...postgresSchemes,
   "mysql",
   "mariadb",

@@ -57,35 +57,25 @@ const addCell = (
   return cell.current === undefined ? outer : addAnnotations(outer, cell.current)
 }
 
-/** Loggers that already add the cell's annotations: a nested run does not wrap them again. */
-const annotatingLoggers = new WeakSet<Logger.Logger<unknown, unknown>>()
+/** Marks a logger that already adds the cell's annotations (a field of it): a nested run does not wrap it again. */
+const AnnotatingId: unique symbol = Symbol.for("leasehold/worker/annotating")
 
 /** Wraps a logger so it adds the annotations of the logging fiber's cell, if any. */
 const annotating = (logger: Logger.Logger<unknown, unknown>): Logger.Logger<unknown, unknown> => {
-  if (annotatingLoggers.has(logger)) return logger
+  if (AnnotatingId in logger) return logger
   const wrapped = Logger.mapInputOptions(logger, (options) => {
     const cell = FiberRefs.getOrDefault(options.context, annotationCell)
     return cell === undefined ? options : { ...options, annotations: addCell(options.annotations, cell) }
   })
-  annotatingLoggers.add(wrapped)
+  Object.defineProperty(wrapped, AnnotatingId, { value: true, enumerable: false })
   return wrapped
 }
 
-/**
- * The wrapped set of each set of loggers met so far: loops started under the same loggers share one, rather
- * than each holding a copy for its whole run.
- */
 type Loggers = typeof FiberRef.currentLoggers extends FiberRef.FiberRef<infer A> ? A : never
-const wrappedSets = new WeakMap<Loggers, Loggers>()
 
-const wrapLoggers = (loggers: Loggers): Loggers => {
-  let wrapped = wrappedSets.get(loggers)
-  if (wrapped === undefined) {
-    wrapped = HashSet.map(loggers, annotating)
-    wrappedSets.set(loggers, wrapped)
-  }
-  return wrapped
-}
+/** The loggers, each wrapped (once: a set whose every logger is wrapped already is kept as it is). */
+const wrapLoggers = (loggers: Loggers): Loggers =>
+  HashSet.every(loggers, (logger) => AnnotatingId in logger) ? loggers : HashSet.map(loggers, annotating)
 
 /**
  * Makes `cell` the calling fiber's cell and wraps the loggers it has to add the cell's annotations, for the rest

@@ -34,8 +34,8 @@ export interface Registry {
   readonly tracked: () => void
 }
 
-/** The registry of each mailbox whose backend records workers (a SQL mailbox registers itself here). */
-export const registries: WeakMap<object, Registry> = new WeakMap()
+/** The registry of a mailbox whose backend records workers: a field of the mailbox (a SQL mailbox sets it). */
+export const RegistryId: unique symbol = Symbol.for("leasehold/Mailbox/registry")
 
 /**
  * The most loops a registry keeps: past it, making a loop forgets those not running (a process that makes loops
@@ -53,7 +53,7 @@ export const track = (
   elapsed: Effect.Effect<Duration.Duration>,
   run: () => RunState<unknown, unknown> | undefined
 ): void => {
-  const registry = registries.get(mailbox)
+  const registry = (mailbox as { readonly [RegistryId]?: Registry | undefined })[RegistryId]
   if (registry === undefined) return
   if (registry.loops.size >= maxTracked) {
     for (const loop of registry.loops) if (loop.look()?.state !== "running") registry.loops.delete(loop)

@@ -7,7 +7,7 @@
  * schedule's driver; the retries count from that failure, the first waiting the schedule's first delay.
  *
  * It is a plain call that returns the receive to run, made in the loop's own step: without an exporting tracer,
- * a mailbox of this package is asked directly (`FrontEnd.receiveNow`: the options are the run's, checked when
+ * a mailbox of this package is asked directly (its `ReceiveNow` field: the options are the run's, checked when
  * it started, and there is no span to make), which spares a receive two steps.
  */
 import * as Duration from "effect/Duration"
@@ -15,7 +15,7 @@ import * as Effect from "effect/Effect"
 import * as Schedule from "effect/Schedule"
 import type { Mailbox, Message } from "../../Mailbox.js"
 import type * as FrontEnd from "../mailbox/frontEnd.js"
-import { receiveNow } from "../mailbox/frontEnd.js"
+import { fieldsOf, ReceiveNowId } from "../mailbox/frontEnd.js"
 
 const backoff = Schedule.exponential("100 millis", 1.5).pipe(Schedule.union(Schedule.spaced("10 seconds")))
 
@@ -30,7 +30,7 @@ export const retrying = <A, R>(
   traced: boolean
 ): () => Effect.Effect<ReadonlyArray<Message<A, R>>> => {
   const attempt = mailbox.receive(options)
-  const direct = traced ? undefined : receiveNow.get(mailbox) as FrontEnd.ReceiveNow<A, R> | undefined
+  const direct = traced ? undefined : fieldsOf(mailbox)[ReceiveNowId] as FrontEnd.ReceiveNow<A, R> | undefined
   const visibilityMillis = Duration.toMillis(options.visibilityTimeout)
   const waitMillis = Duration.toMillis(options.waitTime)
   const first = direct === undefined

@@ -43,7 +43,7 @@ import { counter } from "../metrics.js"
 import * as Options from "../options.js"
 import { idsOf, perMessageHere } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
-import { uniqueId } from "./uuid.js"
+import { RunIds } from "./uuid.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
 export interface Envelope {
@@ -156,11 +156,12 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     })
 
     // A trace the request names itself wins; else the one its message crossed the mailbox in (the sender's span).
+    const runIds = new RunIds()
     const runContextOf = (message: Msg): RunContext => {
       const crossed = message.body.traceId === undefined ? idsOf(message.traceparent) : undefined
       return {
         workerId,
-        runId: uniqueId(),
+        runId: runIds.next(),
         requestId: message.body.requestId,
         attempt: message.deliveryCount,
         traceId: crossed?.traceId ?? message.body.traceId,

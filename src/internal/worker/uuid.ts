@@ -10,18 +10,21 @@ import * as Crypto from "node:crypto"
  */
 export const randomUUID = (): string => Crypto.randomUUID().toLowerCase()
 
-let runIdPrefix = ""
-let runIdCount = 0
 const runIdSpan = 2 ** 32
 
 /**
- * An id no other attempt has, in UUID form: a random UUID drawn once per 2^32 ids, its last twelve hex digits
- * replaced by a count — unique across processes by the random part (the first 80 bits but the version's), in
- * one by the count. Not a secret and not meant to be unguessable (a `runId` names an attempt in logs,
- * replies and traces); drawing a random UUID and flattening it for every message cost a loop a fifth of what
- * it allocated per message.
+ * Ids no other attempt has, in UUID form, one source per loop: a random UUID drawn once per 2^32 ids, its last
+ * twelve hex digits replaced by a count — unique across loops and processes by the random part (the first 80
+ * bits but the version's), within the loop by the count. Not a secret and not meant to be unguessable (a
+ * `runId` names an attempt in logs, replies and traces); drawing a random UUID and flattening it for every
+ * message cost a loop a fifth of what it allocated per message.
  */
-export const uniqueId = (): string => {
-  if (runIdCount % runIdSpan === 0) runIdPrefix = randomUUID().slice(0, 24)
-  return runIdPrefix + (runIdCount++ % runIdSpan).toString(16).padStart(12, "0")
+export class RunIds {
+  private prefix = ""
+  private count = 0
+
+  next(): string {
+    if (this.count % runIdSpan === 0) this.prefix = randomUUID().slice(0, 24)
+    return this.prefix + (this.count++ % runIdSpan).toString(16).padStart(12, "0")
+  }
 }

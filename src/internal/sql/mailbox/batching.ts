@@ -9,6 +9,7 @@ import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as FiberId from "effect/FiberId"
+import type * as Scope from "effect/Scope"
 import * as Sql from "../common.js"
 import { GroupCommit } from "../groupCommit.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
@@ -20,7 +21,9 @@ import type { Row } from "./store.js"
  * order, each receiver taking at most its `max` (the claim-side twin of the
  * settle batcher: eight loops claiming ten each cost one statement, not
  * eight). A receiver interrupted while it waits takes nothing, and rows
- * that nobody takes are released at once.
+ * that nobody takes are released at once. The claimer runs on a fiber forked
+ * uninterruptibly in `scope` (the mailbox's): closing it waits for the claim
+ * in flight and its hand-out.
  */
 export class ClaimBatcher {
   private waiting: Array<ClaimRequest> = []
@@ -33,7 +36,8 @@ export class ClaimBatcher {
       max: number
     ) => Effect.Effect<ReadonlyArray<Row>, SqlError>,
     private readonly release: (rows: ReadonlyArray<Row>, now: Now) => Effect.Effect<void>,
-    private readonly now: () => Now
+    private readonly now: () => Now,
+    private readonly scope: Scope.Scope
   ) {}
 
   /** Claims up to `max` rows; only the wait is interruptible (through `restore`). */
@@ -45,7 +49,9 @@ export class ClaimBatcher {
     return Effect.suspend(() => {
       const request: ClaimRequest = { max, visibilityMillis, outcome: undefined, resume: undefined, cancelled: false }
       this.waiting.push(request)
-      const start = this.claiming ? Effect.void : Effect.asVoid(Effect.forkDaemon(this.drain()))
+      const start = this.claiming
+        ? Effect.void
+        : Effect.asVoid(Effect.uninterruptible(Effect.forkIn(this.drain(), this.scope)))
       this.claiming = true
       // A callback, not a Deferred: one per receive, and a Deferred costs more than the rest of the wait.
       const wait = Effect.async<Claimed, SqlError>((resume) => {
@@ -139,13 +145,15 @@ export interface ClaimRequest {
  * Single flight: callers that ask while the query is running share its
  * answer. A queue's idle receivers all ask when its next message becomes
  * visible; one query answers them, where each asking would take as many
- * connections and scans. The query runs in a fiber of its own, so a caller
- * interrupted while it waits does not cut the query short for the others.
+ * connections and scans. The query runs in a fiber of its own, forked in
+ * `scope` (the mailbox's), so a caller interrupted while it waits does not
+ * cut the query short for the others; closing the scope ends it, and its
+ * callers with it.
  */
 export class SingleFlight<A, E> {
   private running: Deferred.Deferred<A, E> | undefined
 
-  constructor(private readonly query: () => Effect.Effect<A, E>) {}
+  constructor(private readonly query: () => Effect.Effect<A, E>, private readonly scope: Scope.Scope) {}
 
   get run(): Effect.Effect<A, E> {
     return Effect.suspend(() => {
@@ -156,7 +164,8 @@ export class SingleFlight<A, E> {
         this.running = undefined
         return Deferred.done(running, exit)
       })
-      return Effect.zipRight(Effect.forkDaemon(query), Deferred.await(running))
+      // Uninterruptible (a short read): a closing scope waits for it, so its callers are never left waiting.
+      return Effect.zipRight(Effect.uninterruptible(Effect.forkIn(query, this.scope)), Deferred.await(running))
     })
   }
 }
@@ -173,12 +182,12 @@ export type SettleBatcher = GroupCommit<SettleItem, string | undefined | false, 
  */
 export const batchLimits = { maxItems: 200, maxBytes: 16 * 1024 * 1024 } as const
 
-export const settleBatcher = (statements: Statements, now: () => Now): SettleBatcher =>
+export const settleBatcher = (statements: Statements, now: () => Now, scope: Scope.Scope): SettleBatcher =>
   new GroupCommit((items) => settleRounds(statements, now, items), {
     ...batchLimits,
     sizeOf: (item) => 64 + (item.reply?.body.length ?? 0),
     retryAlone: Sql.isDataError
-  })
+  }, scope)
 
 /**
  * Settles a batch, each message at most once per statement: a message twice in a batch (a delivery that

@@ -14,6 +14,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { decodeRequestId, encodeRequestId, maxSteps, requestDigest, type StoredStep, utf8Bytes } from "../../journal.js"
 import * as Sql from "../common.js"
@@ -210,14 +211,19 @@ export const truncate = (
 }
 
 /** The appends of a mailbox's messages, committed together (one bad item fails alone). */
-export const appendBatcher = (store: Store, statements: Statements, now: () => Now): AppendBatcher =>
+export const appendBatcher = (
+  store: Store,
+  statements: Statements,
+  now: () => Now,
+  scope: Scope.Scope
+): AppendBatcher =>
   new GroupCommit((items) => append(store, statements, items, now()), {
     ...batchLimits,
     sizeOf: (item) =>
       160 + utf8Bytes(item.step.entry) + item.step.key.length +
       (item.step.requestId === undefined ? 0 : utf8Bytes(encodeRequestId(item.step.requestId))),
     retryAlone: Sql.isDataError
-  })
+  }, scope)
 
 /**
  * Migration 12: the request id stored as JSON text and indexed by its digest, not as raw text indexed whole (a

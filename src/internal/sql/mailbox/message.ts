@@ -2,8 +2,8 @@
  * A delivery of a SQL mailbox (`SqlMessage`): acknowledge, nack and extend as statements guarded by its
  * receipt handle, replies routed to a queue of the same database (written in the acknowledgement's
  * transaction) or to another store's mailbox, and the mailbox's settle `Sink`: a handled delivery's
- * acknowledgement and local reply as one row of the group commit. `registered` is how the reply path finds
- * the mailboxes made in this process.
+ * acknowledgement and local reply as one row of the group commit. A mailbox's `Local` field (set by
+ * `MailboxSql.make`) is how the reply path knows a target of the same database.
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Cause from "effect/Cause"
@@ -38,15 +38,18 @@ import * as Journal from "./journal.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
 
-/** A mailbox made by `make`, as the reply path sees it. */
-export interface Registered {
+/** A mailbox made by `MailboxSql.make`, as the reply path sees it (its `FrontEnd.LocalId` field). */
+export interface Local {
   readonly store: Store
   readonly queue: string
   readonly encode: (body: unknown) => Either.Either<string, string>
 }
 
-/** Mailboxes made in this process, by object, so the reply path can find a same-database target. */
-export const registered = new WeakMap<object, Registered>()
+/** The SQL mailbox behind `target`, if `MailboxSql.make` built it. */
+const localOf = (target: object): Local | undefined => FrontEnd.fieldsOf(target)[FrontEnd.LocalId] as Local | undefined
+
+/** Whether two stores are one database's tables (one client, one prefix), whichever owner holds each. */
+const sameTables = (a: Store, b: Store): boolean => a.sql === b.sql && a.prefix === b.prefix
 
 /** What the messages of one mailbox share. */
 export interface MailboxContext {
@@ -326,8 +329,8 @@ export class SqlMessage<A, R> implements Message<A, R> {
       const replyTo = Option.getOrElse(this.replyTo, () => "") // present: `routeNow` answered otherwise
       return resolver.resolve(replyTo).pipe(
         Effect.map((target): Destination => {
-          const local = registered.get(target)
-          return local !== undefined && local.store === this.mailbox.store
+          const local = localOf(target)
+          return local !== undefined && sameTables(local.store, this.mailbox.store)
             ? { queue: local.queue, encode: local.encode }
             : { target }
         }),

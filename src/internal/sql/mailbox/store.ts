@@ -1,26 +1,29 @@
 /**
- * The store: what every mailbox on one database and table prefix shares in a
- * process — its tables (created and upgraded by `migrate`, checked by
- * `requireMigrated` under `create: false`, the operator's read-only
- * `openExisting`), the wake-up signals of its queues, PostgreSQL's
- * LISTEN connection, the lane (a connection of its own for claims,
- * acknowledgements, sends, extensions and nacks: see `Store.onLane`) and the
- * process's row in the workers table (`workers.ts`), refreshed while a
- * mailbox of the store is open.
+ * The store: what the mailboxes on one database and table prefix share — its
+ * tables (created and upgraded by `migrate`, checked by `requireMigrated` under
+ * `create: false`, the operator's read-only `openExisting`), the wake-up
+ * signals of its queues, PostgreSQL's LISTEN connection, the lane (a
+ * connection of its own: see `Store.onLane`) and the process's row in the
+ * workers table (`workers.ts`). The store has an owner: `Stores`, an `RcMap`
+ * by prefix made in `MailboxSql.layer`'s scope (or a lone mailbox's), whose
+ * lookup is the store's open life — the lane, the listener and the row's
+ * refresh live in that entry's scope, as `@effect/sql`'s `SqlPersistedQueue`
+ * starts its poller inside its map's lookup.
  */
 import type * as PgClient from "@effect/sql-pg/PgClient"
 import * as Migrator from "@effect/sql/Migrator"
 import * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
+import * as Clock from "effect/Clock"
 import * as Context from "effect/Context"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
-import * as Fiber from "effect/Fiber"
 import * as FiberId from "effect/FiberId"
 import * as Layer from "effect/Layer"
 import * as RcMap from "effect/RcMap"
-import * as Scope from "effect/Scope"
+import * as Schedule from "effect/Schedule"
+import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { randomBytes } from "node:crypto"
 import { hostname } from "node:os"
@@ -61,7 +64,7 @@ export class Store {
   /** The loops made on the store's mailboxes (`internal/worker/pulse.ts`): what the process's row lists. */
   readonly loops = new Set<TrackedLoop>()
   /** Done once a loop is tracked in the store's open life: the row's refresh starts then (a sender has none). */
-  anyLoop: Deferred.Deferred<void> = Deferred.unsafeMake<void>(FiberId.none)
+  readonly anyLoop: Deferred.Deferred<void> = Deferred.unsafeMake<void>(FiberId.none)
   /** The store's registry (`internal/worker/pulse.ts`), which its mailboxes register under. */
   readonly registry: Registry = {
     loops: this.loops,
@@ -75,13 +78,12 @@ export class Store {
   readonly open = new Map<string, Set<ReplyTarget>>()
   /** Queues this process has recorded in the queues table (see queues.ts): a send records its queue once. */
   readonly recorded = new Set<string>()
-  /** A mailbox of the store is open (see `acquire`): the lane and the listener live only then. */
-  inUse = false
   /** Restarts the LISTEN connection (PostgreSQL), after the server went away. */
   relisten: () => void = () => undefined
   /** The PostgreSQL client's settings, from which the lane's client is made; `undefined` on SQLite. */
-  private readonly pgConfig: PgClient.PgClientConfig | undefined
-  private lane: Lane | undefined
+  readonly pgConfig: PgClient.PgClientConfig | undefined
+  /** The lane's client while the store's open life holds it (see `onLane`). */
+  lane: SqlClient.SqlClient | undefined = undefined
 
   constructor(readonly sql: SqlClient.SqlClient, readonly prefix: string, readonly dialect: "pg" | "sqlite") {
     this.messages = `${prefix}mailbox_messages`
@@ -95,66 +97,15 @@ export class Store {
 
   /**
    * Runs a claim, a grouped acknowledgement or a send (one statement each, never a transaction of the
-   * caller's) on the store's lane (PostgreSQL): a client of its own with one connection, made at the first
-   * such statement with the same settings as the store's client and closed when the last mailbox on the
-   * store closes. The statements of every mailbox on the store queue for that connection, and each is
-   * written the moment the one before returns (the pool hands the connection over in the driver's
-   * callback), so the server works on one at a time with no gap between them. Through the shared pool
-   * instead, a claim and an acknowledgement run at once in two server processes, which take the cores the
-   * worker itself needs: on the benchmark's 2-core machine the lane gave 1.06-1.19x the throughput
-   * (three same-process A/B runs, 10-12 alternating rounds each). A lane that cannot be made (the
-   * database is down) fails the statement, and the next statement tries again; a statement that finds the
-   * connection dead fails, and once the pool has dropped it the next statement gets a new one.
+   * caller's) on the store's lane (PostgreSQL): a client of its own with one connection, the same settings as
+   * the store's client, held by the store's open life (`openLife`: made with its first mailbox, closed with its
+   * last). The statements of every mailbox on the store queue for that connection, so the server works on one
+   * at a time with no gap between them (BENCHMARKS.md). A statement that finds the connection dead fails, and
+   * once the pool has dropped it the next statement gets a new one. Outside an open life (a late
+   * acknowledgement, the operator's store) statements use the store's client.
    */
   onLane<A>(statement: (sql: SqlClient.SqlClient) => Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError> {
-    return Effect.suspend(() => {
-      const config = this.pgConfig
-      // No lane outside a mailbox's life (a late acknowledgement): nothing would close it.
-      if (config === undefined || !this.inUse) return statement(this.sql)
-      return Effect.acquireUseRelease(
-        this.enterLane(config),
-        (lane) =>
-          Deferred.await(lane.client).pipe(
-            Effect.tapError(() =>
-              Effect.sync(() => {
-                if (this.lane === lane) this.lane = undefined
-              })
-            ),
-            Effect.flatMap(statement)
-          ),
-        (lane) =>
-          Effect.sync(() => {
-            if (--lane.running === 0 && lane.closing) Deferred.unsafeDone(lane.closed, Exit.void)
-          })
-      )
-    })
-  }
-
-  /** The lane a statement joins (counted in `running`): the current one, or a new one whose client is being made. */
-  private enterLane(config: PgClient.PgClientConfig): Effect.Effect<Lane> {
-    return Effect.suspend(() => {
-      const current = this.lane
-      if (current !== undefined) {
-        current.running++
-        return Effect.succeed(current)
-      }
-      const lane: Lane = this.lane = {
-        client: Deferred.unsafeMake(FiberId.none),
-        closed: Deferred.unsafeMake(FiberId.none),
-        running: 1,
-        closing: false
-      }
-      return Effect.as(Effect.forkDaemon(holdLane(config, lane)), lane)
-    })
-  }
-
-  /** Closes the lane once the last mailbox on the store has closed and the statements on it are done. */
-  closeLane(): void {
-    const lane = this.lane
-    if (lane === undefined) return
-    this.lane = undefined
-    lane.closing = true
-    if (lane.running === 0) Deferred.unsafeDone(lane.closed, Exit.void)
+    return Effect.suspend(() => statement(this.lane ?? this.sql))
   }
 
   /** The signal a receiver of `queue` sleeps on; armed before it looks, so no wake-up is missed. */
@@ -176,50 +127,43 @@ export class Store {
   }
 }
 
-/** A store's lane (see `Store.onLane`). */
-export interface Lane {
-  /** Its client, once made. */
-  readonly client: Deferred.Deferred<SqlClient.SqlClient, SqlError>
-  /** Done when the client is to close. */
-  readonly closed: Deferred.Deferred<void>
-  /** Statements submitted and not finished: a statement waiting for the connection when the pool ends would wait forever. */
-  running: number
-  /** The last mailbox on the store closed: the client closes once `running` reaches 0. */
-  closing: boolean
+/** A store's tables on `sql`, outside any open life: for migrations and the operator's reads and writes. */
+export const tablesOf = (sql: SqlClient.SqlClient, prefix: string): Store => new Store(sql, prefix, Sql.dialectOf(sql))
+
+/**
+ * The stores of one `SqlClient`, by prefix: what `MailboxSql.layer` builds in its scope (or a mailbox made
+ * without it, in its own). Each store's open life is an entry of `lives`, held by the mailboxes open on it:
+ * the first one in starts it, the last one out ends it; closing the owner's scope ends them all.
+ */
+export class Stores {
+  /** The stores in their open life now, by prefix (the resolver's view). */
+  readonly live = new Map<string, Store>()
+  constructor(readonly sql: SqlClient.SqlClient, readonly lives: RcMap.RcMap<string, Store, SqlError>) {}
 }
 
-/** Makes the lane's client (one connection, the store's client's settings) and keeps it until the lane closes. */
-export const holdLane = (config: PgClient.PgClientConfig, lane: Lane): Effect.Effect<void> =>
-  Effect.scoped(
-    Effect.flatMap(
-      // The store's client is PostgreSQL's, so its driver is installed; loaded here to keep it out of the core.
-      Effect.flatMap(
-        Effect.promise(() => import("@effect/sql-pg/PgClient")),
-        (PgClient) => Layer.build(PgClient.layer({ ...config, maxConnections: 1, minConnections: 1 }))
-      ),
-      (context) =>
-        Effect.zipRight(
-          Deferred.succeed(lane.client, Context.get(context, SqlClient.SqlClient)),
-          Deferred.await(lane.closed)
-        )
+/** The layer's stores, when `MailboxSql.layer` built them (provided beside its resolver). */
+export class StoresTag extends Context.Tag("leasehold/MailboxSql/Stores")<StoresTag, Stores>() {}
+
+/** Makes the stores of `sql`, owned by the current scope. */
+export const makeStores = (sql: SqlClient.SqlClient): Effect.Effect<Stores, never, Scope.Scope> =>
+  Effect.suspend(() => {
+    let stores: Stores | undefined
+    return Effect.map(
+      RcMap.make({ lookup: (prefix: string) => openLife(stores!, prefix) }),
+      (lives) => stores = new Stores(sql, lives)
     )
-  ).pipe(Effect.catchAll((error) => Effect.asVoid(Deferred.fail(lane.client, error))))
+  })
 
-export const stores = new WeakMap<SqlClient.SqlClient, Map<string, Store>>()
-
-export const storeFor = (sql: SqlClient.SqlClient, prefix: string): Store => {
-  let byPrefix = stores.get(sql)
-  if (byPrefix === undefined) {
-    byPrefix = new Map()
-    stores.set(sql, byPrefix)
-  }
-  let store = byPrefix.get(prefix)
-  if (store === undefined) {
-    store = new Store(sql, prefix, Sql.dialectOf(sql))
-    byPrefix.set(prefix, store)
-  }
-  return store
-}
+/**
+ * The store of `prefix` held open for the current scope (a mailbox's): the layer's stores when they are in the
+ * context and on this client, else stores owned by that scope alone.
+ */
+export const hold = (sql: SqlClient.SqlClient, prefix: string): Effect.Effect<Store, SqlError, Scope.Scope> =>
+  Effect.flatMap(Effect.serviceOption(StoresTag), (provided) =>
+    Effect.flatMap(
+      provided._tag === "Some" && provided.value.sql === sql ? Effect.succeed(provided.value) : makeStores(sql),
+      (stores) => RcMap.get(stores.lives, prefix)
+    ))
 
 export const connectionError = (mailbox: string) =>
   Sql.mapSqlError((cause) => new MailboxConnectionError({ mailbox, cause }))
@@ -436,12 +380,20 @@ export const createSettleFunction = (store: Store, options?: { readonly tracepar
  * connection dies silently with the server, so a receive that meets a connection error restarts it
  * (`Store.relisten`); receivers poll meanwhile. Runs until interrupted (the store's open life ends).
  */
-const listening = (store: Store, listenTo: PgClient.PgClient["listen"]): Effect.Effect<never> => {
+const listening = (
+  store: Store,
+  listenTo: PgClient.PgClient["listen"],
+  ready: { readonly token: string; readonly listening: Deferred.Deferred<void> }
+): Effect.Effect<never> => {
   const once = Effect.suspend(() => {
     const restart = Deferred.unsafeMake<void>(FiberId.none)
     store.relisten = () => Deferred.unsafeDone(restart, Exit.void)
     return Effect.raceFirst(
-      listenTo(store.channel).pipe(Stream.runForEach((queue) => Effect.sync(() => store.wake(queue)))),
+      listenTo(store.channel).pipe(
+        Stream.runForEach((queue) =>
+          Effect.sync(() => queue === ready.token ? Deferred.unsafeDone(ready.listening, Exit.void) : store.wake(queue))
+        )
+      ),
       Deferred.await(restart)
     )
   })
@@ -454,64 +406,70 @@ const listening = (store: Store, listenTo: PgClient.PgClient["listen"]): Effect.
 
 /**
  * A store's open life, the RcMap's lookup: runs in a scope of its own that closes when the last mailbox
- * holding it closes — then the listener fiber (forked in that scope) stops and the lane closes.
+ * holding it closes (or its owner's scope does) — then the listener and the row's refresh (forked in that
+ * scope) stop, the row is deleted and the lane closes.
  */
-const openLife = (store: Store): Effect.Effect<Store, never, Scope.Scope> =>
+const openLife = (stores: Stores, prefix: string): Effect.Effect<Store, SqlError, Scope.Scope> =>
   Effect.gen(function*() {
-    store.inUse = true
+    const store = tablesOf(stores.sql, prefix)
+    if (store.pgConfig !== undefined) {
+      const config = store.pgConfig
+      // The store's client is PostgreSQL's, so its driver is installed; loaded here to keep it out of the core.
+      const PgClient = yield* Effect.promise(() => import("@effect/sql-pg/PgClient"))
+      const context = yield* Layer.build(PgClient.layer({ ...config, maxConnections: 1, minConnections: 1 }))
+      store.lane = Context.get(context, SqlClient.SqlClient)
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          store.lane = undefined
+        })
+      )
+    }
+    stores.live.set(prefix, store)
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
-        store.inUse = false
-        store.closeLane()
+        if (stores.live.get(prefix) === store) stores.live.delete(prefix)
       })
     )
     // The PostgreSQL client is the SqlClient itself (whatever tag it was provided under).
     const client = store.sql as SqlClient.SqlClient & Partial<Pick<PgClient.PgClient, "listen">>
-    if (store.dialect === "pg" && client.listen !== undefined) yield* Effect.forkScoped(listening(store, client.listen))
-    // The process's row: refreshed while the store is open, deleted when it closes (the refresh stopped first).
-    const registry = yield* Effect.forkScoped(Effect.interruptible(Workers.keepRegistered(store)))
-    yield* Effect.addFinalizer(() =>
-      Effect.zipRight(
-        Fiber.interrupt(registry),
-        Effect.zipRight(
-          Workers.unregister(store),
-          Effect.sync(() => {
-            store.loops.clear()
-            store.anyLoop = Deferred.unsafeMake<void>(FiberId.none)
-          })
+    if (store.dialect === "pg" && client.listen !== undefined) {
+      // The driver's LISTEN connection, interrupted while it connects, is never closed: the listener is stopped
+      // only once it has heard its own NOTIFY (a token no queue can be named: it has a control character), or
+      // after a bound when the server does not answer.
+      const ready = { token: `\u0001ready:${store.instance}`, listening: Deferred.unsafeMake<void>(FiberId.none) }
+      const { sql } = store
+      const listenTo = client.listen
+      // In one step: an interruption between the fork and the finalizer would stop the listener unheard.
+      yield* Effect.uninterruptible(Effect.gen(function*() {
+        yield* Effect.forkScoped(Effect.interruptible(listening(store, listenTo, ready)))
+        // On the live clock: this waits for the network, and a test's clock standing still must not make it wait
+        // for ever.
+        const live = Effect.withClock(Clock.make())
+        yield* Effect.forkScoped(Effect.interruptible(
+          Effect.ignore(sql`SELECT pg_notify(${store.channel}, ${ready.token})`).pipe(
+            Effect.repeat(Schedule.spaced("50 millis")),
+            Effect.raceFirst(Deferred.await(ready.listening)),
+            Effect.timeout("5 seconds"),
+            Effect.ignore,
+            live
+          )
+        ))
+        // Runs before the two fibers are interrupted (finalizers run in reverse).
+        yield* Effect.addFinalizer(() =>
+          Effect.ignore(Effect.timeout(Effect.interruptible(Deferred.await(ready.listening)), "5 seconds")).pipe(live)
         )
-      )
-    )
+      }))
+    }
+    // The process's row: deleted when the store closes, after its refresh (forked later, so stopped first).
+    yield* Effect.addFinalizer(() => Workers.unregister(store))
+    yield* Effect.forkScoped(Effect.interruptible(Workers.keepRegistered(store)))
     return store
-  })
-
-/** Each client's open lives by prefix: kept as long as the client (keyed on it), released entry by entry. */
-const lives = new WeakMap<SqlClient.SqlClient, RcMap.RcMap<string, Store>>()
-
-/**
- * Holds `store` open for the current scope (a mailbox's): reference-counted, so the first mailbox on a store
- * starts its listener and the last one out stops it and closes the lane — no count kept by hand.
- */
-export const acquire = (store: Store): Effect.Effect<Store, never, Scope.Scope> =>
-  Effect.suspend(() => {
-    const found = lives.get(store.sql)
-    if (found !== undefined) return RcMap.get(found, store.prefix)
-    return Effect.flatMap(
-      // The map's own scope is never closed: it lives as long as the client, and holds nothing itself.
-      Effect.flatMap(Scope.make(), (scope) =>
-        Scope.extend(RcMap.make({ lookup: (prefix: string) => openLife(storeFor(store.sql, prefix)) }), scope)),
-      (made) => {
-        const map = lives.get(store.sql) ?? made
-        lives.set(store.sql, map)
-        return RcMap.get(map, store.prefix)
-      }
-    )
-  })
+  }).pipe(Effect.annotateLogs({ module: "MailboxSql", prefix }))
 
 /** The store of `prefix` (decoded by the caller's options), its tables created or brought up to date. */
 export const prepare = (prefix: string) =>
   Effect.gen(function*() {
-    const store = storeFor(yield* SqlClient.SqlClient, prefix)
+    const store = tablesOf(yield* SqlClient.SqlClient, prefix)
     yield* migrate(store).pipe(
       Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${prefix}mailbox`, cause }))
     )
@@ -524,7 +482,7 @@ export const prepare = (prefix: string) =>
  */
 export const requireMigrated = (prefix: string) =>
   Effect.gen(function*() {
-    const store = storeFor(yield* SqlClient.SqlClient, prefix)
+    const store = tablesOf(yield* SqlClient.SqlClient, prefix)
     yield* requireVersion(store.sql, {
       service: "mailbox",
       prefix,
@@ -542,5 +500,5 @@ export const openExisting = (prefix: string) =>
     const missing = yield* Sql.missingTables(sql, [`${prefix}mailbox_messages`, `${prefix}mailbox_dead_letters`])
       .pipe(Effect.mapError((cause) => new MailboxConnectionError({ mailbox: `${prefix}mailbox`, cause })))
     if (missing.length > 0) return yield* new TablesNotFoundError({ what: "mailbox tables", prefix, missing })
-    return storeFor(sql, prefix)
+    return tablesOf(sql, prefix)
   })
