@@ -172,7 +172,7 @@ export const leasesSection = (figures: ReadonlyArray<LeasesFigures>): ReadonlyAr
   "",
   `${figures[0]?.jobs ?? JOBS} MainLoops in one process on one mailbox, each job beating every 100 ms for ${SECONDS} s`,
   `(wall clock), visibility ${VISIBILITY_SECONDS} s, the lease extender's defaults (the first beat extends, then at`,
-  "most once a minute). Extensions group-commit ahead of claims (internal/sql/mailbox/extensions.ts). Lost: jobs",
+  "most once a minute). Extensions group-commit ahead of claims (internal/mailbox/sql/extensions.ts). Lost: jobs",
   "delivered again while their first worker was alive and beating, and extensions that failed (target 0; with every",
   "loop busy no receiver is free to take an expired lease again, so a lost lease shows as a failed extension). Database",
   "CPU per extension: the PostgreSQL cluster's processes (Linux `/proc`), over the whole run (claims and",

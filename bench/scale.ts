@@ -6,7 +6,7 @@
  * holding 10,000 leases (measured in child processes: bench/support/workerMemory.ts).
  *
  * Queues are filled by one bulk `INSERT … SELECT` in the shape `send` stores
- * (the statement in `internal/sql/mailbox/statements.ts`: the queue, the body as
+ * (the statement in `internal/mailbox/sql/statements.ts`: the queue, the body as
  * the codec writes it — JSON of the encoded value —, `visible_at` and
  * `enqueued_at` the database's time, no reply queue, no handle, 0 deliveries):
  * a million sends would take minutes, and every send of one group commit

@@ -41,7 +41,7 @@
  * column (migration 6); a value that is not well-formed reads as none.
  *
  * A process records each queue it sends to in `<prefix>mailbox_queues` the
- * first time (migration 10: see `internal/sql/mailbox/queues.ts`); a queue
+ * first time (migration 10: see `internal/mailbox/sql/queues.ts`); a queue
  * paused there (`MailboxSqlAdmin`, `leasehold mailbox pause`) gives its
  * receivers nothing — the claim looks the queue's row up.
  *
@@ -52,7 +52,7 @@
  *
  * Where it lives: this module is the SQL driver under the mailbox front end
  * every backend shares (`internal/mailbox/frontEnd.ts`), with the resolver
- * and the layers; `internal/sql/mailbox/` holds the rest — `message.ts` (a
+ * and the layers; `internal/mailbox/sql/` holds the rest — `message.ts` (a
  * delivery: settles, replies, group settling), `store.ts` (tables and
  * migrations, wake-up signals, the lane, the listener, and the store's open
  * life: an entry of an `RcMap` owned by this module's layer, or by a lone
@@ -86,35 +86,27 @@ import type * as Scope from "effect/Scope"
 import * as Database from "./Database.js"
 import type { SchemaVersionError } from "./Errors.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
-import * as Validation from "./internal/mailbox/validation.js"
-import { counter } from "./internal/metrics.js"
-import { storableText } from "./internal/names.js"
-import * as Options_ from "./internal/options.js"
-import * as Sql from "./internal/sql/common.js"
-import { GroupCommit } from "./internal/sql/groupCommit.js"
 import {
   batchLimits,
   ClaimBatcher,
   type Claimed,
   settleBatcher,
   SingleFlight
-} from "./internal/sql/mailbox/batching.js"
-import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/sql/mailbox/codec.js"
-import { batchRows, extensionBatcher } from "./internal/sql/mailbox/extensions.js"
-import * as Journal from "./internal/sql/mailbox/journal.js"
-import { type Local, type MailboxContext, sink, SqlMessage } from "./internal/sql/mailbox/message.js"
-import { record as recordQueue } from "./internal/sql/mailbox/queues.js"
-import { type Now, nowOf, type SendItem, statements } from "./internal/sql/mailbox/statements.js"
-import {
-  connectionError,
-  hold,
-  makeStores,
-  prepare,
-  requireMigrated,
-  type Row,
-  type Stores,
-  StoresTag
-} from "./internal/sql/mailbox/store.js"
+} from "./internal/mailbox/sql/batching.js"
+import { decoderOf, encoderOf, maxBodyBytesLimit } from "./internal/mailbox/sql/codec.js"
+import { batchRows, extensionBatcher } from "./internal/mailbox/sql/extensions.js"
+import { GroupCommit } from "./internal/mailbox/sql/groupCommit.js"
+import * as Journal from "./internal/mailbox/sql/journal.js"
+import { type Local, type MailboxContext, sink, SqlMessage } from "./internal/mailbox/sql/message.js"
+import { record as recordQueue } from "./internal/mailbox/sql/queues.js"
+import { prepare, requireMigrated } from "./internal/mailbox/sql/schema.js"
+import { type Now, nowOf, type SendItem, statements } from "./internal/mailbox/sql/statements.js"
+import { connectionError, hold, makeStores, type Row, type Stores, StoresTag } from "./internal/mailbox/sql/store.js"
+import * as Validation from "./internal/mailbox/validation.js"
+import { counter } from "./internal/metrics.js"
+import { storableText } from "./internal/names.js"
+import * as Options_ from "./internal/options.js"
+import * as Sql from "./internal/sql/common.js"
 import { createFromEnv } from "./internal/sql/version.js"
 import { validTraceparent } from "./internal/tracing.js"
 import {
@@ -264,7 +256,7 @@ export const make = <A, I, R = never, IR = never>(
       { ...batchLimits, sizeOf: (item) => 64 + item.body.length, retryAlone: Sql.isDataError },
       scope
     )
-    // Extensions group-commit ahead of claims (see internal/sql/mailbox/extensions.ts), their committer forked in
+    // Extensions group-commit ahead of claims (see internal/mailbox/sql/extensions.ts), their committer forked in
     // the mailbox's scope.
     const extensions = yield* extensionBatcher(store, statements_, name, now, clock, scope)
     const context: MailboxContext = {
@@ -397,7 +389,7 @@ export const make = <A, I, R = never, IR = never>(
         )
       })
 
-    // Loops made on it are listed in the process's row of the workers table (internal/sql/mailbox/workers.ts);
+    // Loops made on it are listed in the process's row of the workers table (internal/mailbox/sql/workers.ts);
     // a reply to it from a mailbox of the same database is written in that mailbox's acknowledgement.
     const mailbox = FrontEnd.make<A, R>(name, {
       insert,

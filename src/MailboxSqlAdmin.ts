@@ -22,21 +22,22 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as DeadLetter from "./DeadLetter.js"
 import { TablesNotFoundError } from "./Errors.js"
+import * as Browse from "./internal/mailbox/admin/browse.js"
+import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/mailbox/admin/browseModel.js"
+import * as DeadLetterTable from "./internal/mailbox/admin/deadLetters.js"
+import type * as JournalModel from "./internal/mailbox/admin/journalModel.js"
+import { matchLimit, stepLimit } from "./internal/mailbox/admin/journalModel.js"
+import * as JournalView from "./internal/mailbox/admin/journalView.js"
+import type { WorkerProcess, WorkersOptions } from "./internal/mailbox/admin/workersModel.js"
+import * as Journal from "./internal/mailbox/sql/journal.js"
+import * as QueueTable from "./internal/mailbox/sql/queues.js"
+import { openExisting, prepare } from "./internal/mailbox/sql/schema.js"
+import { nowOf, statements } from "./internal/mailbox/sql/statements.js"
+import { connectionError, type Row } from "./internal/mailbox/sql/store.js"
+import * as WorkersTable from "./internal/mailbox/sql/workers.js"
 import { nameProblem } from "./internal/names.js"
 import * as Options_ from "./internal/options.js"
 import * as Sql from "./internal/sql/common.js"
-import * as Browse from "./internal/sql/mailbox/browse.js"
-import type { MessageDetail, MessagePage, MessageQuery, MessageState } from "./internal/sql/mailbox/browseModel.js"
-import * as DeadLetterTable from "./internal/sql/mailbox/deadLetters.js"
-import * as Journal from "./internal/sql/mailbox/journal.js"
-import type * as JournalModel from "./internal/sql/mailbox/journalModel.js"
-import { matchLimit, stepLimit } from "./internal/sql/mailbox/journalModel.js"
-import * as JournalView from "./internal/sql/mailbox/journalView.js"
-import * as QueueTable from "./internal/sql/mailbox/queues.js"
-import { nowOf, statements } from "./internal/sql/mailbox/statements.js"
-import { connectionError, openExisting, prepare, type Row } from "./internal/sql/mailbox/store.js"
-import * as WorkersTable from "./internal/sql/mailbox/workers.js"
-import type { WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
 import * as StoredTime from "./internal/storedTime.js"
 import { InvalidParameterError, MailboxConnectionError, SerializationError } from "./Mailbox.js"
 
@@ -349,7 +350,7 @@ export type {
   MessageQuery,
   MessageRow,
   MessageState
-} from "./internal/sql/mailbox/browseModel.js"
+} from "./internal/mailbox/admin/browseModel.js"
 
 /**
  * The states, in the order the console shows them.
@@ -401,7 +402,7 @@ export interface Browser {
 export const browse = (options?: Options): Effect.Effect<Browser, OpenError, SqlClient.SqlClient> =>
   Effect.flatMap(open(options), (store) => Effect.map(Effect.clock, (clock) => Browse.make(store, clock)))
 
-export type { WorkerLoop, WorkerProcess, WorkersOptions } from "./internal/sql/mailbox/workersModel.js"
+export type { WorkerLoop, WorkerProcess, WorkersOptions } from "./internal/mailbox/admin/workersModel.js"
 
 /**
  * The worker processes of a database and prefix (used by `leasehold workers` and the console).
@@ -444,7 +445,7 @@ export type {
   Journals,
   JournalStep,
   JournalView
-} from "./internal/sql/mailbox/journalModel.js"
+} from "./internal/mailbox/admin/journalModel.js"
 export {
   /**
    * An id names more than one journal: nothing was read or discarded (see `JournalLookup`).
@@ -452,7 +453,7 @@ export {
    * @category errors
    */
   JournalAmbiguousError
-} from "./internal/sql/mailbox/journalModel.js"
+} from "./internal/mailbox/admin/journalModel.js"
 
 /**
  * The most journals `journals().matches` lists.

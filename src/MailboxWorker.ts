@@ -4,14 +4,14 @@
  *
  * Each iteration receives a batch, beats, and handles the messages one by
  * one: the lease extender is attached for the message, the message's log
- * annotations are set (`internal/worker/annotations`), the handler (user code)
+ * annotations are set (`internal/loops/annotations`), the handler (user code)
  * runs inside `restore` of an `uninterruptibleMask`, and the message is
  * settled by the handler's `Exit`: a failure by the caller's policy, before
  * the next message; an interruption by `nack(0)`, so another worker gets it at
  * once; a success by replying (the caller's `onSuccess` makes the reply) and
  * acknowledging, handed to the mailbox's driver as a row of its group commit
- * while the loop goes on (`internal/worker/settler`). A settle that fails is
- * handled without losing the message (`internal/worker/settleFailure`).
+ * while the loop goes on (`internal/loops/settler`). A settle that fails is
+ * handled without losing the message (`internal/loops/settleFailure`).
  *
  * `shutdown` stops intake at once (an idle long poll does not delay it), nacks
  * the received messages that have not started, lets the in-flight message
@@ -53,25 +53,25 @@ import { AlreadyRunningError } from "./Errors.js"
 import * as Heartbeat from "./Heartbeat.js"
 import { beatRecordOf, runAll } from "./internal/heartbeat.js"
 import { binderOf } from "./internal/leaseExtender.js"
-import { validateDuration } from "./internal/mailbox/validation.js"
-import { loopNameProblem } from "./internal/names.js"
-import * as Options_ from "./internal/options.js"
-import { parseTraceparent } from "./internal/tracing.js"
-import * as Environment from "./internal/worker/environment.js"
-import * as HeldLeases from "./internal/worker/heldLease.js"
-import * as Metrics from "./internal/worker/metrics.js"
-import * as Pulse from "./internal/worker/pulse.js"
-import * as Receive from "./internal/worker/receive.js"
+import * as Environment from "./internal/loops/environment.js"
+import * as HeldLeases from "./internal/loops/heldLease.js"
+import * as Metrics from "./internal/loops/metrics.js"
+import * as Receive from "./internal/loops/receive.js"
 import {
   interruptGrace as grace,
   Latch,
   prepareRun,
   type RunState,
   stopWithin as stop
-} from "./internal/worker/runState.js"
-import * as Scoped from "./internal/worker/scoped.js"
-import * as SettleFailure from "./internal/worker/settleFailure.js"
-import * as Settler from "./internal/worker/settler.js"
+} from "./internal/loops/runState.js"
+import * as Scoped from "./internal/loops/scoped.js"
+import * as SettleFailure from "./internal/loops/settleFailure.js"
+import * as Settler from "./internal/loops/settler.js"
+import { validateDuration } from "./internal/mailbox/validation.js"
+import { loopNameProblem } from "./internal/names.js"
+import * as Options_ from "./internal/options.js"
+import * as Pulse from "./internal/registry.js"
+import { parseTraceparent } from "./internal/tracing.js"
 import * as LeaseExtender from "./LeaseExtender.js"
 import { InvalidParameterError, type Mailbox, MailboxResolver, type Message } from "./Mailbox.js"
 import type { Runnable, RunOptions } from "./Runnable.js"
@@ -86,7 +86,7 @@ export {
   messagesInterrupted,
   messagesProcessed,
   messagesRedelivered
-} from "./internal/worker/metrics.js"
+} from "./internal/loops/metrics.js"
 
 /**
  * How a worker settles messages; the handler's success and failure are the caller's to settle.
@@ -344,7 +344,7 @@ export const make = <A, R, Out, E, Req>(
       receiveOptions: { maxMessages: number; visibilityTimeout: Duration.Duration; waitTime: Duration.Duration },
       maxIterations: number
     ) => {
-      // The fiber first sets what it runs with, once (`internal/worker/environment`: context, heartbeat,
+      // The fiber first sets what it runs with, once (`internal/loops/environment`: context, heartbeat,
       // annotations, loggers), in its first step, so that no frame holds the set-up or the loop for the run.
       const body = Effect.suspend(() =>
         Effect.zipRight(

@@ -1,5 +1,5 @@
 /**
- * Extensions group-committed (internal/sql/mailbox/extensions.ts), attacked: on SQLite and PostgreSQL a
+ * Extensions group-committed (internal/mailbox/sql/extensions.ts), attacked: on SQLite and PostgreSQL a
  * batch with a stale handle fails that caller only, the same message extended twice lands both in order, an
  * extension racing its acknowledgement never hangs, 0 and 12 h share a batch, a clock jump while an extension
  * waits is judged when its statement runs; and the batcher itself: a store going away fails every waiter of
@@ -10,8 +10,8 @@ import { SqlClient } from "@effect/sql"
 import { SqlError } from "@effect/sql/SqlError"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Either, Exit, Fiber, Metric, Schema, Scope, TestClock } from "effect"
-import { type Extension, ExtensionBatcher } from "../src/internal/sql/mailbox/extensions.js"
-import { batchRows } from "../src/internal/sql/mailbox/extensions.js"
+import { type Extension, ExtensionBatcher } from "../src/internal/mailbox/sql/extensions.js"
+import { batchRows } from "../src/internal/mailbox/sql/extensions.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 

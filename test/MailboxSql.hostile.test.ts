@@ -7,7 +7,7 @@
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
 import { DateTime, Effect, Either, FastCheck, ParseResult, Schema, type Scope } from "effect"
-import { arrayLiteral } from "../src/internal/sql/mailbox/statements.js"
+import { arrayLiteral } from "../src/internal/mailbox/sql/statements.js"
 import type { Mailbox } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"

@@ -1,5 +1,5 @@
 /**
- * The step journal on SQLite and PostgreSQL (`internal/sql/mailbox/journal.ts`): steps load in the order they
+ * The step journal on SQLite and PostgreSQL (`internal/mailbox/sql/journal.ts`): steps load in the order they
  * were recorded; only the delivery that holds the message records (a stale one gets `ReceiptHandleExpiredError`
  * and writes nothing); the journal goes with the acknowledgement (alone, with a reply, in a group settle) unless
  * kept, stays through a nack or an expiry, goes with a purge; concurrent appends of many deliveries land
@@ -13,8 +13,9 @@ import { DateTime, Deferred, Effect, Either, Fiber, Option, Ref, Schema, TestClo
 import { createHash } from "node:crypto"
 import * as InnerLoop from "../src/InnerLoop.js"
 import { journalOf, type StoredStep } from "../src/internal/journal.js"
+import * as Schema_ from "../src/internal/mailbox/sql/schema.js"
+import * as Store from "../src/internal/mailbox/sql/store.js"
 import * as Sql from "../src/internal/sql/common.js"
-import * as Store from "../src/internal/sql/mailbox/store.js"
 import { type Mailbox, MailboxResolver, type Message, settleAll } from "../src/Mailbox.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
@@ -568,8 +569,8 @@ for (const backend of backends) {
     it.scoped("a database without migration 12 is named as such to the operator (TablesNotFoundError)", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
-        const older = Object.fromEntries(Object.entries(Store.migrations(Store.tablesOf(sql, prefix))).slice(0, 11))
-        yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
+        const older = Object.fromEntries(Object.entries(Schema_.migrations(Store.tablesOf(sql, prefix))).slice(0, 11))
+        yield* Sql.migrate(sql, Schema_.migrationsTable(prefix), older)
         const refused = yield* Effect.flip(MailboxSqlAdmin.journals({ prefix, create: false }))
         expect(refused).toMatchObject({ _tag: "TablesNotFoundError", missing: [`${prefix}mailbox_identity`] })
       }).pipe(onDb))
@@ -578,9 +579,9 @@ for (const backend of backends) {
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
         const older = Object.fromEntries(
-          Object.entries(Store.migrations(Store.tablesOf(sql, prefix))).slice(0, 11)
+          Object.entries(Schema_.migrations(Store.tablesOf(sql, prefix))).slice(0, 11)
         )
-        yield* Sql.migrate(sql, Store.migrationsTable(prefix), older)
+        yield* Sql.migrate(sql, Schema_.migrationsTable(prefix), older)
         yield* sql`INSERT INTO ${sql(`${prefix}mailbox_journal`)}
           (message_seq, position, step_key, queue, request_id, entry, recorded_at)
           VALUES (7, 1, '1', 'jobs', 'legacy-7', '{}', 0)`

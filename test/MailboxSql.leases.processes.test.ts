@@ -3,7 +3,7 @@
  * process runs 2,000 MainLoops (1,000 on SQLite) on one mailbox, every job beating every
  * 100 ms for longer than its visibility — no lease of a live, beating
  * worker runs out: every job runs once, no handle expires, every extension
- * lands (extensions group-commit ahead of claims: internal/sql/mailbox/extensions.ts).
+ * lands (extensions group-commit ahead of claims: internal/mailbox/sql/extensions.ts).
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"

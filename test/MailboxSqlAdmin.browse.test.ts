@@ -8,7 +8,7 @@
 import { SqlClient } from "@effect/sql"
 import { beforeEach, describe, expect, it } from "@effect/vitest"
 import { Effect, Option } from "effect"
-import * as Browse from "../src/internal/sql/mailbox/browse.js"
+import * as Browse from "../src/internal/mailbox/admin/browse.js"
 import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 

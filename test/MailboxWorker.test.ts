@@ -5,7 +5,7 @@ import { InvalidParameterError, type Mailbox, MailboxConnectionError, type Messa
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 
-import { logSettleFailure } from "../src/internal/worker/settleFailure.js"
+import { logSettleFailure } from "../src/internal/loops/settleFailure.js"
 import { captureLogs, refusedOptions } from "./helpers.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 30)

@@ -25,10 +25,9 @@ const agentModules = new Set([
   "Subagent.ts",
   "internal/agent.ts"
 ])
-/** The loops and their machinery (`internal/worker/`, to be `internal/loops/`). */
+/** The loops and their machinery (`internal/loops/`). */
 const isLoop = (file: string) =>
-  /^(MailboxWorker|MainLoop|EvalLoop|LoopGroup)\.ts$/.test(file) || file.startsWith("internal/worker/") ||
-  file.startsWith("internal/loops/")
+  /^(MailboxWorker|MainLoop|EvalLoop|LoopGroup)\.ts$/.test(file) || file.startsWith("internal/loops/")
 const isAgent = (file: string) => agentModules.has(file) || file.startsWith("adapters/")
 /** A transport: a mailbox or its drivers (the journal's step contract, `internal/journal.ts`, is not one). */
 const isTransport = (file: string) =>

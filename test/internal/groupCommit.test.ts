@@ -1,6 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Fiber } from "effect"
-import { GroupCommit } from "../../src/internal/sql/groupCommit.js"
+import { GroupCommit } from "../../src/internal/mailbox/sql/groupCommit.js"
 
 const settle = Effect.repeatN(Effect.yieldNow(), 20)
 

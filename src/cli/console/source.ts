@@ -24,7 +24,7 @@ import * as Exit from "effect/Exit"
 import * as Schedule from "effect/Schedule"
 import * as Scope from "effect/Scope"
 import { realpathSync, statSync } from "node:fs"
-import * as Journal from "../../internal/sql/mailbox/journal.js"
+import * as Journal from "../../internal/mailbox/sql/journal.js"
 import * as Snapshot from "./snapshot.js"
 
 /** What the console reads now: a database and its sampler, or why there is none. */

@@ -3,7 +3,7 @@
  * `host:pid` with, beside it, the instance id of the store that wrote the row; its name, start, version) with one
  * row per loop — its queue, state, the message in its hand and how long ago its heartbeat beat. A loop whose
  * heartbeat is older than the stalled threshold is marked STALLED, a process whose row was not refreshed for the
- * lost threshold LOST (both judged by the database's clock, see `internal/sql/mailbox/workers.ts`). The first row
+ * lost threshold LOST (both judged by the database's clock, see `internal/mailbox/sql/workers.ts`). The first row
  * of each `host:pid` is the anchor an in-flight lease's "held by" links to (`heldBy`). Ages are `<time data-at>`
  * like the page's other clocks, so they keep counting between fetches. Every value from the database is escaped
  * and cut; the list is bounded (`Snapshot.pageLimit`).

@@ -31,8 +31,8 @@ import {
   ReplyNotAvailableError,
   type SendError
 } from "../../Mailbox.js"
+import { type Registry, RegistryId } from "../registry.js"
 import { perMessage, traceparentOf } from "../tracing.js"
-import { type Registry, RegistryId } from "../worker/pulse.js"
 import { Settles, type Sink } from "./settle.js"
 import { validateDelay, validateReceiveOptions, validateReplyTo } from "./validation.js"
 
@@ -70,7 +70,7 @@ export interface Driver<A, R> {
   readonly poll?: { readonly firstMillis: number; readonly maxMillis: number } | undefined
   /** The driver's group commit of settles, when it has one (see `settle.ts`): carried by the mailbox. */
   readonly sink?: Sink | undefined
-  /** Where loops made on the mailbox are tracked, for a backend that records workers (`worker/pulse.ts`). */
+  /** Where loops made on the mailbox are tracked, for a backend that records workers (`internal/registry.ts`). */
   readonly registry?: Registry | undefined
   /** What the backend's own reply path reads back from a mailbox it built (`LocalId`). */
   readonly local?: unknown

@@ -6,8 +6,9 @@
 import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Effect from "effect/Effect"
+import * as MailboxSchema from "../mailbox/sql/schema.js"
+import * as MailboxStore from "../mailbox/sql/store.js"
 import * as MergeQueueSchema from "../mergeQueue/schema.js"
-import * as MailboxStore from "./mailbox/store.js"
 import * as WorkLeaseSchema from "./workLease/schema.js"
 
 /** The services, in the order they are migrated and reported. */
@@ -28,8 +29,8 @@ export interface ServiceMigrations {
 export const all = (sql: SqlClient.SqlClient, prefix: string): ReadonlyArray<ServiceMigrations> => [
   {
     service: "mailbox",
-    table: MailboxStore.migrationsTable(prefix),
-    migrations: MailboxStore.migrations(MailboxStore.tablesOf(sql, prefix))
+    table: MailboxSchema.migrationsTable(prefix),
+    migrations: MailboxSchema.migrations(MailboxStore.tablesOf(sql, prefix))
   },
   {
     service: "work lease",

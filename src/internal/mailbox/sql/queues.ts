@@ -10,7 +10,7 @@
  */
 import type { SqlError } from "@effect/sql/SqlError"
 import * as Effect from "effect/Effect"
-import * as Sql from "../common.js"
+import * as Sql from "../../sql/common.js"
 import type { Now } from "./statements.js"
 import type { Store } from "./store.js"
 

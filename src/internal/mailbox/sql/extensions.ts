@@ -20,7 +20,7 @@ import * as Exit from "effect/Exit"
 import * as Metric from "effect/Metric"
 import * as MetricBoundaries from "effect/MetricBoundaries"
 import * as Scope from "effect/Scope"
-import * as Sql from "../common.js"
+import * as Sql from "../../sql/common.js"
 import { arrayLiteral, type Now, type Statements } from "./statements.js"
 import type { Store } from "./store.js"
 

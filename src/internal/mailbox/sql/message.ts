@@ -27,10 +27,10 @@ import {
   SerializationError
 } from "../../../Mailbox.js"
 import { type DeliveryJournal, Journaled, type StoredStep } from "../../journal.js"
-import * as FrontEnd from "../../mailbox/frontEnd.js"
-import { type Done, Settles, type Sink } from "../../mailbox/settle.js"
-import { validateVisibility } from "../../mailbox/validation.js"
 import { currentTraceparent } from "../../tracing.js"
+import * as FrontEnd from "../frontEnd.js"
+import { type Done, Settles, type Sink } from "../settle.js"
+import { validateVisibility } from "../validation.js"
 import type { SettleBatcher } from "./batching.js"
 import type { Encoder } from "./codec.js"
 import type { ExtensionBatcher } from "./extensions.js"
@@ -155,7 +155,7 @@ export class SqlMessage<A, R> implements Message<A, R> {
     return sink
   }
 
-  /** The step journal of this delivery's message (see `internal/mailbox/journal.ts`). */
+  /** The step journal of this delivery's message (see `internal/journal.ts`). */
   get [Journaled](): DeliveryJournal {
     return this.journalView ??= {
       identity: Effect.suspend(() => Journal.messageIdentity(this.mailbox.store, this.id)).pipe(

@@ -7,7 +7,7 @@ import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
-import * as Sql from "../common.js"
+import * as Sql from "../../sql/common.js"
 import { tableOf } from "./queues.js"
 import type { Row, Store } from "./store.js"
 

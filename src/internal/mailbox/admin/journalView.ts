@@ -14,6 +14,7 @@ import { InvalidParameterError } from "../../../Errors.js"
 import { decodeRequestId, requestDigest } from "../../journal.js"
 import { refusedName } from "../../names.js"
 import * as StoredTime from "../../storedTime.js"
+import type { Store } from "../sql/store.js"
 import {
   JournalAmbiguousError,
   type JournalLookup,
@@ -25,7 +26,6 @@ import {
   maxEntryChars,
   stepLimit
 } from "./journalModel.js"
-import type { Store } from "./store.js"
 
 interface Row {
   readonly message_seq: number | string

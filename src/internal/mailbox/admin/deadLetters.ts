@@ -9,13 +9,13 @@ import * as Either from "effect/Either"
 import { InvalidParameterError, SerializationError } from "../../../Mailbox.js"
 import type { DeadLetters, Selection, StoredDeadLetter } from "../../../MailboxSqlAdmin.js"
 import { nameProblem, storableText } from "../../names.js"
+import * as Sql from "../../sql/common.js"
 import * as StoredTime from "../../storedTime.js"
 import { currentTraceparent } from "../../tracing.js"
-import * as Sql from "../common.js"
-import { encoderOf, maxBodyBytesLimit } from "./codec.js"
-import * as Journal from "./journal.js"
-import { nowOf, statements } from "./statements.js"
-import { connectionError, type Store } from "./store.js"
+import { encoderOf, maxBodyBytesLimit } from "../sql/codec.js"
+import * as Journal from "../sql/journal.js"
+import { nowOf, statements } from "../sql/statements.js"
+import { connectionError, type Store } from "../sql/store.js"
 
 /**
  * The longest error a stored dead letter keeps (a handler's error message is the user's: it may be long, hold a

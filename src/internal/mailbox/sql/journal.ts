@@ -1,5 +1,5 @@
 /**
- * The step journal's statements (the storage `internal/mailbox/journal.ts` describes), one table per prefix
+ * The step journal's statements (the storage `internal/journal.ts` describes), one table per prefix
  * (mailbox migrations 11 and 12): a delivery's steps are rows keyed by its message's seq and their position. The
  * request id a step carries is stored as JSON text (`request_json`: any string `send` accepts, NUL and lone
  * surrogates included, is text PostgreSQL takes) and indexed by its digest (`request_digest`: an id of any length
@@ -17,9 +17,9 @@ import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import { randomUUID } from "node:crypto"
 import { decodeRequestId, encodeRequestId, maxSteps, requestDigest, type StoredStep, utf8Bytes } from "../../journal.js"
-import * as Sql from "../common.js"
-import { GroupCommit } from "../groupCommit.js"
+import * as Sql from "../../sql/common.js"
 import { batchLimits } from "./batching.js"
+import { GroupCommit } from "./groupCommit.js"
 import type { Now, Statements } from "./statements.js"
 import type { Store } from "./store.js"
 

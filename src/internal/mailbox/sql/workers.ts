@@ -30,13 +30,13 @@ import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import { InvalidParameterError } from "../../../Errors.js"
 import * as Durations from "../../duration.js"
+import type { LoopPulse } from "../../registry.js"
+import { missingTables } from "../../sql/common.js"
 import * as StoredTime from "../../storedTime.js"
 import { version } from "../../version.js"
-import type { LoopPulse } from "../../worker/pulse.js"
-import { missingTables } from "../common.js"
+import type * as Admin from "../admin/workersModel.js"
 import { nowOf, statements } from "./statements.js"
 import type { Store } from "./store.js"
-import type * as Admin from "./workersModel.js"
 
 /**
  * The workers table of migration 9, keyed by `host:pid`: processes of the previous release write their rows

@@ -1,14 +1,14 @@
 /**
  * What a worker's loops show of themselves to the operator (`leasehold workers`, the console's Workers panel):
  * a loop made on a mailbox whose backend records workers (the SQL mailboxes: see
- * `internal/sql/mailbox/workers.ts`) is tracked, and that backend reads each tracked loop's state, the
+ * `internal/mailbox/sql/workers.ts`) is tracked, and that backend reads each tracked loop's state, the
  * message in its hand and its heartbeat's age when it refreshes the process's row — every few seconds, on a fiber
  * of its own. The loop itself writes nothing and does nothing more per message: the backend looks at the run's
  * state as it stands. A leaf, so that `MailboxWorker` needs no SQL and the SQL side no worker.
  */
 import type * as Duration from "effect/Duration"
 import type * as Effect from "effect/Effect"
-import type { RunState } from "./runState.js"
+import type { RunState } from "./loops/runState.js"
 
 /** A loop as its process's row records it. */
 export interface LoopPulse {
