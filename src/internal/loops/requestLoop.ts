@@ -295,10 +295,22 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       const body = message.body
       const runContext = runContextOf(message)
       current = { message, runContext, startedAt: monotonicMillis(clock) }
-      // The request's own budget and deadline override the loop's config.
-      const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
-      const journal = Journal.forDelivery(message, body.requestId)
-      const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext, journal }
+      // The request's own budget and deadline override the loop's config. Most requests carry neither.
+      const own = body.deadline ?? fallback
+      const budgeted = (body.budget ?? config?.budget)?.deadline
+      const deadline = budgeted === undefined ? own : Deadline.earliest(own, budgeted)
+      // The journal is made when the work first asks for it: a handler that never journals pays nothing for it.
+      // An own enumerable accessor, so a spread copy of the attempt (`EvalLoop`'s) carries it.
+      let journal: Journal.Journal | undefined | null = null
+      const attempt: Attempt = {
+        heartbeat,
+        deadline,
+        budgetTracker,
+        runContext,
+        get journal() {
+          return journal === null ? (journal = Journal.forDelivery(message, body.requestId)) : journal
+        }
+      }
       const work = executeSpan(options.execute(body, attempt))
       if (deadline === undefined) return work
       const bounded = Deadline.within(work, deadline)
