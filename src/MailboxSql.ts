@@ -327,7 +327,7 @@ export const make = <A, I, R = never, IR = never>(
           Number(row.enqueued_at),
           Option.fromNullable(row.reply_to),
           // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
-          validTraceparent(row.traceparent)
+          row.traceparent == null ? undefined : validTraceparent(row.traceparent)
         )
         message.leaseEnd = leaseEnd
         received.push(message)

@@ -126,7 +126,8 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
         if (Either.isLeft(valid)) return Effect.fail(valid.left)
       }
       if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-      return driver.insert(body, delayMillis, replyTo, traceparentOf(fiber.currentSpan))
+      const span = fiber.currentSpan
+      return driver.insert(body, delayMillis, replyTo, span === undefined ? undefined : traceparentOf(span))
     })
 
   const longPoll = (
