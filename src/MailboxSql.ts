@@ -245,9 +245,12 @@ export const make = <A, I, R = never, IR = never>(
     // Sends group-commit too: concurrent producers share one statement and one commit.
     const sender = new GroupCommit<SendItem, string | undefined, SqlError>(
       (items) =>
-        // The queue is recorded (queues.ts) before this process's first send to it; later sends write nothing more.
+        // The queue is recorded (queues.ts) before this process's first send to it; later sends write nothing more
+        // (and, recorded, do not ask).
         Effect.map(
-          Effect.zipRight(recordQueue(store, name, now()), statements_.insert(name, items, now(), maxSize)),
+          store.recorded.has(name)
+            ? statements_.insert(name, items, now(), maxSize)
+            : Effect.zipRight(recordQueue(store, name, now()), statements_.insert(name, items, now(), maxSize)),
           (ids) => {
             if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
             return ids

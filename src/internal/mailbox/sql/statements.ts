@@ -150,6 +150,7 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
   const messages = sql(store.messages)
   const deadLetters = sql(store.deadLetters)
   const journal = sql(store.journal)
+  const queues = sql(tableOf(store.prefix))
   return {
     at,
     release: (seq, handle, now) =>
@@ -180,7 +181,7 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         // A paused queue has nothing coming: its receivers sleep their poll interval (or until woken by a resume).
         sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
           WHERE queue = ${queue}
-            AND NOT EXISTS (SELECT 1 FROM ${sql(tableOf(store.prefix))} WHERE name = ${queue} AND paused <> 0)`,
+            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)`,
         (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
       ),
     count: (queue) =>
