@@ -358,7 +358,9 @@ export const make = <A, I, R = never, IR = never>(
     const nextVisibleIn = new SingleFlight(() => statements_.nextVisibleIn(name, now()), scope)
     const claimer = new ClaimBatcher(
       (at, visibilityMillis, max) =>
-        Effect.zipRight(extensions.beforeClaim, statements_.claim(name, at, visibilityMillis, max)),
+        extensions.flushing
+          ? Effect.zipRight(extensions.beforeClaim, statements_.claim(name, at, visibilityMillis, max))
+          : statements_.claim(name, at, visibilityMillis, max),
       releaseRows,
       now,
       scope
