@@ -41,16 +41,14 @@
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Exit from "effect/Exit"
-import * as Fiber from "effect/Fiber"
 import * as FiberRef from "effect/FiberRef"
-import { dual, identity } from "effect/Function"
+import { dual } from "effect/Function"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
-import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { age as ageGauge, BeatRecordId, currentRef, monotonicMillis, runAll } from "./internal/heartbeat.js"
+import * as internal from "./internal/heartbeat.js"
+import { age as ageGauge, currentRef, monotonicMillis } from "./internal/heartbeat.js"
 
 /**
  * A liveness signal with listeners.
@@ -99,136 +97,12 @@ export interface BeatTask {
   readonly run: (beatAt: number) => Effect.Effect<void>
 }
 
-const guard = (effect: Effect.Effect<void>): Effect.Effect<void> =>
-  Effect.catchAllCause(effect, (cause) => Effect.logWarning("Heartbeat listener failed", cause))
-
-/** Calls every listener in order and collects the work they ask for, each guarded. */
-const collect = (listeners: ReadonlyArray<Entry>, now: number): Array<Effect.Effect<void>> | undefined => {
-  let work: Array<Effect.Effect<void>> | undefined
-  for (const listener of listeners) {
-    let effect: Effect.Effect<void> | undefined
-    try {
-      effect = listener.call(now)
-    } catch (defect) {
-      effect = Effect.die(defect)
-    }
-    if (effect !== undefined) (work ??= []).push(guard(effect))
-  }
-  return work
-}
-
-/** A task's run in flight, between the beat that started it and its end. */
-interface Flight {
-  fiber: Fiber.RuntimeFiber<void> | undefined
-}
-
-/**
- * One `forkOnBeat` registration: its `call` is the beat listener. A class, not closures: one is made per
- * message a worker handles, and a method costs nothing to make where a closure is a new function each time.
- */
-class BeatFork {
-  private flight: Flight | undefined
-  /** `scope` owns the runs' fibers: the detach step closes it once the run in flight has landed. */
-  constructor(private readonly task: BeatTask, private readonly scope: Scope.Scope) {}
-
-  call(now: number): Effect.Effect<void> | undefined {
-    if (this.flight !== undefined || !this.task.due(now)) return undefined
-    // The flight is claimed and forked in one uninterruptible step, when the beat runs the listeners' work —
-    // not here, while it collects it: a beat interrupted in between (an earlier listener's work was slow, a
-    // loop being stopped) would otherwise leave a flight that never started, and every later beat would be
-    // dropped and every detach wait for it for ever.
-    return Effect.uninterruptible(Effect.suspend(() => {
-      if (this.flight !== undefined) return Effect.void // another beat started one meanwhile
-      const started: Flight = this.flight = { fiber: undefined }
-      const run = Effect.ensuring(
-        this.task.run(now),
-        Effect.sync(() => {
-          if (this.flight === started) this.flight = undefined
-        })
-      )
-      // In the registration's scope, not a child of the beating fiber: the run must finish even if that fiber
-      // moves on.
-      return Effect.map(Effect.forkIn(run, this.scope), (fiber) => {
-        // Not when the run already finished (it ran before this step): a stale fiber would be awaited.
-        if (this.flight === started) started.fiber = fiber
-      })
-    }))
-  }
-
-  /** Waits for the run in flight, if any. */
-  get landed(): Effect.Effect<void> {
-    return Effect.suspend(() => {
-      const flight = this.flight
-      if (flight === undefined) return Effect.void
-      // Started but its fiber not recorded yet (the beating fiber is between two steps): look again.
-      if (flight.fiber === undefined) return Effect.zipRight(Effect.yieldNow(), this.landed)
-      return Effect.asVoid(Fiber.await(flight.fiber))
-    })
-  }
-}
-
-/** A registered listener: a `Listener` (`call`) or a `BeatFork`. */
-interface Entry {
-  readonly call: (beatAt: number) => Effect.Effect<void> | undefined
-}
-
-/** A heartbeat's state: the last beat on the monotonic clock, and the listeners in registration order. */
-interface State {
-  /** The last beat, on the monotonic clock (milliseconds). */
-  readonly last: number
-  /** Replaced, never mutated, so a beat iterates a stable snapshot while listeners come and go. */
-  readonly listeners: ReadonlyArray<Entry>
-}
-
-/** What a beat runs after the listeners were called: the work they asked for, in order. */
-
 /**
  * Makes a heartbeat whose first beat counts from now, on the clock of the fiber that makes it.
  *
  * @category constructors
  */
-export const make: Effect.Effect<Heartbeat> = Effect.map(Effect.clock, (clock) => {
-  // Beats come once per message and per tool call: the clock is read directly, not looked up each time.
-  const state = Ref.unsafeMake<State>({ last: monotonicMillis(clock), listeners: [] })
-
-  const remove = (entry: Entry) =>
-    Ref.update(state, (current) => ({ ...current, listeners: current.listeners.filter((e) => e !== entry) }))
-  /** Adds `entry` in one step, which returns `then` (built around the removal). */
-  const addEntry = <A>(entry: Entry, then: (remove: Effect.Effect<void>) => A) =>
-    Ref.modify(state, (current) => [then(remove(entry)), { ...current, listeners: [...current.listeners, entry] }])
-  const addListener = (listener: Listener) => addEntry({ call: listener }, identity)
-  const onBeatAt = (listener: Listener) =>
-    Effect.flatMap(addListener(listener), (remove) => Effect.addFinalizer(() => remove))
-  const forkOnBeat = (task: BeatTask): Effect.Effect<Effect.Effect<void>> =>
-    Effect.flatMap(Scope.make(), (scope) => {
-      const fork = new BeatFork(task, scope)
-      return addEntry(fork, (remove) =>
-        Effect.zipRight(Effect.zipRight(remove, fork.landed), Scope.close(scope, Exit.void)))
-    })
-
-  // One step records the beat and calls the listeners (synchronous callbacks) on the listeners it read; the
-  // work they ask for runs next. Made once: a beat allocates the new state and nothing else.
-  const record = Ref.modify(state, (current): [Array<Effect.Effect<void>> | undefined, State] => {
-    const now = monotonicMillis(clock)
-    const { listeners } = current
-    return [listeners.length === 0 ? undefined : collect(listeners, now), { last: now, listeners }]
-  })
-
-  const heartbeat: Heartbeat = {
-    beat: Effect.flatMap(record, runAll),
-    elapsed: Effect.map(
-      Ref.get(state),
-      ({ last }) => Duration.millis(Math.max(0, monotonicMillis(clock) - last))
-    ),
-    onBeat: (listener) => onBeatAt(() => listener),
-    onBeatAt,
-    addListener,
-    forkOnBeat
-  }
-  Object.defineProperty(heartbeat, BeatRecordId, { value: record, enumerable: false })
-  return heartbeat
-})
-
+export const make: Effect.Effect<Heartbeat> = internal.make
 // ---------------------------------------------------------------------------
 // The current heartbeat
 // ---------------------------------------------------------------------------

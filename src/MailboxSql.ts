@@ -245,9 +245,12 @@ export const make = <A, I, R = never, IR = never>(
     // Sends group-commit too: concurrent producers share one statement and one commit.
     const sender = new GroupCommit<SendItem, string | undefined, SqlError>(
       (items) =>
-        // The queue is recorded (queues.ts) before this process's first send to it; later sends write nothing more.
+        // The queue is recorded (queues.ts) before this process's first send to it; later sends write nothing more
+        // (and, recorded, do not ask).
         Effect.map(
-          Effect.zipRight(recordQueue(store, name, now()), statements_.insert(name, items, now(), maxSize)),
+          store.recorded.has(name)
+            ? statements_.insert(name, items, now(), maxSize)
+            : Effect.zipRight(recordQueue(store, name, now()), statements_.insert(name, items, now(), maxSize)),
           (ids) => {
             if (items.some((item, index) => item.delayMillis === 0 && ids[index] !== undefined)) store.wake(name)
             return ids
@@ -327,7 +330,7 @@ export const make = <A, I, R = never, IR = never>(
           Number(row.enqueued_at),
           Option.fromNullable(row.reply_to),
           // Written by another process, or by hand: a malformed value is no trace, not a failed receive.
-          validTraceparent(row.traceparent)
+          row.traceparent == null ? undefined : validTraceparent(row.traceparent)
         )
         message.leaseEnd = leaseEnd
         received.push(message)
@@ -355,7 +358,9 @@ export const make = <A, I, R = never, IR = never>(
     const nextVisibleIn = new SingleFlight(() => statements_.nextVisibleIn(name, now()), scope)
     const claimer = new ClaimBatcher(
       (at, visibilityMillis, max) =>
-        Effect.zipRight(extensions.beforeClaim, statements_.claim(name, at, visibilityMillis, max)),
+        extensions.flushing
+          ? Effect.zipRight(extensions.beforeClaim, statements_.claim(name, at, visibilityMillis, max))
+          : statements_.claim(name, at, visibilityMillis, max),
       releaseRows,
       now,
       scope

@@ -299,7 +299,7 @@ export const make = <A, R, Out, E, Req>(
             run.phase = "receiving"
             // Recorded in the step that receives (nothing can interrupt in between): a shutdown from here on
             // sees the batch and where it stands.
-            run.pending = yield* restore(receive())
+            run.pending = yield* restore(receive)
             run.next = 0
             run.phase = "processing"
             // Every poll beats, empty ones included, when it returns; that beat counts for the batch's first

@@ -530,3 +530,30 @@ describe("MainLoop.layer", () => {
       expect(extender.message).toContain("LeaseExtender.make options")
     }))
 })
+
+describe("MainLoop: the attempt's journal", () => {
+  it.scoped("is made on first use, is the same on every read, and a spread copy of the context carries it", () =>
+    Effect.gen(function*() {
+      const { requests, resolver, send } = yield* setup
+      yield* send("journaled")
+      const seen: Array<{ readonly same: boolean; readonly copied: boolean; readonly durable: boolean }> = []
+      const loop = yield* withResolver(
+        resolver,
+        MainLoop.make({
+          requests,
+          execute: (request: string, context) =>
+            Effect.sync(() => {
+              const first = context.journal
+              seen.push({
+                same: first !== undefined && context.journal === first,
+                copied: { ...context }.journal === first,
+                durable: first?.durable ?? false
+              })
+              return request
+            })
+        })
+      )
+      yield* withResolver(resolver, loop.run({ maxIterations: 1, waitTime: 0 }))
+      expect(seen).toEqual([{ same: true, copied: true, durable: true }])
+    }))
+})

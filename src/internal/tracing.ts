@@ -10,11 +10,10 @@
 import * as Context from "effect/Context"
 import * as DefaultServices from "effect/DefaultServices"
 import * as Effect from "effect/Effect"
-import * as Fiber from "effect/Fiber"
 import * as Tracer from "effect/Tracer"
 
-/** The tracer every fiber has unless one is installed. */
-const defaultTracer: Tracer.Tracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
+/** The tracer every fiber has unless one is installed (a per-message path compares a fiber's with it in line). */
+export const defaultTracer: Tracer.Tracer = Context.get(DefaultServices.liveServices, Tracer.Tracer)
 
 /** Whether the fiber's tracer exports spans (one was installed); a loop reads it once per run. */
 export const exporting: Effect.Effect<boolean> = Effect.map(Effect.tracer, (tracer) => tracer !== defaultTracer)
@@ -23,19 +22,6 @@ export const exporting: Effect.Effect<boolean> = Effect.map(Effect.tracer, (trac
 export const perMessage =
   (name: string, options: Tracer.SpanOptions) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
     Effect.tracerWith((tracer) => tracer === defaultTracer ? effect : Effect.withSpan(effect, name, options))
-
-/**
- * `perMessage` for an effect made by the fiber that will run it, just before it runs (a worker's handler): the
- * fiber's tracer is read where the effect is made, which costs no step. Made elsewhere, it is `perMessage`.
- */
-export const perMessageHere = (name: string, options: Tracer.SpanOptions) => {
-  const spanned = perMessage(name, options)
-  return <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> => {
-    const fiber = Fiber.getCurrentFiber()
-    if (fiber._tag === "None") return spanned(effect)
-    return fiber.value.currentTracer === defaultTracer ? effect : Effect.withSpan(effect, name, options)
-  }
-}
 
 /*
  * W3C trace context across the mailbox. A message stores the `traceparent` of the span current where it was

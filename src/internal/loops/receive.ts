@@ -6,9 +6,9 @@
  * receive that succeeds — nearly every one, once per message on a busy loop — does not pay for making a
  * schedule's driver; the retries count from that failure, the first waiting the schedule's first delay.
  *
- * It is a plain call that returns the receive to run, made in the loop's own step: without an exporting tracer,
- * a mailbox of this package is asked directly (its `ReceiveNow` field: the options are the run's, checked when
- * it started, and there is no span to make), which spares a receive two steps.
+ * It is made once per run, and a receive that succeeds runs none of this module's code: without an exporting
+ * tracer, a mailbox of this package is asked directly (its `ReceiveNow` field: the options are the run's,
+ * checked when it started, and there is no span to make).
  */
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -28,14 +28,12 @@ export const retrying = <A, R>(
     readonly waitTime: Duration.Duration
   },
   traced: boolean
-): () => Effect.Effect<ReadonlyArray<Message<A, R>>> => {
+): Effect.Effect<ReadonlyArray<Message<A, R>>> => {
   const attempt = mailbox.receive(options)
   const direct = traced ? undefined : fieldsOf(mailbox)[ReceiveNowId] as FrontEnd.ReceiveNow<A, R> | undefined
   const visibilityMillis = Duration.toMillis(options.visibilityTimeout)
   const waitMillis = Duration.toMillis(options.waitTime)
-  const first = direct === undefined
-    ? () => attempt
-    : () => direct(options.maxMessages, visibilityMillis, waitMillis)
+  const first = direct === undefined ? attempt : direct(options.maxMessages, visibilityMillis, waitMillis)
   type Failure = Effect.Effect.Error<typeof attempt>
   // One line per failure (what the store said, not a stack per retry: a full disk can last hours), with the
   // number of failures in a row; the first one also carries the whole cause, for whoever debugs it.
@@ -72,5 +70,5 @@ export const retrying = <A, R>(
       Effect.orDie
     )
   }
-  return () => Effect.catchAll(first(), recover)
+  return Effect.catchAll(first, recover)
 }

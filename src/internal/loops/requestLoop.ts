@@ -22,6 +22,7 @@ import type * as Clock from "effect/Clock"
 import * as DateTime from "effect/DateTime"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
 import * as Metric from "effect/Metric"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
@@ -41,7 +42,7 @@ import type { RunContext } from "../../RunContext.js"
 import { monotonicMillis } from "../heartbeat.js"
 import { counter } from "../metrics.js"
 import * as Options from "../options.js"
-import { idsOf, perMessageHere } from "../tracing.js"
+import { defaultTracer, idsOf, perMessage } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
 import { RunIds } from "./uuid.js"
 
@@ -149,8 +150,8 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     // `MainLoop.execute`, `EvalLoop.execute`: a child of the worker's `MailboxWorker.handle`, the parent of
     // the work's own spans (tool calls); only with an exporting tracer, like the worker's span.
     // Made by the worker's fiber as the message starts (`MailboxWorker` calls `handle` then): its tracer is read
-    // there, at no cost.
-    const executeSpan = perMessageHere(`${options.label.split(".")[0]}.execute`, {
+    // there, in line, at no cost (see `start`).
+    const executeSpan = perMessage(`${options.label.split(".")[0]}.execute`, {
       attributes: { loop: options.name },
       captureStackTrace: false
     })
@@ -158,7 +159,9 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     // A trace the request names itself wins; else the one its message crossed the mailbox in (the sender's span).
     const runIds = new RunIds()
     const runContextOf = (message: Msg): RunContext => {
-      const crossed = message.body.traceId === undefined ? idsOf(message.traceparent) : undefined
+      const crossed = message.body.traceId === undefined && message.traceparent !== undefined
+        ? idsOf(message.traceparent)
+        : undefined
       return {
         workerId,
         runId: runIds.next(),
@@ -295,11 +298,25 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
       const body = message.body
       const runContext = runContextOf(message)
       current = { message, runContext, startedAt: monotonicMillis(clock) }
-      // The request's own budget and deadline override the loop's config.
-      const deadline = Deadline.earliest(body.deadline ?? fallback, (body.budget ?? config?.budget)?.deadline)
-      const journal = Journal.forDelivery(message, body.requestId)
-      const attempt: Attempt = { heartbeat, deadline, budgetTracker, runContext, journal }
-      const work = executeSpan(options.execute(body, attempt))
+      // The request's own budget and deadline override the loop's config. Most requests carry neither.
+      const own = body.deadline ?? fallback
+      const budgeted = (body.budget ?? config?.budget)?.deadline
+      const deadline = budgeted === undefined ? own : Deadline.earliest(own, budgeted)
+      // The journal is made when the work first asks for it: a handler that never journals pays nothing for it.
+      // An own enumerable accessor, so a spread copy of the attempt (`EvalLoop`'s) carries it.
+      let journal: Journal.Journal | undefined | null = null
+      const attempt: Attempt = {
+        heartbeat,
+        deadline,
+        budgetTracker,
+        runContext,
+        get journal() {
+          return journal === null ? (journal = Journal.forDelivery(message, body.requestId)) : journal
+        }
+      }
+      const fiber = Fiber.getCurrentFiber()
+      const untraced = fiber._tag === "Some" && fiber.value.currentTracer === defaultTracer
+      const work = untraced ? options.execute(body, attempt) : executeSpan(options.execute(body, attempt))
       if (deadline === undefined) return work
       const bounded = Deadline.within(work, deadline)
       return onDeadline === undefined

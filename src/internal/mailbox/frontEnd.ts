@@ -94,8 +94,8 @@ export interface Fields {
 export const fieldsOf = (mailbox: object): Fields => mailbox as Fields
 
 /**
- * `receive` with options checked already and no span, as a plain call that returns the effect to run next: a
- * worker's loop calls it inside a step of its own, once per poll, when no exporting tracer is installed.
+ * `receive` with options checked already and no span: the effect a worker's loop runs for each poll when no
+ * exporting tracer is installed, made once per run.
  */
 export type ReceiveNow<A, R> = (
   maxMessages: number,
@@ -126,7 +126,8 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
         if (Either.isLeft(valid)) return Effect.fail(valid.left)
       }
       if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
-      return driver.insert(body, delayMillis, replyTo, traceparentOf(fiber.currentSpan))
+      const span = fiber.currentSpan
+      return driver.insert(body, delayMillis, replyTo, span === undefined ? undefined : traceparentOf(span))
     })
 
   const longPoll = (
@@ -163,7 +164,11 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
       })
     })
 
-  const now: ReceiveNow<A, R> = (maxMessages, visibilityMillis, waitMillis) => {
+  const receiveNow = (
+    maxMessages: number,
+    visibilityMillis: number,
+    waitMillis: number
+  ): Effect.Effect<ReadonlyArray<Message<A, R>>, MailboxConnectionError> => {
     if (closed) return Effect.succeed([])
     if (waitMillis === 0) return claim(maxMessages, visibilityMillis)
     const waitUntil = clock.unsafeCurrentTimeMillis() + waitMillis
@@ -175,8 +180,10 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
       const valid = validateReceiveOptions(options)
       if (Either.isLeft(valid)) return Effect.fail(valid.left)
       const { maxMessages, visibilityTimeout, waitTime } = valid.right
-      return now(maxMessages, Duration.toMillis(visibilityTimeout), Duration.toMillis(waitTime))
+      return receiveNow(maxMessages, Duration.toMillis(visibilityTimeout), Duration.toMillis(waitTime))
     })
+  const now: ReceiveNow<A, R> = (maxMessages, visibilityMillis, waitMillis) =>
+    Effect.suspend(() => receiveNow(maxMessages, visibilityMillis, waitMillis))
 
   const span = perMessage("Mailbox.receive", { attributes: { mailbox: name }, captureStackTrace: false })
   const mailbox: Mailbox<A, R> = {

@@ -124,15 +124,18 @@ export const dialectOf = (sql: SqlClient.SqlClient): Dialect =>
 export const forUpdate = (sql: SqlClient.SqlClient): Statement.Fragment =>
   dialectOf(sql) === "pg" ? sql`FOR UPDATE` : sql``
 
-/** The statements that open, close and undo a transaction (`depth` 0) or a savepoint inside one. */
-const transactionStatements = (dialect: Dialect, depth: number) =>
-  depth === 0
-    ? { begin: dialect === "pg" ? "BEGIN" : "BEGIN IMMEDIATE", commit: "COMMIT", undo: ["ROLLBACK"] }
-    : {
-      begin: `SAVEPOINT leasehold_${depth}`,
-      commit: `RELEASE SAVEPOINT leasehold_${depth}`,
-      undo: [`ROLLBACK TO SAVEPOINT leasehold_${depth}`, `RELEASE SAVEPOINT leasehold_${depth}`]
-    }
+/** The statements that open, close and undo a transaction, by dialect. */
+const topLevel = {
+  pg: { begin: "BEGIN", commit: "COMMIT", undo: ["ROLLBACK"] },
+  sqlite: { begin: "BEGIN IMMEDIATE", commit: "COMMIT", undo: ["ROLLBACK"] }
+} as const
+
+/** The statements that open, close and undo a savepoint at `depth` (1 and more) inside a transaction. */
+const savepointStatements = (depth: number) => ({
+  begin: `SAVEPOINT leasehold_${depth}`,
+  commit: `RELEASE SAVEPOINT leasehold_${depth}`,
+  undo: [`ROLLBACK TO SAVEPOINT leasehold_${depth}`, `RELEASE SAVEPOINT leasehold_${depth}`]
+})
 
 /**
  * Runs `effect` in a transaction that is going to write. On SQLite it begins with `BEGIN IMMEDIATE`: the
@@ -146,11 +149,13 @@ const transactionStatements = (dialect: Dialect, depth: number) =>
  * and a ROLLBACK is sent after it: SQLite may leave the transaction open after a failed COMMIT, and on its one
  * connection every later statement would then join a transaction nobody commits. A ROLLBACK that fails
  * itself (the transaction was rolled back already, the connection is gone) changes nothing and is ignored.
+ *
+ * The dialect is read once, when applied to `sql`: a hot path applies it once and keeps the function.
  */
-export const writeTransaction =
-  (sql: SqlClient.SqlClient) => <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
-    const dialect = dialectOf(sql)
-    return Effect.flatMap(
+export const writeTransaction = (sql: SqlClient.SqlClient) => {
+  const dialect = dialectOf(sql)
+  return <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> =>
+    Effect.flatMap(
       Effect.serviceOption(SqlClient.TransactionConnection),
       (outer): Effect.Effect<A, E | SqlError, R> =>
         Option.isSome(outer)
@@ -159,7 +164,7 @@ export const writeTransaction =
             Effect.flatMap(sql.reserve, (connection) => writeTransactionOn(dialect, connection, 0)(effect))
           )
     )
-  }
+}
 
 /**
  * `writeTransaction` on a connection the caller holds already, at `depth` (0: a transaction, more: a savepoint
@@ -169,7 +174,7 @@ export const writeTransaction =
 export const writeTransactionOn =
   (dialect: Dialect, connection: Connection, depth: number) =>
   <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E | SqlError, R> => {
-    const { begin, commit, undo } = transactionStatements(dialect, depth)
+    const { begin, commit, undo } = depth === 0 ? topLevel[dialect] : savepointStatements(depth)
     // The driver throws while it builds the statement when its connection is closed (a layer closed under a
     // mailbox still in use): a `SqlError` too, not a defect.
     const run = (text: string) =>

@@ -63,7 +63,11 @@ export class ExtensionBatcher {
   private pending: Array<Pending> = []
   /** The batch in flight (its waiters are ended too if the committer stops). */
   private inFlight: Array<Pending> = []
-  private flushing = false
+  /**
+   * A committer runs. Written by the batcher only; while it is false nothing is pending or in flight, so no claim
+   * waits, and the mailbox's claim reads it in line rather than passing `beforeClaim`.
+   */
+  flushing = false
   /** The earliest `lateAt` of the batch in flight; `Infinity` when none is. */
   private inFlightLateAt = Infinity
   /** Claims waiting at `beforeClaim`. */

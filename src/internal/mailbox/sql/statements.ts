@@ -150,6 +150,8 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
   const messages = sql(store.messages)
   const deadLetters = sql(store.deadLetters)
   const journal = sql(store.journal)
+  const queues = sql(tableOf(store.prefix))
+  const inWriteTransaction = Sql.writeTransaction(sql)
   return {
     at,
     release: (seq, handle, now) =>
@@ -162,7 +164,7 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         one
       ),
     deadLetter: (seq, handle, now, errorTag, error) =>
-      Sql.writeTransaction(sql)(Effect.zipRight(
+      inWriteTransaction(Effect.zipRight(
         sql`INSERT INTO ${deadLetters}
             (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error, traceparent)
           SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${
@@ -180,7 +182,7 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         // A paused queue has nothing coming: its receivers sleep their poll interval (or until woken by a resume).
         sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
           WHERE queue = ${queue}
-            AND NOT EXISTS (SELECT 1 FROM ${sql(tableOf(store.prefix))} WHERE name = ${queue} AND paused <> 0)`,
+            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)`,
         (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
       ),
     count: (queue) =>
@@ -194,7 +196,7 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         // and so does any of the queue's journals whose message was already gone without one; a dead letter's
         // stays with it. The second statement sees a message sent since the first, so its journal stays too.
         journals
-          ? Sql.writeTransaction(sql)(Effect.zipLeft(
+          ? inWriteTransaction(Effect.zipLeft(
             sql`DELETE FROM ${messages} WHERE queue = ${queue} RETURNING seq`,
             sql`DELETE FROM ${journal} WHERE queue = ${queue}
               AND NOT EXISTS (SELECT 1 FROM ${messages} m WHERE m.seq = ${journal}.message_seq)
@@ -215,12 +217,13 @@ const sqlite = (store: Store): Statements => {
   const messages = sql(store.messages)
   // A paused queue (queues.ts) gives nothing: one primary-key look-up per claim.
   const queues = sql(tableOf(store.prefix))
+  const inWriteTransaction = Sql.writeTransaction(sql)
   const at = atOf(store)
   return {
     ...shared(store, at),
     claim: (queue, now, visibilityMillis, max) =>
       // A write transaction (the file's lock first), so the time is read once the claim has the file.
-      Sql.writeTransaction(sql)(
+      inWriteTransaction(
         sql<Row>`UPDATE ${messages} SET visible_at = ${at(now)} + ${visibilityMillis},
             receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
             received_by = ${store.receiver}, extended_at = NULL
@@ -254,7 +257,7 @@ const sqlite = (store: Store): Statements => {
       )
     },
     settle: (items, now) =>
-      Sql.writeTransaction(sql)(Effect.gen(function*() {
+      inWriteTransaction(Effect.gen(function*() {
         // One transaction and two statements for the batch (a statement costs more than a row): the deletes,
         // whose first write takes the write lock at once, then the replies of the deliveries that were current.
         const acked = yield* sql<{ seq: number; receipt_handle: string }>`DELETE FROM ${messages}
