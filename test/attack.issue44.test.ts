@@ -615,7 +615,8 @@ describe("issue 44: leases under load (real clock)", () => {
     60_000
   )
 
-  it.live(
+  // OPEN, finding 2 (older than issue 44): the lane's extension UPDATE waits on another transaction's row lock: `fails` until it is fixed (then this test fails and the marker goes).
+  it.live.fails(
     "PostgreSQL: one message row locked by another transaction does not cost the other leases",
     () =>
       Effect.gen(function*() {
@@ -782,7 +783,8 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
     30_000
   )
 
-  it.live(
+  // OPEN, finding 5 (older than issue 44): the loop waits without bound for a custom mailbox's background settles: `fails` until it is fixed (then this test fails and the marker goes).
+  it.live.fails(
     "an acknowledgement that never returns: closing MainLoop.layer ends within its shutdownTimeout",
     () =>
       Effect.gen(function*() {
@@ -817,7 +819,8 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
 // ---------------------------------------------------------------------------
 
 describe("issue 44: Health provided by hand", () => {
-  it.live(
+  // OPEN, finding 4: loops register only through Runnable.Readiness; a hand-provided Health.Health sees none: `fails` until it is fixed (then this test fails and the marker goes).
+  it.live.fails(
     "a loop under a hand-provided Health.Health registers with it (as the Health docs say loops do)",
     () =>
       Effect.gen(function*() {

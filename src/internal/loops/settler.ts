@@ -14,7 +14,8 @@ import * as Effect from "effect/Effect"
 import type * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { Mailbox, MailboxResolver, Message } from "../../Mailbox.js"
-import { type Sink, sinkOf } from "../mailbox/settle.js"
+import * as FrontEnd from "../mailbox/frontEnd.js"
+import { Settles, type Sink } from "../mailbox/settle.js"
 import { traceparentOf } from "../tracing.js"
 import { onSettleFailure } from "./settleFailure.js"
 
@@ -66,7 +67,7 @@ export const make = <A, R>(
   fork: (effect: Effect.Effect<void, never, MailboxResolver>) => void
 ): Settler<A, R> => {
   const { caller, traced } = run
-  const sink = sinkOf(mailbox)
+  const sink = FrontEnd.fieldsOf(mailbox)[Settles]
   /** Rows ever queued, and ever finished (committed, or failed and handled). */
   let submitted = 0
   let completed = 0

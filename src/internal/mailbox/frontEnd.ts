@@ -91,7 +91,19 @@ export interface Fields {
 }
 
 /** The fields of `mailbox` (none for a mailbox this package did not build). */
-export const fieldsOf = (mailbox: object): Fields => mailbox as Fields
+export const fieldsOf = (mailbox: object): Fields => ({
+  [ReceiveNowId]: own(mailbox, ReceiveNowId) as ReceiveNow<unknown, unknown> | undefined,
+  [RegistryId]: own(mailbox, RegistryId) as Registry | undefined,
+  [LocalId]: own(mailbox, LocalId),
+  [Settles]: own(mailbox, Settles) as Sink | undefined
+})
+
+/**
+ * A field the mailbox itself carries, never one inherited: a wrapper made with `Object.create(mailbox)` (or a
+ * class extending it) and its own `receive` is another mailbox, which must not be driven through this one's.
+ */
+export const own = (holder: object, key: symbol): unknown =>
+  Object.prototype.hasOwnProperty.call(holder, key) ? (holder as Record<symbol, unknown>)[key] : undefined
 
 /**
  * `receive` with options checked already and no span: the effect a worker's loop runs for each poll when no

@@ -80,7 +80,7 @@ export class ExtensionBatcher {
     private readonly scope: Scope.Scope
   ) {}
 
-  /** The mailbox closed: later extensions fail at once. */
+  /** The mailbox closed: later extensions run alone, on the caller's fiber. */
   private closed = false
 
   /** A batcher whose committer lives in `scope`, closed with it. */
@@ -94,7 +94,9 @@ export class ExtensionBatcher {
   /** Extends one delivery once its batch has run: false when its handle was stale. */
   submit(item: Extension): Effect.Effect<boolean, SqlError> {
     return Effect.suspend(() => {
-      if (this.closed) return Effect.fail(closedError())
+      // The mailbox closed, its store may not have: the extension runs alone, as a settle does after a close (a
+      // job still running keeps its lease, or learns from the store why not).
+      if (this.closed) return Effect.map(this.commit([item]), (rows) => rows[0]!)
       const submitted = this.clock.unsafeCurrentTimeMillis()
       const wait = Effect.async<boolean, SqlError>((resume) => {
         this.pending.push({
