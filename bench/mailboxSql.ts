@@ -22,6 +22,7 @@ import { readdirSync, readFileSync } from "node:fs"
 import { performance } from "node:perf_hooks"
 import pg from "pg"
 import PgBoss from "pg-boss"
+import { type Shares, startProfile } from "./support/profile.js"
 
 /** Jobs per second, enqueueing and processing, and the CPU time processing took per job (µs). */
 export interface Throughput {
@@ -30,6 +31,8 @@ export interface Throughput {
   readonly nodeCpu: number
   /** The database or queue server's CPU (PostgreSQL, Redis); `undefined` where `/proc` cannot be read (not Linux). */
   readonly serverCpu: number | undefined
+  /** Where the Node CPU went, in a round run with `BENCH_PROFILE` set (bench/support/profile.ts). */
+  readonly profile?: Shares | undefined
 }
 
 /** Jobs per second since `started` (a `performance.now()` reading). */
@@ -139,15 +142,18 @@ export const clusterCpu = async (url: string): Promise<ServerCpu> => {
 export const cpuMeter = (serverCpu: ServerCpu = postgresCpu) => {
   // The server's first: reading `/proc` costs this process CPU that is not the work's.
   const server = serverCpu()
+  const profiled = startProfile()
   const node = process.cpuUsage()
-  return (jobs: number): Pick<Throughput, "nodeCpu" | "serverCpu"> => {
+  return (jobs: number): Pick<Throughput, "nodeCpu" | "serverCpu" | "profile"> => {
     const nodeUsed = process.cpuUsage(node)
+    const profile = profiled()
     const serverNow = serverCpu()
     let serverNanos = 0
     for (const [id, nanos] of serverNow ?? []) serverNanos += nanos - (server?.get(id) ?? 0)
     return {
       nodeCpu: (nodeUsed.user + nodeUsed.system) / jobs,
-      serverCpu: server === undefined || serverNow === undefined ? undefined : serverNanos / 1000 / jobs
+      serverCpu: server === undefined || serverNow === undefined ? undefined : serverNanos / 1000 / jobs,
+      profile
     }
   }
 }

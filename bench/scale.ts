@@ -613,6 +613,16 @@ const show = (drained: Drained) =>
 
 const cpuCell = (micros: number | undefined) => micros === undefined ? "–" : micros.toFixed(0)
 
+/** The figures the wave's targets table reads: SQLite's largest backlog ÷ 10 k (throughput), heap per loop. */
+export const scaleTargets = (report: ScaleReport) => {
+  const sizes = report.scale.SQLite.bySize
+  const { idle, loops } = report.memory
+  return {
+    sqlite1MRatio: sizes[sizes.length - 1]!.drained.rate / sizes[0]!.drained.rate,
+    heapPerLoopKiB: (loops.heapUsed - idle.heapUsed) / LEASES / 1024
+  }
+}
+
 /** The section of BENCHMARKS.md. */
 export const scaleSection = (report: ScaleReport): ReadonlyArray<string> => {
   const scaleRows = databaseLabels.flatMap((database) => {
