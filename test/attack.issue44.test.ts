@@ -13,6 +13,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
+import * as LoopGroup from "../src/LoopGroup.js"
 import * as Mailbox from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -819,15 +820,15 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
 // ---------------------------------------------------------------------------
 
 describe("issue 44: Health provided by hand", () => {
-  // OPEN, finding 4: loops register only through Runnable.Readiness; a hand-provided Health.Health sees none: `fails` until it is fixed (then this test fails and the marker goes).
-  it.live.fails(
+  // Finding 4 (fixed): loops registered only through Runnable.Readiness; they find a hand-provided Health too.
+  it.live(
     "a loop under a hand-provided Health.Health registers with it (as the Health docs say loops do)",
     () =>
       Effect.gen(function*() {
         const registered: Array<string> = []
         const health: Health.Health["Type"] = {
           register: (loop) => Effect.sync(() => void registered.push(loop.name)),
-          setShuttingDown: Effect.void,
+          setShuttingDown: Effect.sync(() => void registered.push("shutting down")),
           readiness: Effect.succeed({ ready: true, reasons: [] }),
           url: undefined
         }
@@ -844,8 +845,26 @@ describe("issue 44: Health provided by hand", () => {
         )
         yield* Effect.sleep("200 millis")
         yield* Scope.close(scope, Exit.void)
-        expect(registered).toEqual(["by-hand"])
-      }).pipe(Effect.scoped),
+        expect(registered).toEqual(["by-hand", "shutting down"])
+        // A LoopGroup under it, too; and under Health.layerRegistry (both services, one registry).
+        registered.length = 0
+        const loop = yield* MainLoop.make({ requests, execute: (n: number) => Effect.succeed(n), name: "grouped" })
+        const group = LoopGroup.make([loop])
+        const running = yield* Effect.fork(group.run().pipe(Effect.provideService(Health.Health, health)))
+        yield* Effect.sleep("200 millis")
+        yield* group.shutdown().pipe(Effect.provideService(Health.Health, health))
+        yield* Fiber.join(running)
+        expect(registered).toEqual(["grouped", "shutting down"])
+        const registry = yield* Layer.build(Health.layerRegistry())
+        const ran = yield* Effect.fork(group.run().pipe(Effect.provide(registry)))
+        yield* Effect.sleep("200 millis")
+        const readiness = yield* Effect.provide(Health.Health, registry).pipe(Effect.flatMap((h) => h.readiness))
+        expect(readiness).toEqual({ ready: true, reasons: [] })
+        yield* Fiber.interrupt(ran)
+        // Draining, and the loop counted no more (else: "not running").
+        expect((yield* Effect.provide(Health.Health, registry).pipe(Effect.flatMap((h) => h.readiness))).reasons)
+          .toEqual(["shutting down"])
+      }).pipe(Effect.provide(Mailbox.MailboxResolver.layer()), Effect.scoped),
     20_000
   )
 })
