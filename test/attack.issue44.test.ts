@@ -784,9 +784,10 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
     30_000
   )
 
-  // OPEN, finding 5 (older than issue 44): the loop waits without bound for a custom mailbox's background settles: `fails` until it is fixed (then this test fails and the marker goes).
-  it.live.fails(
-    "an acknowledgement that never returns: closing MainLoop.layer ends within its shutdownTimeout",
+  // Finding 5 (fixed): the loop waited without bound for a custom mailbox's background settles; a stop that
+  // gives up on the loop now gives up on them too, and the message comes back.
+  it.live(
+    "an acknowledgement that never returns: closing MainLoop.layer ends within its shutdownTimeout; the message comes back",
     () =>
       Effect.gen(function*() {
         const inner = yield* MailboxMemory.make<MainLoop.MainLoopRequest<number>, MainLoop.MainLoopResult<number>>({
@@ -796,7 +797,12 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
         yield* inner.send(MainLoop.request(1))
         const scope = yield* Scope.make()
         yield* Layer.buildWithScope(
-          MainLoop.layer({ requests, execute: (n: number) => Effect.succeed(n), shutdownTimeout: "1 second" }),
+          MainLoop.layer({
+            requests,
+            execute: (n: number) => Effect.succeed(n),
+            shutdownTimeout: "1 second",
+            run: { visibilityTimeout: "8 seconds" }
+          }),
           scope
         ).pipe(Effect.provide(Mailbox.MailboxResolver.layer()))
         yield* Effect.sleep("300 millis")
@@ -810,6 +816,9 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
           }`
         )
         expect(tag(closed)).toBe("ok")
+        // Never acknowledged: delivered again once its lease ends (at least once).
+        const again = yield* inner.receive({ waitTime: "5 seconds" })
+        expect(again.map((m) => [m.body.request, m.deliveryCount])).toEqual([[1, 2]])
       }).pipe(Effect.scoped),
     30_000
   )
