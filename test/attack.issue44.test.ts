@@ -7,7 +7,20 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Context, Duration, Effect, Either, Exit, Fiber, Layer, Option, Schema, Scope } from "effect"
+import {
+  Context,
+  Duration,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  Layer,
+  Option,
+  Schedule,
+  Schema,
+  Scope,
+  Supervisor
+} from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
@@ -882,5 +895,116 @@ describe("issue 44: Health provided by hand", () => {
           .toEqual(["shutting down"])
       }).pipe(Effect.provide(Mailbox.MailboxResolver.layer()), Effect.scoped),
     20_000
+  )
+})
+
+// ---------------------------------------------------------------------------
+// The LISTEN listener's ready token, forged
+// ---------------------------------------------------------------------------
+
+describe("issue 44: the PostgreSQL listener's ready token forged by another session", () => {
+  /**
+   * The store's listener counts itself listening when it hears `\u0001ready:<instance>` on its channel, and the
+   * instance id is in the workers table. A session that may only NOTIFY (no table rights are needed for that)
+   * sends that token, for every instance it can read and for the one of each new store as soon as its row shows,
+   * and junk payloads, while stores open and close. A notification reaches only a connection that is listening
+   * already (and the driver passes it on only once its LISTEN has returned), so a forged token can only say what
+   * is true; it must not leave a LISTEN session or a fiber behind a close, nor stop real sends waking receivers.
+   */
+  it.live(
+    "token and junk NOTIFYs meanwhile: every close leaves no session and no fiber; a send from another process wakes the receiver",
+    () =>
+      Effect.gen(function*() {
+        const backend = backends[1]
+        const prefix = nextPrefix()
+        const attacker = backend.client()
+        const application = `a44_listen_${tables}`
+        const url = `${backend.db()}?application_name=${application}`
+        const channel = `${prefix}mailbox`
+        const instances = `${prefix}mailbox_worker_instances`
+        const sessions = Effect.map(
+          attacker<
+            { n: number }
+          >`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = ${application}`,
+          (rows) => rows[0]!.n
+        )
+        // Another process on the same tables, sending (its store notifies the channel).
+        const sender = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix }).pipe(
+          Effect.provide(backend.context())
+        )
+        const previousRefresh = process.env.LEASEHOLD_WORKER_REFRESH
+        process.env.LEASEHOLD_WORKER_REFRESH = "50 millis"
+        yield* Effect.addFinalizer(() =>
+          Effect.sync(() => {
+            if (previousRefresh === undefined) delete process.env.LEASEHOLD_WORKER_REFRESH
+            else process.env.LEASEHOLD_WORKER_REFRESH = previousRefresh
+          })
+        )
+        let forged = 0
+        const forging = yield* Effect.fork(
+          Effect.gen(function*() {
+            const rows = yield* attacker.unsafe<{ n: number }>(
+              `SELECT count(pg_notify('${channel}', chr(1) || 'ready:' || instance))::int AS n FROM ${instances}`
+            ).pipe(Effect.orElseSucceed(() => [{ n: 0 }]))
+            forged += rows[0]!.n
+            yield* attacker.unsafe(
+              `SELECT pg_notify('${channel}', chr(1) || 'ready:'), pg_notify('${channel}', 'no-such-queue')`
+            )
+          }).pipe(Effect.ignore, Effect.zipRight(Effect.sleep("5 millis")), Effect.forever)
+        )
+        const woken: Array<number> = []
+        for (let life = 0; life < 6; life++) {
+          const supervisor = yield* Supervisor.track
+          const scope = yield* Scope.make()
+          yield* Effect.gen(function*() {
+            const context = yield* Layer.buildWithScope(MailboxSql.layerPg({ url, maxConnections: 2 }), scope)
+            // Polls once a minute: only a NOTIFY wakes it within the test.
+            const jobs = yield* MailboxSql.make({
+              name: "jobs",
+              schema: Schema.Number,
+              prefix,
+              pollInterval: "1 minute"
+            })
+              .pipe(Effect.provide(context), Scope.extend(scope))
+            // A loop that has run, so that the store's row (and its instance id) is in the workers table.
+            const beat = yield* MailboxSql.make({
+              name: "beat",
+              schema: MainLoop.requestSchema(Schema.Number),
+              replySchema: MainLoop.resultSchema(Schema.Number),
+              prefix
+            }).pipe(Effect.provide(context), Scope.extend(scope))
+            const loop = yield* MainLoop.make({ requests: beat, execute: (n: number) => Effect.succeed(n) })
+            yield* Effect.forkIn(loop.run({ waitTime: "200 millis" }), scope)
+            if (life % 2 === 1) return // closed at once, the listener perhaps not yet listening
+            yield* Effect.sleep("300 millis") // the row written, the token forged
+            const receiving = yield* Effect.fork(jobs.receive({ waitTime: "20 seconds" }))
+            yield* Effect.sleep("200 millis")
+            const sent = Date.now()
+            yield* sender.send(life)
+            const got = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
+            woken.push(Date.now() - sent)
+            expect(got.map((m) => m.body)).toEqual([life])
+            yield* got[0]!.acknowledge
+          }).pipe(Effect.provide(Mailbox.MailboxResolver.layer()), Effect.supervised(supervisor))
+          const started = Date.now()
+          yield* Scope.close(scope, Exit.void)
+          const closedIn = Date.now() - started
+          const fibers = yield* supervisor.value
+          expect(fibers.map((fiber) => `life ${life}: fiber ${fiber.id().id}`)).toEqual([])
+          const left = yield* sessions.pipe(
+            Effect.filterOrFail((n) => n === 0, (n) => n),
+            Effect.retry({ schedule: Schedule.spaced("50 millis"), times: 100 }),
+            Effect.merge
+          )
+          expect({ life, left }).toEqual({ life, left: 0 })
+          expect(closedIn).toBeLessThan(6_000)
+        }
+        yield* Fiber.interrupt(forging)
+        yield* Effect.logInfo(`forged ${forged} ready tokens; woken after ${woken.join(", ")} ms`)
+        expect(forged).toBeGreaterThan(0)
+        // Woken by the sender's NOTIFY, not by the minute-long poll.
+        expect(woken.every((ms) => ms < 5_000)).toBe(true)
+      }).pipe(Effect.scoped),
+    90_000
   )
 })
