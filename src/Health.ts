@@ -24,6 +24,7 @@ import { recordAge } from "./internal/heartbeat.js"
 import * as HttpServers from "./internal/httpServer.js"
 import * as Optional from "./internal/optional.js"
 import * as Options_ from "./internal/options.js"
+import { healthKey } from "./internal/readiness.js"
 import * as Runnable from "./Runnable.js"
 
 /**
@@ -37,11 +38,12 @@ export interface Readiness {
 }
 
 /**
- * Tracks what readiness depends on.
+ * Tracks what readiness depends on. Loops register with it whether it comes from `layer`, `layerRegistry` or
+ * by hand (`Layer.succeed(Health, …)`).
  *
  * @category services
  */
-export class Health extends Context.Tag("leasehold/Health")<Health, {
+export class Health extends Context.Tag(healthKey)<Health, {
   /** Counts `loop` in readiness until the scope closes. */
   readonly register: (loop: Runnable.Runnable) => Effect.Effect<void, never, Scope.Scope>
   /** From now on, not ready: the worker is draining. */

@@ -19,7 +19,7 @@
  * outlives the group.
  *
  * With a `ShutdownCoordinator` provided, the group registers its shutdown
- * with it; with `Health` (its `Runnable.Readiness`), its loops count in readiness; with `watchdog`, their
+ * with it; with `Health` or `Runnable.Readiness`, its loops count in readiness; with `watchdog`, their
  * heartbeats are watched for stalls.
  */
 import * as Cause from "effect/Cause"
@@ -38,9 +38,9 @@ import * as Schema from "effect/Schema"
 import { AlreadyRunningError } from "./Errors.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
+import * as Readiness from "./internal/readiness.js"
 import type { InvalidParameterError } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
-import * as Runnable from "./Runnable.js"
 import { ShutdownCoordinator } from "./ShutdownCoordinator.js"
 import * as Watchdog from "./Watchdog.js"
 
@@ -163,7 +163,7 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
       // The run being stopped, taken now: a later run is not this shutdown's to stop.
       const current = active
       if (current !== undefined) current.stopping = true
-      const health = yield* Effect.serviceOption(Runnable.Readiness)
+      const health = yield* Readiness.current
       if (Option.isSome(health)) yield* health.value.setShuttingDown
       const results = yield* Effect.forEach(
         loops,
@@ -242,7 +242,7 @@ export const make = (loops: ReadonlyArray<MailboxWorker.Runnable>, options?: Opt
         // Loops run on daemon fibers that this scope ends (bounded, unlike a scope's own wait for its forks).
         yield* Effect.addFinalizer(() => interruptWithin(current.fibers))
         const coordinator = yield* Effect.serviceOption(ShutdownCoordinator)
-        const health = yield* Effect.serviceOption(Runnable.Readiness)
+        const health = yield* Readiness.current
         const stop = Effect.asVoid(shutdown())
         if (Option.isSome(coordinator)) {
           // A shutdown triggered already runs `stop` at once: then no loop starts (see `supervised`).

@@ -418,9 +418,13 @@ export const make = <A, R, Out, E, Req>(
                 inHand: undefined,
                 fiber: undefined,
                 extender: binding,
-                settler: Settler.make(mailbox, resolver, retryAfter, { traced, caller }, (effect) => {
-                  Environment.forkSettler(environment, caller, effect)
-                }),
+                settler: Settler.make(
+                  mailbox,
+                  resolver,
+                  retryAfter,
+                  { traced, caller },
+                  (effect) => Environment.forkSettler(environment, caller, effect)
+                ),
                 caller,
                 annotations: cell,
                 traced,

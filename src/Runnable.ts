@@ -52,7 +52,8 @@ export interface Runnable {
 
 /**
  * Where loops count in a worker's readiness; `Health.layer` and `Health.layerRegistry` provide it. A loop run
- * for a scope's lifetime, or by a `LoopGroup`, registers itself when it is present.
+ * for a scope's lifetime, or by a `LoopGroup`, registers itself when it is present (and with a `Health`
+ * provided by hand).
  *
  * @category services
  */

@@ -7,12 +7,26 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Context, Duration, Effect, Either, Exit, Fiber, Layer, Option, Schema, Scope } from "effect"
+import {
+  Context,
+  Duration,
+  Effect,
+  Either,
+  Exit,
+  Fiber,
+  Layer,
+  Option,
+  Schedule,
+  Schema,
+  Scope,
+  Supervisor
+} from "effect"
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
+import * as LoopGroup from "../src/LoopGroup.js"
 import * as Mailbox from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
@@ -615,8 +629,9 @@ describe("issue 44: leases under load (real clock)", () => {
     60_000
   )
 
-  // OPEN, finding 2 (older than issue 44): the lane's extension UPDATE waits on another transaction's row lock: `fails` until it is fixed (then this test fails and the marker goes).
-  it.live.fails(
+  // Finding 2 (fixed): the lane's extension UPDATE waited on another transaction's row lock; the batch now skips
+  // a locked row (that extension fails, tried again at the next beat) and the others land.
+  it.live(
     "PostgreSQL: one message row locked by another transaction does not cost the other leases",
     () =>
       Effect.gen(function*() {
@@ -647,10 +662,14 @@ describe("issue 44: leases under load (real clock)", () => {
         )
         yield* Effect.sleep("100 millis")
         // The worker keeps beating on every lease it holds (the locked one too): extended every 300 ms by 1.5 s.
+        const lockedTags = new Set<string>()
         const beating = yield* Effect.fork(
           Effect.forEach(held, (m) =>
             Effect.repeat(
-              Effect.either(m.extendVisibility("1500 millis")).pipe(Effect.zipRight(Effect.sleep("300 millis"))),
+              Effect.either(m.extendVisibility("1500 millis")).pipe(
+                Effect.tap((either) => m === locked ? lockedTags.add(tag(either)) : undefined),
+                Effect.zipRight(Effect.sleep("300 millis"))
+              ),
               { times: 14 }
             ), { concurrency: "unbounded", discard: true })
         )
@@ -664,6 +683,8 @@ describe("issue 44: leases under load (real clock)", () => {
         yield* Fiber.join(lock)
         yield* Fiber.interrupt(beating)
         expect([...stolen]).toEqual([])
+        // The locked row's own extensions failed (typed) while it was locked, and it was never waited for.
+        expect(lockedTags.has("MailboxConnectionError")).toBe(true)
       }).pipe(Effect.scoped),
     30_000
   )
@@ -783,9 +804,10 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
     30_000
   )
 
-  // OPEN, finding 5 (older than issue 44): the loop waits without bound for a custom mailbox's background settles: `fails` until it is fixed (then this test fails and the marker goes).
-  it.live.fails(
-    "an acknowledgement that never returns: closing MainLoop.layer ends within its shutdownTimeout",
+  // Finding 5 (fixed): the loop waited without bound for a custom mailbox's background settles; a stop that
+  // gives up on the loop now gives up on them too, and the message comes back.
+  it.live(
+    "an acknowledgement that never returns: closing MainLoop.layer ends within its shutdownTimeout; the message comes back",
     () =>
       Effect.gen(function*() {
         const inner = yield* MailboxMemory.make<MainLoop.MainLoopRequest<number>, MainLoop.MainLoopResult<number>>({
@@ -795,7 +817,12 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
         yield* inner.send(MainLoop.request(1))
         const scope = yield* Scope.make()
         yield* Layer.buildWithScope(
-          MainLoop.layer({ requests, execute: (n: number) => Effect.succeed(n), shutdownTimeout: "1 second" }),
+          MainLoop.layer({
+            requests,
+            execute: (n: number) => Effect.succeed(n),
+            shutdownTimeout: "1 second",
+            run: { visibilityTimeout: "8 seconds" }
+          }),
           scope
         ).pipe(Effect.provide(Mailbox.MailboxResolver.layer()))
         yield* Effect.sleep("300 millis")
@@ -809,6 +836,9 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
           }`
         )
         expect(tag(closed)).toBe("ok")
+        // Never acknowledged: delivered again once its lease ends (at least once).
+        const again = yield* inner.receive({ waitTime: "5 seconds" })
+        expect(again.map((m) => [m.body.request, m.deliveryCount])).toEqual([[1, 2]])
       }).pipe(Effect.scoped),
     30_000
   )
@@ -819,15 +849,15 @@ describe("issue 44: a custom Mailbox in a MainLoop", () => {
 // ---------------------------------------------------------------------------
 
 describe("issue 44: Health provided by hand", () => {
-  // OPEN, finding 4: loops register only through Runnable.Readiness; a hand-provided Health.Health sees none: `fails` until it is fixed (then this test fails and the marker goes).
-  it.live.fails(
+  // Finding 4 (fixed): loops registered only through Runnable.Readiness; they find a hand-provided Health too.
+  it.live(
     "a loop under a hand-provided Health.Health registers with it (as the Health docs say loops do)",
     () =>
       Effect.gen(function*() {
         const registered: Array<string> = []
         const health: Health.Health["Type"] = {
           register: (loop) => Effect.sync(() => void registered.push(loop.name)),
-          setShuttingDown: Effect.void,
+          setShuttingDown: Effect.sync(() => void registered.push("shutting down")),
           readiness: Effect.succeed({ ready: true, reasons: [] }),
           url: undefined
         }
@@ -844,8 +874,137 @@ describe("issue 44: Health provided by hand", () => {
         )
         yield* Effect.sleep("200 millis")
         yield* Scope.close(scope, Exit.void)
-        expect(registered).toEqual(["by-hand"])
-      }).pipe(Effect.scoped),
+        expect(registered).toEqual(["by-hand", "shutting down"])
+        // A LoopGroup under it, too; and under Health.layerRegistry (both services, one registry).
+        registered.length = 0
+        const loop = yield* MainLoop.make({ requests, execute: (n: number) => Effect.succeed(n), name: "grouped" })
+        const group = LoopGroup.make([loop])
+        const running = yield* Effect.fork(group.run().pipe(Effect.provideService(Health.Health, health)))
+        yield* Effect.sleep("200 millis")
+        yield* group.shutdown().pipe(Effect.provideService(Health.Health, health))
+        yield* Fiber.join(running)
+        expect(registered).toEqual(["grouped", "shutting down"])
+        const registry = yield* Layer.build(Health.layerRegistry())
+        const ran = yield* Effect.fork(group.run().pipe(Effect.provide(registry)))
+        yield* Effect.sleep("200 millis")
+        const readiness = yield* Effect.provide(Health.Health, registry).pipe(Effect.flatMap((h) => h.readiness))
+        expect(readiness).toEqual({ ready: true, reasons: [] })
+        yield* Fiber.interrupt(ran)
+        // Draining, and the loop counted no more (else: "not running").
+        expect((yield* Effect.provide(Health.Health, registry).pipe(Effect.flatMap((h) => h.readiness))).reasons)
+          .toEqual(["shutting down"])
+      }).pipe(Effect.provide(Mailbox.MailboxResolver.layer()), Effect.scoped),
     20_000
+  )
+})
+
+// ---------------------------------------------------------------------------
+// The LISTEN listener's ready token, forged
+// ---------------------------------------------------------------------------
+
+describe("issue 44: the PostgreSQL listener's ready token forged by another session", () => {
+  /**
+   * The store's listener counts itself listening when it hears `\u0001ready:<instance>` on its channel, and the
+   * instance id is in the workers table. A session that may only NOTIFY (no table rights are needed for that)
+   * sends that token, for every instance it can read and for the one of each new store as soon as its row shows,
+   * and junk payloads, while stores open and close. A notification reaches only a connection that is listening
+   * already (and the driver passes it on only once its LISTEN has returned), so a forged token can only say what
+   * is true; it must not leave a LISTEN session or a fiber behind a close, nor stop real sends waking receivers.
+   */
+  it.live(
+    "token and junk NOTIFYs meanwhile: every close leaves no session and no fiber; a send from another process wakes the receiver",
+    () =>
+      Effect.gen(function*() {
+        const backend = backends[1]
+        const prefix = nextPrefix()
+        const attacker = backend.client()
+        const application = `a44_listen_${tables}`
+        const url = `${backend.db()}?application_name=${application}`
+        const channel = `${prefix}mailbox`
+        const instances = `${prefix}mailbox_worker_instances`
+        const sessions = Effect.map(
+          attacker<
+            { n: number }
+          >`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = ${application}`,
+          (rows) => rows[0]!.n
+        )
+        // Another process on the same tables, sending (its store notifies the channel).
+        const sender = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix }).pipe(
+          Effect.provide(backend.context())
+        )
+        const previousRefresh = process.env.LEASEHOLD_WORKER_REFRESH
+        process.env.LEASEHOLD_WORKER_REFRESH = "50 millis"
+        yield* Effect.addFinalizer(() =>
+          Effect.sync(() => {
+            if (previousRefresh === undefined) delete process.env.LEASEHOLD_WORKER_REFRESH
+            else process.env.LEASEHOLD_WORKER_REFRESH = previousRefresh
+          })
+        )
+        let forged = 0
+        const forging = yield* Effect.fork(
+          Effect.gen(function*() {
+            const rows = yield* attacker.unsafe<{ n: number }>(
+              `SELECT count(pg_notify('${channel}', chr(1) || 'ready:' || instance))::int AS n FROM ${instances}`
+            ).pipe(Effect.orElseSucceed(() => [{ n: 0 }]))
+            forged += rows[0]!.n
+            yield* attacker.unsafe(
+              `SELECT pg_notify('${channel}', chr(1) || 'ready:'), pg_notify('${channel}', 'no-such-queue')`
+            )
+          }).pipe(Effect.ignore, Effect.zipRight(Effect.sleep("5 millis")), Effect.forever)
+        )
+        const woken: Array<number> = []
+        for (let life = 0; life < 6; life++) {
+          const supervisor = yield* Supervisor.track
+          const scope = yield* Scope.make()
+          yield* Effect.gen(function*() {
+            const context = yield* Layer.buildWithScope(MailboxSql.layerPg({ url, maxConnections: 2 }), scope)
+            // Polls once a minute: only a NOTIFY wakes it within the test.
+            const jobs = yield* MailboxSql.make({
+              name: "jobs",
+              schema: Schema.Number,
+              prefix,
+              pollInterval: "1 minute"
+            })
+              .pipe(Effect.provide(context), Scope.extend(scope))
+            // A loop that has run, so that the store's row (and its instance id) is in the workers table.
+            const beat = yield* MailboxSql.make({
+              name: "beat",
+              schema: MainLoop.requestSchema(Schema.Number),
+              replySchema: MainLoop.resultSchema(Schema.Number),
+              prefix
+            }).pipe(Effect.provide(context), Scope.extend(scope))
+            const loop = yield* MainLoop.make({ requests: beat, execute: (n: number) => Effect.succeed(n) })
+            yield* Effect.forkIn(loop.run({ waitTime: "200 millis" }), scope)
+            if (life % 2 === 1) return // closed at once, the listener perhaps not yet listening
+            yield* Effect.sleep("300 millis") // the row written, the token forged
+            const receiving = yield* Effect.fork(jobs.receive({ waitTime: "20 seconds" }))
+            yield* Effect.sleep("200 millis")
+            const sent = Date.now()
+            yield* sender.send(life)
+            const got = yield* Fiber.join(receiving).pipe(Effect.timeout("10 seconds"))
+            woken.push(Date.now() - sent)
+            expect(got.map((m) => m.body)).toEqual([life])
+            yield* got[0]!.acknowledge
+          }).pipe(Effect.provide(Mailbox.MailboxResolver.layer()), Effect.supervised(supervisor))
+          const started = Date.now()
+          yield* Scope.close(scope, Exit.void)
+          const closedIn = Date.now() - started
+          const fibers = yield* supervisor.value
+          expect(fibers.map((fiber) => `life ${life}: fiber ${fiber.id().id}`)).toEqual([])
+          const left = yield* sessions.pipe(
+            Effect.filterOrFail((n) => n === 0, (n) => n),
+            Effect.retry({ schedule: Schedule.spaced("50 millis"), times: 100 }),
+            Effect.merge
+          )
+          expect({ life, left }).toEqual({ life, left: 0 })
+          expect(closedIn).toBeLessThan(6_000)
+        }
+        yield* Fiber.interrupt(forging)
+        yield* Effect.logInfo(`forged ${forged} ready tokens; woken after ${woken.join(", ")} ms`)
+        expect(forged).toBeGreaterThan(0)
+        // Woken by the sender's NOTIFY, not by the minute-long poll.
+        expect(woken.every((ms) => ms < 5_000)).toBe(true)
+      }).pipe(Effect.scoped),
+    90_000
   )
 })

@@ -137,9 +137,18 @@ export const stopWithin = <A, R>(
     (ended) => {
       if (ended._tag === "Some") return Effect.void
       current.interruptedWork = true
-      return Effect.logError(
-        `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
-          "a settle is stuck (is the store reachable?); giving up on it"
-      ).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name }))
+      // The loop waits for its settles as it ends: given up, it can end, and their messages come back when
+      // their leases end.
+      return Effect.flatMap(current.settler.abandon, (out) =>
+        (out > 0
+          ? Effect.logWarning(
+            `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
+              `giving up on ${out} settle(s) still out (is the store reachable?); their messages will be ` +
+              "delivered again when their leases end"
+          )
+          : Effect.logError(
+            `Loop "${name}" did not end within ${Duration.format(interruptGrace)} of its interruption (${why}): ` +
+              "a settle is stuck (is the store reachable?); giving up on it"
+          )).pipe(Effect.annotateLogs({ module: "MailboxWorker", worker: name })))
     }
   )

@@ -3,7 +3,7 @@
  * `layer` of MainLoop and EvalLoop): its run options and shutdown timeout
  * are configuration, decoded before anything runs (a `ParseError` naming the
  * option), by the same rules `Runnable.run` applies to its arguments.
- * Where `Runnable.Readiness` is provided (by `Health`), the loop counts in readiness while
+ * Where `Runnable.Readiness` or `Health` is provided, the loop counts in readiness while
  * the scope is open, and readiness turns 503 the moment the scope starts
  * to close — before the drain, as a `LoopGroup` does.
  */
@@ -15,6 +15,7 @@ import type * as Scope from "effect/Scope"
 import * as Runnable from "../../Runnable.js"
 import { limits } from "../mailbox/validation.js"
 import * as Options from "../options.js"
+import * as Readiness from "../readiness.js"
 
 const RunOptions = Schema.Struct({
   maxIterations: Schema.optionalWith(
@@ -51,7 +52,7 @@ export const run = (
   }
 ): Effect.Effect<void, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const health = yield* Effect.serviceOption(Runnable.Readiness)
+    const health = yield* Readiness.current
     yield* loop.run(options.run).pipe(
       Effect.catchAll((error) => Effect.logError(`Loop "${loop.name}" could not run`, error)),
       Effect.catchAllCause(() => Effect.void), // a death: the loop logged it

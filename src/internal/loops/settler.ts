@@ -6,12 +6,14 @@
  * resolved yet); another implementation's message settles on a fiber of its own.
  *
  * The loop bounds the overlap by counting: a new batch waits for the settles of the batch before last
- * (`nextBatch`), and a run waits for all of them (`stop`) before it ends. A row that fails is logged on a fiber
- * of `run`'s caller (its loggers, the worker's annotations), and counted done once logged.
+ * (`nextBatch`), and a run waits for all of them (`stop`) before it ends, unless a stop gives up on them
+ * (`abandon`): a settle that never returns must not hold a shutdown, and its message comes back when its lease
+ * ends. A row that fails is logged on a fiber of `run`'s caller (its loggers, the worker's annotations), and
+ * counted done once logged.
  */
 import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import type * as Fiber from "effect/Fiber"
+import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import type { Mailbox, MailboxResolver, Message } from "../../Mailbox.js"
 import * as FrontEnd from "../mailbox/frontEnd.js"
@@ -28,8 +30,13 @@ export interface Settler<A, R> {
    * when they are done already (nearly always: the loop then pays nothing).
    */
   readonly nextBatch: () => Effect.Effect<void> | undefined
-  /** Waits for every settle queued so far. */
+  /** Waits for every settle queued so far (at once after `abandon`). */
   readonly stop: Effect.Effect<void>
+  /**
+   * Stops waiting for the settles still out, and interrupts those on fibers of their own; returns how many
+   * were out. Their messages stay unsettled: delivered again when their leases end.
+   */
+  readonly abandon: Effect.Effect<number>
 }
 
 /** How long a message whose reply failed stays away before it is delivered again. */
@@ -64,7 +71,7 @@ export const make = <A, R>(
   resolver: MailboxResolver["Type"],
   retryAfter: RetryAfter<A, R>,
   run: { readonly traced: boolean; readonly caller: Fiber.RuntimeFiber<unknown, unknown> },
-  fork: (effect: Effect.Effect<void, never, MailboxResolver>) => void
+  fork: (effect: Effect.Effect<void, never, MailboxResolver>) => Fiber.RuntimeFiber<void>
 ): Settler<A, R> => {
   const { caller, traced } = run
   const sink = FrontEnd.fieldsOf(mailbox)[Settles]
@@ -75,6 +82,15 @@ export const make = <A, R>(
   let previousBatchStart = 0
   /** Fibers waiting until `completed` reaches their count. */
   let waiters: Array<{ readonly count: number; readonly resume: () => void }> = []
+  /** Settles running on fibers of their own, for `abandon` to interrupt. */
+  const forked = new Set<Fiber.RuntimeFiber<void>>()
+  let abandoned = false
+
+  const forkTracked = (effect: Effect.Effect<void, never, MailboxResolver>) => {
+    const fiber = fork(effect)
+    forked.add(fiber)
+    fiber.addObserver(() => forked.delete(fiber))
+  }
 
   const complete = () => {
     completed++
@@ -86,7 +102,7 @@ export const make = <A, R>(
 
   const settledUpTo = (count: number): Effect.Effect<void> =>
     Effect.async<void>((resume) => {
-      if (completed >= count) return resume(Effect.void)
+      if (abandoned || completed >= count) return resume(Effect.void)
       waiters.push({ count, resume: () => resume(Effect.void) })
     })
 
@@ -100,7 +116,9 @@ export const make = <A, R>(
       const queued = offer(message, reply, resolver, traceparent, (error) => {
         if (error === undefined) return complete()
         const replied = Option.isSome(reply) && Option.isSome(message.replyTo)
-        fork(Effect.ensuring(onSettleFailure(message, replied, error, retryAfter(message)), Effect.sync(complete)))
+        forkTracked(
+          Effect.ensuring(onSettleFailure(message, replied, error, retryAfter(message)), Effect.sync(complete))
+        )
       })
       if (queued === false) return settleInLine(message, reply, retryAfter)
       submitted++
@@ -125,7 +143,9 @@ export const make = <A, R>(
       const span = fiber.currentSpan
       const settled = settleInLine(message, reply, retryAfter)
       submitted++
-      fork(Effect.ensuring(span === undefined ? settled : Effect.withParentSpan(settled, span), Effect.sync(complete)))
+      forkTracked(
+        Effect.ensuring(span === undefined ? settled : Effect.withParentSpan(settled, span), Effect.sync(complete))
+      )
       return Effect.void
     })
 
@@ -140,8 +160,17 @@ export const make = <A, R>(
     nextBatch: () => {
       const older = previousBatchStart
       previousBatchStart = submitted
-      return completed >= older ? undefined : settledUpTo(older)
+      return abandoned || completed >= older ? undefined : settledUpTo(older)
     },
-    stop: Effect.suspend(() => settledUpTo(submitted))
+    stop: Effect.suspend(() => settledUpTo(submitted)),
+    abandon: Effect.suspend(() => {
+      abandoned = true
+      const out = submitted - completed
+      const resumed = waiters
+      waiters = []
+      for (const waiter of resumed) waiter.resume()
+      // Not waited for: an uninterruptible settle may never end either.
+      return Effect.as(Effect.forEach([...forked], Fiber.interruptFork, { discard: true }), out)
+    })
   }
 }

@@ -5,6 +5,10 @@
  * now` on the database's clock, each caller told whether its own row was
  * current). A process holding thousands of leases must land their
  * extensions before they run out; one statement per extension cannot.
+ * On PostgreSQL the batch skips a row another transaction has locked (an
+ * operator's `SELECT … FOR UPDATE`, a long UPDATE) rather than wait on it
+ * with every other lease of the batch: that one extension fails (its
+ * extender tries again at its next turn), the rest land.
  *
  * Extensions come first: the waiting ones are taken by how soon their
  * lease ends, and the mailbox's claims pass through `beforeClaim`, which
@@ -56,8 +60,26 @@ interface Pending {
   readonly done: (exit: Exit.Exit<boolean, SqlError>) => void
 }
 
-/** Runs a batch: for each extension, in order, whether its row was current (and is now extended). */
-type Commit = (items: ReadonlyArray<Extension>) => Effect.Effect<ReadonlyArray<boolean>, SqlError>
+/**
+ * An extension's outcome: whether its row was current (and is now extended), or `"locked"` when another
+ * transaction held the row's lock and the statement passed it by.
+ */
+export type Outcome = boolean | "locked"
+
+/** Runs a batch: each extension's outcome, in order. */
+type Commit = (items: ReadonlyArray<Extension>) => Effect.Effect<ReadonlyArray<Outcome>, SqlError>
+
+const lockedError = () =>
+  new SqlError({
+    message: "the message's row is locked by another transaction: not extended this time (tried again at the next turn)"
+  })
+
+/** The `index`th extension's result from its batch's. */
+const outcomeAt = (exit: Exit.Exit<ReadonlyArray<Outcome>, SqlError>, index: number): Exit.Exit<boolean, SqlError> => {
+  if (Exit.isFailure(exit)) return Exit.failCause(exit.cause)
+  const outcome = exit.value[index]!
+  return outcome === "locked" ? Exit.fail(lockedError()) : Exit.succeed(outcome)
+}
 
 export class ExtensionBatcher {
   private pending: Array<Pending> = []
@@ -96,7 +118,7 @@ export class ExtensionBatcher {
     return Effect.suspend(() => {
       // The mailbox closed, its store may not have: the extension runs alone, as a settle does after a close (a
       // job still running keeps its lease, or learns from the store why not).
-      if (this.closed) return Effect.map(this.commit([item]), (rows) => rows[0]!)
+      if (this.closed) return Effect.flatMap(Effect.exit(this.commit([item])), (exit) => outcomeAt(exit, 0))
       const submitted = this.clock.unsafeCurrentTimeMillis()
       const wait = Effect.async<boolean, SqlError>((resume) => {
         this.pending.push({
@@ -169,8 +191,7 @@ export class ExtensionBatcher {
           return Effect.zipRight(
             Effect.forEach(
               batch,
-              (entry) =>
-                Effect.map(this.attempt([entry.item]), (alone) => entry.done(Exit.map(alone, (rows) => rows[0]!))),
+              (entry) => Effect.map(this.attempt([entry.item]), (alone) => entry.done(outcomeAt(alone, 0))),
               {
                 discard: true
               }
@@ -182,7 +203,7 @@ export class ExtensionBatcher {
           )
         }
         this.inFlight = []
-        batch.forEach((entry, index) => entry.done(Exit.map(exit, (rows) => rows[index]!)))
+        batch.forEach((entry, index) => entry.done(outcomeAt(exit, index)))
         return loop
       })
     })
@@ -219,9 +240,9 @@ const isDataFailure = (exit: Exit.Failure<unknown, SqlError>): boolean => {
  * statement (an UPDATE meets each row once), so the later extension lands after the earlier one.
  */
 const rounds = (
-  run: (items: ReadonlyArray<Extension>) => Effect.Effect<ReadonlySet<string>, SqlError>,
+  run: (items: ReadonlyArray<Extension>) => Effect.Effect<ReadonlyMap<string, Outcome>, SqlError>,
   items: ReadonlyArray<Extension>
-): Effect.Effect<ReadonlyArray<boolean>, SqlError> => {
+): Effect.Effect<ReadonlyArray<Outcome>, SqlError> => {
   const seen = new Set<string>()
   const again: Array<number> = []
   const first: Array<Extension> = []
@@ -238,7 +259,7 @@ const rounds = (
       Effect.withSpan("MailboxSql.extendBatch", { attributes: { rows: first.length } })
     ),
     (extended) => {
-      const results = items.map((item) => extended.has(item.seq))
+      const results = items.map((item): Outcome => extended.get(item.seq) ?? false)
       if (again.length === 0) return Effect.succeed(results)
       return Effect.map(rounds(run, again.map((index) => items[index]!)), (later) => {
         again.forEach((index, k) => {
@@ -253,7 +274,9 @@ const rounds = (
 /**
  * The batch statement of the store's dialect for the mailbox `queue`: every row whose handle is current and whose
  * visibility has not run out (both judged by `now`, the database's clock unless a test's) becomes visible its
- * timeout from now; an extension of zero on PostgreSQL notifies the queue's receivers, as a nack does.
+ * timeout from now; an extension of zero on PostgreSQL notifies the queue's receivers, as a nack does. On
+ * PostgreSQL a current row locked by another transaction is skipped (`SKIP LOCKED`) and reported `"locked"`:
+ * the row is found current in the statement's snapshot but not taken by its lock.
  */
 export const commitOf = (store: Store, statements: Statements, queue: string, now: () => Now): Commit => {
   const { sql } = store
@@ -264,18 +287,24 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
         store.onLane((lane) => {
           const at = statements.at(now())
           const zero = items.some((item) => item.timeoutMillis === 0)
-          return lane<{ seq: string | number }>`WITH input AS (
+          return lane<{ seq: string | number; extended: boolean }>`WITH input AS (
               SELECT * FROM unnest(${arrayLiteral(items.map((item) => item.seq))}::bigint[],
                 ${arrayLiteral(items.map((item) => item.handle))}::text[],
                 ${arrayLiteral(items.map((item) => String(item.timeoutMillis)))}::bigint[]) AS v(seq, handle, timeout)),
-            upd AS (UPDATE ${messages} m SET visible_at = ${at} + input.timeout, extended_at = ${at}
-              FROM input WHERE m.seq = input.seq AND m.receipt_handle = input.handle AND m.visible_at > ${at}
-              RETURNING m.seq, input.timeout)
-            SELECT seq${
-            zero ? sql`, CASE WHEN timeout = 0 THEN pg_notify(${store.channel}, ${queue}) END` : sql``
-          } FROM upd`
+            target AS (SELECT m.seq, input.timeout FROM ${messages} m JOIN input ON m.seq = input.seq
+              WHERE m.receipt_handle = input.handle AND m.visible_at > ${at} FOR UPDATE OF m SKIP LOCKED),
+            upd AS (UPDATE ${messages} m SET visible_at = ${at} + target.timeout, extended_at = ${at}
+              FROM target WHERE m.seq = target.seq
+              RETURNING m.seq, target.timeout)
+            SELECT seq, true AS extended${
+            zero ? sql`, CASE WHEN timeout = 0 THEN pg_notify(${store.channel}, ${queue})::text END AS notified` : sql``
+          } FROM upd
+            UNION ALL
+            SELECT m.seq, false${zero ? sql`, NULL::text` : sql``} FROM input JOIN ${messages} m ON m.seq = input.seq
+              WHERE input.seq NOT IN (SELECT seq FROM target)
+                AND m.receipt_handle = input.handle AND m.visible_at > ${at}`
         }),
-        (rows) => new Set(rows.map((row) => String(row.seq)))
+        (rows) => new Map(rows.map((row): [string, Outcome] => [String(row.seq), row.extended ? true : "locked"]))
       )
     : (items: ReadonlyArray<Extension>) =>
       Effect.suspend(() => {
@@ -289,7 +318,7 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
             WHERE ${messages}.seq = input.seq AND ${messages}.receipt_handle = input.handle
               AND ${messages}.visible_at > ${at}
             RETURNING ${messages}.seq`,
-          (rows) => new Set(rows.map((row) => String(row.seq)))
+          (rows) => new Map(rows.map((row): [string, Outcome] => [String(row.seq), true]))
         )
       })
   return (items) => rounds(run, items)
