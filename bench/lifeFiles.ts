@@ -123,6 +123,12 @@ const main = async () => {
     if (!path.startsWith(dist)) continue
     const entered = script.functions.filter((f) => (f.ranges[0]?.count ?? 0) > 0).length
     if (entered > 0) files.push({ file: path.slice(dist.length), functions: entered })
+    if (entered > 0 && process.env["LIFE_NAMES"] !== undefined) {
+      const names = script.functions.filter((f) => (f.ranges[0]?.count ?? 0) > 0).map((f) =>
+        f.functionName || "(anonymous)"
+      )
+      process.stdout.write(`${path.slice(dist.length)}: ${names.join(", ")}\n`)
+    }
   }
   files.sort((a, b) => a.file.localeCompare(b.file))
   const report: LifeReport = { backend, files, functions: files.reduce((n, f) => n + f.functions, 0) }
