@@ -95,6 +95,12 @@ export interface BeatTask {
   readonly due: (beatAt: number) => boolean
   /** The run; its failures are its own business (log them): the heartbeat only waits for it on detach. */
   readonly run: (beatAt: number) => Effect.Effect<void>
+  /**
+   * For a task that works on one thing at a time and says so by having this property (even `undefined`): what
+   * it works on now. Beats skip the task without calling `due` while it is `undefined`, so its owner turns it
+   * on and off by writing the field.
+   */
+  readonly subject?: unknown
 }
 
 /**

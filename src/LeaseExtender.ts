@@ -27,7 +27,7 @@ import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Heartbeat from "./Heartbeat.js"
-import { type Bind, BindId } from "./internal/leaseExtender.js"
+import { type Bind, BindId, type Binding, type Flight } from "./internal/leaseExtender.js"
 import { counter } from "./internal/metrics.js"
 import * as Options_ from "./internal/options.js"
 
@@ -131,8 +131,8 @@ export const extensions = counter("leasehold_lease_extensions_total", "Lease ext
 export const extensionFailures = counter("leasehold_lease_extension_failures_total", "Lease extensions that failed")
 
 /**
- * One message attached to an extender: the task its heartbeat forks on beats (`due`, `run`). A class, not
- * closures: one is made per message a worker handles.
+ * One message attached to an extender and its extensions so far. For `attachUnscoped` it is also the task its
+ * heartbeat forks on beats (`due`, `run`); a binding makes one when a beat first finds a new message in hand.
  */
 class Attachment implements Heartbeat.BeatTask {
   /** When the last extension started, on the monotonic clock (the beat's time). */
@@ -147,14 +147,70 @@ class Attachment implements Heartbeat.BeatTask {
     private readonly extend: (attachment: Attachment, now: number) => Effect.Effect<void>
   ) {}
 
+  /** Whether a beat at `now` may extend: the lease not lost, and `interval` passed since the last extension. */
+  ready(now: number): boolean {
+    return !this.lost &&
+      (this.lastExtension === undefined || now - this.lastExtension >= this.extender.intervalMillis)
+  }
+
   /** Called synchronously on every beat: the rate-limited path allocates nothing. */
   due(now: number): boolean {
-    return this.extender.current === this && !this.lost &&
-      (this.lastExtension === undefined || now - this.lastExtension >= this.extender.intervalMillis)
+    return this.extender.current === this && this.ready(now)
   }
 
   run(now: number): Effect.Effect<void> {
     return this.extend(this, now)
+  }
+}
+
+/**
+ * One loop's binding (`internal/leaseExtender`): the task registered on its heartbeat for the run. The worker
+ * writes `subject`; the heartbeat skips the task while it is `undefined` (between messages, where the loop
+ * beats), so a message that no beat finds in hand costs the extender nothing. A message's attachment is made
+ * when a beat first finds it in hand (a worker hands each message object over once).
+ */
+class Bound implements Binding, Heartbeat.BeatTask {
+  subject: Extendable | undefined = undefined
+  flight: Flight | undefined = undefined
+  stop: Effect.Effect<void> = Effect.void
+  /** The attachment of the last message a beat found in hand. */
+  private attachment: Attachment | undefined = undefined
+  /** The attachment the last due beat was for: its run extends it only if it is still in hand then. */
+  private pending: Attachment | undefined = undefined
+  constructor(
+    private readonly state: { readonly current: Attachment | undefined; readonly intervalMillis: number },
+    private readonly extend: (attachment: Attachment, now: number) => Effect.Effect<void>
+  ) {}
+
+  due(now: number): boolean {
+    const message = this.subject
+    if (message === undefined) return false
+    let attachment = this.attachment
+    if (attachment === undefined || attachment.message !== message) {
+      attachment = this.attachment = new Attachment(message, this.state, this.extend)
+    }
+    if (!attachment.ready(now)) return false
+    this.pending = attachment
+    return true
+  }
+
+  // The run starts a moment after its beat, on its own fiber: it extends the message that was due only if that
+  // message is still in hand then — one detached meanwhile is being settled and must not be touched. `flight`
+  // is the run that started, and the message it extends: the worker's detach waits for it.
+  run(now: number): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      const attachment = this.pending
+      this.pending = undefined
+      if (attachment === undefined || this.subject !== attachment.message) return Effect.void
+      const started: Flight = this.flight = { message: attachment.message, done: Deferred.unsafeMake(FiberId.none) }
+      return Effect.ensuring(
+        this.extend(attachment, now),
+        Effect.suspend(() => {
+          if (this.flight === started) this.flight = undefined
+          return Deferred.succeed(started.done, undefined)
+        })
+      )
+    })
   }
 }
 
@@ -246,47 +302,13 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
           ))
       })
 
-    // One registration on the heartbeat for a loop's run; per message only `state.current` changes. The
-    // heartbeat forks a run for a due beat; the run starts a moment later, on its own fiber, so it extends
-    // the message that was due only if that message is still attached then — a message detached meanwhile
-    // is being settled and must not be touched, and the next one gets its own first extension. `flight` is
-    // the run that started, and the message it extends: `detach` waits for it.
+    // One registration on the heartbeat for a loop's run; per message the worker only writes `subject`.
     const bind: Bind = (heartbeat) => {
-      let due: Attachment | undefined
-      let flight: { readonly attachment: Attachment; readonly done: Deferred.Deferred<void> } | undefined
-      const task: Heartbeat.BeatTask = {
-        due: (now) => {
-          const attachment = state.current
-          if (attachment === undefined || !attachment.due(now)) return false
-          due = attachment
-          return true
-        },
-        run: (now) =>
-          Effect.suspend(() => {
-            const attachment = due
-            due = undefined
-            if (attachment === undefined || state.current !== attachment) return Effect.void
-            const started = flight = { attachment, done: Deferred.unsafeMake<void>(FiberId.none) }
-            return Effect.ensuring(
-              extend(attachment, now),
-              Effect.suspend(() => {
-                if (flight === started) flight = undefined
-                return Deferred.succeed(started.done, undefined)
-              })
-            )
-          })
-      }
-      return Effect.map(heartbeat.forkOnBeat(task), (stop) => ({
-        attach: (message) => {
-          state.current = new Attachment(message, state, extend)
-        },
-        detach: () => {
-          const attachment = state.current
-          state.current = undefined
-          return flight !== undefined && flight.attachment === attachment ? Deferred.await(flight.done) : undefined
-        },
-        stop
-      }))
+      const bound = new Bound(state, extend)
+      return Effect.map(heartbeat.forkOnBeat(bound), (stop) => {
+        bound.stop = stop
+        return bound
+      })
     }
 
     const attach = (message: Extendable, heartbeat: Heartbeat.Heartbeat) =>
@@ -312,7 +334,7 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
     }
     const binder: Bind = config.enabled
       ? bind
-      : () => Effect.succeed({ attach: () => {}, detach: () => undefined, stop: Effect.void })
+      : () => Effect.sync((): Binding => ({ subject: undefined, flight: undefined, stop: Effect.void }))
     Object.defineProperty(extender, BindId, { value: binder, enumerable: false })
     return extender
   })

@@ -39,6 +39,7 @@
  */
 import * as Cause from "effect/Cause"
 import * as Context from "effect/Context"
+import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
@@ -203,7 +204,7 @@ export const make = <A, R, Out, E, Req>(
     ): Effect.Effect<void, never, Req | MailboxResolver> => {
       if (message.deliveryCount > 1) Metrics.messagesRedelivered.unsafeUpdate(1, run.metricLabels)
       if (options.annotations !== undefined) run.annotations.current = options.annotations(message)
-      run.extender.attach(message)
+      run.extender.subject = message
       // Called here rather than suspended (a step fewer): a handler that throws is a defect all the same.
       let work: Effect.Effect<Out, E, Req>
       try {
@@ -230,8 +231,13 @@ export const make = <A, R, Out, E, Req>(
 
     /** Detaches the extender (waiting for an extension of the message in flight, if any), then `settle`. */
     const afterDetach = <X, Y, Z>(run: RunState<A, R>, settle: () => Effect.Effect<X, Y, Z>) => {
-      const landed = run.extender.detach()
-      return landed === undefined ? settle() : Effect.zipRight(landed, Effect.suspend(settle))
+      const binding = run.extender
+      const attached = binding.subject
+      binding.subject = undefined
+      const flight = binding.flight
+      return flight === undefined || flight.message !== attached
+        ? settle()
+        : Effect.zipRight(Deferred.await(flight.done), Effect.suspend(settle))
     }
 
     const settleSuccess = (
@@ -360,6 +366,7 @@ export const make = <A, R, Out, E, Req>(
           current.inHand = undefined
           // The loop's own logs after a message do not carry its annotations (these are about other messages).
           current.annotations.current = undefined
+          current.extender.subject = undefined // given back below: no beat may extend it any more
           const died = Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause)
           return Effect.zipRight(
             nackAll(pending),

@@ -21,13 +21,13 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
+import * as Crypto from "node:crypto"
 import * as Budget from "./Budget.js"
 import * as Deadline from "./Deadline.js"
 import type * as Errors from "./Errors.js"
 import { Answering } from "./internal/agent.js"
 import * as RequestLoop from "./internal/loops/requestLoop.js"
 import * as Scoped from "./internal/loops/scoped.js"
-import { randomUUID } from "./internal/loops/uuid.js"
 import type * as Journal from "./Journal.js"
 import type { Mailbox, MailboxResolver, Message } from "./Mailbox.js"
 import * as MailboxWorker from "./MailboxWorker.js"
@@ -60,7 +60,12 @@ export interface MainLoopRequest<Req> {
 export const request = <Req>(
   body: Req,
   options?: Omit<Partial<MainLoopRequest<Req>>, "request">
-): MainLoopRequest<Req> => ({ ...options, requestId: options?.requestId ?? randomUUID(), request: body })
+): MainLoopRequest<Req> => ({
+  ...options,
+  // `toLowerCase` (a no-op on a UUID) flattens the concatenated string Node builds, several times the flat size.
+  requestId: options?.requestId ?? Crypto.randomUUID().toLowerCase(),
+  request: body
+})
 
 /**
  * Who ran an attempt (the leaf module `RunContext` defines it; re-exported here for the loop's users).

@@ -121,6 +121,33 @@ describe("Heartbeat.forkOnBeat", () => {
       yield* Effect.repeatN(Effect.yieldNow(), 10)
       expect(Option.isSome(yield* Fiber.poll(detached))).toBe(true)
     }))
+  it.scoped("a task with a subject is skipped, `due` not even called, while its subject is undefined", () =>
+    Effect.gen(function*() {
+      const hb = yield* Heartbeat.make
+      let dueCalls = 0
+      const runs = yield* Ref.make(0)
+      const task: { subject: string | undefined; due: () => boolean; run: () => Effect.Effect<void> } = {
+        subject: undefined,
+        due: () => {
+          dueCalls++
+          return true
+        },
+        run: () => Ref.update(runs, (n) => n + 1)
+      }
+      const detach = yield* hb.forkOnBeat(task)
+      yield* hb.beat
+      yield* Effect.repeatN(Effect.yieldNow(), 10)
+      expect([dueCalls, yield* Ref.get(runs)]).toEqual([0, 0])
+      task.subject = "m-1"
+      yield* hb.beat
+      yield* Effect.repeatN(Effect.yieldNow(), 10)
+      expect([dueCalls, yield* Ref.get(runs)]).toEqual([1, 1])
+      task.subject = undefined
+      yield* hb.beat
+      yield* Effect.repeatN(Effect.yieldNow(), 10)
+      expect([dueCalls, yield* Ref.get(runs)]).toEqual([1, 1])
+      yield* detach
+    }))
 })
 
 describe("Heartbeat.beat, through the environment", () => {

@@ -94,11 +94,17 @@ interface Flight {
  */
 class BeatFork {
   private flight: Flight | undefined
+  /** The task has a `subject` (`BeatTask.subject`): beats skip it while that is `undefined`. */
+  private readonly gated: boolean
   /** `scope` owns the runs' fibers: the detach step closes it once the run in flight has landed. */
-  constructor(private readonly task: BeatTask, private readonly scope: Scope.Scope) {}
+  constructor(private readonly task: BeatTask, private readonly scope: Scope.Scope) {
+    this.gated = "subject" in task
+  }
 
   call(now: number): Effect.Effect<void> | undefined {
-    if (this.flight !== undefined || !this.task.due(now)) return undefined
+    if (this.flight !== undefined || (this.gated && this.task.subject === undefined) || !this.task.due(now)) {
+      return undefined
+    }
     // The flight is claimed and forked in one uninterruptible step, when the beat runs the listeners' work —
     // not here, while it collects it: a beat interrupted in between (an earlier listener's work was slow, a
     // loop being stopped) would otherwise leave a flight that never started, and every later beat would be

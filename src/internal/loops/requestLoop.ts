@@ -28,6 +28,7 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
+import * as Crypto from "node:crypto"
 import { hostname } from "node:os"
 import * as Budget from "../../Budget.js"
 import * as DeadLetter from "../../DeadLetter.js"
@@ -44,7 +45,6 @@ import { counter } from "../metrics.js"
 import * as Options from "../options.js"
 import { defaultTracer, idsOf, perMessage } from "../tracing.js"
 import * as SettleFailure from "./settleFailure.js"
-import { RunIds } from "./uuid.js"
 
 /** What every request carries for the loop: its id, and optionally a deadline, a budget and a trace. */
 export interface Envelope {
@@ -96,6 +96,9 @@ const replyRetry = Schedule.exponential("200 millis", 2).pipe(Schedule.intersect
 
 /** Requests dead-lettered by a loop. */
 export const deadLettered = counter("leasehold_messages_dead_lettered_total", "Messages moved to a dead-letter queue")
+
+/** How many attempts share one random `runId` prefix (the count fills the last twelve hex digits). */
+const runIdSpan = 2 ** 32
 
 /** The default worker id: `host-pid`. */
 export const defaultWorkerId = (): string => `${hostname()}-${process.pid}`
@@ -157,14 +160,21 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
     })
 
     // A trace the request names itself wins; else the one its message crossed the mailbox in (the sender's span).
-    const runIds = new RunIds()
+    // A `runId` names an attempt in logs, replies and traces; unique, not secret: a random UUID's first 24 hex
+    // digits (drawn again every 2^32 attempts) and the loop's count, rather than a fresh UUID per message.
+    let runPrefix = ""
+    let runCount = 0
+    const nextRunId = (): string => {
+      if (runCount % runIdSpan === 0) runPrefix = Crypto.randomUUID().slice(0, 24)
+      return runPrefix + (runCount++ % runIdSpan).toString(16).padStart(12, "0")
+    }
     const runContextOf = (message: Msg): RunContext => {
       const crossed = message.body.traceId === undefined && message.traceparent !== undefined
         ? idsOf(message.traceparent)
         : undefined
       return {
         workerId,
-        runId: runIds.next(),
+        runId: nextRunId(),
         requestId: message.body.requestId,
         attempt: message.deliveryCount,
         traceId: crossed?.traceId ?? message.body.traceId,
