@@ -14,9 +14,11 @@
 import * as Effect from "effect/Effect"
 import * as FiberRef from "effect/FiberRef"
 import * as FiberRefs from "effect/FiberRefs"
+import { identity } from "effect/Function"
 import * as HashMap from "effect/HashMap"
 import * as HashSet from "effect/HashSet"
 import * as Logger from "effect/Logger"
+import * as Struct from "effect/Struct"
 
 /** Annotations of the message in hand (`current`), and of the runs around this one (`outer`). */
 export interface AnnotationCell {
@@ -24,19 +26,26 @@ export interface AnnotationCell {
   readonly outer: AnnotationCell | undefined
 }
 
+/** The cell of a fiber outside any run: nothing to add. */
+const none: AnnotationCell = { current: undefined, outer: undefined }
+
 /**
- * The annotation cell of the fiber's run. A fiber forked while a message is in hand gets a copy; joining a
- * child leaves the parent's cell.
+ * The annotation cell of the fiber's run. A fiber forked while a message is in hand gets a copy (so it keeps
+ * that message's annotations after the loop moves on); joining a child leaves the parent's cell. Both hooks
+ * are Effect's own functions, not closures of this module: they run on every fork of a loop's fiber.
  */
-const annotationCell = FiberRef.unsafeMake<AnnotationCell | undefined>(undefined, {
-  fork: (cell) => cell === undefined ? undefined : { current: cell.current, outer: cell.outer },
-  join: (parent) => parent
+const annotationCell = FiberRef.unsafeMake<AnnotationCell>(none, {
+  fork: Struct.pick("current", "outer"),
+  join: identity
 })
 
 /** A new, empty cell for a run, chained to the cell of the run around it (if any). */
 export const makeCell: Effect.Effect<AnnotationCell> = Effect.map(
   FiberRef.get(annotationCell),
-  (outer) => ({ current: undefined, outer })
+  (outer) => ({
+    current: undefined,
+    outer: outer.current === undefined && outer.outer === undefined ? undefined : outer
+  })
 )
 
 const addAnnotations = (
@@ -65,7 +74,9 @@ const annotating = (logger: Logger.Logger<unknown, unknown>): Logger.Logger<unkn
   if (AnnotatingId in logger) return logger
   const wrapped = Logger.mapInputOptions(logger, (options) => {
     const cell = FiberRefs.getOrDefault(options.context, annotationCell)
-    return cell === undefined ? options : { ...options, annotations: addCell(options.annotations, cell) }
+    return cell.current === undefined && cell.outer === undefined
+      ? options
+      : { ...options, annotations: addCell(options.annotations, cell) }
   })
   Object.defineProperty(wrapped, AnnotatingId, { value: true, enumerable: false })
   return wrapped
