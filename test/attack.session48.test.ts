@@ -446,3 +446,198 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
       expect(yield* inner.approximateCount).toBe(0)
     }))
 })
+
+// ---------------------------------------------------------------------------
+// 3. A stop that gives up on settles
+// ---------------------------------------------------------------------------
+
+type Req = MainLoop.MainLoopRequest<number>
+type Res = MainLoop.MainLoopResult<number>
+
+/**
+ * A custom mailbox over a memory one: plain-object messages (with a `replyTo`, so a MainLoop settles with
+ * `replyAndAcknowledge`) whose settles are `settle(inner)`; every settle call is counted by message id.
+ */
+const customSettling = (
+  inner: Mailbox.Mailbox<Req, Res>,
+  settle: (message: Mailbox.Message<Req, Res>, reply: Option.Option<Res>) => Effect.Effect<void, Mailbox.SettleError>
+) => {
+  const calls = new Map<string, number>()
+  const counted = (m: Mailbox.Message<Req, Res>, reply: Option.Option<Res>) =>
+    Effect.suspend(() => {
+      calls.set(m.id, (calls.get(m.id) ?? 0) + 1)
+      return settle(m, reply)
+    })
+  const mailbox: Mailbox.Mailbox<Req, Res> = {
+    name: inner.name,
+    send: (body, options) => inner.send(body, options),
+    receive: (options) =>
+      Effect.map(inner.receive(options), (messages) =>
+        messages.map((m): Mailbox.Message<Req, Res> => ({
+          id: m.id,
+          body: m.body,
+          receiptHandle: m.receiptHandle,
+          deliveryCount: m.deliveryCount,
+          enqueuedAt: m.enqueuedAt,
+          replyTo: Option.some("replies"),
+          traceparent: m.traceparent,
+          acknowledge: counted(m, Option.none()),
+          nack: (timeout) => m.nack(timeout),
+          extendVisibility: (timeout) => m.extendVisibility(timeout),
+          reply: () => Effect.void,
+          replyAndAcknowledge: (body) => counted(m, Option.some(body))
+        }))),
+    purge: inner.purge,
+    approximateCount: inner.approximateCount,
+    close: inner.close,
+    isClosed: inner.isClosed
+  }
+  return { mailbox, calls }
+}
+
+const elapsedSince = (started: number) => Date.now() - started
+
+describe("session 48: a stop that gives up on a settle", () => {
+  it.scopedLive(
+    "replyAndAcknowledge never returns (interruptible): MainLoop.layer closes within shutdownTimeout + grace, the settle fiber is interrupted by then, the message comes back once",
+    () =>
+      Effect.gen(function*() {
+        const inner = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+        let interrupted = 0
+        const { calls, mailbox } = customSettling(inner, () => Effect.onInterrupt(Effect.never, () =>
+          Effect.sync(() => void interrupted++)))
+        yield* inner.send(MainLoop.request(1))
+        const scope = yield* Scope.make()
+        yield* Layer.buildWithScope(
+          MainLoop.layer({
+            requests: mailbox,
+            execute: (n: number) => Effect.succeed(n),
+            shutdownTimeout: "500 millis",
+            run: { visibilityTimeout: "9 seconds", waitTime: "50 millis" }
+          }),
+          scope
+        ).pipe(Effect.provide(Mailbox.MailboxResolver.layer()))
+        yield* Effect.sleep("300 millis")
+        const started = Date.now()
+        yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("10 seconds"))
+        const took = elapsedSince(started)
+        const interruptedAtClose = interrupted
+        yield* Effect.sleep("50 millis")
+        // 0.5 s + 5 s grace + slack; never the 9 s lease.
+        expect(took).toBeLessThan(8_000)
+        expect(took).toBeGreaterThan(4_500)
+        expect([...calls.values()]).toEqual([1])
+        expect([interruptedAtClose, interrupted]).toEqual([1, 1])
+        const again = yield* inner.receive({ waitTime: "6 seconds" })
+        expect(again.map((m) => [m.body.request, m.deliveryCount])).toEqual([[1, 2]])
+      }),
+    30_000
+  )
+
+  // LIMITATION (documented in settler.ts `abandon`: "Not waited for"): an uninterruptible settle (a store call that
+  // must not be cut) that returns just after the grace lands after the layer closed, on a fiber nobody awaits any
+  // more. The stop is bounded and nothing is acknowledged twice, but "no fiber left running after the layer closes"
+  // does not hold for it: this test pins the behaviour as it is.
+  it.scopedLive(
+    "an uninterruptible acknowledgement returning just after the grace: the layer closes bounded, and the abandoned settle still lands after it closed (a fiber outlives the layer)",
+    () =>
+      Effect.gen(function*() {
+        const inner = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+        let landedAt: number | undefined
+        let closedAt: number | undefined
+        const { calls, mailbox } = customSettling(inner, (m) =>
+          Effect.uninterruptible(Effect.zipRight(
+            Effect.sleep("6 seconds"),
+            Effect.zipRight(m.acknowledge, Effect.sync(() => void (landedAt = Date.now())))
+          )))
+        yield* inner.send(MainLoop.request(1))
+        const scope = yield* Scope.make()
+        yield* Layer.buildWithScope(
+          MainLoop.layer({
+            requests: mailbox,
+            execute: (n: number) => Effect.succeed(n),
+            shutdownTimeout: "500 millis",
+            run: { visibilityTimeout: "20 seconds", waitTime: "50 millis" }
+          }),
+          scope
+        ).pipe(Effect.provide(Mailbox.MailboxResolver.layer()))
+        yield* Effect.sleep("100 millis")
+        const started = Date.now()
+        yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("10 seconds"))
+        closedAt = Date.now()
+        expect(closedAt - started).toBeLessThan(8_000)
+        yield* Effect.sleep("2 seconds")
+        // What happens: the abandoned settle (not waited for, as settler.ts says) lands after the layer closed.
+        expect(landedAt).toBeDefined()
+        expect(landedAt! > closedAt).toBe(true)
+        expect([...calls.values()]).toEqual([1])
+        expect(yield* inner.approximateCount).toBe(0)
+      }),
+    30_000
+  )
+
+  it.scopedLive(
+    "replyAndAcknowledge fails typed (store unreachable): the layer closes promptly, settled once, the message comes back when its lease ends",
+    () =>
+      Effect.gen(function*() {
+        const inner = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+        const { calls, mailbox } = customSettling(inner, () =>
+          Effect.delay(
+            Effect.fail(new Mailbox.MailboxConnectionError({ mailbox: "requests", cause: new Error("down") })),
+            "20 millis"
+          ))
+        yield* inner.send(MainLoop.request(1))
+        const scope = yield* Scope.make()
+        yield* Layer.buildWithScope(
+          MainLoop.layer({
+            requests: mailbox,
+            execute: (n: number) => Effect.succeed(n),
+            shutdownTimeout: "1 second",
+            run: { visibilityTimeout: "2 seconds", waitTime: "50 millis" }
+          }),
+          scope
+        ).pipe(Effect.provide(Mailbox.MailboxResolver.layer()))
+        yield* Effect.sleep("500 millis")
+        const started = Date.now()
+        yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("10 seconds"))
+        expect(elapsedSince(started)).toBeLessThan(1_500)
+        expect([...calls.values()]).toEqual([1])
+        const again = yield* inner.receive({ waitTime: "3 seconds" })
+        expect(again.map((m) => [m.body.request, m.deliveryCount])).toEqual([[1, 2]])
+      }),
+    30_000
+  )
+
+  it.scopedLive(
+    "a LoopGroup of two loops, one whose acknowledgements never return: group.shutdown is bounded, the healthy loop's messages all acknowledged once",
+    () =>
+      Effect.gen(function*() {
+        const stuckInner = yield* MailboxMemory.make<Req, Res>({ name: "stuck" })
+        const okInner = yield* MailboxMemory.make<Req, Res>({ name: "ok" })
+        const stuck = customSettling(stuckInner, () => Effect.never)
+        const ok = customSettling(okInner, (m) => m.acknowledge)
+        yield* stuckInner.send(MainLoop.request(1))
+        for (let n = 0; n < 20; n++) yield* okInner.send(MainLoop.request(n))
+        const a = yield* MainLoop.make({ requests: stuck.mailbox, execute: (n: number) => Effect.succeed(n), name: "stuck" })
+        const b = yield* MainLoop.make({ requests: ok.mailbox, execute: (n: number) => Effect.succeed(n), name: "ok" })
+        const group = (yield* Effect.promise(() => import("../src/LoopGroup.js"))).make([a, b], {
+          shutdownTimeout: "500 millis"
+        })
+        const running = yield* Effect.fork(group.run({ visibilityTimeout: "9 seconds", waitTime: "50 millis" }))
+        yield* Effect.sleep("500 millis")
+        const started = Date.now()
+        const clean = yield* group.shutdown().pipe(Effect.timeout("10 seconds"))
+        const joined = yield* Fiber.await(running).pipe(Effect.timeout("10 seconds"))
+        const took = elapsedSince(started)
+        expect(took).toBeLessThan(8_000)
+        expect(clean).toBe(false)
+        expect(Exit.isExit(joined)).toBe(true)
+        expect(ok.calls.size).toBe(20)
+        expect([...ok.calls.values()].every((n) => n === 1)).toBe(true)
+        expect(yield* okInner.approximateCount).toBe(0)
+        const again = yield* stuckInner.receive({ waitTime: "6 seconds" })
+        expect(again.map((m) => m.deliveryCount)).toEqual([2])
+      }),
+    30_000
+  )
+})
