@@ -7,13 +7,16 @@
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Logger, Option, Ref, Schema, Scope } from "effect"
+import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
+import * as LoopGroup from "../src/LoopGroup.js"
 import * as Mailbox from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
+import * as Runnable from "../src/Runnable.js"
 import { captureLogs } from "./helpers.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
@@ -620,7 +623,7 @@ describe("session 48: a stop that gives up on a settle", () => {
         for (let n = 0; n < 20; n++) yield* okInner.send(MainLoop.request(n))
         const a = yield* MainLoop.make({ requests: stuck.mailbox, execute: (n: number) => Effect.succeed(n), name: "stuck" })
         const b = yield* MainLoop.make({ requests: ok.mailbox, execute: (n: number) => Effect.succeed(n), name: "ok" })
-        const group = (yield* Effect.promise(() => import("../src/LoopGroup.js"))).make([a, b], {
+        const group = LoopGroup.make([a, b], {
           shutdownTimeout: "500 millis"
         })
         const running = yield* Effect.fork(group.run({ visibilityTimeout: "9 seconds", waitTime: "50 millis" }))
@@ -640,4 +643,149 @@ describe("session 48: a stop that gives up on a settle", () => {
       }),
     30_000
   )
+})
+
+// ---------------------------------------------------------------------------
+// 4. A Health provided by hand
+// ---------------------------------------------------------------------------
+
+const recordingHealth = (overrides: Partial<Health.Health["Type"]> = {}) => {
+  const registered: Array<string> = []
+  const released: Array<string> = []
+  let shuttingDown = 0
+  const health: Health.Health["Type"] = {
+    register: (loop) =>
+      Effect.acquireRelease(
+        Effect.sync(() => void registered.push(loop.name)),
+        () => Effect.sync(() => void released.push(loop.name))
+      ),
+    setShuttingDown: Effect.sync(() => void shuttingDown++),
+    readiness: Effect.succeed({ ready: true, reasons: [] }),
+    url: undefined,
+    ...overrides
+  }
+  return { health, registered, released, shuttingDown: () => shuttingDown }
+}
+
+describe("session 48: a Health provided by hand", () => {
+  it.scopedLive("a Health and a different Readiness: the loop registers with each once, both hear shutting down", () =>
+    Effect.gen(function*() {
+      const h = recordingHealth()
+      const r = recordingHealth()
+      const requests = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+      const scope = yield* Scope.make()
+      yield* Layer.buildWithScope(
+        MainLoop.layer({ requests, execute: (n: number) => Effect.succeed(n), name: "both", shutdownTimeout: "1 second" })
+          .pipe(
+            Layer.provide(Layer.succeed(Health.Health, h.health)),
+            Layer.provide(Layer.succeed(Runnable.Readiness, { register: r.health.register, setShuttingDown: r.health.setShuttingDown })),
+            Layer.provide(Mailbox.MailboxResolver.layer())
+          ),
+        scope
+      )
+      expect([h.registered, r.registered]).toEqual([["both"], ["both"]])
+      yield* Scope.close(scope, Exit.void)
+      expect([h.released, r.released, h.shuttingDown(), r.shuttingDown()]).toEqual([["both"], ["both"], 1, 1])
+      // A LoopGroup under both.
+      const g1 = recordingHealth()
+      const g2 = recordingHealth()
+      const loop = yield* MainLoop.make({ requests, execute: (n: number) => Effect.succeed(n), name: "grouped" })
+      const group = LoopGroup.make([loop], { shutdownTimeout: "1 second" })
+      const running = yield* Effect.fork(
+        group.run({ waitTime: "50 millis" }).pipe(
+          Effect.provideService(Health.Health, g1.health),
+          Effect.provideService(Runnable.Readiness, { register: g2.health.register, setShuttingDown: g2.health.setShuttingDown })
+        )
+      )
+      yield* Effect.sleep("200 millis")
+      yield* Fiber.interrupt(running).pipe(Effect.timeout("5 seconds"))
+      expect([g1.registered, g2.registered, g1.released, g2.released]).toEqual([["grouped"], ["grouped"], ["grouped"], ["grouped"]])
+      expect([g1.shuttingDown(), g2.shuttingDown()]).toEqual([1, 1])
+    }))
+
+  it.scopedLive(
+    "a Health whose register dies: the layer fails to build, no loop keeps consuming, the messages are not held",
+    () =>
+      Effect.gen(function*() {
+        // Dies after the loop has taken a message (register is called after the loop's fork).
+        const h = recordingHealth({
+          register: () => Effect.zipRight(Effect.sleep("300 millis"), Effect.dieMessage("register refused"))
+        })
+        const requests = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+        yield* requests.send(MainLoop.request(-1))
+        const scope = yield* Scope.make()
+        const built = yield* Layer.buildWithScope(
+          MainLoop.layer({
+            requests,
+            execute: (n: number) => Effect.as(Effect.sleep(n < 0 ? "2 seconds" : "10 millis"), n),
+            name: "dies",
+            shutdownTimeout: "1 second",
+            run: { visibilityTimeout: "30 seconds", waitTime: "50 millis" }
+          }).pipe(Layer.provide(Layer.succeed(Health.Health, h.health)), Layer.provide(Mailbox.MailboxResolver.layer())),
+          scope
+        ).pipe(Effect.exit)
+        expect(Exit.isFailure(built)).toBe(true)
+        yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("5 seconds"))
+        // The message the loop had in hand is given back at once, not held for its 30 s lease.
+        const back = yield* requests.receive({ waitTime: "1 second" })
+        expect(back.map((m) => [m.body.request, m.deliveryCount])).toEqual([[-1, 2]])
+        yield* back[0]!.acknowledge
+        // Nothing consumes any more: what is sent now stays, visible.
+        for (let n = 0; n < 5; n++) yield* requests.send(MainLoop.request(n))
+        yield* Effect.sleep("300 millis")
+        expect(yield* requests.approximateCount).toBe(5)
+        const visible = yield* requests.receive({ maxMessages: 10, waitTime: "100 millis" })
+        expect(visible.length).toBe(5)
+      })
+  )
+
+  it.scopedLive(
+    "a Health as a plain object without setShuttingDown: closing the layer still stops the loop (the defect is reported)",
+    () =>
+      Effect.gen(function*() {
+        const h = recordingHealth()
+        const partial = { register: h.health.register, readiness: h.health.readiness } as unknown as Health.Health["Type"]
+        const requests = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+        const scope = yield* Scope.make()
+        yield* Layer.buildWithScope(
+          MainLoop.layer({
+            requests,
+            execute: (n: number) => Effect.succeed(n),
+            name: "partial",
+            shutdownTimeout: "1 second",
+            run: { waitTime: "50 millis" }
+          }).pipe(Layer.provide(Layer.succeed(Health.Health, partial)), Layer.provide(Mailbox.MailboxResolver.layer())),
+          scope
+        )
+        expect(h.registered).toEqual(["partial"])
+        const closed = yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("5 seconds"), Effect.exit)
+        yield* Effect.logInfo(`close of a layer under a Health without setShuttingDown: ${closed._tag}`)
+        expect(h.released).toEqual(["partial"])
+        for (let n = 0; n < 3; n++) yield* requests.send(MainLoop.request(n))
+        yield* Effect.sleep("300 millis")
+        expect(yield* requests.approximateCount).toBe(3)
+      })
+  )
+
+  it.scopedLive("a Health as a plain object without register: the layer fails to build, nothing left consuming", () =>
+    Effect.gen(function*() {
+      const partial = { setShuttingDown: Effect.void } as unknown as Health.Health["Type"]
+      const requests = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
+      const scope = yield* Scope.make()
+      const built = yield* Layer.buildWithScope(
+        MainLoop.layer({
+          requests,
+          execute: (n: number) => Effect.succeed(n),
+          name: "noregister",
+          shutdownTimeout: "1 second",
+          run: { waitTime: "50 millis" }
+        }).pipe(Layer.provide(Layer.succeed(Health.Health, partial)), Layer.provide(Mailbox.MailboxResolver.layer())),
+        scope
+      ).pipe(Effect.exit)
+      yield* Effect.logInfo(`build under a Health without register: ${built._tag}`)
+      yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("5 seconds"))
+      for (let n = 0; n < 3; n++) yield* requests.send(MainLoop.request(n))
+      yield* Effect.sleep("300 millis")
+      expect(yield* requests.approximateCount).toBe(3)
+    }))
 })
