@@ -789,3 +789,158 @@ describe("session 48: a Health provided by hand", () => {
       expect(yield* requests.approximateCount).toBe(3)
     }))
 })
+
+// ---------------------------------------------------------------------------
+// 5. PostgreSQL: the extension batch under an operator's row locks (FOR UPDATE SKIP LOCKED)
+// ---------------------------------------------------------------------------
+
+const tag = (either: Either.Either<unknown, { readonly _tag: string }>) =>
+  Either.isRight(either) ? "ok" : either.left._tag
+
+describe("session 48: PostgreSQL extensions past locked rows", () => {
+  it.live(
+    "3 rows of 30 locked by an operator for 2 s while all extend: the others hold, the locked fail typed then succeed after the release",
+    () =>
+      Effect.gen(function*() {
+        const backend = backends[1]
+        const prefix = nextPrefix()
+        const sql = backend.client()
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix }).pipe(
+          Effect.provide(backend.context())
+        )
+        const thief = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix }).pipe(
+          Effect.provideService(SqlClient.SqlClient, sql)
+        )
+        for (let n = 0; n < 30; n++) yield* jobs.send(n)
+        const held: Array<Mailbox.Message<number>> = []
+        while (held.length < 30) held.push(...(yield* jobs.receive({ maxMessages: 10, visibilityTimeout: "1500 millis" })))
+        const locked = held.slice(0, 3)
+        const lockedIds = new Set(locked.map((m) => m.id))
+        // The locked ones get a long lease first, so they are still theirs after the lock is released.
+        for (const m of locked) yield* m.extendVisibility("20 seconds")
+        const released = yield* Deferred.make<void>()
+        const lock = yield* Effect.fork(
+          sql.withTransaction(
+            Effect.zipRight(
+              sql.unsafe(
+                `SELECT seq FROM ${prefix}mailbox_messages WHERE seq IN (${locked.map((m) => Number(m.id)).join(",")}) FOR UPDATE`
+              ),
+              Effect.sleep("2 seconds")
+            )
+          ).pipe(Effect.ensuring(Deferred.succeed(released, undefined)))
+        )
+        yield* Effect.sleep("100 millis")
+        const during: Array<string> = []
+        const others: Array<string> = []
+        const beating = yield* Effect.fork(
+          Effect.forEach(held, (m) =>
+            Effect.repeat(
+              Effect.either(m.extendVisibility("1500 millis")).pipe(
+                Effect.tap((either) =>
+                  Effect.map(Deferred.isDone(released), (done) => {
+                    if (!lockedIds.has(m.id)) others.push(tag(either))
+                    else if (!done) during.push(tag(either))
+                  })
+                ),
+                Effect.zipRight(Effect.sleep("250 millis"))
+              ),
+              { times: 10 }
+            ), { concurrency: "unbounded", discard: true })
+        )
+        const stolen = new Set<string>()
+        for (let i = 0; i < 25; i++) {
+          for (const m of yield* thief.receive({ maxMessages: 10, visibilityTimeout: "30 seconds" })) stolen.add(m.id)
+          yield* Effect.sleep("100 millis")
+        }
+        yield* Fiber.join(lock)
+        yield* Fiber.join(beating)
+        expect([...stolen]).toEqual([])
+        expect(others.filter((t) => t !== "ok")).toEqual([])
+        expect(during.length).toBeGreaterThan(0)
+        expect([...new Set(during)]).toEqual(["MailboxConnectionError"])
+        // Released: the locked ones extend again.
+        const after = yield* Effect.forEach(locked, (m) => Effect.either(m.extendVisibility("5 seconds")))
+        expect(after.map(tag)).toEqual(["ok", "ok", "ok"])
+        yield* Effect.forEach(held, (m) => m.acknowledge, { discard: true })
+      }).pipe(Effect.scoped),
+    30_000
+  )
+
+  it.live(
+    "a row locked and then deleted by another session: typed connection failure while locked, expired once committed",
+    () =>
+      Effect.gen(function*() {
+        const backend = backends[1]
+        const prefix = nextPrefix()
+        const sql = backend.client()
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix }).pipe(
+          Effect.provide(backend.context())
+        )
+        yield* jobs.send(1)
+        yield* jobs.send(2)
+        const held = yield* jobs.receive({ maxMessages: 2, visibilityTimeout: "20 seconds" })
+        expect(held.length).toBe(2)
+        const [victim, bystander] = held
+        const deleted = yield* Deferred.make<void>()
+        const commit = yield* Deferred.make<void>()
+        const other = yield* Effect.fork(
+          sql.withTransaction(
+            Effect.gen(function*() {
+              yield* sql.unsafe(`SELECT seq FROM ${prefix}mailbox_messages WHERE seq = ${Number(victim!.id)} FOR UPDATE`)
+              yield* sql.unsafe(`DELETE FROM ${prefix}mailbox_messages WHERE seq = ${Number(victim!.id)}`)
+              yield* Deferred.succeed(deleted, undefined)
+              yield* Deferred.await(commit)
+            })
+          )
+        )
+        yield* Deferred.await(deleted)
+        const whileLocked = yield* Effect.all([
+          Effect.either(victim!.extendVisibility("20 seconds")),
+          Effect.either(bystander!.extendVisibility("20 seconds"))
+        ], { concurrency: "unbounded" }).pipe(Effect.timeout("3 seconds"))
+        expect(whileLocked.map(tag)).toEqual(["MailboxConnectionError", "ok"])
+        yield* Deferred.succeed(commit, undefined)
+        yield* Fiber.join(other)
+        expect(tag(yield* Effect.either(victim!.extendVisibility("20 seconds")))).toBe("ReceiptHandleExpiredError")
+        // Its acknowledgement now: stale, and the bystander's still lands.
+        expect(tag(yield* Effect.either(victim!.acknowledge))).toBe("ReceiptHandleExpiredError")
+        expect(tag(yield* Effect.either(bystander!.acknowledge))).toBe("ok")
+      }).pipe(Effect.scoped),
+    30_000
+  )
+
+  it.live(
+    "an operator's transaction rewrites a row's receipt handle and holds it: typed failure while held, expired after",
+    () =>
+      Effect.gen(function*() {
+        const backend = backends[1]
+        const prefix = nextPrefix()
+        const sql = backend.client()
+        const jobs = yield* MailboxSql.make({ name: "jobs", schema: Schema.Number, prefix }).pipe(
+          Effect.provide(backend.context())
+        )
+        yield* jobs.send(1)
+        const [message] = yield* jobs.receive({ visibilityTimeout: "20 seconds" })
+        const updated = yield* Deferred.make<void>()
+        const commit = yield* Deferred.make<void>()
+        const other = yield* Effect.fork(
+          sql.withTransaction(
+            Effect.gen(function*() {
+              yield* sql.unsafe(
+                `UPDATE ${prefix}mailbox_messages SET receipt_handle = 'operator' WHERE seq = ${Number(message!.id)}`
+              )
+              yield* Deferred.succeed(updated, undefined)
+              yield* Deferred.await(commit)
+            })
+          )
+        )
+        yield* Deferred.await(updated)
+        const whileHeld = yield* Effect.either(message!.extendVisibility("20 seconds")).pipe(Effect.timeout("3 seconds"))
+        expect(tag(whileHeld)).toBe("MailboxConnectionError")
+        yield* Deferred.succeed(commit, undefined)
+        yield* Fiber.join(other)
+        expect(tag(yield* Effect.either(message!.extendVisibility("20 seconds")))).toBe("ReceiptHandleExpiredError")
+      }).pipe(Effect.scoped),
+    30_000
+  )
+})
