@@ -6,7 +6,7 @@
  */
 import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Logger, Option, Ref, Schema, Scope } from "effect"
+import { Deferred, Duration, Effect, Either, Exit, Fiber, Layer, Logger, Option, Schema, Scope } from "effect"
 import * as Health from "../src/Health.js"
 import * as Heartbeat from "../src/Heartbeat.js"
 import * as LeaseExtender from "../src/LeaseExtender.js"
@@ -17,7 +17,6 @@ import * as MailboxSql from "../src/MailboxSql.js"
 import * as MailboxWorker from "../src/MailboxWorker.js"
 import * as MainLoop from "../src/MainLoop.js"
 import * as Runnable from "../src/Runnable.js"
-import { captureLogs } from "./helpers.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 const backends = sqlBackends("attack48")
@@ -38,6 +37,7 @@ describe("session 48: forkOnBeat with hostile tasks", () => {
       let runs = 0
       const task: Heartbeat.BeatTask = {
         get subject() {
+          // eslint-disable-next-line no-restricted-syntax -- the case under test: user code that throws
           if (throwing) throw new Error("hostile subject")
           return "x"
         },
@@ -64,6 +64,7 @@ describe("session 48: forkOnBeat with hostile tasks", () => {
       const detach = yield* hb.forkOnBeat({
         subject: "x",
         due: () => {
+          // eslint-disable-next-line no-restricted-syntax -- the case under test: user code that throws
           if (throwing) throw new Error("hostile due")
           return true
         },
@@ -154,6 +155,7 @@ describe("session 48: forkOnBeat with hostile tasks", () => {
         subject: "x",
         due: () => true,
         run: () => {
+          // eslint-disable-next-line no-restricted-syntax -- the case under test: user code that throws
           if (++calls === 1) throw new Error("hostile run")
           return Effect.void
         }
@@ -177,6 +179,7 @@ describe("session 48: forkOnBeat with hostile tasks", () => {
       const detach = yield* extender.attachUnscoped({
         id: "m-1",
         extendVisibility: () => {
+          // eslint-disable-next-line no-restricted-syntax -- the case under test: user code that throws
           throw new Error("hostile extendVisibility")
         }
       }, hb)
@@ -206,13 +209,23 @@ const tracking = <A>(
   inner: Mailbox.Mailbox<A, never>,
   options: {
     readonly sameObject?: boolean
-    readonly extend?: (m: Mailbox.Message<A, never>, d: Duration.Duration) => Effect.Effect<void, any>
+    readonly extend?: (
+      m: Mailbox.Message<A, never>,
+      d: Duration.Duration
+    ) => Effect.Effect<
+      void,
+      Mailbox.ReceiptHandleExpiredError | Mailbox.MailboxConnectionError | Mailbox.InvalidParameterError
+    >
   } = {}
 ) => {
   // A sequence, not a clock: two events in one millisecond are still ordered.
   let seq = 0
   const tracks: Array<Track> = []
-  const cache = new Map<string, Mailbox.Message<A, never>>()
+  /** Per id: the object handed out, and the delivery its fields read. */
+  const cache = new Map<
+    string,
+    { readonly made: Mailbox.Message<A, never>; readonly holder: { current: Mailbox.Message<A, never> } }
+  >()
   const mailbox: Mailbox.Mailbox<A, never> = {
     name: inner.name,
     send: (body, o) => inner.send(body, o),
@@ -221,7 +234,7 @@ const tracking = <A>(
         messages.map((m): Mailbox.Message<A, never> => {
           const track: Track = { id: m.id, extensions: [], settledAt: undefined }
           tracks.push(track)
-          const settled = <X, E>(effect: Effect.Effect<X, E>) =>
+          const settled = <X, E, Rq>(effect: Effect.Effect<X, E, Rq>) =>
             Effect.suspend(() => {
               track.settledAt = ++seq
               return effect
@@ -239,35 +252,36 @@ const tracking = <A>(
           }
           const cached = cache.get(m.id)
           if (options.sameObject === true && cached !== undefined) {
-            Object.assign(cached as object, { current: m, ...fields })
-            return cached
+            cached.holder.current = m
+            Object.assign(cached.made, fields)
+            return cached.made
           }
-          const made = {
-            current: m,
+          const holder = { current: m }
+          const made: Mailbox.Message<A, never> = {
             get id() {
-              return this.current.id
+              return holder.current.id
             },
             get body() {
-              return this.current.body
+              return holder.current.body
             },
             get receiptHandle() {
-              return this.current.receiptHandle
+              return holder.current.receiptHandle
             },
             get deliveryCount() {
-              return this.current.deliveryCount
+              return holder.current.deliveryCount
             },
             get enqueuedAt() {
-              return this.current.enqueuedAt
+              return holder.current.enqueuedAt
             },
             get replyTo() {
-              return this.current.replyTo
+              return holder.current.replyTo
             },
             get traceparent() {
-              return this.current.traceparent
+              return holder.current.traceparent
             },
             ...fields
-          } as unknown as Mailbox.Message<A, never>
-          cache.set(m.id, made)
+          }
+          cache.set(m.id, { made, holder })
           return made
         })),
     purge: inner.purge,
@@ -294,7 +308,11 @@ const worker = <A>(
   })
 
 const lateExtensions = (tracks: ReadonlyArray<Track>) =>
-  tracks.flatMap((t) => t.extensions.filter((at) => t.settledAt !== undefined && at > t.settledAt).map((at) => `${t.id}: extension #${at} after settle #${t.settledAt}`))
+  tracks.flatMap((t) =>
+    t.extensions.filter((at) => t.settledAt !== undefined && at > t.settledAt).map((at) =>
+      `${t.id}: extension #${at} after settle #${t.settledAt}`
+    )
+  )
 
 describe("session 48: LeaseExtender's binding in a worker", () => {
   it.scopedLive(
@@ -332,7 +350,9 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
       const { mailbox, tracks } = tracking(inner, {
         extend: (m, d) =>
           m.deliveryCount === 1
-            ? Effect.fail(new Mailbox.ReceiptHandleExpiredError({ mailbox: "jobs", messageId: m.id, receiptHandle: "h" }))
+            ? Effect.fail(
+              new Mailbox.ReceiptHandleExpiredError({ mailbox: "jobs", messageId: m.id, receiptHandle: "h" })
+            )
             : m.extendVisibility(d)
       })
       yield* inner.send(1)
@@ -363,7 +383,9 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
         sameObject: true,
         extend: (m, d) =>
           m.deliveryCount === 1
-            ? Effect.fail(new Mailbox.ReceiptHandleExpiredError({ mailbox: "jobs", messageId: m.id, receiptHandle: "h" }))
+            ? Effect.fail(
+              new Mailbox.ReceiptHandleExpiredError({ mailbox: "jobs", messageId: m.id, receiptHandle: "h" })
+            )
             : m.extendVisibility(d)
       })
       yield* inner.send(1)
@@ -390,11 +412,16 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
         yield* innerB.send(n)
       }
       const outlive = yield* Scope.make()
-      const loopA = yield* worker(a.mailbox, () =>
-        Effect.zipRight(
-          Effect.forkIn(Effect.repeatN(Effect.zipRight(Heartbeat.beat, Effect.sleep("1 millis")), 400), outlive),
-          Effect.sleep("10 millis")
-        ), undefined, "a")
+      const loopA = yield* worker(
+        a.mailbox,
+        () =>
+          Effect.zipRight(
+            Effect.forkIn(Effect.repeatN(Effect.zipRight(Heartbeat.beat, Effect.sleep("1 millis")), 400), outlive),
+            Effect.sleep("10 millis")
+          ),
+        undefined,
+        "a"
+      )
       // B's handler never beats: none of its messages may be extended.
       const loopB = yield* worker(b.mailbox, () => Effect.sleep("60 millis"), undefined, "b")
       yield* Effect.all([
@@ -416,12 +443,17 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
         enabled: false
       })
       yield* loop.run({ maxIterations: 4, waitTime: "20 millis" })
-      expect(tracks.map((t) => t.extensions.length)).toEqual([0, 0, 0])
+      expect(tracks.map((t) =>
+        t.extensions.length
+      )).toEqual([0, 0, 0])
       // And the extender made by hand, disabled: attachUnscoped does nothing.
       const extender = yield* LeaseExtender.make({ enabled: false })
       const hb = yield* Heartbeat.make
       let calls = 0
-      const detach = yield* extender.attachUnscoped({ id: "x", extendVisibility: () => Effect.sync(() => void calls++) }, hb)
+      const detach = yield* extender.attachUnscoped({
+        id: "x",
+        extendVisibility: () => Effect.sync(() => void calls++)
+      }, hb)
       yield* hb.beat
       yield* settle
       yield* detach
@@ -433,6 +465,7 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
       const inner = yield* MailboxMemory.make<number>({ name: "jobs" })
       const { mailbox, tracks } = tracking(inner, {
         extend: () => {
+          // eslint-disable-next-line no-restricted-syntax -- the case under test: user code that throws
           throw new Error("hostile extendVisibility")
         }
       })
@@ -487,8 +520,8 @@ const customSettling = (
           acknowledge: counted(m, Option.none()),
           nack: (timeout) => m.nack(timeout),
           extendVisibility: (timeout) => m.extendVisibility(timeout),
-          reply: () => Effect.void,
-          replyAndAcknowledge: (body) => counted(m, Option.some(body))
+          reply: () => Effect.succeed("reply-id"),
+          replyAndAcknowledge: (body) => Effect.as(counted(m, Option.some(body)), "reply-id")
         }))),
     purge: inner.purge,
     approximateCount: inner.approximateCount,
@@ -507,14 +540,15 @@ describe("session 48: a stop that gives up on a settle", () => {
       Effect.gen(function*() {
         const inner = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
         let interrupted = 0
-        const { calls, mailbox } = customSettling(inner, () => Effect.onInterrupt(Effect.never, () =>
-          Effect.sync(() => void interrupted++)))
+        const { calls, mailbox } = customSettling(inner, () =>
+          Effect.onInterrupt(Effect.never, () => Effect.sync(() => void interrupted++)))
         yield* inner.send(MainLoop.request(1))
         const scope = yield* Scope.make()
         yield* Layer.buildWithScope(
           MainLoop.layer({
             requests: mailbox,
-            execute: (n: number) => Effect.succeed(n),
+            execute: (n: number) =>
+              Effect.succeed(n),
             shutdownTimeout: "500 millis",
             run: { visibilityTimeout: "9 seconds", waitTime: "50 millis" }
           }),
@@ -547,7 +581,6 @@ describe("session 48: a stop that gives up on a settle", () => {
       Effect.gen(function*() {
         const inner = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
         let landedAt: number | undefined
-        let closedAt: number | undefined
         const { calls, mailbox } = customSettling(inner, (m) =>
           Effect.uninterruptible(Effect.zipRight(
             Effect.sleep("6 seconds"),
@@ -567,7 +600,7 @@ describe("session 48: a stop that gives up on a settle", () => {
         yield* Effect.sleep("100 millis")
         const started = Date.now()
         yield* Scope.close(scope, Exit.void).pipe(Effect.timeout("10 seconds"))
-        closedAt = Date.now()
+        const closedAt = Date.now()
         expect(closedAt - started).toBeLessThan(8_000)
         yield* Effect.sleep("2 seconds")
         // What happens: the abandoned settle (not waited for, as settler.ts says) lands after the layer closed.
@@ -621,7 +654,11 @@ describe("session 48: a stop that gives up on a settle", () => {
         const ok = customSettling(okInner, (m) => m.acknowledge)
         yield* stuckInner.send(MainLoop.request(1))
         for (let n = 0; n < 20; n++) yield* okInner.send(MainLoop.request(n))
-        const a = yield* MainLoop.make({ requests: stuck.mailbox, execute: (n: number) => Effect.succeed(n), name: "stuck" })
+        const a = yield* MainLoop.make({
+          requests: stuck.mailbox,
+          execute: (n: number) => Effect.succeed(n),
+          name: "stuck"
+        })
         const b = yield* MainLoop.make({ requests: ok.mailbox, execute: (n: number) => Effect.succeed(n), name: "ok" })
         const group = LoopGroup.make([a, b], {
           shutdownTimeout: "500 millis"
@@ -640,7 +677,7 @@ describe("session 48: a stop that gives up on a settle", () => {
         expect(yield* okInner.approximateCount).toBe(0)
         const again = yield* stuckInner.receive({ waitTime: "6 seconds" })
         expect(again.map((m) => m.deliveryCount)).toEqual([2])
-      }),
+      }).pipe(Effect.provide(Mailbox.MailboxResolver.layer())),
     30_000
   )
 })
@@ -675,10 +712,20 @@ describe("session 48: a Health provided by hand", () => {
       const requests = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
       const scope = yield* Scope.make()
       yield* Layer.buildWithScope(
-        MainLoop.layer({ requests, execute: (n: number) => Effect.succeed(n), name: "both", shutdownTimeout: "1 second" })
+        MainLoop.layer({
+          requests,
+          execute: (n: number) => Effect.succeed(n),
+          name: "both",
+          shutdownTimeout: "1 second"
+        })
           .pipe(
             Layer.provide(Layer.succeed(Health.Health, h.health)),
-            Layer.provide(Layer.succeed(Runnable.Readiness, { register: r.health.register, setShuttingDown: r.health.setShuttingDown })),
+            Layer.provide(
+              Layer.succeed(Runnable.Readiness, {
+                register: r.health.register,
+                setShuttingDown: r.health.setShuttingDown
+              })
+            ),
             Layer.provide(Mailbox.MailboxResolver.layer())
           ),
         scope
@@ -694,14 +741,19 @@ describe("session 48: a Health provided by hand", () => {
       const running = yield* Effect.fork(
         group.run({ waitTime: "50 millis" }).pipe(
           Effect.provideService(Health.Health, g1.health),
-          Effect.provideService(Runnable.Readiness, { register: g2.health.register, setShuttingDown: g2.health.setShuttingDown })
+          Effect.provideService(Runnable.Readiness, {
+            register: g2.health.register,
+            setShuttingDown: g2.health.setShuttingDown
+          })
         )
       )
       yield* Effect.sleep("200 millis")
       yield* Fiber.interrupt(running).pipe(Effect.timeout("5 seconds"))
-      expect([g1.registered, g2.registered, g1.released, g2.released]).toEqual([["grouped"], ["grouped"], ["grouped"], ["grouped"]])
+      expect([g1.registered, g2.registered, g1.released, g2.released]).toEqual([["grouped"], ["grouped"], ["grouped"], [
+        "grouped"
+      ]])
       expect([g1.shuttingDown(), g2.shuttingDown()]).toEqual([1, 1])
-    }))
+    }).pipe(Effect.provide(Mailbox.MailboxResolver.layer())))
 
   it.scopedLive(
     "a Health whose register dies: the layer fails to build, no loop keeps consuming, the messages are not held",
@@ -721,7 +773,10 @@ describe("session 48: a Health provided by hand", () => {
             name: "dies",
             shutdownTimeout: "1 second",
             run: { visibilityTimeout: "30 seconds", waitTime: "50 millis" }
-          }).pipe(Layer.provide(Layer.succeed(Health.Health, h.health)), Layer.provide(Mailbox.MailboxResolver.layer())),
+          }).pipe(
+            Layer.provide(Layer.succeed(Health.Health, h.health)),
+            Layer.provide(Mailbox.MailboxResolver.layer())
+          ),
           scope
         ).pipe(Effect.exit)
         expect(Exit.isFailure(built)).toBe(true)
@@ -744,7 +799,10 @@ describe("session 48: a Health provided by hand", () => {
     () =>
       Effect.gen(function*() {
         const h = recordingHealth()
-        const partial = { register: h.health.register, readiness: h.health.readiness } as unknown as Health.Health["Type"]
+        const partial = {
+          register: h.health.register,
+          readiness: h.health.readiness
+        } as unknown as Health.Health["Type"]
         const requests = yield* MailboxMemory.make<Req, Res>({ name: "requests" })
         const scope = yield* Scope.make()
         yield* Layer.buildWithScope(
@@ -813,7 +871,9 @@ describe("session 48: PostgreSQL extensions past locked rows", () => {
         )
         for (let n = 0; n < 30; n++) yield* jobs.send(n)
         const held: Array<Mailbox.Message<number>> = []
-        while (held.length < 30) held.push(...(yield* jobs.receive({ maxMessages: 10, visibilityTimeout: "1500 millis" })))
+        while (held.length < 30) {
+          held.push(...(yield* jobs.receive({ maxMessages: 10, visibilityTimeout: "1500 millis" })))
+        }
         const locked = held.slice(0, 3)
         const lockedIds = new Set(locked.map((m) => m.id))
         // The locked ones get a long lease first, so they are still theirs after the lock is released.
@@ -823,7 +883,9 @@ describe("session 48: PostgreSQL extensions past locked rows", () => {
           sql.withTransaction(
             Effect.zipRight(
               sql.unsafe(
-                `SELECT seq FROM ${prefix}mailbox_messages WHERE seq IN (${locked.map((m) => Number(m.id)).join(",")}) FOR UPDATE`
+                `SELECT seq FROM ${prefix}mailbox_messages WHERE seq IN (${
+                  locked.map((m) => Number(m.id)).join(",")
+                }) FOR UPDATE`
               ),
               Effect.sleep("2 seconds")
             )
@@ -886,7 +948,9 @@ describe("session 48: PostgreSQL extensions past locked rows", () => {
         const other = yield* Effect.fork(
           sql.withTransaction(
             Effect.gen(function*() {
-              yield* sql.unsafe(`SELECT seq FROM ${prefix}mailbox_messages WHERE seq = ${Number(victim!.id)} FOR UPDATE`)
+              yield* sql.unsafe(
+                `SELECT seq FROM ${prefix}mailbox_messages WHERE seq = ${Number(victim!.id)} FOR UPDATE`
+              )
               yield* sql.unsafe(`DELETE FROM ${prefix}mailbox_messages WHERE seq = ${Number(victim!.id)}`)
               yield* Deferred.succeed(deleted, undefined)
               yield* Deferred.await(commit)
@@ -935,7 +999,9 @@ describe("session 48: PostgreSQL extensions past locked rows", () => {
           )
         )
         yield* Deferred.await(updated)
-        const whileHeld = yield* Effect.either(message!.extendVisibility("20 seconds")).pipe(Effect.timeout("3 seconds"))
+        const whileHeld = yield* Effect.either(message!.extendVisibility("20 seconds")).pipe(
+          Effect.timeout("3 seconds")
+        )
         expect(tag(whileHeld)).toBe("MailboxConnectionError")
         yield* Deferred.succeed(commit, undefined)
         yield* Fiber.join(other)
@@ -1012,14 +1078,23 @@ describe("session 48: log annotations", () => {
         yield* outerBox.send(n)
         yield* innerBox.send(10 + n)
       }
-      const inner = yield* annotatedWorker(innerBox, "inner", (m) => ({ inner: m.body, shared: "inner" }), (m) =>
-        Effect.logInfo(`inner ${m.body}`))
-      const outer = yield* annotatedWorker(outerBox, "outer", (m) => ({ outer: m.body, shared: "outer" }), (m) =>
-        Effect.gen(function*() {
-          yield* Effect.logInfo(`outer before ${m.body}`)
-          yield* inner.run({ maxIterations: 1, waitTime: "20 millis" })
-          yield* Effect.logInfo(`outer after ${m.body}`)
-        }))
+      const inner = yield* annotatedWorker(
+        innerBox,
+        "inner",
+        (m) => ({ inner: m.body, shared: "inner" }),
+        (m) => Effect.logInfo(`inner ${m.body}`)
+      )
+      const outer = yield* annotatedWorker(
+        outerBox,
+        "outer",
+        (m) => ({ outer: m.body, shared: "outer" }),
+        (m) =>
+          Effect.gen(function*() {
+            yield* Effect.logInfo(`outer before ${m.body}`)
+            yield* Effect.orDie(inner.run({ maxIterations: 1, waitTime: "20 millis" }))
+            yield* Effect.logInfo(`outer after ${m.body}`)
+          })
+      )
       yield* outer.run({ maxIterations: 3, waitTime: "20 millis" })
       const line = (message: string) => logs.lines.find((l) => l.message === message)!
       expect(pick(line("outer before 0"), "outer", "inner", "shared")).toEqual([0, undefined, "outer"])
@@ -1046,11 +1121,15 @@ describe("session 48: log annotations", () => {
         yield* innerBox.send(10 + n)
       }
       const outlive = yield* Scope.make()
-      const inner = yield* annotatedWorker(innerBox, "inner", (m) => ({ inner: m.body }), (m) =>
-        Effect.asVoid(Effect.forkIn(Effect.delay(Effect.logInfo(`late inner ${m.body}`), "100 millis"), outlive)))
+      const inner = yield* annotatedWorker(
+        innerBox,
+        "inner",
+        (m) => ({ inner: m.body }),
+        (m) => Effect.asVoid(Effect.forkIn(Effect.delay(Effect.logInfo(`late inner ${m.body}`), "100 millis"), outlive))
+      )
       const outer = yield* annotatedWorker(outerBox, "outer", (m) => ({ outer: m.body }), (m) =>
         m.body === 0
-          ? inner.run({ maxIterations: 1, waitTime: "20 millis" }).pipe(Effect.orDie)
+          ? Effect.orDie(inner.run({ maxIterations: 1, waitTime: "20 millis" }))
           : Effect.sleep("300 millis"))
       yield* outer.run({ maxIterations: 3, waitTime: "20 millis" })
       yield* Scope.close(outlive, Exit.void)
