@@ -460,6 +460,40 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
       expect(calls).toBe(0)
     }))
 
+  it.live("one LeaseExtender used from two heartbeats: the second attach is refused; after a detach, neither heartbeat extends a message it does not hold", () =>
+    Effect.gen(function*() {
+      const extender = yield* LeaseExtender.make({ interval: 0, extension: "1 minute" })
+      const hb1 = yield* Heartbeat.make
+      const hb2 = yield* Heartbeat.make
+      const calls: Array<string> = []
+      const message = (id: string): LeaseExtender.Extendable => ({
+        id,
+        extendVisibility: () => Effect.sync(() => void calls.push(id))
+      })
+      const detach1 = yield* extender.attachUnscoped(message("m1"), hb1)
+      const refused = yield* Effect.either(extender.attachUnscoped(message("m2"), hb2))
+      expect(Either.isLeft(refused) && refused.left._tag).toBe("AlreadyAttachedError")
+      yield* hb2.beat
+      yield* settle
+      expect(calls).toEqual([])
+      yield* hb1.beat
+      yield* settle
+      expect(calls).toEqual(["m1"])
+      yield* detach1
+      const detach2 = yield* extender.attachUnscoped(message("m2"), hb2)
+      yield* hb1.beat // m1 detached; hb1 is not m2's
+      yield* settle
+      expect(calls).toEqual(["m1"])
+      yield* hb2.beat
+      yield* settle
+      expect(calls).toEqual(["m1", "m2"])
+      yield* detach2
+      yield* detach2 // twice: harmless
+      yield* hb2.beat
+      yield* settle
+      expect(calls).toEqual(["m1", "m2"])
+    }))
+
   it.scopedLive("a custom message whose extendVisibility throws as it is called: the worker carries on and settles it", () =>
     Effect.gen(function*() {
       const inner = yield* MailboxMemory.make<number>({ name: "jobs" })
