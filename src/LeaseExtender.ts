@@ -69,6 +69,8 @@ export class LeaseExtenderConfig extends Schema.Class<LeaseExtenderConfig>("leas
  */
 export interface Extendable {
   readonly id: string
+  /** A delivery's handle (a `Message`'s): a new one is a new delivery, even of the same object. */
+  readonly receiptHandle?: string
   readonly extendVisibility: (timeout: Duration.Duration) => Effect.Effect<void, { readonly _tag: string }>
 }
 
@@ -141,11 +143,15 @@ class Attachment implements Heartbeat.BeatTask {
   lost = false
   /** Failed extensions since the last one that worked: only the first of a run of failures is logged as an error. */
   failures = 0
+  /** The delivery this attachment is for: a mailbox may hand the same object out again with a new handle. */
+  readonly handle: string | undefined
   constructor(
     readonly message: Extendable,
     private readonly extender: { readonly current: Attachment | undefined; readonly intervalMillis: number },
     private readonly extend: (attachment: Attachment, now: number) => Effect.Effect<void>
-  ) {}
+  ) {
+    this.handle = message.receiptHandle
+  }
 
   /** Whether a beat at `now` may extend: the lease not lost, and `interval` passed since the last extension. */
   ready(now: number): boolean {
@@ -186,7 +192,7 @@ class Bound implements Binding, Heartbeat.BeatTask {
     const message = this.subject
     if (message === undefined) return false
     let attachment = this.attachment
-    if (attachment === undefined || attachment.message !== message) {
+    if (attachment === undefined || attachment.message !== message || attachment.handle !== message.receiptHandle) {
       attachment = this.attachment = new Attachment(message, this.state, this.extend)
     }
     if (!attachment.ready(now)) return false
@@ -256,7 +262,8 @@ export const make = (config?: Options): Effect.Effect<LeaseExtender, ParseResult
     // beat until the work ends only repeats the warning. Any other failure (the store is down) is retried on the
     // next beat; the first of a run of them is logged as an error, the rest at debug level (every one counted).
     const extend = (attachment: Attachment, now: number) =>
-      attachment.message.extendVisibility(config.extension).pipe(
+      // Suspended: an `extendVisibility` that throws as it is called is this extension's failure, logged and counted.
+      Effect.suspend(() => attachment.message.extendVisibility(config.extension)).pipe(
         Effect.zipRight(Effect.sync(() => {
           attachment.lastExtension = now
           attachment.failures = 0

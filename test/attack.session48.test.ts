@@ -143,11 +143,10 @@ describe("session 48: forkOnBeat with hostile tasks", () => {
       expect(started).toBe(1)
     }))
 
-  // BROKEN: `BeatFork.call` claims the flight (`this.flight = { fiber: undefined }`) and only then calls
-  // `task.run(now)`; a `run` that throws as it is called (rather than returning a failing effect) leaves that flight
-  // claimed with no fiber for ever. Every later beat is dropped (`this.flight !== undefined`) and the detach step's
-  // `landed` spins on `yieldNow` for ever (flight.fiber stays undefined): the detach below never returns.
-  it.live.fails("a run that throws as it is called: later beats still run the task, and detach returns", () =>
+  // Found broken, now fixed: `BeatFork.call` claimed the flight and then called `task.run(now)`; a `run` that threw
+  // as it was called left the flight claimed with no fiber for ever (later beats dropped, detach spinning). The run
+  // is now suspended (internal/heartbeat.ts).
+  it.live("a run that throws as it is called: later beats still run the task, and detach returns", () =>
     Effect.gen(function*() {
       const hb = yield* Heartbeat.make
       let calls = 0
@@ -170,9 +169,9 @@ describe("session 48: forkOnBeat with hostile tasks", () => {
     }))
 
   // The same hole through LeaseExtender's public `attachUnscoped`: an `Extendable` whose extendVisibility throws.
-  // BROKEN: `Attachment.run` calls `extend`, which calls `message.extendVisibility(...)` while building the effect;
-  // the throw escapes `task.run(now)` in BeatFork.call after the flight is claimed, so the detach never returns.
-  it.live.fails("LeaseExtender.attachUnscoped: an Extendable whose extendVisibility throws; detach still returns", () =>
+  // Found broken, now fixed: an `extendVisibility` that threw as it was called escaped `task.run(now)` after the
+  // flight was claimed, so the detach never returned. It is now suspended (an extension failure, logged, counted).
+  it.live("LeaseExtender.attachUnscoped: an Extendable whose extendVisibility throws; detach still returns", () =>
     Effect.gen(function*() {
       const extender = yield* LeaseExtender.make({ interval: 0, extension: "1 minute" })
       const hb = yield* Heartbeat.make
@@ -371,12 +370,10 @@ describe("session 48: LeaseExtender's binding in a worker", () => {
       expect(lateExtensions(tracks)).toEqual([])
     }))
 
-  // BROKEN (contract-dependent): the binding keys a message's extension state by object identity (`Bound.due`:
-  // `attachment.message !== message`). A custom mailbox that hands out the same object on a redelivery (a cache
-  // by id, its fields reading the latest delivery) inherits the first delivery's `lost = true`: the second
-  // delivery, whose lease is live, is never extended. Shows as `[true, false]`: zero extension calls on delivery 2.
-  // The Mailbox docs do not forbid handing the same object twice (only that receiptHandle is new per delivery).
-  it.scopedLive.fails("a redelivery that is the same object as the first delivery: extended again on the second delivery", () =>
+  // Found broken, now fixed: the binding keyed a message's extension state by object identity alone, so a custom
+  // mailbox handing out the same object on a redelivery inherited the first delivery's `lost = true`. It is now
+  // keyed by the object and its receipt handle (new on every delivery, per the contract).
+  it.scopedLive("a redelivery that is the same object as the first delivery: extended again on the second delivery", () =>
     Effect.gen(function*() {
       const inner = yield* MailboxMemory.make<number>({ name: "jobs" })
       const { mailbox, tracks } = tracking(inner, {
@@ -1140,12 +1137,10 @@ describe("session 48: log annotations", () => {
     }).pipe(Effect.provide(logs.layer))
   })
 
-  // BROKEN: a fiber forked inside the inner loop's handler keeps a copy of the inner cell (`Struct.pick` on fork),
-  // but that copy's `outer` is the outer run's cell itself, whose `current` the outer loop overwrites per message
-  // (`run.annotations.current = ...`, then `undefined`). So the late log carries the outer annotations of whatever
-  // the outer loop holds when it logs — another message's, or none — not those of the message it was forked under.
-  // Shows as [undefined, 10] (or [1, 10]) where [0, 10] is expected.
-  it.scopedLive.fails("nested loops: a fiber forked in the inner handler keeps the outer message's annotations after the outer loop moved on", () => {
+  // Found broken, now fixed: a fiber forked in the inner loop's handler copied the inner cell, whose `outer` was
+  // the outer run's live cell: a late log carried whatever message the outer loop held by then. A run now chains
+  // to a snapshot of the cells around it as it starts (internal/loops/annotations.ts).
+  it.scopedLive("nested loops: a fiber forked in the inner handler keeps the outer message's annotations after the outer loop moved on", () => {
     const logs = annotatedLogs()
     return Effect.gen(function*() {
       const outerBox = yield* MailboxMemory.make<number>({ name: "outer" })

@@ -112,8 +112,9 @@ class BeatFork {
     return Effect.uninterruptible(Effect.suspend(() => {
       if (this.flight !== undefined) return Effect.void // another beat started one meanwhile
       const started: Flight = this.flight = { fiber: undefined }
+      // Suspended: a `run` that throws as it is called fails its own run, and the flight is still released.
       const run = Effect.ensuring(
-        this.task.run(now),
+        Effect.suspend(() => this.task.run(now)),
         Effect.sync(() => {
           if (this.flight === started) this.flight = undefined
         })

@@ -27,7 +27,7 @@ export interface AnnotationCell {
 }
 
 /** The cell of a fiber outside any run: nothing to add. */
-const none: AnnotationCell = { current: undefined, outer: undefined }
+const none: AnnotationCell = Object.freeze({ current: undefined, outer: undefined })
 
 /**
  * The annotation cell of the fiber's run. A fiber forked while a message is in hand gets a copy (so it keeps
@@ -39,13 +39,19 @@ const annotationCell = FiberRef.unsafeMake<AnnotationCell>(none, {
   join: identity
 })
 
-/** A new, empty cell for a run, chained to the cell of the run around it (if any). */
+/**
+ * The cells of the runs around, as they are now: a run started inside another's handler keeps the message that
+ * handler had, as a fiber forked there does, after the outer loop moves on.
+ */
+const snapshot = (cell: AnnotationCell | undefined): AnnotationCell | undefined =>
+  cell === undefined || (cell.current === undefined && cell.outer === undefined)
+    ? undefined
+    : { current: cell.current, outer: snapshot(cell.outer) }
+
+/** A new, empty cell for a run, chained to the cells of the runs around it (if any), as they are now. */
 export const makeCell: Effect.Effect<AnnotationCell> = Effect.map(
   FiberRef.get(annotationCell),
-  (outer) => ({
-    current: undefined,
-    outer: outer.current === undefined && outer.outer === undefined ? undefined : outer
-  })
+  (outer) => ({ current: undefined, outer: snapshot(outer) })
 )
 
 const addAnnotations = (
