@@ -4,10 +4,13 @@
  * leasehold's compiled package, the
  * Effect runtime, the SQL layer and drivers, the peer's own code, the garbage collector, and Node with the rest.
  * `npm run bench` runs one extra round of a few systems with `BENCH_PROFILE=1` (bench/system.ts prints the shares
- * with the round's figures); without it nothing is started. The profiler costs time of its own, so the shares
+ * with the round's figures; set to a directory, the round also writes its profile there); without it nothing is
+ * started. The profiler costs time of its own, so the shares
  * are read against the round's CPU, not its rate.
  */
+import { writeFileSync } from "node:fs"
 import { Session } from "node:inspector"
+import { join } from "node:path"
 
 /** The places a sample can be in, in the order the table shows them. */
 export const places = ["leasehold", "Effect", "SQL and driver", "peer", "GC", "Node and other"] as const
@@ -58,6 +61,9 @@ export const startProfile = (): () => Shares | undefined => {
     })
     session.disconnect()
     if (profile === undefined) return undefined
+    // `BENCH_PROFILE=<directory>`: the profile itself too, for DevTools or a closer look.
+    const directory = process.env["BENCH_PROFILE"]!
+    if (directory !== "1") writeFileSync(join(directory, `round-${process.pid}.cpuprofile`), JSON.stringify(profile))
     // A built-in (`JSON.parse`, a native binding: no URL) counts where its caller is.
     const parent = new Map<number, number>()
     for (const node of profile.nodes) for (const child of node.children ?? []) parent.set(child, node.id)
