@@ -9,8 +9,8 @@
  * `soak_resource_log` in the same transaction; the log's `seq` per domain is the commit order (the UPDATE
  * locks the domain's row until the commit), which is what the checker reads.
  */
-import { SqlClient } from "@effect/sql"
-import { Effect } from "effect"
+import { SqlClient, SqlError } from "@effect/sql"
+import { Effect, Option } from "effect"
 import { WorkLeaseSql } from "leasehold"
 import type { Dump } from "./checker.js"
 import * as Protocol from "./protocol.js"
@@ -82,7 +82,13 @@ export const write = (domain: string, offset: number, fencing: number, proc: str
       yield* sql`INSERT INTO soak_resource_log (domain, "offset", fencing, proc)
         VALUES (${domain}, ${offset}, ${fencing}, ${proc})`
       return true
-    })))
+    })).pipe(
+      // `withTransaction` dies when its COMMIT or ROLLBACK fails (the connection lost to a database restart):
+      // here that is the write's failure, which the worker records as not accepted (the log table is the truth).
+      Effect.catchSomeDefect((defect) =>
+        defect instanceof SqlError.SqlError ? Option.some(Effect.fail(defect)) : Option.none()
+      )
+    ))
 
 /** Offsets made available and not yet terminal, over every domain (for the drain). */
 export const pending = (config: Protocol.Config) =>
