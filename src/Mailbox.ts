@@ -33,6 +33,7 @@ import * as Schema from "effect/Schema"
 import type * as Tracer from "effect/Tracer"
 import { InvalidParameterError } from "./Errors.js"
 import { causeText, isUnreachable } from "./internal/errors.js"
+import * as Scheduling from "./internal/mailbox/scheduling.js"
 import * as Settle from "./internal/mailbox/settle.js"
 import { parseTraceparent, traceparentOf } from "./internal/tracing.js"
 
@@ -175,6 +176,13 @@ export interface SendOptions {
   readonly replyTo?: string | undefined
   /** Keep the message invisible this long after sending (0..15 min, default 0). */
   readonly delay?: Duration.DurationInput | undefined
+  /**
+   * The message's key: a tenant, customer or any grouping (the name rule). A key's messages share its
+   * concurrency limit, rates and fair share of worker time (see docs/mailboxes.md); none: in no key.
+   */
+  readonly key?: string | undefined
+  /** Lower first among a key's messages (an integer, 32-bit; default 0). */
+  readonly priority?: number | undefined
 }
 
 /**
@@ -245,6 +253,10 @@ export interface Message<A, R = never> {
    * malformed (never a reason to refuse the message). `parentSpan` turns it into a span parent.
    */
   readonly traceparent?: string | undefined
+  /** The key it was sent with (`SendOptions.key`); absent when none. */
+  readonly key?: string | undefined
+  /** The priority it was sent with (`SendOptions.priority`); absent when 0. */
+  readonly priority?: number | undefined
   /** Deletes the message: it will not be delivered again. */
   readonly acknowledge: Effect.Effect<void, SettleError>
   /** Gives the message back, visible again after `visibilityTimeout` (0..12 h, default 0); kills this handle. */
@@ -317,6 +329,25 @@ export const settleAll = <A, R>(
  */
 export const parentSpan = <A, R>(message: Message<A, R>): Option.Option<Tracer.ExternalSpan> =>
   Option.fromNullable(parseTraceparent(message.traceparent))
+
+/**
+ * Charges `tokens` (a turn's model usage) to the token budget of the message's key, in the store and across
+ * processes (see `KeySettings.tokens`): a key over its budget is not claimed until its window turns. A message
+ * without a key, or of a backend that does not schedule by key: nothing to charge. The agent path charges each
+ * turn's usage itself.
+ *
+ * @category utils
+ */
+export const chargeTokens = <A, R>(
+  message: Message<A, R>,
+  tokens: number
+): Effect.Effect<void, InvalidParameterError | MailboxConnectionError> =>
+  Effect.suspend((): Effect.Effect<void, InvalidParameterError | MailboxConnectionError> => {
+    const valid = Scheduling.validateTokens(tokens)
+    if (Either.isLeft(valid)) return Effect.fail(valid.left)
+    const scheduled = Scheduling.scheduledOf(message)
+    return scheduled === undefined || valid.right === 0 ? Effect.void : scheduled.chargeTokens(valid.right)
+  })
 
 /**
  * An at-least-once queue of `A` whose replies carry `R`.

@@ -280,13 +280,18 @@ export const make = <A, I, R = never, IR = never>(
       body: A,
       delayMillis: number,
       replyTo: string | undefined,
-      traceparent: string | undefined
+      traceparent: string | undefined,
+      placement: FrontEnd.Placement | undefined
     ): Effect.Effect<string, SendError> => {
       const encoded = encode(body)
       if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
-      const item: SendItem = traceparent === undefined
+      const plain: SendItem = traceparent === undefined
         ? { body: encoded.right, delayMillis, replyTo: replyTo ?? null }
         : { body: encoded.right, delayMillis, replyTo: replyTo ?? null, traceparent }
+      // Key and priority only when given (not even the keys otherwise), so a plain batch's JSON stays as it was.
+      const item: SendItem = placement === undefined
+        ? plain
+        : { ...plain, ...(placement.key === undefined ? {} : { key: placement.key }), priority: placement.priority }
       return sender.submit(item).pipe(
         withStore,
         Effect.flatMap((id) =>

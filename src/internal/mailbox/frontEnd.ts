@@ -33,8 +33,15 @@ import {
 } from "../../Mailbox.js"
 import { type Registry, RegistryId } from "../registry.js"
 import { perMessage, traceparentOf } from "../tracing.js"
+import * as Scheduling from "./scheduling.js"
 import { Settles, type Sink } from "./settle.js"
 import { validateDelay, validateReceiveOptions, validateReplyTo } from "./validation.js"
+
+/** Where a message goes among its queue's (see `scheduling.ts`): its key, if any, and priority. */
+export interface Placement {
+  readonly key: string | undefined
+  readonly priority: number
+}
 
 /** One queue's storage, as the front end uses it. */
 export interface Driver<A, R> {
@@ -46,7 +53,9 @@ export interface Driver<A, R> {
     body: A,
     delayMillis: number,
     replyTo: string | undefined,
-    traceparent: string | undefined
+    traceparent: string | undefined,
+    /** The message's key and priority (scheduling.ts); `undefined` when the sender gave neither. */
+    placement: Placement | undefined
   ) => Effect.Effect<string, SendError>
   /** One look: up to `max` visible messages, each hidden for `visibilityMillis` under a fresh receipt handle. */
   readonly claim: (
@@ -137,9 +146,23 @@ export const make = <A, R>(name: string, driver: Driver<A, R>, clock: Clock.Cloc
         const valid = validateReplyTo(replyTo)
         if (Either.isLeft(valid)) return Effect.fail(valid.left)
       }
+      let placement: Placement | undefined
+      if (options?.key !== undefined || options?.priority !== undefined) {
+        const key = options.key === undefined ? undefined : Scheduling.validateKey(options.key)
+        if (key !== undefined && Either.isLeft(key)) return Effect.fail(key.left)
+        const priority = options.priority === undefined ? undefined : Scheduling.validatePriority(options.priority)
+        if (priority !== undefined && Either.isLeft(priority)) return Effect.fail(priority.left)
+        placement = { key: key?.right, priority: priority?.right ?? 0 }
+      }
       if (closed) return Effect.fail(new MailboxClosedError({ mailbox: name }))
       const span = fiber.currentSpan
-      return driver.insert(body, delayMillis, replyTo, span === undefined ? undefined : traceparentOf(span))
+      return driver.insert(
+        body,
+        delayMillis,
+        replyTo,
+        span === undefined ? undefined : traceparentOf(span),
+        placement
+      )
     })
 
   const longPoll = (

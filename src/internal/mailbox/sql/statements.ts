@@ -83,6 +83,10 @@ export interface SendItem {
   readonly replyTo: string | null
   /** The sender's W3C trace context; absent (not even the key) without a span, to keep the batch's JSON lean. */
   readonly traceparent?: string
+  /** The message's key (scheduling.ts); absent without one. */
+  readonly key?: string
+  /** The message's priority; absent when the sender gave neither key nor priority (0). */
+  readonly priority?: number
 }
 
 /** A delivery to acknowledge, with the reply to insert in the same transaction. */
