@@ -36,6 +36,7 @@ import { randomUUID } from "node:crypto"
 import { MinHeap } from "./internal/heap.js"
 import { type DeliveryJournal, Journaled, maxSteps, type StoredStep } from "./internal/journal.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
+import * as Scheduling from "./internal/mailbox/scheduling.js"
 import { inLine } from "./internal/mailbox/settle.js"
 import { MaxSize, QueueName, validateVisibility } from "./internal/mailbox/validation.js"
 import * as Options_ from "./internal/options.js"
@@ -51,6 +52,11 @@ import {
 
 interface Entry<A> {
   readonly id: string
+  /** First-enqueue order: where the entry waits among its line's, on every return too. */
+  readonly seq: number
+  readonly priority: number
+  /** Its key's state, if it was sent with a key. */
+  readonly key: KeyLine<A> | undefined
   readonly body: A
   readonly enqueuedAtMillis: number
   readonly replyTo: string | undefined
@@ -62,16 +68,121 @@ interface Entry<A> {
   visibleAt: number
   /** While hidden by a receive: the current delivery's handle. */
   receiptHandle: string | undefined
+  /** While leased (keyed entries): when the lease began, and up to when its key was charged for it. */
+  leaseStart: number
+  chargedUntil: number
+}
+
+/**
+ * Entries waiting in (priority, first enqueue) order: a FIFO for fresh sends of priority 0 (already in order:
+ * the common case stays a push and a shift) and a heap for the rest — other priorities, and entries coming
+ * back (a lease ran out, a nack, a delay passed), which keep their first place. Holds only ready entries
+ * (purge marks its entries deleted, and they are skipped).
+ */
+class ReadyLine<A> {
+  private fifo: Array<Entry<A>> = []
+  private head = 0
+  private heap = new MinHeap<Entry<A>>()
+  size = 0
+
+  push(entry: Entry<A>, fresh: boolean): void {
+    this.size++
+    if (fresh && entry.priority === 0) this.fifo.push(entry)
+    else this.heap.push(entry.priority, entry, entry.seq)
+  }
+
+  /** The next entry, without taking it. */
+  peek(): Entry<A> | undefined {
+    while (this.head < this.fifo.length && this.fifo[this.head]!.state !== "ready") this.head++
+    while (this.heap.size > 0 && this.heap.peek()!.state !== "ready") this.heap.pop()
+    const first = this.head < this.fifo.length ? this.fifo[this.head] : undefined
+    const top = this.heap.peek()
+    if (first === undefined) return top
+    if (top === undefined) return first
+    return before(top, first) ? top : first
+  }
+
+  /** Takes the entry `peek` gave. */
+  take(entry: Entry<A>): void {
+    this.size--
+    if (this.head < this.fifo.length && this.fifo[this.head] === entry) {
+      this.head++
+      if (this.head > 1024 && this.head * 2 > this.fifo.length) {
+        this.fifo = this.fifo.slice(this.head)
+        this.head = 0
+      }
+    } else this.heap.pop()
+  }
+
+  clear(): void {
+    for (let i = this.head; i < this.fifo.length; i++) this.fifo[i]!.state = "deleted"
+    this.heap.forEach((_, entry) => {
+      entry.state = "deleted"
+    })
+    this.fifo = []
+    this.head = 0
+    this.heap.clear()
+    this.size = 0
+  }
+}
+
+/** Whether `a` goes before `b`: lower priority first, then first enqueued. */
+const before = (a: { readonly priority: number; readonly seq: number }, b: typeof a): boolean =>
+  a.priority < b.priority || (a.priority === b.priority && a.seq < b.seq)
+
+/** A key's line and its scheduling state (see `internal/mailbox/scheduling.ts`). */
+class KeyLine<A> {
+  readonly ready = new ReadyLine<A>()
+  /** Unsettled entries of the key. */
+  pending = 0
+  /** Live leases: hidden by a receive, visibility not yet passed (expired ones leave on `promote`). */
+  readonly leases = new Set<Entry<A>>()
+  vtime = 0
+  /** The share clock at its last pick. */
+  picked = 0
+  /** Leased milliseconds in the current busy period. */
+  leased = 0
+  /** How long its leases were held, on average (recent ones weigh most); unknown before its first settle. */
+  mean: number | undefined = undefined
+  startsWindow = 0
+  startsUsed = 0
+  tokensWindow = 0
+  tokensUsed = 0
+  constructor(readonly name: string) {}
+}
+
+/** Settings as kept: a field absent is not set. */
+type Settings = { -readonly [K in keyof Scheduling.StoredSettings]?: number }
+
+const applySettings = (current: Settings, change: Scheduling.StoredSettings): Settings => {
+  const next: Settings = { ...current }
+  for (const [field, value] of Object.entries(change) as Array<[keyof Settings, number | null | undefined]>) {
+    if (value === null) delete next[field]
+    else if (value !== undefined) next[field] = value
+  }
+  return next
 }
 
 class Store<A> {
-  /** Unacknowledged entries: every one is either in `ready` or in `hidden`. */
+  /** Unacknowledged entries: every one is either in a ready line or in `hidden`. */
   live = 0
   /** Hidden entries by visibility time; may hold stale nodes (see `promote`), compacted in `hide`. */
   private hidden = new MinHeap<Entry<A>>()
-  private ready: Array<Entry<A>> = []
-  private head = 0
+  /** Entries sent without a key. */
+  private readonly unkeyed = new ReadyLine<A>()
+  /** Keys with unsettled entries (a key leaves when its last entry is settled; its settings stay). */
+  readonly keys = new Map<string, KeyLine<A>>()
+  /** Settings by key, and the queue's defaults for keys without their own. */
+  readonly settings = new Map<string, Settings>()
+  defaults: Settings = {}
+  private nextSeq = 0
   closed = false
+  constructor(private readonly clock: Clock.Clock) {}
+
+  /** The mailbox's time (its `Clock`'s: `TestClock` in a test). */
+  clockMillis(): number {
+    return this.clock.unsafeCurrentTimeMillis()
+  }
   /** Paused (see `pause`): receivers get nothing, senders are unaffected. */
   paused = false
   private signal: Deferred.Deferred<void> | undefined
@@ -90,10 +201,82 @@ class Store<A> {
     if (this.kept.size > keptJournals) this.kept.delete(this.kept.keys().next().value!)
   }
 
-  enqueueReady(entry: Entry<A>): void {
+  /** A fresh entry's first-enqueue order. */
+  seq(): number {
+    return this.nextSeq++
+  }
+
+  /** The key named `name`, made active (a busy period starts) when it had nothing unsettled. */
+  activate(name: string): KeyLine<A> {
+    let line = this.keys.get(name)
+    if (line === undefined) {
+      line = new KeyLine<A>(name)
+      this.keys.set(name, line)
+    }
+    if (line.pending === 0) {
+      // Neither credit for the time away nor a debt: the queue's share clock, the highest at which an active
+      // key was last picked.
+      let clock = 0
+      for (const other of this.keys.values()) if (other.pending > 0 && other.picked > clock) clock = other.picked
+      line.vtime = Math.max(line.vtime, clock)
+      line.leased = 0
+    }
+    line.pending++
+    return line
+  }
+
+  /** A setting of `line`: its own, else the queue's default. */
+  setting(line: KeyLine<A>, field: keyof Settings): number | undefined {
+    return this.settings.get(line.name)?.[field] ?? this.defaults[field]
+  }
+
+  weight(line: KeyLine<A>): number {
+    return this.setting(line, "weight") ?? 1
+  }
+
+  /** Charges (or, negative, refunds) `millis` of leased time to the entry's key. */
+  charge(entry: Entry<A>, millis: number): void {
+    const line = entry.key
+    if (line === undefined || millis === 0) return
+    line.vtime += millis / this.weight(line)
+    line.leased += millis
+  }
+
+  /** The entry's lease ended at `now` (settled, nacked): its key pays exactly the time it was held. */
+  endLease(entry: Entry<A>, now: number): void {
+    const line = entry.key
+    if (line === undefined || !line.leases.delete(entry)) return
+    this.charge(entry, now - entry.chargedUntil)
+    const held = now - entry.leaseStart
+    line.mean = line.mean === undefined ? held : line.mean + (held - line.mean) * Scheduling.meanWeight
+  }
+
+  /**
+   * The entry's lease is still held at `now` (an extension): a lease is expected to run at least as long again
+   * as it has (so a key whose first runs are long is not taken for a key of short ones), and pays up to that.
+   */
+  extended(entry: Entry<A>, now: number): void {
+    if (entry.key === undefined) return
+    const expected = entry.leaseStart + Scheduling.expectedLength(now - entry.leaseStart)
+    if (expected <= entry.chargedUntil) return
+    this.charge(entry, expected - entry.chargedUntil)
+    entry.chargedUntil = expected
+  }
+
+  /** The entry is settled for good: its key forgets it (and the key leaves when it was its last). */
+  settled(entry: Entry<A>): void {
+    const line = entry.key
+    if (line === undefined) return
+    line.pending--
+    if (line.pending === 0) this.keys.delete(line.name)
+    // A key held at its limit may take another now.
+    if (this.setting(line, "limit") !== undefined) this.wake()
+  }
+
+  enqueueReady(entry: Entry<A>, fresh = false): void {
     entry.state = "ready"
     entry.receiptHandle = undefined
-    this.ready.push(entry)
+    ;(entry.key?.ready ?? this.unkeyed).push(entry, fresh)
   }
 
   hide(entry: Entry<A>, visibleAt: number): void {
@@ -122,45 +305,120 @@ class Store<A> {
     return this.hidden.peekKey()
   }
 
-  /** Moves every hidden entry whose time has come to the visible queue. */
+  /** Moves every hidden entry whose time has come back to its line, in its first place. */
   promote(now: number): void {
     for (let key = this.hidden.peekKey(); key !== undefined && key <= now; key = this.hidden.peekKey()) {
       const entry = this.hidden.pop()!
       // Stale heap node: the entry was extended, nacked, received again or deleted since.
-      if (entry.state === "hidden" && entry.visibleAt <= now) this.enqueueReady(entry)
+      if (entry.state === "hidden" && entry.visibleAt <= now) {
+        // A lease that ran out stops counting against its key's limit, and was held until its visibility passed.
+        if (entry.key?.leases.delete(entry) === true) this.charge(entry, entry.visibleAt - entry.chargedUntil)
+        this.enqueueReady(entry)
+      }
     }
   }
 
-  /** Takes the next visible entry, skipping ones that changed state while queued. */
-  takeReady(): Entry<A> | undefined {
-    while (this.head < this.ready.length) {
-      const entry = this.ready[this.head++]!
-      if (entry.state === "ready") {
-        if (this.head > 1024 && this.head * 2 > this.ready.length) {
-          this.ready = this.ready.slice(this.head)
-          this.head = 0
-        }
-        return entry
+  /** Whether `line` may start another entry now: under its limit and its rates. */
+  eligible(line: KeyLine<A>, now: number): boolean {
+    const limit = this.setting(line, "limit")
+    if (limit !== undefined && line.leases.size >= limit) return false
+    const starts = this.setting(line, "startLimit")
+    const startsPer = this.setting(line, "startIntervalMillis")
+    if (starts !== undefined && startsPer !== undefined) {
+      if (line.startsWindow === Scheduling.windowStart(now, startsPer) && line.startsUsed >= starts) return false
+    }
+    const tokens = this.setting(line, "tokenLimit")
+    const tokensPer = this.setting(line, "tokenIntervalMillis")
+    if (tokens !== undefined && tokensPer !== undefined) {
+      if (line.tokensWindow === Scheduling.windowStart(now, tokensPer) && line.tokensUsed >= tokens) return false
+    }
+    return true
+  }
+
+  /**
+   * Takes the next entry to deliver: the eligible key with the lowest share clock (ties by name) against the
+   * unkeyed line, the one whose head goes first by (priority, first enqueue).
+   */
+  takeNext(now: number): Entry<A> | undefined {
+    let pick: KeyLine<A> | undefined
+    for (const line of this.keys.values()) {
+      if (line.ready.size === 0 || !this.eligible(line, now)) continue
+      if (pick === undefined || line.vtime < pick.vtime || (line.vtime === pick.vtime && line.name < pick.name)) {
+        pick = line
       }
     }
-    if (this.head > 0) {
-      this.ready = []
-      this.head = 0
+    const keyed = pick?.ready.peek()
+    const unkeyed = this.unkeyed.peek()
+    if (unkeyed !== undefined && (keyed === undefined || before(unkeyed, keyed))) {
+      this.unkeyed.take(unkeyed)
+      return unkeyed
     }
-    return undefined
+    if (keyed === undefined) return undefined
+    pick!.ready.take(keyed)
+    return keyed
+  }
+
+  /**
+   * Charges a claim of `entry` to its key — the lease's expected length (the key's mean, or the visibility
+   * before it has one), corrected when the lease ends — and counts the start.
+   */
+  started(entry: Entry<A>, now: number, visibilityMillis: number): void {
+    const line = entry.key
+    if (line === undefined) return
+    line.picked = line.vtime
+    const estimate = line.mean ?? visibilityMillis
+    entry.leaseStart = now
+    entry.chargedUntil = now + estimate
+    this.charge(entry, estimate)
+    line.leases.add(entry)
+    const per = this.setting(line, "startIntervalMillis")
+    if (per !== undefined) {
+      const window = Scheduling.windowStart(now, per)
+      if (line.startsWindow !== window) {
+        line.startsWindow = window
+        line.startsUsed = 0
+      }
+      line.startsUsed++
+    }
+  }
+
+  /** Charges `tokens` to the key's token window. */
+  chargeTokens(line: KeyLine<A>, now: number, tokens: number): void {
+    const per = this.setting(line, "tokenIntervalMillis")
+    if (per === undefined) return
+    const window = Scheduling.windowStart(now, per)
+    if (line.tokensWindow !== window) {
+      line.tokensWindow = window
+      line.tokensUsed = 0
+    }
+    line.tokensUsed += tokens
+  }
+
+  /** When a key held back by a rate gets its next window (epoch ms), if any waits with ready entries. */
+  nextWindowAt(now: number): number | undefined {
+    let next: number | undefined
+    for (const line of this.keys.values()) {
+      if (line.ready.size === 0 || this.eligible(line, now)) continue
+      for (const per of [this.setting(line, "startIntervalMillis"), this.setting(line, "tokenIntervalMillis")]) {
+        if (per === undefined) continue
+        const turn = Scheduling.windowStart(now, per) + per
+        if (next === undefined || turn < next) next = turn
+      }
+    }
+    return next
   }
 
   purge(): number {
     const count = this.live
     this.journals.clear()
-    for (let i = this.head; i < this.ready.length; i++) this.ready[i]!.state = "deleted"
+    this.unkeyed.clear()
+    for (const line of this.keys.values()) line.ready.clear()
+    this.keys.clear()
     this.hidden.forEach((_, entry) => {
       entry.state = "deleted"
     })
     this.live = 0
     this.hidden.clear()
-    this.ready = []
-    this.head = 0
     return count
   }
 
@@ -227,8 +485,32 @@ class MemoryMessage<A, R> implements Message<A, R> {
     })
   }
 
+  get key(): string | undefined {
+    return this.entry.key?.name
+  }
+  get priority(): number | undefined {
+    return this.entry.priority === 0 ? undefined : this.entry.priority
+  }
+
+  /** The key's scheduling handle (the agent path charges model tokens through it); none without a key. */
+  get [Scheduling.Scheduled](): Scheduling.DeliveryScheduling | undefined {
+    const line = this.entry.key
+    if (line === undefined) return undefined
+    return {
+      key: line.name,
+      chargeTokens: (tokens) =>
+        Effect.sync(() => {
+          // The key's line outlives this delivery while the key has entries; a settled key has no window left.
+          const current = this.store.keys.get(line.name)
+          if (current !== undefined) this.store.chargeTokens(current, this.clock.unsafeCurrentTimeMillis(), tokens)
+        })
+    }
+  }
+
   get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError> {
-    return this.settle((entry) => {
+    return this.settle((entry, now) => {
+      this.store.endLease(entry, now)
+      this.store.settled(entry)
       this.store.delete(entry)
       this.store.settleJournal(entry.id, this.keepJournal)
       this.finalized = true
@@ -268,6 +550,7 @@ class MemoryMessage<A, R> implements Message<A, R> {
       onRight: (timeout) =>
         this.settle((entry, now) => {
           this.finalized = true
+          this.store.endLease(entry, now)
           entry.receiptHandle = undefined
           if (Duration.isZero(timeout)) this.store.enqueueReady(entry)
           else this.store.hide(entry, now + Duration.toMillis(timeout))
@@ -283,6 +566,7 @@ class MemoryMessage<A, R> implements Message<A, R> {
       onLeft: Effect.fail,
       onRight: (timeout) =>
         this.settle((entry, now) => {
+          this.store.extended(entry, now)
           this.store.hide(entry, now + Duration.toMillis(timeout))
         })
     })
@@ -334,7 +618,7 @@ export const make = <A, R = never>(
 ): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
   Effect.flatMap(decodeOptions(options), ({ maxSize, name }) =>
     Effect.flatMap(Effect.clock, (clock) => {
-      const store = new Store<A>()
+      const store = new Store<A>(clock)
       // Ids need to be unique, not secret (receipt handles are the secret): a random prefix and a counter.
       const idPrefix = randomUUID().slice(0, 18)
       let nextId = 0
@@ -343,7 +627,8 @@ export const make = <A, R = never>(
         body: A,
         delayMillis: number,
         replyTo: string | undefined,
-        traceparent: string | undefined
+        traceparent: string | undefined,
+        placement: FrontEnd.Placement | undefined
       ) => {
         if (maxSize !== undefined && store.live >= maxSize) {
           return Effect.fail(new MailboxFullError({ mailbox: name, maxSize }))
@@ -351,6 +636,9 @@ export const make = <A, R = never>(
         const now = clock.unsafeCurrentTimeMillis()
         const entry: Entry<A> = {
           id: idPrefix + (nextId++).toString(36),
+          seq: store.seq(),
+          priority: placement?.priority ?? 0,
+          key: placement?.key === undefined ? undefined : store.activate(placement.key),
           body,
           enqueuedAtMillis: now,
           replyTo,
@@ -358,10 +646,12 @@ export const make = <A, R = never>(
           deliveryCount: 0,
           state: "ready",
           visibleAt: now,
-          receiptHandle: undefined
+          receiptHandle: undefined,
+          leaseStart: 0,
+          chargedUntil: 0
         }
         store.live++
-        if (delayMillis === 0) store.enqueueReady(entry)
+        if (delayMillis === 0) store.enqueueReady(entry, true)
         else store.hide(entry, now + delayMillis)
         store.wake()
         return Effect.succeed(entry.id)
@@ -374,12 +664,13 @@ export const make = <A, R = never>(
         store.promote(now)
         const received: Array<Message<A, R>> = []
         while (received.length < max) {
-          const entry = store.takeReady()
+          const entry = store.takeNext(now)
           if (entry === undefined) break
           entry.deliveryCount++
           // Flattened by `toLowerCase` (a no-op on a UUID): Node's UUID is a tree of strings, several times the size.
           const handle = randomUUID().toLowerCase()
           entry.receiptHandle = handle
+          store.started(entry, now, visibilityMillis)
           store.hide(entry, now + visibilityMillis)
           received.push(new MemoryMessage<A, R>(name, clock, store, entry, handle, entry.deliveryCount))
         }
@@ -392,8 +683,12 @@ export const make = <A, R = never>(
         nextVisibleIn: Effect.sync(() => {
           // Paused: nothing is coming until a resume, which wakes the receivers.
           if (store.paused) return undefined
-          const at = store.nextVisibleAt()
-          return at === undefined ? undefined : at - clock.unsafeCurrentTimeMillis()
+          const now = clock.unsafeCurrentTimeMillis()
+          // A key held back by a rate has entries coming when its window turns.
+          const visible = store.nextVisibleAt()
+          const window = store.nextWindowAt(now)
+          const at = visible === undefined ? window : window === undefined ? visible : Math.min(visible, window)
+          return at === undefined ? undefined : at - now
         }),
         arm: () => store.arm(),
         count: Effect.sync(() => store.live),
@@ -451,3 +746,77 @@ export const journal = <A, R>(
  */
 export const resume = <A, R>(mailbox: Mailbox<A, R>): Effect.Effect<void> =>
   setPaused(mailbox as Mailbox<unknown, unknown>, false)
+
+/**
+ * Sets the scheduling settings (see `KeySettings`) of `key` in a mailbox `make` built — or, with `key`
+ * undefined, the defaults of its keys without settings of their own. A field left out stays as it was, `null`
+ * clears it. Takes effect at the next receive (a raised limit or a cleared rate wakes waiting receivers).
+ * Bad settings fail `InvalidParameterError` naming the field; a mailbox `make` did not build: no effect.
+ *
+ * @category operations
+ */
+export const setKeySettings = <A, R>(
+  mailbox: Mailbox<A, R>,
+  key: string | undefined,
+  settings: Scheduling.KeySettings
+): Effect.Effect<void, InvalidParameterError> =>
+  Effect.suspend(() => {
+    if (key !== undefined) {
+      const valid = Scheduling.validateKey(key)
+      if (Either.isLeft(valid)) return Effect.fail(valid.left)
+    }
+    const change = Scheduling.validateSettings(settings)
+    if (Either.isLeft(change)) return Effect.fail(change.left)
+    const store = storeOf(mailbox)
+    if (store === undefined) return Effect.void
+    if (key === undefined) store.defaults = applySettings(store.defaults, change.right)
+    else {
+      const next = applySettings(store.settings.get(key) ?? {}, change.right)
+      if (Object.keys(next).length === 0) store.settings.delete(key)
+      else store.settings.set(key, next)
+    }
+    store.wake()
+    return Effect.void
+  })
+
+/**
+ * The keys of a mailbox `make` built that have unsettled messages, with their scheduling state (see
+ * `KeyState`), by name; at most `KeySettings`' listing bound (10,000).
+ *
+ * @category operations
+ */
+export const keys = <A, R>(mailbox: Mailbox<A, R>): Effect.Effect<ReadonlyArray<Scheduling.KeyState>> =>
+  Effect.sync(() => {
+    const store = storeOf(mailbox)
+    if (store === undefined) return []
+    const now = store.clockMillis()
+    store.promote(now)
+    const rate = (used: number, window: number, count: number | undefined, per: number | undefined) =>
+      count === undefined || per === undefined
+        ? undefined
+        : { used: window === Scheduling.windowStart(now, per) ? used : 0, count, perMillis: per }
+    return [...store.keys.values()].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0)
+      .slice(0, Scheduling.bounds.maxKeysListed)
+      .map((line): Scheduling.KeyState => ({
+        key: line.name,
+        ready: line.ready.size,
+        inFlight: line.leases.size,
+        pending: line.pending,
+        limit: store.setting(line, "limit"),
+        weight: store.weight(line),
+        leasedMillis: line.leased,
+        vtime: line.vtime,
+        starts: rate(
+          line.startsUsed,
+          line.startsWindow,
+          store.setting(line, "startLimit"),
+          store.setting(line, "startIntervalMillis")
+        ),
+        tokens: rate(
+          line.tokensUsed,
+          line.tokensWindow,
+          store.setting(line, "tokenLimit"),
+          store.setting(line, "tokenIntervalMillis")
+        )
+      }))
+  })

@@ -2,6 +2,7 @@ import { describe, expect, it } from "@effect/vitest"
 import { Cause, Effect, Exit } from "effect"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
+import { schedulingContract } from "./contract/SchedulingContract.js"
 
 mailboxContract("memory", (options) => MailboxMemory.make<string, string>(options), {
   pause: MailboxMemory.pause,
@@ -18,4 +19,10 @@ describe("MailboxMemory.make", () => {
       const exit = yield* Effect.exit(MailboxMemory.make({ name: "" }))
       expect(Exit.isFailure(exit) && Cause.pretty(exit.cause)).toContain("name")
     }))
+})
+
+schedulingContract("memory", {
+  make: (name) => MailboxMemory.make<string, string>({ name }),
+  setKeySettings: MailboxMemory.setKeySettings,
+  keys: MailboxMemory.keys
 })

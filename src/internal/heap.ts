@@ -1,5 +1,5 @@
 /**
- * A binary min-heap keyed by a number, with ties broken by insertion order.
+ * A binary min-heap keyed by a number, with ties broken by insertion order (or by a given tie-breaker).
  * Used for timers (visibility expiry, delays) where stale entries are skipped
  * lazily by the caller instead of being removed.
  */
@@ -18,13 +18,19 @@ export class MinHeap<A> {
     return this.keys[0]
   }
 
+  /** The tie-breaker of the smallest entry, or undefined when empty. */
+  peekTie(): number | undefined {
+    return this.seqs[0]
+  }
+
   peek(): A | undefined {
     return this.values[0]
   }
 
-  push(key: number, value: A): void {
+  /** Adds `value` under `key`; ties go by `tie` when given (a message's first-enqueue order), else by insertion. */
+  push(key: number, value: A, tie?: number): void {
     this.keys.push(key)
-    this.seqs.push(this.seq++)
+    this.seqs.push(tie ?? this.seq++)
     this.values.push(value)
     this.up(this.values.length - 1)
   }

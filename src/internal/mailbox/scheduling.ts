@@ -22,13 +22,17 @@
  *
  * **Fair shares by worker time** (start-time fair queuing over leases). Each
  * key carries a share clock, `vtime`: the leased milliseconds its messages
- * held workers for, divided by its weight. A lease is charged as the lease
- * itself is measured: a claim charges its visibility, an extension the time it
- * added, and a settle, nack or release refunds what was left of it — so a
- * running lease counts up to its visibility (a worker that proves work extends
- * it and keeps paying), and a lease that ran out was charged exactly to its
- * end. The claim goes to the eligible key with the lowest `vtime` (ties by
- * key). A key that becomes active (its first unsettled message) starts at
+ * held workers for, divided by its weight. A claim charges the lease's
+ * expected length up front — the key's mean lease (an exponential average of
+ * how long its settled leases were held), or the visibility before it has one
+ * — so a key whose runs take two hours pays for two hours when it takes a
+ * worker, not when it gives it back. A running lease is expected to run at
+ * least as long again as it has (each extension charges up to twice its age),
+ * so a key whose first runs are long is not mistaken for one of short runs
+ * before any has ended; and when the lease
+ * ends the charge is set right: a settle, nack or release to the time it was
+ * held, a lease that ran out to its visibility. The claim goes to the
+ * eligible key with the lowest `vtime` (ties by key). A key that becomes active (its first unsettled message) starts at
  * `max(its vtime, the queue's share clock)`, where the queue's share clock is
  * the highest `vtime` at which an active key was last picked: it neither
  * claims credit for the time it was away nor pays for it, so a new key is
@@ -204,6 +208,12 @@ export const validateTokens = (tokens: unknown): Either.Either<number, InvalidPa
   typeof tokens === "number" && Number.isSafeInteger(tokens) && tokens >= 0
     ? Either.right(tokens)
     : refuse("tokens", tokens, "must be a non-negative integer")
+
+/** How much a settled lease moves its key's mean lease length (an exponential moving average). */
+export const meanWeight = 0.25
+
+/** A running lease's expected length from its age: as long again as it has run (then set right at its end). */
+export const expectedLength = (ageMillis: number): number => 2 * ageMillis
 
 /** The start of the fixed window of `intervalMillis` that `now` falls in. */
 export const windowStart = (now: number, intervalMillis: number): number => now - (now % intervalMillis)

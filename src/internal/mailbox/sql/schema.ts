@@ -15,7 +15,6 @@ import { MailboxConnectionError } from "../../../Mailbox.js"
 import * as Sql from "../../sql/common.js"
 import { requireVersion } from "../../sql/version.js"
 import * as Journal from "./journal.js"
-import * as Keys from "./keys.js"
 import * as Queues from "./queues.js"
 import { connectionError, type Store, tablesOf } from "./store.js"
 import * as Workers from "./workers.js"
@@ -141,9 +140,7 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
     "12_journal_identity": Journal.migrateIdentity(store),
     // The workers table keyed by each store's random instance (workers.ts): rows of one `host:pid` no longer
     // overwrite each other. 9's table stays, for processes of the previous release (still listed).
-    "13_worker_instance": Workers.createInstancesTable(store),
-    // Keys, priorities, limits, fair shares and rates (keys.ts; the rules are ../scheduling.ts).
-    "14_scheduling": Keys.migrate(store)
+    "13_worker_instance": Workers.createInstancesTable(store)
   }
 }
 
