@@ -71,6 +71,8 @@ interface Entry<A> {
   /** While leased (keyed entries): when the lease began, and up to when its key was charged for it. */
   leaseStart: number
   chargedUntil: number
+  /** The key's weight when the lease began: every charge of the lease is divided by it, its correction too. */
+  weight: number
 }
 
 /**
@@ -213,16 +215,25 @@ class Store<A> {
       line = new KeyLine<A>(name)
       this.keys.set(name, line)
     }
-    if (line.pending === 0) {
-      // Neither credit for the time away nor a debt: the queue's share clock, the highest at which an active
-      // key was last picked.
-      let clock = 0
-      for (const other of this.keys.values()) if (other.pending > 0 && other.picked > clock) clock = other.picked
-      line.vtime = Math.max(line.vtime, clock)
-      line.leased = 0
-    }
     line.pending++
     return line
+  }
+
+  /**
+   * A key with nothing ready and no live lease gets a ready entry: a busy period starts, at the queue's share
+   * clock (the highest at which a busy key was last picked) — neither credit for the time it was idle (a message
+   * parked by a long delay does not bank any) nor a debt.
+   */
+  private wakeKey(line: KeyLine<A>): void {
+    if (line.ready.size > 0 || line.leases.size > 0) return
+    let clock = 0
+    for (const other of this.keys.values()) {
+      if (other !== line && (other.ready.size > 0 || other.leases.size > 0) && other.picked > clock) {
+        clock = other.picked
+      }
+    }
+    if (clock > line.vtime) line.vtime = clock
+    line.leased = 0
   }
 
   /** A setting of `line`: its own, else the queue's default. */
@@ -238,7 +249,7 @@ class Store<A> {
   charge(entry: Entry<A>, millis: number): void {
     const line = entry.key
     if (line === undefined || millis === 0) return
-    line.vtime += millis / this.weight(line)
+    line.vtime += millis / entry.weight
     line.leased += millis
   }
 
@@ -268,7 +279,8 @@ class Store<A> {
     const line = entry.key
     if (line === undefined) return
     line.pending--
-    if (line.pending === 0) this.keys.delete(line.name)
+    // An idle key is forgotten unless it has rates: its windows (and a charge after its last settle) must hold.
+    if (line.pending === 0 && !this.rated(line)) this.keys.delete(line.name)
     // A key held at its limit may take another now.
     if (this.setting(line, "limit") !== undefined) this.wake()
   }
@@ -276,7 +288,11 @@ class Store<A> {
   enqueueReady(entry: Entry<A>, fresh = false): void {
     entry.state = "ready"
     entry.receiptHandle = undefined
-    ;(entry.key?.ready ?? this.unkeyed).push(entry, fresh)
+    if (entry.key === undefined) this.unkeyed.push(entry, fresh)
+    else {
+      this.wakeKey(entry.key)
+      entry.key.ready.push(entry, fresh)
+    }
   }
 
   hide(entry: Entry<A>, visibleAt: number): void {
@@ -318,6 +334,12 @@ class Store<A> {
     }
   }
 
+  /** Whether `line` has a start or token rate (its own or the queue's default). */
+  rated(line: KeyLine<A>): boolean {
+    return this.setting(line, "startIntervalMillis") !== undefined ||
+      this.setting(line, "tokenIntervalMillis") !== undefined
+  }
+
   /** Whether `line` may start another entry now: under its limit and its rates. */
   eligible(line: KeyLine<A>, now: number): boolean {
     const limit = this.setting(line, "limit")
@@ -325,12 +347,15 @@ class Store<A> {
     const starts = this.setting(line, "startLimit")
     const startsPer = this.setting(line, "startIntervalMillis")
     if (starts !== undefined && startsPer !== undefined) {
-      if (line.startsWindow === Scheduling.windowStart(now, startsPer) && line.startsUsed >= starts) return false
+      // A clock set back inside (or before) the window counts in it: only a later window starts afresh.
+      const used = Scheduling.windowStart(now, startsPer) <= line.startsWindow ? line.startsUsed : 0
+      if (used >= starts) return false
     }
     const tokens = this.setting(line, "tokenLimit")
     const tokensPer = this.setting(line, "tokenIntervalMillis")
     if (tokens !== undefined && tokensPer !== undefined) {
-      if (line.tokensWindow === Scheduling.windowStart(now, tokensPer) && line.tokensUsed >= tokens) return false
+      const used = Scheduling.windowStart(now, tokensPer) <= line.tokensWindow ? line.tokensUsed : 0
+      if (used >= tokens) return false
     }
     return true
   }
@@ -349,7 +374,8 @@ class Store<A> {
     }
     const keyed = pick?.ready.peek()
     const unkeyed = this.unkeyed.peek()
-    if (unkeyed !== undefined && (keyed === undefined || before(unkeyed, keyed))) {
+    // Priority orders a line's own entries only: between the unkeyed line and the fair pick, the first sent.
+    if (unkeyed !== undefined && (keyed === undefined || unkeyed.seq < keyed.seq)) {
       this.unkeyed.take(unkeyed)
       return unkeyed
     }
@@ -366,7 +392,11 @@ class Store<A> {
     const line = entry.key
     if (line === undefined) return
     line.picked = line.vtime
-    const estimate = line.mean ?? visibilityMillis
+    // Before its first settle a key's mean starts at the visibility (a prior that one instant settle only moves
+    // a quarter of the way: a key cannot make itself look free by acknowledging one message at once).
+    line.mean ??= visibilityMillis
+    const estimate = line.mean
+    entry.weight = this.weight(line)
     entry.leaseStart = now
     entry.chargedUntil = now + estimate
     this.charge(entry, estimate)
@@ -374,7 +404,7 @@ class Store<A> {
     const per = this.setting(line, "startIntervalMillis")
     if (per !== undefined) {
       const window = Scheduling.windowStart(now, per)
-      if (line.startsWindow !== window) {
+      if (window > line.startsWindow) {
         line.startsWindow = window
         line.startsUsed = 0
       }
@@ -382,12 +412,18 @@ class Store<A> {
     }
   }
 
+  /** A key line that left (idle, no rates then) taken back, so a charge made after its last settle holds. */
+  keptLine(line: KeyLine<A>): KeyLine<A> {
+    if (this.rated(line)) this.keys.set(line.name, line)
+    return line
+  }
+
   /** Charges `tokens` to the key's token window. */
   chargeTokens(line: KeyLine<A>, now: number, tokens: number): void {
     const per = this.setting(line, "tokenIntervalMillis")
     if (per === undefined) return
     const window = Scheduling.windowStart(now, per)
-    if (line.tokensWindow !== window) {
+    if (window > line.tokensWindow) {
       line.tokensWindow = window
       line.tokensUsed = 0
     }
@@ -501,8 +537,8 @@ class MemoryMessage<A, R> implements Message<A, R> {
       chargeTokens: (tokens) =>
         Effect.sync(() => {
           // The key's line outlives this delivery while the key has entries; a settled key has no window left.
-          const current = this.store.keys.get(line.name)
-          if (current !== undefined) this.store.chargeTokens(current, this.clock.unsafeCurrentTimeMillis(), tokens)
+          const current = this.store.keys.get(line.name) ?? this.store.keptLine(line)
+          this.store.chargeTokens(current, this.clock.unsafeCurrentTimeMillis(), tokens)
         })
     }
   }
@@ -648,7 +684,8 @@ export const make = <A, R = never>(
           visibleAt: now,
           receiptHandle: undefined,
           leaseStart: 0,
-          chargedUntil: 0
+          chargedUntil: 0,
+          weight: 1
         }
         store.live++
         if (delayMillis === 0) store.enqueueReady(entry, true)
@@ -795,7 +832,9 @@ export const keys = <A, R>(mailbox: Mailbox<A, R>): Effect.Effect<ReadonlyArray<
       count === undefined || per === undefined
         ? undefined
         : { used: window === Scheduling.windowStart(now, per) ? used : 0, count, perMillis: per }
-    return [...store.keys.values()].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0)
+    return [...store.keys.values()].filter((line) => line.pending > 0).sort((a, b) =>
+      a.name < b.name ? -1 : a.name > b.name ? 1 : 0
+    )
       .slice(0, Scheduling.bounds.maxKeysListed)
       .map((line): Scheduling.KeyState => ({
         key: line.name,

@@ -12,7 +12,8 @@
  * not by when it became visible again. Across keys, fair shares decide (a
  * sender cannot jump the fleet by marking everything urgent); a message sent
  * without a key is in no key: never limited, and the claim serves the older
- * of the unkeyed head and the fair pick (by priority, then first enqueue).
+ * of the unkeyed head and the fair pick (by first enqueue: priority orders a
+ * line's own messages only, so an urgent unkeyed stream cannot starve keys).
  *
  * **Limits.** A key's concurrency limit bounds its live leases across every
  * process: a claim never hands out a message of a key that already has
@@ -32,7 +33,8 @@
  * before any has ended; and when the lease
  * ends the charge is set right: a settle, nack or release to the time it was
  * held, a lease that ran out to its visibility. The claim goes to the
- * eligible key with the lowest `vtime` (ties by key). A key that becomes active (its first unsettled message) starts at
+ * eligible key with the lowest `vtime` (ties by key). A key that becomes busy
+ * (a ready message while it had none ready and no live lease) starts at
  * `max(its vtime, the queue's share clock)`, where the queue's share clock is
  * the highest `vtime` at which an active key was last picked: it neither
  * claims credit for the time it was away nor pays for it, so a new key is
