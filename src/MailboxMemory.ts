@@ -52,8 +52,11 @@ import {
 
 interface Entry<A> {
   readonly id: string
-  /** First-enqueue order: where the entry waits among its line's, on every return too. */
-  readonly seq: number
+  /**
+   * Where the entry waits among its line's: its first enqueue, kept on every return for a keyed entry; an unkeyed
+   * entry that comes back goes behind those already waiting, as before keys (MainLoop's redelivery relies on it).
+   */
+  seq: number
   readonly priority: number
   /** Its key's state, if it was sent with a key. */
   readonly key: KeyLine<A> | undefined
@@ -288,8 +291,10 @@ class Store<A> {
   enqueueReady(entry: Entry<A>, fresh = false): void {
     entry.state = "ready"
     entry.receiptHandle = undefined
-    if (entry.key === undefined) this.unkeyed.push(entry, fresh)
-    else {
+    if (entry.key === undefined) {
+      if (!fresh) entry.seq = this.seq()
+      this.unkeyed.push(entry, fresh)
+    } else {
       this.wakeKey(entry.key)
       entry.key.ready.push(entry, fresh)
     }

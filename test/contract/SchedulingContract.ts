@@ -100,12 +100,12 @@ export const schedulingContract = (label: string, scheduler: Scheduler) =>
           expect(yield* drain(mailbox)).toEqual(["first", "second", "third"])
         }))
 
-      it.scoped("a message given back (nack) goes ahead of newer ones; unkeyed too", () =>
+      it.scoped("a message given back (nack) goes ahead of newer ones of its key", () =>
         Effect.gen(function*() {
           const mailbox = yield* fresh()
-          yield* mailbox.send("first")
+          yield* mailbox.send("first", { key: "k" })
           const [first] = yield* mailbox.receive()
-          yield* mailbox.send("second")
+          yield* mailbox.send("second", { key: "k" })
           yield* first!.nack()
           expect(yield* drain(mailbox)).toEqual(["first", "second"])
         }))
