@@ -72,14 +72,16 @@ describe("Health server (real HTTP on a free port)", () => {
       const health = yield* Health.Health
       const { loop } = yield* fakeLoop("stale")
       yield* health.register(loop)
-      yield* Effect.sleep("50 millis")
+      // Real time (the server is real): a window wide enough that a loaded machine answers the second GET
+      // inside it, and a sleep past it.
+      yield* Effect.sleep("1200 millis")
       const stale = yield* get(`${health.url}/health/ready`)
       expect(stale.status).toBe(503)
       expect(stale.body).toContain("has not beaten for")
       yield* loop.heartbeat.beat
       expect((yield* get(`${health.url}/health/ready`)).status).toBe(200)
     }).pipe(
-      Effect.provide(Layer.fresh(Health.layer({ port: 0, host: "127.0.0.1", staleAfter: "20 millis" }))),
+      Effect.provide(Layer.fresh(Health.layer({ port: 0, host: "127.0.0.1", staleAfter: "1 second" }))),
       Effect.scoped
     ))
 })

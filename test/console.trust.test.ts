@@ -336,4 +336,40 @@ describe("a console that is not live says so", () => {
       }).pipe(Effect.scoped),
     120_000
   )
+
+  it.live(
+    "a refresh never swaps a button out from under a press (a click needs its press and release on one element)",
+    () =>
+      Effect.gen(function*() {
+        const file = join(directory, "pressed.db")
+        yield* Effect.gen(function*() {
+          const mailbox = yield* MailboxSql.make({ name: "pressed", schema: Schema.String })
+          yield* mailbox.send("x")
+        }).pipe(Effect.scoped, Effect.provide(MailboxSql.layerSqlite({ filename: file })))
+        const browser = yield* Browsers.browser
+        const { url } = yield* startConsole(["--db", file])
+        const page = yield* open(browser, url)
+        const row = `[data-queue="pressed"]`
+        yield* until(page, `${row} [data-count="queued"]`, (text) => text === "1", "the queue listed")
+        const button = page.locator(row).getByRole("button", { name: "Pause" })
+        const mark = () => Effect.promise(() => button.evaluate((element) => element.setAttribute("data-mark", "1")))
+        const marked = Effect.promise(() => page.locator(`${row} button[data-mark]`).count())
+        // Released, the live part is replaced every second (the mark goes with the old element).
+        yield* mark()
+        yield* Effect.repeat(marked, { until: (n) => n === 0, schedule: Schedule.spaced("100 millis") }).pipe(
+          Effect.timeout("10 seconds")
+        )
+        // Pressed and held for three refreshes: the same element stays.
+        yield* mark()
+        yield* Effect.promise(() => button.dispatchEvent("pointerdown", { bubbles: true }))
+        yield* Effect.sleep("3500 millis")
+        expect(yield* marked).toBe(1)
+        // Released: refreshing resumes.
+        yield* Effect.promise(() => page.dispatchEvent("body", "pointerup", { bubbles: true }))
+        yield* Effect.repeat(marked, { until: (n) => n === 0, schedule: Schedule.spaced("100 millis") }).pipe(
+          Effect.timeout("10 seconds")
+        )
+      }).pipe(Effect.scoped),
+    120_000
+  )
 })

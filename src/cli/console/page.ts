@@ -499,16 +499,29 @@ export const script = `"use strict";
     const snapshot = document.getElementById("snapshot");
     if (snapshot) offset = Number(snapshot.dataset.now) - Date.now();
   };
+  // A press is not swapped out from under the pointer: while a button is held the refresh keeps the part
+  // as it is (a click needs its press and release on one element), and once a form is sent the page is
+  // leaving — no refresh replaces the button that sent it.
+  let pressed = false;
+  let leaving = false;
+  live.addEventListener("pointerdown", () => { pressed = true; });
+  document.addEventListener("pointerup", () => { setTimeout(() => { pressed = false; }, 0); });
+  document.addEventListener("pointercancel", () => { pressed = false; });
+  document.addEventListener("submit", () => { leaving = true; });
   // One fetch at a time, the next a second after the last ends (a slow server gets no pile-up, and an old
   // answer never replaces a newer one); one that takes over 10 s is given up.
   const refresh = async () => {
+    if (leaving) return;
     const abort = new AbortController();
     const limit = setTimeout(() => abort.abort(), 10000);
     try {
       // The same page of queues and the same search as the page (the server put them in data-src).
       const response = await fetch(live.dataset.src || "/live", { cache: "no-store", signal: abort.signal });
-      if (response.ok) { live.innerHTML = await response.text(); recovered(); sync(); tick(); }
-      else failed("The last refresh failed (HTTP " + response.status + ")");
+      if (response.ok) {
+        const html = await response.text();
+        if (!pressed && !leaving) { live.innerHTML = html; sync(); tick(); }
+        recovered();
+      } else failed("The last refresh failed (HTTP " + response.status + ")");
     } catch { failed("Disconnected"); }
     clearTimeout(limit);
     setTimeout(refresh, 1000);
