@@ -84,7 +84,7 @@ import * as Redacted from "effect/Redacted"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as Database from "./Database.js"
-import { InvalidParameterError, type SchemaVersionError } from "./Errors.js"
+import type { SchemaVersionError } from "./Errors.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
 import {
   batchLimits,
@@ -283,22 +283,19 @@ export const make = <A, I, R = never, IR = never>(
       traceparent: string | undefined,
       placement: FrontEnd.Placement | undefined
     ): Effect.Effect<string, SendError> => {
-      // Scheduling by key and priority is the memory backend's only, so far: refused here rather than ignored.
-      if (placement !== undefined) {
-        return Effect.fail(
-          new InvalidParameterError({
-            parameter: placement.key === undefined ? "priority" : "key",
-            value: placement.key ?? placement.priority,
-            reason: "keys and priorities are not yet stored by the SQL backends (MailboxMemory schedules by them)"
-          })
-        )
-      }
       const encoded = encode(body)
       if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
       const plain: SendItem = traceparent === undefined
         ? { body: encoded.right, delayMillis, replyTo: replyTo ?? null }
         : { body: encoded.right, delayMillis, replyTo: replyTo ?? null, traceparent }
-      const item = plain
+      // A key or a priority goes with the message (internal/mailbox/sql/keys.ts schedules by them).
+      const item: SendItem = placement === undefined
+        ? plain
+        : {
+          ...plain,
+          ...(placement.key === undefined ? {} : { key: placement.key }),
+          ...(placement.priority === 0 ? {} : { priority: placement.priority })
+        }
       return sender.submit(item).pipe(
         withStore,
         Effect.flatMap((id) =>
@@ -345,6 +342,8 @@ export const make = <A, I, R = never, IR = never>(
           row.traceparent == null ? undefined : validTraceparent(row.traceparent)
         )
         message.leaseEnd = leaseEnd
+        if (row.key != null) message.key = row.key
+        if (row.priority != null && Number(row.priority) !== 0) message.priority = Number(row.priority)
         received.push(message)
       }
       if (undecodable === undefined) return Effect.succeed(received)

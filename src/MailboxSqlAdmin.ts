@@ -29,7 +29,9 @@ import type * as JournalModel from "./internal/mailbox/admin/journalModel.js"
 import { matchLimit, stepLimit } from "./internal/mailbox/admin/journalModel.js"
 import * as JournalView from "./internal/mailbox/admin/journalView.js"
 import type { WorkerProcess, WorkersOptions } from "./internal/mailbox/admin/workersModel.js"
+import * as Scheduling from "./internal/mailbox/scheduling.js"
 import * as Journal from "./internal/mailbox/sql/journal.js"
+import * as Keys from "./internal/mailbox/sql/keys.js"
 import * as QueueTable from "./internal/mailbox/sql/queues.js"
 import { openExisting, prepare } from "./internal/mailbox/sql/schema.js"
 import { nowOf, statements } from "./internal/mailbox/sql/statements.js"
@@ -203,6 +205,19 @@ export interface Queues {
    * "unknown" (not recorded). A queue with dead letters stays listed while they last.
    */
   readonly drop: (queue: string) => Effect.Effect<"dropped" | "not empty" | "unknown", QueueAdminError>
+  /**
+   * Sets a key's settings in `queue` — its concurrency limit, weight, start rate and token budget (see
+   * docs/mailboxes.md) — or, with `key` undefined, the queue's defaults for keys without their own. A field
+   * given as `null` is cleared, an absent one left as it was. Checked first (`InvalidParameterError` naming the
+   * field); stored in the database, so every process's next claim follows it.
+   */
+  readonly setKeySettings: (
+    queue: string,
+    key: string | undefined,
+    settings: Scheduling.KeySettings
+  ) => Effect.Effect<void, QueueAdminError>
+  /** The keys of `queue` with unsettled messages (at most 10,000, most pending first), with their state. */
+  readonly keys: (queue: string) => Effect.Effect<ReadonlyArray<Scheduling.KeyState>, QueueAdminError>
 }
 
 /**
@@ -259,7 +274,31 @@ export const queues = (options?: Options): Effect.Effect<Queues, OpenError, SqlC
               )
         )
       })
+    /** Runs `work` on the keys table (mailbox migration 14): a valid queue name, and the table there. */
+    const onKeysTable = <A>(queue: string, work: Effect.Effect<A, SqlError>): Effect.Effect<A, QueueAdminError> =>
+      Effect.flatMap(
+        withStore(Sql.missingTables(sql, [Keys.keysTable(store.prefix)])),
+        (missing): Effect.Effect<A, QueueAdminError> =>
+          missing.length === 0 ? onQueueTable(queue, work) : Effect.fail(
+            new TablesNotFoundError({
+              what: "mailbox keys table (mailbox migration 14; leasehold migrate adds it)",
+              prefix: store.prefix,
+              missing
+            })
+          )
+      )
     return {
+      setKeySettings: (queue, key, settings) =>
+        Effect.suspend(() => {
+          if (key !== undefined) {
+            const checked = Scheduling.validateKey(key)
+            if (Either.isLeft(checked)) return Effect.fail(checked.left)
+          }
+          const stored = Scheduling.validateSettings(settings)
+          if (Either.isLeft(stored)) return Effect.fail(stored.left)
+          return onKeysTable(queue, Keys.setSettings(store, queue, key, stored.right))
+        }),
+      keys: (queue) => onKeysTable(queue, Keys.list(store, queue, statements_.at(nowOf(clock)()))),
       stats: Effect.suspend(() => {
         const now = statements_.at(nowOf(clock)())
         return Effect.zipWith(

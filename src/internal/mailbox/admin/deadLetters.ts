@@ -14,6 +14,7 @@ import * as StoredTime from "../../storedTime.js"
 import { currentTraceparent } from "../../tracing.js"
 import { encoderOf, maxBodyBytesLimit } from "../sql/codec.js"
 import * as Journal from "../sql/journal.js"
+import * as Keys from "../sql/keys.js"
 import { nowOf, statements } from "../sql/statements.js"
 import { connectionError, type Store } from "../sql/store.js"
 
@@ -43,13 +44,47 @@ interface DeadLetterRow {
   readonly error: string
   /** The message's trace context (mailbox migration 8; absent before). */
   readonly traceparent?: string | null | undefined
+  /** The message's key and priority (mailbox migration 14; absent before). */
+  readonly key?: string | null | undefined
+  readonly priority?: number | string | null | undefined
 }
 
 /** The dead-letter table of `store`, timed by `clock`. */
 export const make = (store: Store, clock: Clock.Clock): DeadLetters => {
   const { sql } = store
+  const placed = (row: DeadLetterRow) => row.key != null || Number(row.priority ?? 0) !== 0
+  // The letters back in their queues (a redriven message is new: its own seq), keyed ones with their key.
+  const redriven = (gone: ReadonlyArray<DeadLetterRow>, at: ReturnType<ReturnType<typeof statements>["at"]>) =>
+    gone.some(placed)
+      ? Effect.zipRight(
+        Effect.forEach(
+          [...new Set(gone.filter(placed).map((row) => row.queue))],
+          (queue) =>
+            Keys.prepareSend(
+              store,
+              queue,
+              gone.filter((row) => row.queue === queue && row.key != null).map((row) => row.key!)
+            ),
+          { discard: true }
+        ),
+        sql`INSERT INTO ${
+          sql(store.messages)
+        } (queue, body, visible_at, enqueued_at, reply_to, traceparent, key, priority) VALUES ${
+          sql.csv(gone.map((row) =>
+            sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
+              row.traceparent ?? null
+            }, ${row.key ?? null}, ${Number(row.priority ?? 0)})`
+          ))
+        }`
+      )
+      : sql`INSERT INTO ${sql(store.messages)} (queue, body, visible_at, enqueued_at, reply_to, traceparent) VALUES ${
+        sql.csv(gone.map((row) =>
+          sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
+            row.traceparent ?? null
+          })`
+        ))
+      }`
   const table = sql(store.deadLetters)
-  const messages = sql(store.messages)
   const withStore = connectionError(store.deadLetters)
   const where = (selection: Selection | undefined) => {
     const conditions = [
@@ -105,6 +140,7 @@ export const make = (store: Store, clock: Clock.Clock): DeadLetters => {
           withStore
         ),
     redrive: (selection) =>
+      // A letter with a key or a priority goes back with them, its queue scheduled first (keys.ts).
       empty(selection) ? Effect.succeed(0) : Effect.suspend(() => {
         const at = statements(store).at(nowOf(clock)())
         // Delete first (on SQLite the first statement takes the write lock), then re-insert what was deleted,
@@ -117,13 +153,7 @@ export const make = (store: Store, clock: Clock.Clock): DeadLetters => {
               (gone) =>
                 gone.length === 0 ? Effect.succeed(gone) : Effect.as(
                   Effect.zipRight(
-                    sql`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent) VALUES ${
-                      sql.csv(gone.map((row) =>
-                        sql`(${row.queue}, ${row.body}, ${at}, ${Number(row.enqueued_at)}, ${row.reply_to}, ${
-                          row.traceparent ?? null
-                        })`
-                      ))
-                    }`,
+                    redriven(gone, at),
                     dropJournals(journals, gone)
                   ),
                   gone

@@ -102,7 +102,9 @@ export class ClaimBatcher {
           continue
         }
         const rows = claimed.value.length > 1
-          ? [...claimed.value].sort((a, b) => Number(a.seq) - Number(b.seq))
+          ? [...claimed.value].sort((a, b) =>
+            a.order !== undefined && b.order !== undefined ? a.order - b.order : Number(a.seq) - Number(b.seq)
+          )
           : claimed.value
         let next = 0
         for (const request of open) {

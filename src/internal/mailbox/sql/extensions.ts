@@ -25,6 +25,7 @@ import * as Metric from "effect/Metric"
 import * as MetricBoundaries from "effect/MetricBoundaries"
 import * as Scope from "effect/Scope"
 import * as Sql from "../../sql/common.js"
+import * as Keys from "./keys.js"
 import { arrayLiteral, type Now, type Statements } from "./statements.js"
 import type { Store } from "./store.js"
 
@@ -293,7 +294,11 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
                 ${arrayLiteral(items.map((item) => String(item.timeoutMillis)))}::bigint[]) AS v(seq, handle, timeout)),
             target AS (SELECT m.seq, input.timeout FROM ${messages} m JOIN input ON m.seq = input.seq
               WHERE m.receipt_handle = input.handle AND m.visible_at > ${at} FOR UPDATE OF m SKIP LOCKED),
-            upd AS (UPDATE ${messages} m SET visible_at = ${at} + target.timeout, extended_at = ${at}
+            charge AS (${
+            Keys.chargeExtended(store, at, sql`FROM ${messages} m WHERE m.seq IN (SELECT seq FROM target)`)
+          }),
+            upd AS (UPDATE ${messages} m SET visible_at = ${at} + target.timeout, extended_at = ${at},
+                ${Keys.chargedAfterExtension(store, at, sql`m`)}
               FROM target WHERE m.seq = target.seq
               RETURNING m.seq, target.timeout)
             SELECT seq, true AS extended${
@@ -309,15 +314,26 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
     : (items: ReadonlyArray<Extension>) =>
       Effect.suspend(() => {
         const at = statements.at(now())
-        return Effect.map(
-          sql<{ seq: number }>`UPDATE ${messages} SET visible_at = ${at} + input.timeout, extended_at = ${at}
-            FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS handle,
+        const input = sql`(SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS handle,
               json_extract(value, '$[2]') AS timeout FROM json_each(${
-            JSON.stringify(items.map((item) => [Number(item.seq), item.handle, item.timeoutMillis]))
-          })) AS input
+          JSON.stringify(items.map((item) => [Number(item.seq), item.handle, item.timeoutMillis]))
+        }))`
+        // Keyed leases charge their keys up to twice their age (keys.ts), in the same transaction.
+        return Effect.map(
+          Sql.writeTransaction(sql)(Effect.zipRight(
+            Keys.chargeExtended(
+              store,
+              at,
+              sql`FROM ${messages} m WHERE (m.seq, m.receipt_handle) IN (SELECT seq, handle FROM ${input})
+                AND m.visible_at > ${at}`
+            ),
+            sql<{ seq: number }>`UPDATE ${messages} SET visible_at = ${at} + input.timeout, extended_at = ${at},
+              ${Keys.chargedAfterExtension(store, at, sql`${messages}`)}
+            FROM ${input} AS input
             WHERE ${messages}.seq = input.seq AND ${messages}.receipt_handle = input.handle
               AND ${messages}.visible_at > ${at}
-            RETURNING ${messages}.seq`,
+            RETURNING ${messages}.seq`
+          )),
           (rows) => new Map(rows.map((row): [string, Outcome] => [String(row.seq), true]))
         )
       })

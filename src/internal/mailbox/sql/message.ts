@@ -29,12 +29,14 @@ import {
 import { type DeliveryJournal, Journaled, type StoredStep } from "../../journal.js"
 import { currentTraceparent } from "../../tracing.js"
 import * as FrontEnd from "../frontEnd.js"
+import * as Scheduling from "../scheduling.js"
 import { type Done, Settles, type Sink } from "../settle.js"
 import { validateVisibility } from "../validation.js"
 import type { SettleBatcher } from "./batching.js"
 import type { Encoder } from "./codec.js"
 import type { ExtensionBatcher } from "./extensions.js"
 import * as Journal from "./journal.js"
+import * as Keys from "./keys.js"
 import type { Now, SettleItem, Statements } from "./statements.js"
 import { connectionError, type Store } from "./store.js"
 
@@ -105,6 +107,9 @@ export class SqlMessage<A, R> implements Message<A, R> {
    * claim's start plus its visibility, then each extension's submission plus its timeout. It orders extensions.
    */
   leaseEnd = 0
+  /** The message's key and priority (set from its row; absent without). */
+  key: string | undefined = undefined
+  priority: number | undefined = undefined
   constructor(
     private readonly mailbox: MailboxContext,
     readonly id: string,
@@ -115,6 +120,18 @@ export class SqlMessage<A, R> implements Message<A, R> {
     readonly replyTo: Option.Option<string>,
     readonly traceparent: string | undefined
   ) {}
+
+  /** The key's scheduling handle (the agent path charges model tokens through it): the ledger (keys.ts). */
+  get [Scheduling.Scheduled](): Scheduling.DeliveryScheduling | undefined {
+    const key = this.key
+    if (key === undefined) return undefined
+    const { name, now, statements, store } = this.mailbox
+    return {
+      key,
+      chargeTokens: (tokens) =>
+        Keys.chargeTokens(store, name, key, tokens, statements.at(now())).pipe(connectionError(name))
+    }
+  }
 
   /** Made when asked for (a dead letter, the operator): most deliveries never are. */
   get enqueuedAt(): DateTime.Utc {

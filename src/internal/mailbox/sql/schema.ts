@@ -15,6 +15,7 @@ import { MailboxConnectionError } from "../../../Mailbox.js"
 import * as Sql from "../../sql/common.js"
 import { requireVersion } from "../../sql/version.js"
 import * as Journal from "./journal.js"
+import * as Keys from "./keys.js"
 import * as Queues from "./queues.js"
 import { connectionError, type Store, tablesOf } from "./store.js"
 import * as Workers from "./workers.js"
@@ -140,7 +141,19 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
     "12_journal_identity": Journal.migrateIdentity(store),
     // The workers table keyed by each store's random instance (workers.ts): rows of one `host:pid` no longer
     // overwrite each other. 9's table stays, for processes of the previous release (still listed).
-    "13_worker_instance": Workers.createInstancesTable(store)
+    "13_worker_instance": Workers.createInstancesTable(store),
+    // Scheduling by key (keys.ts): the columns, the keys table and its ledger, the queues' flag. PostgreSQL's
+    // claim (same signature) gives a scheduled queue nothing, as a paused one — its claims go through the
+    // scheduled claim — and its settle (same signature) charges each keyed lease's key in the ledger.
+    "14_keys": Effect.zipRight(
+      Keys.migrate(store),
+      store.dialect === "pg"
+        ? Effect.zipRight(
+          createClaimFunction(store, { receiver: true, pause: true, scheduled: true }),
+          createSettleFunction(store, { traceparents: true, charges: true })
+        )
+        : Effect.void
+    )
   }
 }
 
@@ -151,13 +164,15 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
  */
 const createClaimFunction = (
   store: Store,
-  options?: { readonly receiver: boolean; readonly pause?: boolean }
+  options?: { readonly receiver: boolean; readonly pause?: boolean; readonly scheduled?: boolean }
 ) => {
   const { messages, sql } = store
   const receiver = options?.receiver === true
   // One primary-key look-up per claim: a paused queue (queues.ts) gives nothing.
   const pause = options?.pause === true
-    ? sql`IF EXISTS (SELECT 1 FROM ${sql(Queues.tableOf(store.prefix))} q WHERE q.name = p_queue AND q.paused <> 0)
+    ? sql`IF EXISTS (SELECT 1 FROM ${sql(Queues.tableOf(store.prefix))} q WHERE q.name = p_queue AND (q.paused <> 0${
+      options?.scheduled === true ? sql` OR q.scheduled <> 0` : sql``
+    }))
           THEN RETURN; END IF;`
     : sql``
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_claim`)}(
@@ -183,9 +198,14 @@ const createClaimFunction = (
  * its reply in the same statement, then wakes each reply queue once. With `traceparents` (migration 6 on),
  * an overload that also takes each reply's trace context (the array may be NULL: no reply has one).
  */
-export const createSettleFunction = (store: Store, options?: { readonly traceparents: boolean }) => {
+export const createSettleFunction = (
+  store: Store,
+  options?: { readonly traceparents: boolean; readonly charges?: boolean }
+) => {
   const { messages, sql } = store
   const traced = options?.traceparents === true
+  // Migration 14 on: each acknowledged keyed lease charges its key what it held (keys.ts: the ledger).
+  const charges = options?.charges === true
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_settle`)}(
           p_seqs bigint[], p_handles text[], p_reply_queues text[], p_reply_bodies text[], p_now bigint,
           p_channel text${traced ? sql`, p_reply_traceparents text[]` : sql``})
@@ -209,7 +229,16 @@ export const createSettleFunction = (store: Store, options?: { readonly tracepar
             DELETE FROM ${sql(messages)} m USING input
             WHERE m.seq = ANY(p_seqs) AND m.seq = input.seq AND m.receipt_handle = input.handle
               AND m.visible_at > p_now
-            RETURNING m.seq),
+            RETURNING m.seq${charges ? sql`, m.queue, m.key, m.leased_at, m.charged, m.lease_weight` : sql``}),${
+    charges
+      ? sql`
+          charged AS (
+            INSERT INTO ${sql(Keys.chargesTable(store.prefix))} (queue, key, vtime, leased, held, tokens, at)
+            SELECT a.queue, a.key, ((p_now - a.leased_at) - a.charged) / a.lease_weight, (p_now - a.leased_at) - a.charged,
+              p_now - a.leased_at, NULL, p_now
+            FROM acked a WHERE a.key IS NOT NULL AND a.leased_at IS NOT NULL),`
+      : sql``
+  }
           replies AS (
             INSERT INTO ${sql(messages)} (seq, queue, body, visible_at, enqueued_at${
     traced ? sql`, traceparent` : sql``

@@ -8,6 +8,7 @@ import type * as Statement from "@effect/sql/Statement"
 import type * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Sql from "../../sql/common.js"
+import * as Keys from "./keys.js"
 import { tableOf } from "./queues.js"
 import type { Row, Store } from "./store.js"
 
@@ -103,7 +104,43 @@ export interface SettleItem {
 }
 
 /** The statement set of the store's dialect. */
-export const statements = (store: Store): Statements => store.dialect === "pg" ? pg(store) : sqlite(store)
+export const statements = (store: Store): Statements =>
+  withScheduling(store, store.dialect === "pg" ? pg(store) : sqlite(store))
+
+/**
+ * The claim of a queue scheduled by key (keys.ts) goes through the scheduled claim; the plain claim gives such
+ * a queue nothing, and an empty plain claim asks once whether the queue has become scheduled (another
+ * process may have sent it a keyed message): a queue that never used a key pays nothing more while it has work.
+ */
+const withScheduling = (store: Store, plain: Statements): Statements => {
+  const scheduled = (queue: string, now: Now, visibilityMillis: number, max: number) =>
+    store.dialect === "pg"
+      ? store.onLane((lane) => Keys.claim(store, lane, queue, plain.at(now), visibilityMillis, max))
+      : Keys.claim(store, store.sql, queue, plain.at(now), visibilityMillis, max)
+  return {
+    ...plain,
+    claim: (queue, now, visibilityMillis, max) =>
+      store.scheduled.has(queue)
+        ? scheduled(queue, now, visibilityMillis, max)
+        : Effect.flatMap(plain.claim(queue, now, visibilityMillis, max), (rows) =>
+          rows.length > 0
+            ? Effect.succeed(rows)
+            : Effect.flatMap(
+              Keys.isScheduled(store, queue),
+              (yes) => yes ? scheduled(queue, now, visibilityMillis, max) : Effect.succeed(rows)
+            ))
+  }
+}
+
+/** The keys of a send's items, when any item has a key or a priority (the queue is scheduled before they go in). */
+const placed = (items: ReadonlyArray<SendItem>): ReadonlyArray<string> | undefined => {
+  let keys: Array<string> | undefined
+  for (const item of items) {
+    if (item.key !== undefined) (keys ??= []).push(item.key)
+    else if (item.priority !== undefined) keys ??= []
+  }
+  return keys
+}
 
 /** `now` as a SQL expression: the database's clock, or a given time (typed on PostgreSQL, so it can be added to). */
 const atOf = (store: Store) => {
@@ -158,9 +195,18 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
   const inWriteTransaction = Sql.writeTransaction(sql)
   return {
     at,
+    // A keyed lease that ends charges its key what it held (keys.ts: the ledger, in the same transaction).
     release: (seq, handle, now) =>
-      sql`UPDATE ${messages} SET visible_at = ${at(now)}, receipt_handle = NULL, delivery_count = delivery_count - 1
-        WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`.pipe(Effect.asVoid),
+      inWriteTransaction(Effect.zipRight(
+        Keys.chargeEnded(
+          store,
+          at(now),
+          sql`FROM ${messages} m WHERE m.seq = ${Number(seq)} AND m.receipt_handle = ${handle}`,
+          { held: false }
+        ),
+        sql`UPDATE ${messages} SET visible_at = ${at(now)}, receipt_handle = NULL, delivery_count = delivery_count - 1,
+          leased_at = NULL WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`
+      )).pipe(Effect.asVoid),
     isCurrent: (seq, handle, now) =>
       Effect.map(
         sql`SELECT seq FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
@@ -168,23 +214,37 @@ const shared = (store: Store, at: (now: Now) => Statement.Fragment) => {
         one
       ),
     deadLetter: (seq, handle, now, errorTag, error) =>
-      inWriteTransaction(Effect.zipRight(
+      inWriteTransaction(Effect.all([
         sql`INSERT INTO ${deadLetters}
-            (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error, traceparent)
+            (id, queue, body, reply_to, delivery_count, enqueued_at, dead_lettered_at, error_tag, error, traceparent,
+              key, priority)
           SELECT CAST(seq AS TEXT), queue, body, reply_to, delivery_count, enqueued_at, ${
           at(now)
-        }, ${errorTag}, ${error}, traceparent
+        }, ${errorTag}, ${error}, traceparent, key, priority
           FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}
           ON CONFLICT (id) DO NOTHING`,
+        Keys.chargeEnded(
+          store,
+          at(now),
+          sql`FROM ${messages} m WHERE m.seq = ${Number(seq)} AND m.receipt_handle = ${handle}
+            AND m.visible_at > ${at(now)}`,
+          { held: true }
+        ),
         sql`DELETE FROM ${messages} WHERE seq = ${Number(seq)} AND receipt_handle = ${handle}`
-      )),
+      ], { discard: true })),
     nextVisibleIn: (queue, now) =>
       Effect.map(
         // Every row of the queue, visible ones too: a row that became visible since the claim looked (its
         // visibility ran out in between) gives a time <= 0, so the receiver looks again at once instead of
         // sleeping a whole poll interval beside a visible message.
         // A paused queue has nothing coming: its receivers sleep their poll interval (or until woken by a resume).
-        sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
+        // A scheduled queue (keys.ts) counts only rows still to come: a ready row its claim held back (a key at
+        // its limit, over its rate) is no reason to look again at once — its receivers poll.
+        store.scheduled.has(queue)
+          ? sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
+            WHERE queue = ${queue} AND visible_at > ${at(now)}
+              AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)`
+          : sql<{ next: number | string | null }>`SELECT min(visible_at) - ${at(now)} AS next FROM ${messages}
           WHERE queue = ${queue}
             AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)`,
         (rows) => rows[0]?.next === null || rows[0]?.next === undefined ? undefined : Number(rows[0].next)
@@ -232,7 +292,7 @@ const sqlite = (store: Store): Statements => {
             receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
             received_by = ${store.receiver}, extended_at = NULL
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
-            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)
+            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND (paused <> 0 OR scheduled <> 0))
             ORDER BY visible_at, seq LIMIT ${max})
           RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent`
       ),
@@ -241,19 +301,32 @@ const sqlite = (store: Store): Statements => {
       const room = maxSize === undefined
         ? sql``
         : sql`WHERE key < ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
-      return Effect.map(
-        sql<{ seq: number }>`INSERT INTO ${messages} (queue, body, visible_at, enqueued_at, reply_to, traceparent)
+      const keys = placed(items)
+      const insert = sql<{ seq: number }>`INSERT INTO ${messages}
+          (queue, body, visible_at, enqueued_at, reply_to, traceparent, key, priority)
         SELECT ${queue}, json_extract(value, '$[0]'), ${at(now)} + json_extract(value, '$[1]'), ${at(now)},
-          json_extract(value, '$[2]'), json_extract(value, '$[3]')
+          json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),
+          coalesce(json_extract(value, '$[5]'), 0)
         FROM json_each(${
-          JSON.stringify(items.map((item) =>
-            item.traceparent === undefined
-              ? [item.body, item.delayMillis, item.replyTo]
-              : [item.body, item.delayMillis, item.replyTo, item.traceparent]
-          ))
-        }) ${room}
+        JSON.stringify(items.map((item) =>
+          item.key !== undefined || item.priority !== undefined
+            ? [
+              item.body,
+              item.delayMillis,
+              item.replyTo,
+              item.traceparent ?? null,
+              item.key ?? null,
+              item.priority ?? 0
+            ]
+            : item.traceparent === undefined
+            ? [item.body, item.delayMillis, item.replyTo]
+            : [item.body, item.delayMillis, item.replyTo, item.traceparent]
+        ))
+      }) ${room}
         ORDER BY key
-        RETURNING seq`,
+        RETURNING seq`
+      return Effect.map(
+        keys === undefined ? insert : inWriteTransaction(Effect.zipRight(Keys.prepareSend(store, queue, keys), insert)),
         (rows) => {
           const ids = rows.map((row) => row.seq).sort((a, b) => a - b)
           return items.map((_, index) => index < ids.length ? String(ids[index]) : undefined)
@@ -264,12 +337,37 @@ const sqlite = (store: Store): Statements => {
       inWriteTransaction(Effect.gen(function*() {
         // One transaction and two statements for the batch (a statement costs more than a row): the deletes,
         // whose first write takes the write lock at once, then the replies of the deliveries that were current.
-        const acked = yield* sql<{ seq: number; receipt_handle: string }>`DELETE FROM ${messages}
+        const acked = yield* sql<
+          {
+            seq: number
+            receipt_handle: string
+            queue: string
+            key: string | null
+            leased_at: number | null
+            charged: number | null
+            lease_weight: number | null
+            now: number
+          }
+        >`DELETE FROM ${messages}
           WHERE visible_at > ${at(now)} AND (seq, receipt_handle) IN (
             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(${
           JSON.stringify(items.map((item) => [Number(item.seq), item.handle]))
         }))
-          RETURNING seq, receipt_handle`
+          RETURNING seq, receipt_handle, queue, key, leased_at, charged, lease_weight, ${at(now)} AS now`
+        // Keyed leases charge their keys what they held (keys.ts: the ledger), in the same transaction.
+        const ended = acked.filter((row) => row.key !== null && row.leased_at !== null)
+        if (ended.length > 0) {
+          yield* sql`INSERT INTO ${sql(Keys.chargesTable(store.prefix))} (queue, key, vtime, leased, held, tokens, at)
+            SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+              json_extract(value, '$[3]'), json_extract(value, '$[4]'), NULL, json_extract(value, '$[5]')
+            FROM json_each(${
+            JSON.stringify(ended.map((row) => {
+              const held = row.now - row.leased_at!
+              const owed = held - (row.charged ?? 0)
+              return [row.queue, row.key, owed / (row.lease_weight ?? 1), owed, held, row.now]
+            }))
+          })`
+        }
         const current = new Set(acked.map((row) => `${row.seq} ${row.receipt_handle}`))
         const settled = new Map<string, string | undefined>()
         const replying: Array<
@@ -306,14 +404,25 @@ const sqlite = (store: Store): Statements => {
         replying.forEach((reply, index) => settled.set(reply.seq, String(ids[index])))
         return settled
       })),
-    setVisibility: (seq, handle, now, timeoutMillis, keepHandle) =>
-      Effect.map(
-        sql`UPDATE ${messages} SET visible_at = ${at(now)} + ${timeoutMillis}${
-          keepHandle ? sql`, extended_at = ${at(now)}` : sql`, receipt_handle = NULL`
-        }
-          WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)} RETURNING seq`,
+    setVisibility: (seq, handle, now, timeoutMillis, keepHandle) => {
+      // A keyed lease charges its key (keys.ts): an extension up to twice its age, a nack what it held.
+      const source = sql`FROM ${messages} m WHERE m.seq = ${Number(seq)} AND m.receipt_handle = ${handle}
+        AND m.visible_at > ${at(now)}`
+      return Effect.map(
+        inWriteTransaction(Effect.zipRight(
+          keepHandle ? Keys.chargeExtended(store, at(now), source) : Keys.chargeEnded(store, at(now), source, {
+            held: true
+          }),
+          sql`UPDATE ${messages} SET visible_at = ${at(now)} + ${timeoutMillis}${
+            keepHandle
+              ? sql`, extended_at = ${at(now)}, ${Keys.chargedAfterExtension(store, at(now), sql`${messages}`)}`
+              : sql`, receipt_handle = NULL, leased_at = NULL`
+          }
+          WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)} RETURNING seq`
+        )),
         one
       )
+    }
   }
 }
 
@@ -343,22 +452,28 @@ const pg = (store: Store): Statements => {
         ? sql``
         : sql`WHERE v.n <= ${maxSize} - (SELECT count(*) FROM ${messages} WHERE queue = ${queue})`
       const wake = items.some((item) => item.delayMillis === 0)
+      const keys = placed(items)
       return Effect.map(
-        store.onLane((lane) =>
-          lane<{ seq: string }>`WITH input AS MATERIALIZED (
+        store.onLane((lane) => {
+          const insert = lane<{ seq: string }>`WITH input AS MATERIALIZED (
           SELECT nextval((SELECT pg_get_serial_sequence(${
             sql.literal(`'${store.messages}'`)
           }, 'seq')::regclass)) AS seq,
-            v.body, v.delay, v.reply_to, v.traceparent, v.n
+            v.body, v.delay, v.reply_to, v.traceparent, v.key, v.priority, v.n
           FROM ROWS FROM (json_to_recordset(${JSON.stringify(items)}::json)
-            AS (body text, "delayMillis" bigint, "replyTo" text, traceparent text))
-            WITH ORDINALITY AS v(body, delay, reply_to, traceparent, n)
+            AS (body text, "delayMillis" bigint, "replyTo" text, traceparent text, key text, priority integer))
+            WITH ORDINALITY AS v(body, delay, reply_to, traceparent, key, priority, n)
           ${room}),
         ins AS (
-          INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to, traceparent)
-          SELECT seq, ${queue}::text, body, ${at(now)} + delay, ${at(now)}, reply_to, traceparent FROM input)
+          INSERT INTO ${messages} (seq, queue, body, visible_at, enqueued_at, reply_to, traceparent, key, priority)
+          SELECT seq, ${queue}::text, body, ${at(now)} + delay, ${at(now)}, reply_to, traceparent, key,
+            coalesce(priority, 0) FROM input)
         SELECT seq${wake ? notify(queue) : sql``} FROM input ORDER BY n`
-        ),
+          // A keyed or prioritised send makes its queue scheduled first, in the same transaction (keys.ts).
+          return keys === undefined
+            ? insert
+            : Sql.writeTransaction(lane)(Effect.zipRight(Keys.prepareSend(store, queue, keys, lane), insert))
+        }),
         (rows) => items.map((_, index) => rows[index]?.seq)
       )
     },
@@ -397,15 +512,22 @@ const pg = (store: Store): Statements => {
     // keep a working message from proving it is alive, or a given-up one from coming back.
     setVisibility: (seq, handle, now, timeoutMillis, keepHandle, queue) => {
       const guard = sql`WHERE seq = ${Number(seq)} AND receipt_handle = ${handle} AND visible_at > ${at(now)}`
-      // An extension records when it happened (for the operator); a nack gives the message up.
-      const handleColumn = keepHandle ? sql`, extended_at = ${at(now)}` : sql`, receipt_handle = NULL`
+      // An extension records when it happened (for the operator); a nack gives the message up. A keyed lease
+      // charges its key (keys.ts): an extension up to twice its age, a nack what it held.
+      const handleColumn = keepHandle
+        ? sql`, extended_at = ${at(now)}, ${Keys.chargedAfterExtension(store, at(now), sql`${messages}`)}`
+        : sql`, receipt_handle = NULL, leased_at = NULL`
+      const source = sql`FROM ${messages} m WHERE m.seq = ${Number(seq)} AND m.receipt_handle = ${handle}
+        AND m.visible_at > ${at(now)}`
+      const charge = keepHandle
+        ? Keys.chargeExtended(store, at(now), source)
+        : Keys.chargeEnded(store, at(now), source, { held: true })
       const visibleAt = sql`${at(now)} + ${timeoutMillis}`
       return store.onLane((lane) =>
         Effect.map(
-          timeoutMillis === 0
-            ? lane`WITH upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard}
-                RETURNING seq) SELECT seq${notify(queue)} FROM upd`
-            : lane`UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq`,
+          lane`WITH charge AS (${charge}),
+            upd AS (UPDATE ${messages} SET visible_at = ${visibleAt}${handleColumn} ${guard} RETURNING seq)
+            SELECT seq${timeoutMillis === 0 ? notify(queue) : sql``} FROM upd`,
           one
         )
       )

@@ -39,6 +39,11 @@ export interface Row {
   readonly reply_to: string | null
   /** The sender's W3C trace context, as stored (checked when read: see `validTraceparent`). */
   readonly traceparent?: string | null | undefined
+  /** The message's key and priority (migration 14; a scheduled claim returns them). */
+  readonly key?: string | null | undefined
+  readonly priority?: number | string | null | undefined
+  /** Where a scheduled claim put the row in its batch (keys.ts); absent from a plain claim (queue order: seq). */
+  readonly order?: number | undefined
 }
 
 export class Store {
@@ -72,6 +77,8 @@ export class Store {
   readonly open = new Map<string, Set<ReplyTarget>>()
   /** Queues this process has recorded in the queues table (see queues.ts): a send records its queue once. */
   readonly recorded = new Set<string>()
+  /** Queues this process has found scheduled by key (keys.ts): their claims go through the scheduled claim. */
+  readonly scheduled = new Set<string>()
   /** Restarts the LISTEN connection (PostgreSQL), after the server went away. */
   relisten: () => void = () => undefined
   /** The PostgreSQL client's settings, from which the lane's client is made; `undefined` on SQLite. */

@@ -1,0 +1,719 @@
+/**
+ * Scheduling by key on SQLite and PostgreSQL (the rules are `../scheduling.ts`; MailboxMemory keeps the same
+ * ones in memory). A queue becomes *scheduled* the first time a message is sent to it with a key or a
+ * priority, or a key setting is made for it (the queues table's `scheduled`); from then on its claims go
+ * through `claim` here, and the plain claim (`statements.ts`, PostgreSQL's function) gives it nothing, as it
+ * gives a paused queue nothing — so a queue that never used a key pays no more than before.
+ *
+ * The tables (mailbox migration 14):
+ * - messages gain `key`, `priority`, and the lease's charge: `leased_at` (when the claim took it), `charged`
+ *   (the worker-milliseconds its key has been charged for it so far) and `lease_weight` (the key's weight then).
+ * - `keys`: one row per (queue, key) that ever had a message or a setting — its settings (NULL: the queue's
+ *   default), its share clock `vtime` (leased milliseconds over weight), its mean lease length, its rate
+ *   windows, and `idle` (no message at all: the claim's walk skips it until a send wakes it). The row with the
+ *   key `''` (no key may be empty) holds the queue's defaults and the queue's share clock `V`.
+ * - `key_charges`: a ledger. A settle, a nack, a dead letter, a release or an extension of a keyed lease
+ *   appends what its key is owed (or owes): the correction from the lease's expected length to the time it
+ *   really held, and a token charge appends its tokens. Appending takes no lock on a key's row, so settles
+ *   never wait on claims or on each other; the claim — the keys' only writer, one at a time per queue —
+ *   folds the ledger into the rows first.
+ *
+ * The claim, in one write transaction (SQLite: the file's lock; PostgreSQL: the `''` row `FOR UPDATE`, so
+ * claims of one queue take turns across processes and each counts the leases the one before it made):
+ * fold the ledger; walk the active keys by (share clock, name) a page at a time, a key's effective clock being
+ * at least `V` (a key coming back from idle starts level, with no credit banked); for each key take its ready
+ * messages by (priority, first enqueue) — a redelivered message keeps its place — unless it is at its limit
+ * (live leases counted in the transaction), over its start rate or over its token budget; pick the lowest
+ * clock, charge it the lease's expected length over its weight, and go again. Unkeyed messages of the queue
+ * meet the fair pick by first enqueue. Cost: per claim, one page of keys (64) and one index range per key
+ * looked at (its ready rows, and its live leases when it has a limit), plus the ledger since the last claim.
+ */
+import type * as SqlClient from "@effect/sql/SqlClient"
+import type { SqlError } from "@effect/sql/SqlError"
+import type * as Statement from "@effect/sql/Statement"
+import * as Effect from "effect/Effect"
+import { MinHeap } from "../../heap.js"
+import * as Sql from "../../sql/common.js"
+import * as Scheduling from "../scheduling.js"
+import { tableOf } from "./queues.js"
+import type { Row, Store } from "./store.js"
+
+/** The keys table's name under `prefix`. */
+export const keysTable = (prefix: string) => `${prefix}mailbox_keys`
+/** The ledger of charges under `prefix`. */
+export const chargesTable = (prefix: string) => `${prefix}mailbox_key_charges`
+
+/** The key of the row holding a queue's defaults and share clock (no message key may be empty). */
+export const queueRow = ""
+
+/** Migration 14: the messages' and dead letters' columns, the keys table, the ledger, the queues' flag. */
+export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
+  const { deadLetters, messages, sql } = store
+  const pg = store.dialect === "pg"
+  const real = pg ? sql`DOUBLE PRECISION` : sql`REAL`
+  const m = sql(messages)
+  const addColumns = pg
+    ? [
+      sql`ALTER TABLE ${m} ADD COLUMN IF NOT EXISTS key TEXT,
+        ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS leased_at BIGINT,
+        ADD COLUMN IF NOT EXISTS charged BIGINT,
+        ADD COLUMN IF NOT EXISTS lease_weight DOUBLE PRECISION`,
+      sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN IF NOT EXISTS key TEXT,
+        ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DEFAULT 0`,
+      sql`ALTER TABLE ${sql(tableOf(store.prefix))} ADD COLUMN IF NOT EXISTS scheduled INTEGER NOT NULL DEFAULT 0`
+    ]
+    : [
+      sql`ALTER TABLE ${m} ADD COLUMN key TEXT`,
+      sql`ALTER TABLE ${m} ADD COLUMN priority INTEGER NOT NULL DEFAULT 0`,
+      sql`ALTER TABLE ${m} ADD COLUMN leased_at BIGINT`,
+      sql`ALTER TABLE ${m} ADD COLUMN charged BIGINT`,
+      sql`ALTER TABLE ${m} ADD COLUMN lease_weight REAL`,
+      sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN key TEXT`,
+      sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN priority INTEGER NOT NULL DEFAULT 0`,
+      sql`ALTER TABLE ${sql(tableOf(store.prefix))} ADD COLUMN scheduled INTEGER NOT NULL DEFAULT 0`
+    ]
+  const keys = sql(keysTable(store.prefix))
+  return Effect.all([
+    ...addColumns,
+    // A key's messages in claim order (and its live leases, counted through the same range); unkeyed rows
+    // pay nothing for it.
+    sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_key`)} ON ${m} (queue, key, priority, seq)
+      WHERE key IS NOT NULL`,
+    sql`CREATE TABLE IF NOT EXISTS ${keys} (
+      queue TEXT NOT NULL,
+      key TEXT NOT NULL,
+      max_leases INTEGER,
+      weight ${real},
+      start_limit BIGINT,
+      start_interval BIGINT,
+      token_limit BIGINT,
+      token_interval BIGINT,
+      vtime ${real} NOT NULL DEFAULT 0,
+      mean ${real},
+      leased ${real} NOT NULL DEFAULT 0,
+      starts_window BIGINT NOT NULL DEFAULT 0,
+      starts_used BIGINT NOT NULL DEFAULT 0,
+      tokens_window BIGINT NOT NULL DEFAULT 0,
+      tokens_used BIGINT NOT NULL DEFAULT 0,
+      idle INTEGER NOT NULL DEFAULT 0,
+      PRIMARY KEY (queue, key))`,
+    sql`CREATE INDEX IF NOT EXISTS ${sql(`${keysTable(store.prefix)}_active`)} ON ${keys} (queue, vtime, key)
+      WHERE idle = 0`,
+    sql`CREATE TABLE IF NOT EXISTS ${sql(chargesTable(store.prefix))} (
+      id ${Sql.identityColumn(sql)},
+      queue TEXT NOT NULL,
+      key TEXT NOT NULL,
+      vtime ${real} NOT NULL DEFAULT 0,
+      leased ${real} NOT NULL DEFAULT 0,
+      held BIGINT,
+      tokens BIGINT,
+      at BIGINT NOT NULL)`,
+    sql`CREATE INDEX IF NOT EXISTS ${sql(`${chargesTable(store.prefix)}_queue`)} ON ${
+      sql(chargesTable(store.prefix))
+    } (queue, id)`
+  ], { discard: true })
+}
+
+/**
+ * The ledger entry of the leases `source` selects (a `FROM … WHERE …` over the messages table aliased `m`)
+ * ending at `end` (a SQL time): each keyed one's correction from what was charged to what it held. `held`
+ * moves the key's mean lease length; a release (the lease never reached a worker) does not.
+ */
+export const chargeEnded = (
+  store: Store,
+  end: Statement.Fragment,
+  source: Statement.Fragment,
+  options: { readonly held: boolean }
+): Statement.Statement<never> => {
+  const { sql } = store
+  const length = sql`(${end} - m.leased_at)`
+  return sql`INSERT INTO ${sql(chargesTable(store.prefix))} (queue, key, vtime, leased, held, tokens, at)
+    SELECT m.queue, m.key, (${length} - m.charged) / m.lease_weight, ${length} - m.charged, ${
+    options.held ? length : sql`NULL`
+  }, NULL, ${end}
+    ${source} AND m.key IS NOT NULL AND m.leased_at IS NOT NULL`
+}
+
+/**
+ * The ledger entry of an extension at `now` of the leases `source` selects: a running lease is expected to run
+ * as long again as it has (`expectedLength`), and its key is charged up to that.
+ */
+export const chargeExtended = (
+  store: Store,
+  now: Statement.Fragment,
+  source: Statement.Fragment
+): Statement.Statement<never> => {
+  const { sql } = store
+  const owed = sql`(2 * (${now} - m.leased_at) - m.charged)`
+  return sql`INSERT INTO ${sql(chargesTable(store.prefix))} (queue, key, vtime, leased, held, tokens, at)
+    SELECT m.queue, m.key, ${owed} / m.lease_weight, ${owed}, NULL, NULL, ${now}
+    ${source} AND m.key IS NOT NULL AND m.leased_at IS NOT NULL AND ${owed} > 0`
+}
+
+/**
+ * The `charged` a lease has after an extension at `now`: the most of what it had and twice its age. `table`:
+ * how the statement names the messages table (its alias, or its name).
+ */
+export const chargedAfterExtension = (
+  store: Store,
+  now: Statement.Fragment,
+  table: Statement.Fragment
+): Statement.Fragment => {
+  const { sql } = store
+  const greatest = store.dialect === "pg" ? sql`GREATEST` : sql`max`
+  return sql`charged = CASE WHEN ${table}.leased_at IS NULL THEN ${table}.charged
+    ELSE ${greatest}(${table}.charged, 2 * (${now} - ${table}.leased_at)) END`
+}
+
+/**
+ * Marks `queue` scheduled and its `keys` active (their rows made, an idle one woken level with the queue's
+ * share clock), before a send of keyed or prioritised messages stores them: a plain claim of another process
+ * must not take them first. `keys` sorted (PostgreSQL locks their rows in that order).
+ */
+export const prepareSend = (
+  store: Store,
+  queue: string,
+  keys: ReadonlyArray<string>,
+  sql: SqlClient.SqlClient = store.sql
+): Effect.Effect<void, SqlError> => {
+  const table = sql(keysTable(store.prefix))
+  const sorted = [...new Set(keys)].sort()
+  return Effect.all([
+    markScheduled(store, queue, sql),
+    sorted.length === 0 ? Effect.void : sql`INSERT INTO ${table} (queue, key, vtime)
+      SELECT ${queue}, k.value, 0 FROM ${
+      store.dialect === "pg"
+        ? sql`json_array_elements_text(${JSON.stringify(sorted)}::json) AS k(value)`
+        : sql`json_each(${JSON.stringify(sorted)}) AS k`
+    }
+      WHERE true
+      ON CONFLICT (queue, key) DO UPDATE SET idle = 0, vtime = CASE WHEN ${table}.idle = 0 THEN ${table}.vtime
+        ELSE (SELECT ${store.dialect === "pg" ? sql`GREATEST` : sql`max`}(${table}.vtime, q.vtime) FROM ${table} q
+          WHERE q.queue = ${queue} AND q.key = '') END
+      WHERE ${table}.idle <> 0`
+  ], { discard: true })
+}
+
+/** Charges `tokens` to `key`'s token budget in `queue` at `at` (the ledger: the next claim folds it in). */
+export const chargeTokens = (
+  store: Store,
+  queue: string,
+  key: string,
+  tokens: number,
+  at: Statement.Fragment
+): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  return Effect.asVoid(
+    sql`INSERT INTO ${sql(chargesTable(store.prefix))} (queue, key, vtime, leased, held, tokens, at)
+      VALUES (${queue}, ${key}, 0, 0, NULL, ${tokens}, ${at})`
+  )
+}
+
+/** The queue's flag and its `''` row (defaults, share clock): once, then a look-up finds them. */
+export const markScheduled = (
+  store: Store,
+  queue: string,
+  sql: SqlClient.SqlClient = store.sql
+): Effect.Effect<void, SqlError> =>
+  Effect.suspend(() => {
+    if (store.scheduled.has(queue)) return Effect.void
+    return Effect.all([
+      sql`INSERT INTO ${sql(keysTable(store.prefix))} (queue, key, vtime) VALUES (${queue}, '', 0)
+        ON CONFLICT (queue, key) DO NOTHING`,
+      sql`INSERT INTO ${sql(tableOf(store.prefix))} (name, created_at, paused, scheduled)
+        VALUES (${queue}, ${Sql.databaseNow(sql)}, 0, 1)
+        ON CONFLICT (name) DO UPDATE SET scheduled = 1 WHERE ${sql(tableOf(store.prefix))}.scheduled = 0`
+    ], { discard: true }).pipe(Effect.tap(() => Effect.sync(() => store.scheduled.add(queue))))
+  })
+
+/** Whether `queue` is scheduled (read from the queues table once it is; a queue never goes back). */
+export const isScheduled = (store: Store, queue: string): Effect.Effect<boolean, SqlError> =>
+  Effect.suspend(() => {
+    if (store.scheduled.has(queue)) return Effect.succeed(true)
+    const { sql } = store
+    return Effect.map(
+      sql<{ scheduled: number | string }>`SELECT scheduled FROM ${sql(tableOf(store.prefix))} WHERE name = ${queue}`,
+      (rows) => {
+        const scheduled = rows.length > 0 && Number(rows[0]!.scheduled) !== 0
+        if (scheduled) store.scheduled.add(queue)
+        return scheduled
+      }
+    )
+  })
+
+interface KeyRow {
+  readonly key: string
+  readonly max_leases: number | string | null
+  readonly weight: number | string | null
+  readonly start_limit: number | string | null
+  readonly start_interval: number | string | null
+  readonly token_limit: number | string | null
+  readonly token_interval: number | string | null
+  readonly vtime: number | string
+  readonly mean: number | string | null
+  readonly leased: number | string
+  readonly starts_window: number | string
+  readonly starts_used: number | string
+  readonly tokens_window: number | string
+  readonly tokens_used: number | string
+  readonly idle: number | string
+}
+
+const num = (value: number | string | null): number | undefined => value === null ? undefined : Number(value)
+
+/** A key's row as numbers, with what this claim changes in it. */
+interface KeyStateRow {
+  readonly key: string
+  readonly limit: number | undefined
+  readonly weight: number | undefined
+  readonly startLimit: number | undefined
+  readonly startInterval: number | undefined
+  readonly tokenLimit: number | undefined
+  readonly tokenInterval: number | undefined
+  vtime: number
+  mean: number | undefined
+  leased: number
+  startsWindow: number
+  startsUsed: number
+  tokensWindow: number
+  tokensUsed: number
+  idle: boolean
+  changed: boolean
+}
+
+const stateOf = (row: KeyRow): KeyStateRow => ({
+  key: row.key,
+  limit: num(row.max_leases),
+  weight: num(row.weight),
+  startLimit: num(row.start_limit),
+  startInterval: num(row.start_interval),
+  tokenLimit: num(row.token_limit),
+  tokenInterval: num(row.token_interval),
+  vtime: Number(row.vtime),
+  mean: num(row.mean),
+  leased: Number(row.leased),
+  startsWindow: Number(row.starts_window),
+  startsUsed: Number(row.starts_used),
+  tokensWindow: Number(row.tokens_window),
+  tokensUsed: Number(row.tokens_used),
+  idle: Number(row.idle) !== 0,
+  changed: false
+})
+
+/** The settings in force for a key: its own, else the queue's defaults. */
+const effective = (row: KeyStateRow, defaults: KeyStateRow) => ({
+  limit: row.limit ?? defaults.limit,
+  weight: row.weight ?? defaults.weight ?? 1,
+  startLimit: row.startLimit ?? defaults.startLimit,
+  startInterval: row.startInterval ?? defaults.startInterval,
+  tokenLimit: row.tokenLimit ?? defaults.tokenLimit,
+  tokenInterval: row.tokenInterval ?? defaults.tokenInterval
+})
+
+/** Folds ledger entries into the key rows they name (loaded if not yet). */
+const fold = (
+  entries: ReadonlyArray<
+    {
+      readonly key: string
+      readonly vtime: number | string
+      readonly leased: number | string
+      readonly held: number | string | null
+      readonly tokens: number | string | null
+      readonly at: number | string
+    }
+  >,
+  rows: Map<string, KeyStateRow>,
+  defaults: KeyStateRow
+) => {
+  for (const entry of entries) {
+    const row = rows.get(entry.key)
+    if (row === undefined) continue
+    row.changed = true
+    row.vtime += Number(entry.vtime)
+    row.leased += Number(entry.leased)
+    if (entry.held !== null) {
+      const held = Number(entry.held)
+      row.mean = row.mean === undefined ? held : row.mean + Scheduling.meanWeight * (held - row.mean)
+    }
+    if (entry.tokens !== null) {
+      const interval = effective(row, defaults).tokenInterval
+      if (interval === undefined) continue
+      const window = Scheduling.windowStart(Number(entry.at), interval)
+      if (window > row.tokensWindow) {
+        row.tokensWindow = window
+        row.tokensUsed = Number(entry.tokens)
+      } else if (window === row.tokensWindow) row.tokensUsed += Number(entry.tokens)
+    }
+  }
+}
+
+const keyColumns =
+  "key, max_leases, weight, start_limit, start_interval, token_limit, token_interval, vtime, mean, leased, " +
+  "starts_window, starts_used, tokens_window, tokens_used, idle"
+
+/** A candidate row of a key (or of the unkeyed), in claim order. */
+interface Candidate {
+  readonly seq: number
+  readonly priority: number
+  readonly key: string | null
+  readonly leased_at: number | string | null
+  readonly charged: number | string | null
+  readonly lease_weight: number | string | null
+  readonly visible_at: number | string
+}
+
+/** Rows claimed, with the charge each one starts with. */
+interface Pick {
+  readonly seq: number
+  readonly charged: number | null
+  readonly weight: number | null
+}
+
+const page = 64
+
+/**
+ * The scheduled claim of up to `max` messages of `queue` (see the top comment), on `sql` (the store's client or
+ * PostgreSQL's lane), in a write transaction; `at` is the claim's time as SQL, `now` its value.
+ */
+export const claim = (
+  store: Store,
+  sql: SqlClient.SqlClient,
+  queue: string,
+  at: Statement.Fragment,
+  visibilityMillis: number,
+  max: number
+): Effect.Effect<ReadonlyArray<Row>, SqlError> => {
+  const pg = store.dialect === "pg"
+  const keys = sql(keysTable(store.prefix))
+  const charges = sql(chargesTable(store.prefix))
+  const messages = sql(store.messages)
+  const queues = sql(tableOf(store.prefix))
+  const columns = sql.literal(keyColumns)
+  return Sql.writeTransaction(sql)(Effect.gen(function*() {
+    // The queue's turn (PostgreSQL: other processes' claims of the queue wait here), and the time.
+    const head = yield* sql<KeyRow & { now: number | string; paused: number | string | null }>`SELECT ${columns},
+        ${at} AS now, (SELECT paused FROM ${queues} WHERE name = ${queue}) AS paused
+      FROM ${keys} WHERE queue = ${queue} AND key = '' ${pg ? sql`FOR UPDATE` : sql``}`
+    if (head.length === 0) {
+      // Not scheduled after all (the send that marked it was rolled back): its claims go the plain way again.
+      store.scheduled.delete(queue)
+      return []
+    }
+    if (Number(head[0]!.paused ?? 0) !== 0) return []
+    const now = Number(head[0]!.now)
+    const defaults = stateOf(head[0]!)
+    const rows = new Map<string, KeyStateRow>()
+    // The ledger since the last claim: its keys' rows loaded and set right.
+    const entries = yield* sql<
+      {
+        key: string
+        vtime: number | string
+        leased: number | string
+        held: number | string | null
+        tokens: number | string | null
+        at: number | string
+      }
+    >`DELETE FROM ${charges} WHERE queue = ${queue} RETURNING key, vtime, leased, held, tokens, at`
+    if (entries.length > 0) {
+      const named = [...new Set(entries.map((entry) => entry.key))]
+      const loaded = yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND key IN ${
+        sql.in(named)
+      }`
+      for (const row of loaded) rows.set(row.key, stateOf(row))
+      fold(entries, rows, defaults)
+    }
+    let V = defaults.vtime
+    // The walk: active keys by (clock, name), a page at a time.
+    const heap = new MinHeap<KeyStateRow>()
+    let tie = 0
+    const ready = new Map<string, Array<Candidate>>()
+    const live = new Map<string, number>()
+    let cursor: { vtime: number; key: string } | undefined
+    let exhausted = false
+    let looked = 0
+    const lookLimit = max + 256
+    const loadPage = Effect.gen(function*() {
+      const more = yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND idle = 0
+        AND key <> ''${
+        cursor === undefined ?
+          sql`` :
+          sql` AND (vtime > ${cursor.vtime} OR (vtime = ${cursor.vtime} AND key > ${cursor.key}))`
+      }
+        ORDER BY vtime, key LIMIT ${page}`
+      if (more.length < page) exhausted = true
+      for (const found of more) {
+        cursor = { vtime: Number(found.vtime), key: found.key }
+        // A row set right by the ledger is the one to use (its clock moved).
+        const row = rows.get(found.key) ?? stateOf(found)
+        rows.set(row.key, row)
+        heap.push(Math.max(row.vtime, V), row, tie++)
+      }
+    })
+    yield* loadPage
+    // The queue's unkeyed messages in claim order (a queue that schedules by key can have them too).
+    const unkeyed = yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at
+      FROM ${messages} WHERE queue = ${queue} AND key IS NULL AND visible_at <= ${now}
+      ORDER BY priority, seq LIMIT ${max}`
+    let nextUnkeyed = 0
+    const picks: Array<Pick> = []
+    const corrections: Array<Candidate> = []
+    while (picks.length < max) {
+      // The next page when the best key so far might be beaten by one not yet loaded.
+      while (!exhausted && (heap.size === 0 || heap.peekKey()! > (cursor?.vtime ?? -Infinity))) {
+        const before = heap.size
+        yield* loadPage
+        if (heap.size === before) break
+      }
+      let fair: { row: KeyStateRow; candidate: Candidate; weight: number; expected: number } | undefined
+      while (fair === undefined && heap.size > 0 && looked < lookLimit) {
+        const row = heap.pop()!
+        looked++
+        const settings = effective(row, defaults)
+        // Rates: a key over its start rate or its token budget waits for its window to turn.
+        if (settings.startLimit !== undefined && settings.startInterval !== undefined) {
+          const window = Scheduling.windowStart(now, settings.startInterval)
+          if (window > row.startsWindow) {
+            row.startsWindow = window
+            row.startsUsed = 0
+            row.changed = true
+          }
+          if (row.startsUsed >= settings.startLimit) continue
+        }
+        if (settings.tokenLimit !== undefined && settings.tokenInterval !== undefined) {
+          const window = Scheduling.windowStart(now, settings.tokenInterval)
+          if (window === row.tokensWindow && row.tokensUsed >= settings.tokenLimit) continue
+        }
+        let waiting = ready.get(row.key)
+        if (waiting === undefined) {
+          waiting = [
+            ...(yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at
+              FROM ${messages} WHERE queue = ${queue} AND key = ${row.key} AND visible_at <= ${now}
+              ORDER BY priority, seq LIMIT ${max}`)
+          ]
+          ready.set(row.key, waiting)
+          if (waiting.length === 0) {
+            // Nothing ready: idle when it has no message at all (a send wakes it), else it waits in the walk.
+            const any = yield* sql`SELECT 1 FROM ${messages} WHERE queue = ${queue} AND key = ${row.key} LIMIT 1`
+            if (any.length === 0) {
+              row.idle = true
+              row.changed = true
+            }
+            continue
+          }
+        }
+        if (waiting.length === 0) continue
+        if (settings.limit !== undefined) {
+          let leases = live.get(row.key)
+          if (leases === undefined) {
+            const counted = yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${messages}
+              WHERE queue = ${queue} AND key = ${row.key} AND receipt_handle IS NOT NULL AND visible_at > ${now}`
+            leases = Number(counted[0]?.n ?? 0)
+            live.set(row.key, leases)
+          }
+          if (leases >= settings.limit) continue
+        }
+        const expected = row.mean ?? visibilityMillis
+        fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
+      }
+      const unkeyedHead = unkeyed[nextUnkeyed]
+      if (fair !== undefined && (unkeyedHead === undefined || fair.candidate.seq < unkeyedHead.seq)) {
+        const { candidate, expected, row, weight } = fair
+        ready.get(row.key)!.shift()
+        if (candidate.leased_at !== null) corrections.push(candidate)
+        const clock = Math.max(row.vtime, V)
+        V = Math.max(V, clock)
+        row.vtime = clock + expected / weight
+        row.leased += expected
+        row.changed = true
+        if (row.startLimit !== undefined || defaults.startLimit !== undefined) row.startsUsed++
+        live.set(row.key, (live.get(row.key) ?? 0) + 1)
+        picks.push({ seq: Number(candidate.seq), charged: expected, weight })
+        heap.push(row.vtime, row, tie++)
+        continue
+      }
+      if (fair !== undefined) heap.push(Math.max(fair.row.vtime, V), fair.row, tie++)
+      if (unkeyedHead === undefined) break
+      nextUnkeyed++
+      picks.push({ seq: Number(unkeyedHead.seq), charged: null, weight: null })
+    }
+    // A re-claimed row whose last lease ran out: its key is set right for that lease (held until it expired).
+    for (const candidate of corrections) {
+      const row = rows.get(candidate.key!)
+      if (row === undefined || candidate.charged === null || candidate.lease_weight === null) continue
+      const length = Number(candidate.visible_at) - Number(candidate.leased_at)
+      row.vtime += (length - Number(candidate.charged)) / Number(candidate.lease_weight)
+      row.leased += length - Number(candidate.charged)
+      row.changed = true
+    }
+    // The keys' rows written back (their own columns only: settings are the operator's), and the queue's clock.
+    const changed = [...rows.values()].filter((row) => row.changed).sort((a, b) => a.key < b.key ? -1 : 1)
+    if (changed.length > 0 || V !== defaults.vtime) {
+      const states = JSON.stringify([
+        ...changed.map((row) => [
+          row.key,
+          row.vtime,
+          row.mean ?? null,
+          row.leased,
+          row.startsWindow,
+          row.startsUsed,
+          row.tokensWindow,
+          row.tokensUsed,
+          row.idle ? 1 : 0
+        ]),
+        ...(V !== defaults.vtime ? [["", V, null, 0, 0, 0, 0, 0, 0]] : [])
+      ])
+      yield* pg
+        ? sql`UPDATE ${keys} k SET vtime = s.vtime, mean = CASE WHEN s.key = '' THEN k.mean ELSE s.mean END,
+            leased = s.leased, starts_window = s.sw, starts_used = s.su, tokens_window = s.tw, tokens_used = s.tu,
+            idle = s.idle
+          FROM (SELECT v->>0 AS key, (v->>1)::float8 AS vtime, (v->>2)::float8 AS mean, (v->>3)::float8 AS leased,
+            (v->>4)::bigint AS sw, (v->>5)::bigint AS su, (v->>6)::bigint AS tw, (v->>7)::bigint AS tu,
+            (v->>8)::integer AS idle FROM json_array_elements(${states}::json) AS v) s
+          WHERE k.queue = ${queue} AND k.key = s.key`
+        : sql`UPDATE ${keys} SET vtime = json_extract(s.value, '$[1]'),
+            mean = CASE WHEN json_extract(s.value, '$[0]') = '' THEN ${keys}.mean ELSE json_extract(s.value, '$[2]') END,
+            leased = json_extract(s.value, '$[3]'), starts_window = json_extract(s.value, '$[4]'),
+            starts_used = json_extract(s.value, '$[5]'), tokens_window = json_extract(s.value, '$[6]'),
+            tokens_used = json_extract(s.value, '$[7]'), idle = json_extract(s.value, '$[8]')
+          FROM json_each(${states}) AS s
+          WHERE ${keys}.queue = ${queue} AND ${keys}.key = json_extract(s.value, '$[0]')`
+    }
+    if (picks.length === 0) return []
+    const order = new Map(picks.map((pick, index) => [pick.seq, index]))
+    const lease = JSON.stringify(picks.map((pick) => [pick.seq, pick.charged, pick.weight]))
+    const claimed = yield* pg
+      ? sql<Row>`UPDATE ${messages} m SET visible_at = ${now}::bigint + ${visibilityMillis},
+          receipt_handle = gen_random_uuid()::text, delivery_count = m.delivery_count + 1,
+          received_by = ${store.receiver}, extended_at = NULL,
+          leased_at = CASE WHEN p.charged IS NULL THEN NULL ELSE ${now}::bigint END,
+          charged = p.charged, lease_weight = p.weight
+        FROM (SELECT (v->>0)::bigint AS seq, (v->>1)::bigint AS charged, (v->>2)::float8 AS weight
+          FROM json_array_elements(${lease}::json) AS v) p
+        WHERE m.seq = p.seq AND m.visible_at <= ${now}::bigint
+        RETURNING m.seq, m.body, m.receipt_handle, m.delivery_count, m.enqueued_at, m.reply_to, m.traceparent,
+          m.key, m.priority`
+      : sql<Row>`UPDATE ${messages} SET visible_at = ${now} + ${visibilityMillis},
+          receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
+          received_by = ${store.receiver}, extended_at = NULL,
+          leased_at = CASE WHEN json_extract(p.value, '$[1]') IS NULL THEN NULL ELSE ${now} END,
+          charged = json_extract(p.value, '$[1]'), lease_weight = json_extract(p.value, '$[2]')
+        FROM json_each(${lease}) AS p
+        WHERE ${messages}.seq = json_extract(p.value, '$[0]') AND ${messages}.visible_at <= ${now}
+        RETURNING ${messages}.seq, ${messages}.body, ${messages}.receipt_handle, ${messages}.delivery_count,
+          ${messages}.enqueued_at, ${messages}.reply_to, ${messages}.traceparent, ${messages}.key,
+          ${messages}.priority`
+    // In the order picked (the batcher keeps it: `Row.order`).
+    return claimed.map((row) => ({ ...row, order: order.get(Number(row.seq)) ?? 0 }))
+  }))
+}
+
+/**
+ * Sets `key`'s settings in `queue` (`undefined`: the queue's defaults), each field given (`null` clears it,
+ * absent leaves it); the queue becomes scheduled. Checked already (`Scheduling.validateSettings`). Takes effect
+ * on the next claim.
+ */
+export const setSettings = (
+  store: Store,
+  queue: string,
+  key: string | undefined,
+  settings: Scheduling.StoredSettings
+): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  const table = sql(keysTable(store.prefix))
+  const columns: ReadonlyArray<readonly [keyof Scheduling.StoredSettings, string]> = [
+    ["limit", "max_leases"],
+    ["weight", "weight"],
+    ["startLimit", "start_limit"],
+    ["startIntervalMillis", "start_interval"],
+    ["tokenLimit", "token_limit"],
+    ["tokenIntervalMillis", "token_interval"]
+  ]
+  const given = columns.filter(([field]) => settings[field] !== undefined)
+  const name = key ?? queueRow
+  return Sql.writeTransaction(sql)(Effect.all([
+    markScheduled(store, queue),
+    sql`INSERT INTO ${table} (queue, key, vtime, idle) VALUES (${queue}, ${name},
+      (SELECT vtime FROM ${table} q WHERE q.queue = ${queue} AND q.key = ''), 0)
+      ON CONFLICT (queue, key) DO NOTHING`,
+    given.length === 0 ?
+      Effect.void :
+      sql`UPDATE ${table} SET ${
+        sql.csv(given.map(([field, column]) => sql`${sql(column)} = ${settings[field] ?? null}`))
+      } WHERE queue = ${queue} AND key = ${name}`
+  ], { discard: true }))
+}
+
+/** What `list` reports of a queue's keys at most. */
+export const listLimit = 10_000
+
+/**
+ * The keys of `queue` with unsettled messages (at most `listLimit`, most pending first), at `at` (SQL time):
+ * ready, in flight, pending, settings in force, leased time and share clock, rate windows.
+ */
+export const list = (
+  store: Store,
+  queue: string,
+  at: Statement.Fragment
+): Effect.Effect<ReadonlyArray<Scheduling.KeyState>, SqlError> =>
+  Effect.gen(function*() {
+    const { sql } = store
+    const keys = sql(keysTable(store.prefix))
+    const counts = yield* sql<
+      {
+        key: string
+        pending: number | string
+        ready: number | string
+        in_flight: number | string
+        now: number | string
+      }
+    >`SELECT key, count(*) AS pending,
+        sum(CASE WHEN visible_at <= ${at} THEN 1 ELSE 0 END) AS ready,
+        sum(CASE WHEN receipt_handle IS NOT NULL AND visible_at > ${at} THEN 1 ELSE 0 END) AS in_flight,
+        ${at} AS now
+      FROM ${sql(store.messages)} WHERE queue = ${queue} AND key IS NOT NULL
+      GROUP BY key ORDER BY count(*) DESC, key LIMIT ${listLimit}`
+    if (counts.length === 0) return []
+    const rows = yield* sql<KeyRow>`SELECT ${sql.literal(keyColumns)} FROM ${keys} WHERE queue = ${queue}
+      AND (key = '' OR key IN ${sql.in(counts.map((row) => row.key))})`
+    const byKey = new Map(rows.map((row) => [row.key, stateOf(row)]))
+    const defaults = byKey.get(queueRow)
+    const none = stateOf({
+      key: "",
+      max_leases: null,
+      weight: null,
+      start_limit: null,
+      start_interval: null,
+      token_limit: null,
+      token_interval: null,
+      vtime: 0,
+      mean: null,
+      leased: 0,
+      starts_window: 0,
+      starts_used: 0,
+      tokens_window: 0,
+      tokens_used: 0,
+      idle: 0
+    })
+    return counts.map((count): Scheduling.KeyState => {
+      const now = Number(count.now)
+      const row = byKey.get(count.key) ?? { ...none, key: count.key }
+      const settings = effective(row, defaults ?? none)
+      const window = (limit: number | undefined, per: number | undefined, start: number, used: number) =>
+        limit === undefined || per === undefined
+          ? undefined
+          : { used: Scheduling.windowStart(now, per) === start ? used : 0, count: limit, perMillis: per }
+      return {
+        key: count.key,
+        ready: Number(count.ready),
+        inFlight: Number(count.in_flight),
+        pending: Number(count.pending),
+        limit: settings.limit,
+        weight: settings.weight,
+        leasedMillis: row.leased,
+        vtime: row.vtime,
+        starts: window(settings.startLimit, settings.startInterval, row.startsWindow, row.startsUsed),
+        tokens: window(settings.tokenLimit, settings.tokenInterval, row.tokensWindow, row.tokensUsed)
+      }
+    })
+  })
