@@ -1,13 +1,14 @@
 /**
  * Attacks on what issue 45 has added so far (keys, priorities, limits, shares and rates in `MailboxMemory`;
  * key and priority on every `send`): a hostile sender's key names and priorities, an operator's settings, a
- * clock that jumps — and the SQL backends, which do not store keys yet, refusing them rather than dropping them.
+ * clock that jumps — and on the SQL backends: hostile key names, a second store noticing keys, bad settings.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Schema, TestClock } from "effect"
+import { Effect, Either, Layer, Schema, TestClock } from "effect"
 import * as Mailbox from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
 import * as MailboxSql from "../src/MailboxSql.js"
+import * as MailboxSqlAdmin from "../src/MailboxSqlAdmin.js"
 import { sqlBackends } from "./support/sqlBackends.js"
 
 const backends = sqlBackends("attack45")
@@ -75,19 +76,81 @@ describe("issue 45 attacks: memory", () => {
 })
 
 describe.each(backends)("issue 45 attacks: $label", (backend) => {
-  it.effect("a key or a priority is refused, typed and naming it, until the SQL store keeps them; nothing is stored", () =>
+  let prefixes = 0
+  const fresh = () => `a45_${++prefixes}_`
+
+  it.effect("hostile key names are stored and come back as sent: SQL, __proto__, unicode, 200 characters", () =>
     Effect.scoped(Effect.gen(function*() {
-      const mailbox = yield* MailboxSql.make({ name: "keyed", schema: Schema.String, prefix: "a45_" }).pipe(
+      const prefix = fresh()
+      const mailbox = yield* MailboxSql.make({ name: "keyed", schema: Schema.String, prefix }).pipe(
         Effect.provide(backend.context())
       )
-      const keyed = yield* Effect.either(mailbox.send("x", { key: "tenant" }))
-      expect(Either.isLeft(keyed) && keyed.left._tag === "InvalidParameterError" && keyed.left.parameter).toBe("key")
-      const urgent = yield* Effect.either(mailbox.send("x", { priority: 1 }))
-      expect(Either.isLeft(urgent) && urgent.left._tag === "InvalidParameterError" && urgent.left.parameter).toBe(
-        "priority"
+      const names = ["'; DROP TABLE leasehold_mailbox_keys; --", "__proto__", "constructor", "日本語 🎉", "k".repeat(200)]
+      for (const key of names) yield* mailbox.send(key, { key })
+      const received = yield* mailbox.receive({ maxMessages: 10 })
+      expect(received.map((m) => m.key).sort()).toEqual([...names].sort())
+      expect(received.every((m) => m.body === m.key)).toBe(true)
+      const admin = yield* MailboxSqlAdmin.queues({ prefix }).pipe(Effect.provide(backend.context()))
+      expect((yield* admin.keys("keyed")).map((k) => k.key).sort()).toEqual([...names].sort())
+      for (const m of received) yield* m.acknowledge
+      expect(yield* admin.keys("keyed")).toEqual([])
+    })))
+
+  it.effect("a store that only ever saw plain traffic notices another store's keyed send: its claims keep the limit", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const prefix = fresh()
+      // Two layers on one database: two stores, as two processes have.
+      const other = yield* Layer.build(
+        backend.label === "SQLite"
+          ? MailboxSql.layerSqlite({ filename: backend.db() })
+          : MailboxSql.layerPg({ url: backend.db() })
       )
-      expect(yield* mailbox.approximateCount).toBe(0)
-      yield* mailbox.send("plain")
-      expect(yield* mailbox.approximateCount).toBe(1)
+      const plain = yield* MailboxSql.make({ name: "mixed", schema: Schema.String, prefix }).pipe(
+        Effect.provide(backend.context())
+      )
+      yield* plain.send("u1")
+      const [first] = yield* plain.receive()
+      expect(first!.body).toBe("u1")
+      yield* first!.acknowledge
+      const sender = yield* MailboxSql.make({ name: "mixed", schema: Schema.String, prefix }).pipe(
+        Effect.provide(other)
+      )
+      const admin = yield* MailboxSqlAdmin.queues({ prefix }).pipe(Effect.provide(other))
+      yield* admin.setKeySettings("mixed", "t", { limit: 1 })
+      for (let i = 0; i < 3; i++) yield* sender.send(`t${i}`, { key: "t" })
+      const got = yield* plain.receive({ maxMessages: 10 })
+      expect(got.map((m) => m.body)).toEqual(["t0"])
+      expect(yield* plain.receive({ maxMessages: 10 })).toEqual([])
+      yield* got[0]!.acknowledge
+      expect((yield* plain.receive({ maxMessages: 10 })).map((m) => m.body)).toEqual(["t1"])
+    })))
+
+  it.effect("bad settings through the admin are refused naming the field, and nothing is stored", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const prefix = fresh()
+      const mailbox = yield* MailboxSql.make({ name: "q", schema: Schema.String, prefix }).pipe(
+        Effect.provide(backend.context())
+      )
+      const admin = yield* MailboxSqlAdmin.queues({ prefix }).pipe(Effect.provide(backend.context()))
+      const bad: ReadonlyArray<[string, string | undefined, Record<string, unknown>]> = [
+        ["limit", "k", { limit: -1 }],
+        ["limit", "k", { limit: 1.5 }],
+        ["weight", undefined, { weight: 0 }],
+        ["key", "a\nb", { limit: 1 }],
+        ["key", "", { limit: 1 }]
+      ]
+      for (const [field, key, settings] of bad) {
+        const refused = yield* Effect.either(admin.setKeySettings("q", key, settings))
+        expect(Either.isLeft(refused) && refused.left._tag).toBe("InvalidParameterError")
+        if (Either.isLeft(refused) && refused.left._tag === "InvalidParameterError") {
+          expect(refused.left.parameter).toContain(field)
+        }
+      }
+      const badQueue = yield* Effect.either(admin.setKeySettings("bad\u0000queue", "k", { limit: 1 }))
+      expect(Either.isLeft(badQueue) && badQueue.left._tag).toBe("InvalidParameterError")
+      // Nothing was stored: the queue is still plain, its messages flow in send order.
+      yield* mailbox.send("a")
+      yield* mailbox.send("b")
+      expect((yield* mailbox.receive({ maxMessages: 2 })).map((m) => m.body)).toEqual(["a", "b"])
     })))
 })
