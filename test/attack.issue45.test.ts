@@ -85,7 +85,13 @@ describe.each(backends)("issue 45 attacks: $label", (backend) => {
       const mailbox = yield* MailboxSql.make({ name: "keyed", schema: Schema.String, prefix }).pipe(
         Effect.provide(backend.context())
       )
-      const names = ["'; DROP TABLE leasehold_mailbox_keys; --", "__proto__", "constructor", "日本語 🎉", "k".repeat(200)]
+      const names = [
+        "'; DROP TABLE leasehold_mailbox_keys; --",
+        "__proto__",
+        "constructor",
+        "日本語 🎉",
+        "k".repeat(200)
+      ]
       for (const key of names) yield* mailbox.send(key, { key })
       const received = yield* mailbox.receive({ maxMessages: 10 })
       expect(received.map((m) => m.key).sort()).toEqual([...names].sort())

@@ -64,14 +64,16 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
       sql`ALTER TABLE ${sql(tableOf(store.prefix))} ADD COLUMN IF NOT EXISTS scheduled INTEGER NOT NULL DEFAULT 0`
     ]
     : [
-      sql`ALTER TABLE ${m} ADD COLUMN key TEXT`,
-      sql`ALTER TABLE ${m} ADD COLUMN priority INTEGER NOT NULL DEFAULT 0`,
-      sql`ALTER TABLE ${m} ADD COLUMN leased_at BIGINT`,
-      sql`ALTER TABLE ${m} ADD COLUMN charged BIGINT`,
-      sql`ALTER TABLE ${m} ADD COLUMN lease_weight REAL`,
-      sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN key TEXT`,
-      sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN priority INTEGER NOT NULL DEFAULT 0`,
-      sql`ALTER TABLE ${sql(tableOf(store.prefix))} ADD COLUMN scheduled INTEGER NOT NULL DEFAULT 0`
+      // SQLite has no ADD COLUMN IF NOT EXISTS: the columns missing are added (a test re-runs migrations).
+      addMissing(store, messages, [
+        ["key", "TEXT"],
+        ["priority", "INTEGER NOT NULL DEFAULT 0"],
+        ["leased_at", "BIGINT"],
+        ["charged", "BIGINT"],
+        ["lease_weight", "REAL"]
+      ]),
+      addMissing(store, deadLetters, [["key", "TEXT"], ["priority", "INTEGER NOT NULL DEFAULT 0"]]),
+      addMissing(store, tableOf(store.prefix), [["scheduled", "INTEGER NOT NULL DEFAULT 0"]])
     ]
   const keys = sql(keysTable(store.prefix))
   return Effect.all([
@@ -113,6 +115,23 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
       sql(chargesTable(store.prefix))
     } (queue, id)`
   ], { discard: true })
+}
+
+/** SQLite: adds to `table` those of `columns` (name, type) it does not have. */
+const addMissing = (
+  store: Store,
+  table: string,
+  columns: ReadonlyArray<readonly [string, string]>
+): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  return Effect.flatMap(sql<{ name: string }>`SELECT name FROM pragma_table_info(${table})`, (present) => {
+    const have = new Set(present.map((column) => column.name))
+    return Effect.forEach(
+      columns.filter(([name]) => !have.has(name)),
+      ([name, type]) => sql.unsafe(`ALTER TABLE "${table}" ADD COLUMN ${name} ${type}`),
+      { discard: true }
+    )
+  })
 }
 
 /**
@@ -167,9 +186,11 @@ export const chargedAfterExtension = (
 }
 
 /**
- * Marks `queue` scheduled and its `keys` active (their rows made, an idle one woken level with the queue's
- * share clock), before a send of keyed or prioritised messages stores them: a plain claim of another process
- * must not take them first. `keys` sorted (PostgreSQL locks their rows in that order).
+ * Marks `queue` scheduled and its `keys` known, before a send of keyed or prioritised messages stores them (in
+ * the send's transaction): a plain claim of another process must not take them first. A new key's row is made;
+ * every key named gets a wake entry in the ledger, which the next claim folds in (a key found without messages is
+ * `idle`, skipped by the walk until woken). No key row is locked: a claim that found the key empty just before
+ * this send committed leaves the wake entry in the ledger for the claim after it.
  */
 export const prepareSend = (
   store: Store,
@@ -178,20 +199,18 @@ export const prepareSend = (
   sql: SqlClient.SqlClient = store.sql
 ): Effect.Effect<void, SqlError> => {
   const table = sql(keysTable(store.prefix))
-  const sorted = [...new Set(keys)].sort()
+  const named = [...new Set(keys)].sort()
+  const each = store.dialect === "pg"
+    ? sql`json_array_elements_text(${JSON.stringify(named)}::json) AS k(value)`
+    : sql`json_each(${JSON.stringify(named)}) AS k`
   return Effect.all([
     markScheduled(store, queue, sql),
-    sorted.length === 0 ? Effect.void : sql`INSERT INTO ${table} (queue, key, vtime)
-      SELECT ${queue}, k.value, 0 FROM ${
-      store.dialect === "pg"
-        ? sql`json_array_elements_text(${JSON.stringify(sorted)}::json) AS k(value)`
-        : sql`json_each(${JSON.stringify(sorted)}) AS k`
-    }
-      WHERE true
-      ON CONFLICT (queue, key) DO UPDATE SET idle = 0, vtime = CASE WHEN ${table}.idle = 0 THEN ${table}.vtime
-        ELSE (SELECT ${store.dialect === "pg" ? sql`GREATEST` : sql`max`}(${table}.vtime, q.vtime) FROM ${table} q
-          WHERE q.queue = ${queue} AND q.key = '') END
-      WHERE ${table}.idle <> 0`
+    named.length === 0 ? Effect.void : sql`INSERT INTO ${table} (queue, key, vtime)
+      SELECT ${queue}, k.value, 0 FROM ${each} WHERE true
+      ON CONFLICT (queue, key) DO NOTHING`,
+    named.length === 0 ? Effect.void : sql`INSERT INTO ${sql(chargesTable(store.prefix))}
+        (queue, key, vtime, leased, held, tokens, at)
+      SELECT ${queue}, k.value, 0, 0, NULL, NULL, ${Sql.databaseNow(sql)} FROM ${each}`
   ], { discard: true })
 }
 
@@ -228,10 +247,13 @@ export const markScheduled = (
   })
 
 /** Whether `queue` is scheduled (read from the queues table once it is; a queue never goes back). */
-export const isScheduled = (store: Store, queue: string): Effect.Effect<boolean, SqlError> =>
+export const isScheduled = (
+  store: Store,
+  queue: string,
+  sql: SqlClient.SqlClient = store.sql
+): Effect.Effect<boolean, SqlError> =>
   Effect.suspend(() => {
     if (store.scheduled.has(queue)) return Effect.succeed(true)
-    const { sql } = store
     return Effect.map(
       sql<{ scheduled: number | string }>`SELECT scheduled FROM ${sql(tableOf(store.prefix))} WHERE name = ${queue}`,
       (rows) => {
@@ -324,12 +346,16 @@ const fold = (
     }
   >,
   rows: Map<string, KeyStateRow>,
-  defaults: KeyStateRow
+  defaults: KeyStateRow,
+  woken: Array<KeyStateRow>
 ) => {
   for (const entry of entries) {
     const row = rows.get(entry.key)
     if (row === undefined) continue
     row.changed = true
+    // Any entry wakes the key (a send writes one, with nothing to charge: `prepareSend`).
+    if (row.idle) woken.push(row)
+    row.idle = false
     row.vtime += Number(entry.vtime)
     row.leased += Number(entry.leased)
     if (entry.held !== null) {
@@ -404,6 +430,8 @@ export const claim = (
     const now = Number(head[0]!.now)
     const defaults = stateOf(head[0]!)
     const rows = new Map<string, KeyStateRow>()
+    // Keys the ledger woke from idle: the walk's pages (which skip idle rows) do not list them.
+    const woken: Array<KeyStateRow> = []
     // The ledger since the last claim: its keys' rows loaded and set right.
     const entries = yield* sql<
       {
@@ -421,7 +449,7 @@ export const claim = (
         sql.in(named)
       }`
       for (const row of loaded) rows.set(row.key, stateOf(row))
-      fold(entries, rows, defaults)
+      fold(entries, rows, defaults, woken)
     }
     let V = defaults.vtime
     // The walk: active keys by (clock, name), a page at a time.
@@ -450,6 +478,7 @@ export const claim = (
         heap.push(Math.max(row.vtime, V), row, tie++)
       }
     })
+    for (const row of woken) heap.push(Math.max(row.vtime, V), row, tie++)
     yield* loadPage
     // The queue's unkeyed messages in claim order (a queue that schedules by key can have them too).
     const unkeyed = yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at

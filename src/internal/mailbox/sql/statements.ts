@@ -126,7 +126,10 @@ const withScheduling = (store: Store, plain: Statements): Statements => {
           rows.length > 0
             ? Effect.succeed(rows)
             : Effect.flatMap(
-              Keys.isScheduled(store, queue),
+              // On PostgreSQL on the lane, as the claim: the application may hold every pooled connection.
+              store.dialect === "pg"
+                ? store.onLane((lane) => Keys.isScheduled(store, queue, lane))
+                : Keys.isScheduled(store, queue),
               (yes) => yes ? scheduled(queue, now, visibilityMillis, max) : Effect.succeed(rows)
             ))
   }
