@@ -35,6 +35,7 @@ for (const backend of backends) {
     setKeySettings: (mailbox, key, settings) =>
       Effect.flatMap(admin(mailbox), ({ name, queues }) => queues.setKeySettings(name, key, settings)),
     keys: (mailbox) => Effect.flatMap(admin(mailbox), ({ name, queues }) => queues.keys(name)),
-    fairnessTimeout: 900_000
+    fairnessTimeout: 300_000,
+    fairnessSimulation: backend.label === "SQLite"
   })
 }
