@@ -82,6 +82,10 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
     // pay nothing for it.
     sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_key`)} ON ${m} (queue, key, priority, seq)
       WHERE key IS NOT NULL`,
+    // The unkeyed messages of a scheduled queue in claim order: without it a claim of a queue with a keyed
+    // backlog would read every ready row to learn it has no unkeyed one. (Every unkeyed row pays for it, on a
+    // plain queue too: BENCHMARKS.md measures what.)
+    sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_unkeyed`)} ON ${m} (queue, priority, seq) WHERE key IS NULL`,
     sql`CREATE TABLE IF NOT EXISTS ${keys} (
       queue TEXT NOT NULL,
       key TEXT NOT NULL,
