@@ -7,7 +7,7 @@
  * Tests marked `fails` with a "BUG:" comment show a finding: they assert what the docs promise and fail today.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Either, Layer, Schema, TestClock } from "effect"
+import { DateTime, Duration, Effect, Either, Layer, Ref, Schema, TestClock } from "effect"
 import type { KeyState } from "../src/internal/mailbox/scheduling.js"
 import * as Mailbox from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
@@ -257,4 +257,404 @@ describe.each(backends)("atk sql45: $label", (backend) => {
       expect(yield* a.receive({ maxMessages: 10 })).toEqual([])
       expect(yield* b.receive({ maxMessages: 10 })).toEqual([])
     }), 60_000)
+
+  // -------------------------------------------------------------------------------------------------------------
+  // Limits: concurrency in one process and across two
+  // -------------------------------------------------------------------------------------------------------------
+
+  // On PostgreSQL this fails today by the bug below ("a key whose mean lease length is a fraction"): real leases
+  // of random lengths give fractional means, and the run's claims fail with "invalid input syntax for type
+  // bigint". Expected: it holds there as on SQLite.
+  ;(backend.label === "PostgreSQL" ? it.live.fails : it.live)("limit 3 of a key holds across 2 stores × 8 concurrent receivers; nothing lost or duplicated", () =>
+    Effect.scoped(Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const a = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      const other = yield* otherProcess(backend, prefix)
+      const b = yield* other.mailbox()
+      yield* admin.setKeySettings("q", "hot", { limit: 3 })
+      yield* admin.setKeySettings("q", undefined, { limit: 2 })
+      const sent: Array<string> = []
+      for (let i = 0; i < 30; i++) sent.push(yield* a.send(`hot${i}`, { key: "hot" }))
+      for (let i = 0; i < 20; i++) sent.push(yield* b.send(`cold${i}`, { key: `cold${i % 4}`, priority: i % 3 }))
+      for (let i = 0; i < 10; i++) sent.push(yield* a.send(`plain${i}`))
+      const live = yield* Ref.make(new Map<string, number>())
+      const worst = yield* Ref.make(new Map<string, number>())
+      const done = yield* Ref.make(new Set<string>())
+      const duplicates = yield* Ref.make(0)
+      const worker = (mailbox: Mailbox.Mailbox<string, string>) =>
+        Effect.gen(function*() {
+          let idle = 0
+          while (idle < 40) {
+            const got = yield* mailbox.receive({ maxMessages: 2, visibilityTimeout: "30 seconds" })
+            if (got.length === 0) {
+              idle++
+              yield* Effect.sleep("10 millis")
+              continue
+            }
+            idle = 0
+            for (const m of got) {
+              const key = m.key ?? ""
+              const now = yield* Ref.modify(live, (map) => {
+                const next = new Map(map)
+                next.set(key, (next.get(key) ?? 0) + 1)
+                return [next.get(key)!, next]
+              })
+              yield* Ref.update(worst, (map) => new Map(map).set(key, Math.max(map.get(key) ?? 0, now)))
+            }
+            yield* Effect.sleep(Duration.millis(5 + Math.floor(Math.random() * 20)))
+            for (const m of got) {
+              yield* Ref.update(live, (map) => new Map(map).set(m.key ?? "", map.get(m.key ?? "")! - 1))
+              const seen = yield* Ref.modify(done, (set) => [set.has(m.id), new Set(set).add(m.id)])
+              if (seen) yield* Ref.update(duplicates, (n) => n + 1)
+              yield* m.acknowledge
+            }
+          }
+        })
+      yield* Effect.all([...Array.from({ length: 8 }, () => worker(a)), ...Array.from({ length: 8 }, () => worker(b))], {
+        concurrency: "unbounded"
+      })
+      const peaks = yield* Ref.get(worst)
+      expect(peaks.get("hot")! <= 3).toBe(true)
+      for (let i = 0; i < 4; i++) expect(peaks.get(`cold${i}`)! <= 2).toBe(true)
+      expect(yield* Ref.get(duplicates)).toBe(0)
+      expect([...(yield* Ref.get(done))].sort()).toEqual([...sent].sort())
+      expect(yield* a.approximateCount).toBe(0)
+    })), 120_000)
+
+  it.scoped("limit 1 holds through nack, nack with delay, extend to 0, expiry and a stale handle's ack", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      yield* admin.setKeySettings("q", "k", { limit: 1 })
+      for (let i = 0; i < 4; i++) yield* mailbox.send(`k${i}`, { key: "k" })
+      const take = (visibilityTimeout: Duration.DurationInput = "1 minute") =>
+        mailbox.receive({ maxMessages: 10, visibilityTimeout })
+      const [first] = yield* take()
+      expect(first?.body).toBe("k0")
+      expect(yield* take()).toEqual([])
+      yield* first!.nack()
+      // Given back: it keeps its place.
+      const [again] = yield* take()
+      expect(again?.body).toBe("k0")
+      expect(again?.deliveryCount).toBe(2)
+      yield* again!.nack("30 seconds")
+      // Parked: it no longer counts, the next one goes.
+      const [second] = yield* take()
+      expect(second?.body).toBe("k1")
+      expect(yield* take()).toEqual([])
+      yield* second!.extendVisibility(0)
+      // Extended to 0: visible again at once, its lease gone.
+      const [third] = yield* take("10 seconds")
+      expect(third?.body).toBe("k1")
+      expect(yield* take()).toEqual([])
+      const stale = Either.isLeft(yield* Effect.either(second!.acknowledge))
+      expect(stale).toBe(true)
+      yield* TestClock.adjust("10 seconds")
+      // Expired: it stops counting, comes back first (k1), then k0 after its delay.
+      const [fourth] = yield* take()
+      expect(fourth?.body).toBe("k1")
+      const late = yield* Effect.either(third!.acknowledge)
+      expect(Either.isLeft(late) && late.left._tag).toBe("ReceiptHandleExpiredError")
+      expect(yield* take()).toEqual([])
+      yield* fourth!.acknowledge
+      yield* TestClock.adjust("30 seconds")
+      expect(bodies(yield* take())).toEqual(["k0"])
+      const state = stateOf(yield* admin.keys("q"), "k")!
+      expect([state.inFlight, state.pending, state.ready]).toEqual([1, 3, 2])
+    }))
+
+  it.scoped("a receive with visibilityTimeout 0 does not lift a key over its limit", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      yield* admin.setKeySettings("q", "k", { limit: 1 })
+      for (let i = 0; i < 3; i++) yield* mailbox.send(`k${i}`, { key: "k" })
+      const zero = yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: 0 })
+      expect(zero.length).toBe(1)
+      const after = yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+      expect(after.length).toBe(1)
+      expect(yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })).toEqual([])
+    }))
+
+  it.scoped("replyAndAcknowledge on a keyed message frees its place and the reply arrives (same store)", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const requests = yield* mailboxOf(backend, prefix, "requests")
+      const replies = yield* mailboxOf(backend, prefix, "replies")
+      const admin = yield* adminOf(backend, prefix)
+      yield* admin.setKeySettings("requests", undefined, { limit: 1 })
+      yield* requests.send("r0", { key: "t", replyTo: "replies" })
+      yield* requests.send("r1", { key: "t", replyTo: "replies" })
+      const [m] = yield* requests.receive({ maxMessages: 10 })
+      expect(yield* requests.receive({ maxMessages: 10 })).toEqual([])
+      yield* m!.replyAndAcknowledge("answer").pipe(Effect.provide(backend.context()), Effect.provideServiceEffect(
+        Mailbox.MailboxResolver,
+        MailboxSql.resolver({ prefix }).pipe(Effect.provide(backend.context()))
+      ))
+      expect(bodies(yield* requests.receive({ maxMessages: 10 }))).toEqual(["r1"])
+      const [reply] = yield* replies.receive()
+      expect(reply?.body).toBe("answer")
+      expect(reply?.key).toBeUndefined()
+    }))
+
+  it.scoped("purge with live leases: the old leases stop counting and their handles are stale", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      yield* admin.setKeySettings("q", "k", { limit: 1 })
+      yield* mailbox.send("k0", { key: "k" })
+      yield* mailbox.send("k1", { key: "k" })
+      const [old] = yield* mailbox.receive()
+      expect(yield* mailbox.purge).toBe(2)
+      yield* mailbox.send("k2", { key: "k" })
+      expect(bodies(yield* mailbox.receive())).toEqual(["k2"])
+      expect(Either.isLeft(yield* Effect.either(old!.acknowledge))).toBe(true)
+      expect(Either.isLeft(yield* Effect.either(old!.extendVisibility("1 minute")))).toBe(true)
+      const state = stateOf(yield* admin.keys("q"), "k")!
+      expect([state.inFlight, state.pending]).toEqual([1, 1])
+    }))
+
+  // -------------------------------------------------------------------------------------------------------------
+  // Dead letters
+  // -------------------------------------------------------------------------------------------------------------
+
+  it.scoped("an undecodable keyed message is dead-lettered and redriven with its key and priority; limits hold", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const writer = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      yield* admin.setKeySettings("q", "k", { limit: 1 })
+      yield* writer.send("not a number", { key: "k", priority: -7 })
+      yield* writer.send("also not", { key: "k", priority: 5 })
+      const strict = yield* MailboxSql.make({ name: "q", schema: Schema.NumberFromString, prefix }).pipe(
+        Effect.provide(backend.context())
+      )
+      expect(yield* strict.receive({ maxMessages: 10 })).toEqual([])
+      expect(yield* strict.receive({ maxMessages: 10 })).toEqual([])
+      const letters = yield* MailboxSqlAdmin.deadLetters({ prefix }).pipe(Effect.provide(backend.context()))
+      expect(yield* letters.count({ queue: "q" })).toBe(2)
+      expect(yield* letters.redrive({ queue: "q" })).toBe(2)
+      const got = yield* writer.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+      expect(got.map((m) => [m.body, m.key, m.priority])).toEqual([["not a number", "k", -7]])
+      yield* got[0]!.acknowledge
+      const next = yield* writer.receive({ maxMessages: 10 })
+      expect(next.map((m) => [m.body, m.key, m.priority])).toEqual([["also not", "k", 5]])
+    }))
+
+  // BUG: the dead-letter sink (`MailboxSqlAdmin.deadLetters().sink`, where a MainLoop's or MailboxWorker's DLQ
+  // policy stores requests that keep failing) takes a `DeadLetter` record, which has no key or priority, and
+  // stores neither: a redriven letter comes back unkeyed (no limit, no share, no rate). Expected: the redriven
+  // message has the key and priority it was sent with (issue 45: "carried through redrive").
+  it.scoped.fails("a keyed message dead-lettered through the sink a worker's policy uses comes back with its key", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      yield* mailbox.send("poison", { key: "tenant", priority: 3 })
+      const [m] = yield* mailbox.receive()
+      const letters = yield* MailboxSqlAdmin.deadLetters({ prefix }).pipe(Effect.provide(backend.context()))
+      const now = yield* DateTime.now
+      yield* letters.sink(Schema.String).send({
+        messageId: m!.id,
+        body: m!.body,
+        sourceMailbox: mailbox.name,
+        deliveryCount: m!.deliveryCount,
+        lastError: "boom",
+        lastErrorTag: "Boom",
+        enqueuedAt: m!.enqueuedAt,
+        deadLetteredAt: now,
+        requestId: undefined,
+        replyTo: undefined,
+        traceId: undefined
+      })
+      yield* m!.acknowledge
+      expect(yield* letters.redrive({ queue: "q" })).toBe(1)
+      const [back] = yield* mailbox.receive()
+      expect([back?.body, back?.key, back?.priority]).toEqual(["poison", "tenant", 3])
+    }))
+
+  // -------------------------------------------------------------------------------------------------------------
+  // Hostile input
+  // -------------------------------------------------------------------------------------------------------------
+
+  it.scoped("keys named like SQL, object properties, 200 characters, unicode are keys like any other", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      const names = [
+        "'; DROP TABLE x; --",
+        `${prefix}mailbox_keys`,
+        "__proto__",
+        "constructor",
+        "x".repeat(200),
+        "日本語-テナント",
+        "emoji-😀",
+        "a\\b",
+        "%_*",
+        "\"quoted\""
+      ]
+      for (const key of names) {
+        yield* admin.setKeySettings("q", key, { limit: 1 })
+        yield* mailbox.send(`${key}#1`, { key })
+        yield* mailbox.send(`${key}#2`, { key })
+      }
+      const got = yield* Effect.map(
+        Effect.all(Array.from({ length: 5 }, () => mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" }))),
+        (pages) => pages.flat()
+      )
+      expect(got.map((m) => m.key).sort()).toEqual([...names].sort())
+      for (const m of got) expect(m.body).toBe(`${m.key}#1`)
+      const keys = yield* admin.keys("q")
+      expect(keys.map((k) => [k.key, k.inFlight, k.pending, k.limit]).sort()).toEqual(
+        names.map((key) => [key, 1, 2, 1]).sort()
+      )
+    }))
+
+  it.scoped("a bad key, priority, setting or token count is a typed error naming it, and stores nothing", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      const parameter = (e: Either.Either<unknown, { readonly _tag: string; readonly parameter?: string }>) =>
+        Either.isLeft(e) ? `${e.left._tag}:${e.left.parameter}` : "accepted"
+      for (const key of ["", "x".repeat(201), "a\u0000b", "\ud800", 42 as unknown as string]) {
+        expect(parameter(yield* Effect.either(mailbox.send("x", { key })))).toBe("InvalidParameterError:key")
+        expect(parameter(yield* Effect.either(admin.setKeySettings("q", key, { limit: 1 })))).toBe(
+          "InvalidParameterError:key"
+        )
+      }
+      for (const priority of [2 ** 31, -(2 ** 31) - 1, 1.5, Number.NaN, Infinity, "1" as unknown as number]) {
+        expect(parameter(yield* Effect.either(mailbox.send("x", { key: "k", priority })))).toBe(
+          "InvalidParameterError:priority"
+        )
+      }
+      expect(yield* mailbox.approximateCount).toBe(0)
+      yield* admin.setKeySettings("q", "k", { limit: 2, weight: 2 })
+      const bad: ReadonlyArray<readonly [unknown, string]> = [
+        [{ limit: -1 }, "limit"],
+        [{ limit: 1.5 }, "limit"],
+        [{ limit: Number.NaN }, "limit"],
+        [{ limit: 1_000_001 }, "limit"],
+        [{ limit: "3" }, "limit"],
+        [{ weight: 0 }, "weight"],
+        [{ weight: 0.0001 }, "weight"],
+        [{ weight: 1001 }, "weight"],
+        [{ weight: Infinity }, "weight"],
+        [{ weight: Number.NaN }, "weight"],
+        [{ starts: { count: -1, per: "1 second" } }, "starts.count"],
+        [{ starts: { count: 1.5, per: "1 second" } }, "starts.count"],
+        [{ starts: { count: 1, per: "0 millis" } }, "starts.per"],
+        [{ starts: { count: 1, per: "2 days" } }, "starts.per"],
+        [{ starts: { count: 1, per: "soon" } }, "starts.per"],
+        [{ tokens: { count: 1e13, per: "1 minute" } }, "tokens.count"],
+        [{ tokens: 5 }, "tokens"],
+        [{ limit: 1, weight: -1 }, "weight"]
+      ]
+      for (const [settings, field] of bad) {
+        expect(parameter(yield* Effect.either(admin.setKeySettings("q", "k", settings as never)))).toBe(
+          `InvalidParameterError:${field}`
+        )
+      }
+      expect(parameter(yield* Effect.either(admin.setKeySettings("bad queue\u0000", "k", { limit: 1 })))).toBe(
+        "InvalidParameterError:queue"
+      )
+      expect(parameter(yield* Effect.either(admin.setKeySettings("q", "k", null as never)))).toBe(
+        "InvalidParameterError:settings"
+      )
+      yield* mailbox.send("k0", { key: "k" })
+      const [state] = yield* admin.keys("q")
+      expect([state?.limit, state?.weight]).toEqual([2, 2])
+      const [m] = yield* mailbox.receive()
+      for (const tokens of [-1, 1.5, Number.NaN, Infinity, Number.MAX_SAFE_INTEGER + 2, "5" as unknown as number]) {
+        expect(parameter(yield* Effect.either(Mailbox.chargeTokens(m!, tokens)))).toBe("InvalidParameterError:tokens")
+      }
+      expect(parameter(yield* Effect.either(Mailbox.chargeTokens(m!, 0)))).toBe("accepted")
+    }))
+
+  it.scoped("priorities at ±(2^31 - 1) and -2^31 keep order within a key and on return", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      yield* mailbox.send("max", { key: "k", priority: 2 ** 31 - 1 })
+      yield* mailbox.send("zero", { key: "k" })
+      yield* mailbox.send("min", { key: "k", priority: -(2 ** 31) })
+      yield* mailbox.send("almost-min", { key: "k", priority: -(2 ** 31) + 1 })
+      const [first] = yield* mailbox.receive()
+      expect([first?.body, first?.priority]).toEqual(["min", -(2 ** 31)])
+      yield* first!.nack()
+      const all = yield* mailbox.receive({ maxMessages: 10 })
+      expect(all.map((m) => [m.body, m.priority])).toEqual([
+        ["min", -(2 ** 31)],
+        ["almost-min", -(2 ** 31) + 1],
+        ["zero", undefined],
+        ["max", 2 ** 31 - 1]
+      ])
+    }))
+
+  it.scoped("a token charge after the fact holds the key until its window turns, even charged after the ack", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      yield* TestClock.adjust("10 minutes")
+      yield* admin.setKeySettings("q", "k", { tokens: { count: 100, per: "1 hour" } })
+      yield* mailbox.send("k0", { key: "k" })
+      const [m] = yield* mailbox.receive()
+      yield* m!.acknowledge
+      yield* Mailbox.chargeTokens(m!, Number.MAX_SAFE_INTEGER)
+      yield* mailbox.send("k1", { key: "k" })
+      yield* mailbox.send("other", { key: "o" })
+      const [other] = yield* mailbox.receive({ maxMessages: 10 })
+      expect(other?.body).toBe("other")
+      yield* other!.acknowledge
+      yield* TestClock.adjust("50 minutes")
+      expect(bodies(yield* mailbox.receive({ maxMessages: 10 }))).toEqual(["k1"])
+    }))
+
+  // BUG (PostgreSQL): token charges, each a safe integer (accepted), whose sum passes what BIGINT holds: every
+  // later claim of the queue fails (the claim writes the key's tokens_used back as bigint), so no key and no
+  // unkeyed message of the queue is received again. Expected: the claim goes on (the key is over its budget, the
+  // others flow). SQLite holds.
+  ;(backend.label === "PostgreSQL" ? it.scoped.fails : it.scoped)("token charges summing past 2^63 do not wedge the queue's claims", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      yield* admin.setKeySettings("q", "k", { tokens: { count: 100, per: "1 hour" } })
+      yield* mailbox.send("k0", { key: "k" })
+      const [m] = yield* mailbox.receive({ visibilityTimeout: "1 hour" })
+      yield* Effect.all(Array.from({ length: 1100 }, () => Mailbox.chargeTokens(m!, Number.MAX_SAFE_INTEGER)), {
+        concurrency: 20,
+        discard: true
+      })
+      yield* mailbox.send("other", { key: "o" })
+      yield* mailbox.send("plain")
+      const got = yield* Effect.either(mailbox.receive({ maxMessages: 10 }))
+      expect(Either.isRight(got) ? bodies(got.right).sort() : got.left.message).toEqual(["other", "plain"])
+    }), 120_000)
+
+  // BUG (PostgreSQL): a key's mean lease length is an exponential average (a fraction as soon as two leases
+  // differ by a length not divisible by 4); the claim charges it up front and casts it to bigint
+  // ("invalid input syntax for type bigint: \"1000.25\""), so every claim that picks the key fails with
+  // MailboxConnectionError: the whole queue stops (found first by the live two-store test, "160.75").
+  // Expected: the key's next message is received. SQLite holds.
+  ;(backend.label === "PostgreSQL" ? it.scoped.fails : it.scoped)("a key whose mean lease length is a fraction is still claimed", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      for (const held of [1000, 1001]) {
+        yield* mailbox.send(`k${held}`, { key: "k" })
+        const [m] = yield* mailbox.receive({ visibilityTimeout: "1 minute" })
+        yield* TestClock.adjust(held)
+        yield* m!.acknowledge
+      }
+      yield* mailbox.send("next", { key: "k" })
+      yield* mailbox.send("plain")
+      const got = yield* Effect.either(mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" }))
+      expect(Either.isRight(got) ? bodies(got.right).sort() : got.left.message).toEqual(["next", "plain"])
+    }))
 })
