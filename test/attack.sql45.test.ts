@@ -1036,4 +1036,32 @@ describe.each(backends)("atk sql45: $label", (backend) => {
       }),
     60_000
   )
+
+  /** Key "a" once settled at once (a 0 ms lease), then "a" and "b" with ten jobs each: the first batch of ten. */
+  const instantHistory = (mailbox: Mailbox.Mailbox<string, string>) =>
+    Effect.gen(function*() {
+      yield* mailbox.send("a-history", { key: "a" })
+      const [h] = yield* mailbox.receive({ visibilityTimeout: "1 minute" })
+      yield* h!.acknowledge
+      for (let i = 0; i < 10; i++) yield* mailbox.send(`a${i}`, { key: "a" })
+      for (let i = 0; i < 10; i++) yield* mailbox.send(`b${i}`, { key: "b" })
+      const batch = yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+      return batch.filter((m) => m.key === "b").length
+    })
+
+  it.scoped("(memory) a key once settled at once does not take every worker of the next batch", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* MailboxMemory.make<string, string>({ name: "q" })
+      expect(yield* instantHistory(mailbox)).toBeGreaterThanOrEqual(4)
+    }))
+
+  // BUG: a key's first settled lease sets its mean lease length outright (0 ms for a lease settled at once), and
+  // the claim then charges that key nothing up front: a batch of ten goes nine to it, one to a key with as much
+  // ready work (MailboxMemory fixed this — "a key's mean lease starts at the visibility" — and gives 5 / 5).
+  // Expected: at least 4 of the 10 to "b".
+  it.scoped.fails("a key once settled at once does not take every worker of the next batch", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* mailboxOf(backend, freshPrefix())
+      expect(yield* instantHistory(mailbox)).toBeGreaterThanOrEqual(4)
+    }))
 })
