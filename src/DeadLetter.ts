@@ -96,6 +96,9 @@ export interface DeadLetter<A> {
   readonly requestId: string | undefined
   readonly replyTo: string | undefined
   readonly traceId: string | undefined
+  /** The message's key and priority (scheduling by key), kept so a redrive puts it back under its key. */
+  readonly key?: string | undefined
+  readonly priority?: number | undefined
 }
 
 /**

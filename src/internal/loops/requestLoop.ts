@@ -218,7 +218,9 @@ export const make = <Body extends Envelope, Res, Out, E, R>(options: {
           deadLetteredAt: yield* DateTime.now,
           requestId: message.body.requestId,
           replyTo: Option.getOrUndefined(message.replyTo),
-          traceId: message.body.traceId ?? idsOf(message.traceparent)?.traceId
+          traceId: message.body.traceId ?? idsOf(message.traceparent)?.traceId,
+          ...(message.key === undefined ? {} : { key: message.key }),
+          ...(message.priority === undefined ? {} : { priority: message.priority })
         }
         const stored = yield* Effect.either(lease.keep(queue.mailbox.send(letter)))
         if (stored._tag === "Left") {

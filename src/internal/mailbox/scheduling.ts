@@ -10,8 +10,9 @@
  * message keeps its place when it comes back (its lease ran out, it was given
  * back by a draining worker, nacked): it is ordered by when it was first sent,
  * not by when it became visible again. (A message without a key that comes
- * back still goes behind those waiting, as before keys: MainLoop's tests of
- * redelivery rely on that order; to be settled with the SQL backends.) Across keys, fair shares decide (a
+ * back keeps its place too in a SQL queue scheduled by key; in memory, and in
+ * a SQL queue that never used a key, it goes behind those waiting, as before
+ * keys — MainLoop's redelivery tests rely on that order.) Across keys, fair shares decide (a
  * sender cannot jump the fleet by marking everything urgent); a message sent
  * without a key is in no key: never limited, and the claim serves the older
  * of the unkeyed head and the fair pick (by first enqueue: priority orders a

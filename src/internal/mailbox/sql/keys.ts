@@ -1,7 +1,7 @@
 /**
  * Scheduling by key on SQLite and PostgreSQL (the rules are `../scheduling.ts`; MailboxMemory keeps the same
  * ones in memory). A queue becomes *scheduled* the first time a message is sent to it with a key or a
- * priority, or a key setting is made for it (the queues table's `scheduled`); from then on its claims go
+ * priority, or a key setting is made for it (its row `''` in the keys table); from then on its claims go
  * through `claim` here, and the plain claim (`statements.ts`, PostgreSQL's function) gives it nothing, as it
  * gives a paused queue nothing — so a queue that never used a key pays no more than before.
  *
@@ -60,8 +60,7 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
         ADD COLUMN IF NOT EXISTS charged BIGINT,
         ADD COLUMN IF NOT EXISTS lease_weight DOUBLE PRECISION`,
       sql`ALTER TABLE ${sql(deadLetters)} ADD COLUMN IF NOT EXISTS key TEXT,
-        ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DEFAULT 0`,
-      sql`ALTER TABLE ${sql(tableOf(store.prefix))} ADD COLUMN IF NOT EXISTS scheduled INTEGER NOT NULL DEFAULT 0`
+        ADD COLUMN IF NOT EXISTS priority INTEGER NOT NULL DEFAULT 0`
     ]
     : [
       // SQLite has no ADD COLUMN IF NOT EXISTS: the columns missing are added (a test re-runs migrations).
@@ -72,8 +71,7 @@ export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
         ["charged", "BIGINT"],
         ["lease_weight", "REAL"]
       ]),
-      addMissing(store, deadLetters, [["key", "TEXT"], ["priority", "INTEGER NOT NULL DEFAULT 0"]]),
-      addMissing(store, tableOf(store.prefix), [["scheduled", "INTEGER NOT NULL DEFAULT 0"]])
+      addMissing(store, deadLetters, [["key", "TEXT"], ["priority", "INTEGER NOT NULL DEFAULT 0"]])
     ]
   const keys = sql(keysTable(store.prefix))
   return Effect.all([
@@ -233,7 +231,11 @@ export const chargeTokens = (
   )
 }
 
-/** The queue's flag and its `''` row (defaults, share clock): once, then a look-up finds them. */
+/**
+ * Makes `queue` scheduled: its `''` row (defaults, share clock), once, then a look-up finds it. The row is what
+ * every plain claim checks (and nothing deletes it: dropping the queue from the queues table leaves it, so a
+ * process that knew the queue scheduled is never wrong).
+ */
 export const markScheduled = (
   store: Store,
   queue: string,
@@ -241,16 +243,14 @@ export const markScheduled = (
 ): Effect.Effect<void, SqlError> =>
   Effect.suspend(() => {
     if (store.scheduled.has(queue)) return Effect.void
-    return Effect.all([
-      sql`INSERT INTO ${sql(keysTable(store.prefix))} (queue, key, vtime) VALUES (${queue}, '', 0)
-        ON CONFLICT (queue, key) DO NOTHING`,
-      sql`INSERT INTO ${sql(tableOf(store.prefix))} (name, created_at, paused, scheduled)
-        VALUES (${queue}, ${Sql.databaseNow(sql)}, 0, 1)
-        ON CONFLICT (name) DO UPDATE SET scheduled = 1 WHERE ${sql(tableOf(store.prefix))}.scheduled = 0`
-    ], { discard: true }).pipe(Effect.tap(() => Effect.sync(() => store.scheduled.add(queue))))
+    return sql`INSERT INTO ${sql(keysTable(store.prefix))} (queue, key, vtime) VALUES (${queue}, '', 0)
+        ON CONFLICT (queue, key) DO NOTHING`.pipe(
+      Effect.tap(() => Effect.sync(() => store.scheduled.add(queue))),
+      Effect.asVoid
+    )
   })
 
-/** Whether `queue` is scheduled (read from the queues table once it is; a queue never goes back). */
+/** Whether `queue` is scheduled (read once it is; a queue never goes back). */
 export const isScheduled = (
   store: Store,
   queue: string,
@@ -259,9 +259,9 @@ export const isScheduled = (
   Effect.suspend(() => {
     if (store.scheduled.has(queue)) return Effect.succeed(true)
     return Effect.map(
-      sql<{ scheduled: number | string }>`SELECT scheduled FROM ${sql(tableOf(store.prefix))} WHERE name = ${queue}`,
+      sql`SELECT 1 FROM ${sql(keysTable(store.prefix))} WHERE queue = ${queue} AND key = ''`,
       (rows) => {
-        const scheduled = rows.length > 0 && Number(rows[0]!.scheduled) !== 0
+        const scheduled = rows.length > 0
         if (scheduled) store.scheduled.add(queue)
         return scheduled
       }
@@ -363,17 +363,23 @@ const fold = (
     row.vtime += Number(entry.vtime)
     row.leased += Number(entry.leased)
     if (entry.held !== null) {
+      // The mean starts at what the first lease was charged (the visibility: `expectedLength`'s first guess) and
+      // moves a quarter of the way per lease, as in memory: one lease settled at once does not make a key free.
       const held = Number(entry.held)
-      row.mean = row.mean === undefined ? held : row.mean + Scheduling.meanWeight * (held - row.mean)
+      const start = row.mean ?? held - Number(entry.leased)
+      row.mean = start + Scheduling.meanWeight * (held - start)
     }
     if (entry.tokens !== null) {
       const interval = effective(row, defaults).tokenInterval
       if (interval === undefined) continue
       const window = Scheduling.windowStart(Number(entry.at), interval)
+      // Held to what a BIGINT column and a JavaScript number both keep exactly: past it the key is over any budget.
       if (window > row.tokensWindow) {
         row.tokensWindow = window
-        row.tokensUsed = Number(entry.tokens)
-      } else if (window === row.tokensWindow) row.tokensUsed += Number(entry.tokens)
+        row.tokensUsed = Math.min(Number(entry.tokens), Number.MAX_SAFE_INTEGER)
+      } else if (window === row.tokensWindow) {
+        row.tokensUsed = Math.min(row.tokensUsed + Number(entry.tokens), Number.MAX_SAFE_INTEGER)
+      }
     }
   }
 }
@@ -463,8 +469,43 @@ export const claim = (
     const live = new Map<string, number>()
     let cursor: { vtime: number; key: string } | undefined
     let exhausted = false
-    let looked = 0
-    const lookLimit = max + 256
+    const inList = (names: ReadonlyArray<string>) =>
+      pg ? sql`(SELECT json_array_elements_text(${JSON.stringify(names)}::json))` : sql`(SELECT value FROM json_each(${
+        JSON.stringify(names)
+      }))`
+    /**
+     * What the walk needs of `batch`'s keys, in three statements for all of them: each one's ready messages in
+     * claim order (at most `max`), its live leases, and — for one with nothing ready — whether it has any
+     * message at all (none: idle until a send wakes it).
+     */
+    const lookUp = (batch: ReadonlyArray<KeyStateRow>) =>
+      Effect.gen(function*() {
+        const names = batch.map((row) => row.key).filter((name) => !ready.has(name))
+        if (names.length === 0) return
+        const found = yield* sql<Candidate & { n: number | string }>`SELECT * FROM (
+            SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at,
+              row_number() OVER (PARTITION BY key ORDER BY priority, seq) AS n
+            FROM ${messages} WHERE queue = ${queue} AND key IN ${inList(names)} AND visible_at <= ${now}) r
+          WHERE r.n <= ${max} ORDER BY key, priority, seq`
+        for (const name of names) ready.set(name, [])
+        for (const row of found) ready.get(row.key!)!.push(row)
+        const counted = yield* sql<{ key: string; n: number | string }>`SELECT key, count(*) AS n FROM ${messages}
+          WHERE queue = ${queue} AND key IN ${inList(names)} AND receipt_handle IS NOT NULL AND visible_at > ${now}
+          GROUP BY key`
+        for (const name of names) live.set(name, 0)
+        for (const row of counted) live.set(row.key, Number(row.n))
+        const empty = names.filter((name) => ready.get(name)!.length === 0 && live.get(name) === 0)
+        if (empty.length === 0) return
+        const any = yield* sql<{ key: string }>`SELECT DISTINCT key FROM ${messages}
+          WHERE queue = ${queue} AND key IN ${inList(empty)}`
+        const some = new Set(any.map((row) => row.key))
+        for (const name of empty) {
+          if (some.has(name)) continue
+          const row = rows.get(name)!
+          row.idle = true
+          row.changed = true
+        }
+      })
     const loadPage = Effect.gen(function*() {
       const more = yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND idle = 0
         AND key <> ''${
@@ -474,15 +515,21 @@ export const claim = (
       }
         ORDER BY vtime, key LIMIT ${page}`
       if (more.length < page) exhausted = true
+      const batch: Array<KeyStateRow> = []
       for (const found of more) {
         cursor = { vtime: Number(found.vtime), key: found.key }
         // A row set right by the ledger is the one to use (its clock moved).
         const row = rows.get(found.key) ?? stateOf(found)
         rows.set(row.key, row)
+        batch.push(row)
         heap.push(Math.max(row.vtime, V), row, tie++)
       }
+      yield* lookUp(batch)
     })
-    for (const row of woken) heap.push(Math.max(row.vtime, V), row, tie++)
+    if (woken.length > 0) {
+      for (const row of woken) heap.push(Math.max(row.vtime, V), row, tie++)
+      yield* lookUp(woken)
+    }
     yield* loadPage
     // The queue's unkeyed messages in claim order (a queue that schedules by key can have them too).
     const unkeyed = yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at
@@ -492,16 +539,16 @@ export const claim = (
     const picks: Array<Pick> = []
     const corrections: Array<Candidate> = []
     while (picks.length < max) {
-      // The next page when the best key so far might be beaten by one not yet loaded.
-      while (!exhausted && (heap.size === 0 || heap.peekKey()! > (cursor?.vtime ?? -Infinity))) {
-        const before = heap.size
-        yield* loadPage
-        if (heap.size === before) break
-      }
       let fair: { row: KeyStateRow; candidate: Candidate; weight: number; expected: number } | undefined
-      while (fair === undefined && heap.size > 0 && looked < lookLimit) {
+      while (fair === undefined) {
+        // The next page when the best key so far might be beaten by one not yet loaded (every key is looked at
+        // before a claim gives up: a key with ready work is never left behind others that cannot take any).
+        if (!exhausted && (heap.size === 0 || heap.peekKey()! > (cursor?.vtime ?? -Infinity))) {
+          yield* loadPage
+          continue
+        }
+        if (heap.size === 0) break
         const row = heap.pop()!
-        looked++
         const settings = effective(row, defaults)
         // Rates: a key over its start rate or its token budget waits for its window to turn.
         if (settings.startLimit !== undefined && settings.startInterval !== undefined) {
@@ -515,38 +562,14 @@ export const claim = (
         }
         if (settings.tokenLimit !== undefined && settings.tokenInterval !== undefined) {
           const window = Scheduling.windowStart(now, settings.tokenInterval)
-          if (window === row.tokensWindow && row.tokensUsed >= settings.tokenLimit) continue
+          const used = window === row.tokensWindow ? row.tokensUsed : 0
+          if (used >= settings.tokenLimit) continue
         }
-        let waiting = ready.get(row.key)
-        if (waiting === undefined) {
-          waiting = [
-            ...(yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at
-              FROM ${messages} WHERE queue = ${queue} AND key = ${row.key} AND visible_at <= ${now}
-              ORDER BY priority, seq LIMIT ${max}`)
-          ]
-          ready.set(row.key, waiting)
-          if (waiting.length === 0) {
-            // Nothing ready: idle when it has no message at all (a send wakes it), else it waits in the walk.
-            const any = yield* sql`SELECT 1 FROM ${messages} WHERE queue = ${queue} AND key = ${row.key} LIMIT 1`
-            if (any.length === 0) {
-              row.idle = true
-              row.changed = true
-            }
-            continue
-          }
-        }
+        const waiting = ready.get(row.key) ?? []
         if (waiting.length === 0) continue
-        if (settings.limit !== undefined) {
-          let leases = live.get(row.key)
-          if (leases === undefined) {
-            const counted = yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${messages}
-              WHERE queue = ${queue} AND key = ${row.key} AND receipt_handle IS NOT NULL AND visible_at > ${now}`
-            leases = Number(counted[0]?.n ?? 0)
-            live.set(row.key, leases)
-          }
-          if (leases >= settings.limit) continue
-        }
-        const expected = row.mean ?? visibilityMillis
+        if (settings.limit !== undefined && (live.get(row.key) ?? 0) >= settings.limit) continue
+        // Whole milliseconds: the lease's `charged` is an integer column.
+        const expected = Math.max(1, Math.round(row.mean ?? visibilityMillis))
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
       }
       const unkeyedHead = unkeyed[nextUnkeyed]
@@ -711,6 +734,18 @@ export const list = (
       AND (key = '' OR key IN ${sql.in(counts.map((row) => row.key))})`
     const byKey = new Map(rows.map((row) => [row.key, stateOf(row)]))
     const defaults = byKey.get(queueRow)
+    // What the ledger holds for them, folded here as the next claim will (nothing is written).
+    const pending = yield* sql<
+      {
+        key: string
+        vtime: number | string
+        leased: number | string
+        held: number | string | null
+        tokens: number | string | null
+        at: number | string
+      }
+    >`SELECT key, vtime, leased, held, tokens, at FROM ${sql(chargesTable(store.prefix))} WHERE queue = ${queue}
+      ORDER BY id`
     const none = stateOf({
       key: "",
       max_leases: null,
@@ -728,6 +763,7 @@ export const list = (
       tokens_used: 0,
       idle: 0
     })
+    fold(pending, byKey, defaults ?? none, [])
     return counts.map((count): Scheduling.KeyState => {
       const now = Number(count.now)
       const row = byKey.get(count.key) ?? { ...none, key: count.key }

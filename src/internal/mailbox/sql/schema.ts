@@ -170,10 +170,15 @@ const createClaimFunction = (
   const receiver = options?.receiver === true
   // One primary-key look-up per claim: a paused queue (queues.ts) gives nothing.
   const pause = options?.pause === true
-    ? sql`IF EXISTS (SELECT 1 FROM ${sql(Queues.tableOf(store.prefix))} q WHERE q.name = p_queue AND (q.paused <> 0${
-      options?.scheduled === true ? sql` OR q.scheduled <> 0` : sql``
-    }))
+    ? sql`IF EXISTS (SELECT 1 FROM ${sql(Queues.tableOf(store.prefix))} q WHERE q.name = p_queue AND q.paused <> 0)
+          THEN RETURN; END IF;${
+      // Migration 14 on: a queue scheduled by key (keys.ts) is claimed through the scheduled claim.
+      options?.scheduled === true
+        ? sql`
+          IF EXISTS (SELECT 1 FROM ${sql(Keys.keysTable(store.prefix))} k WHERE k.queue = p_queue AND k.key = '')
           THEN RETURN; END IF;`
+        : sql``
+    }`
     : sql``
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_claim`)}(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer${receiver ? sql`, p_receiver text` : sql``})

@@ -295,7 +295,8 @@ const sqlite = (store: Store): Statements => {
             receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
             received_by = ${store.receiver}, extended_at = NULL
           WHERE seq IN (SELECT seq FROM ${messages} WHERE queue = ${queue} AND visible_at <= ${at(now)}
-            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND (paused <> 0 OR scheduled <> 0))
+            AND NOT EXISTS (SELECT 1 FROM ${queues} WHERE name = ${queue} AND paused <> 0)
+            AND NOT EXISTS (SELECT 1 FROM ${sql(Keys.keysTable(store.prefix))} WHERE queue = ${queue} AND key = '')
             ORDER BY visible_at, seq LIMIT ${max})
           RETURNING seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent`
       ),
