@@ -513,7 +513,8 @@ export const claim = (
           }
           if (leases >= settings.limit) continue
         }
-        const expected = row.mean ?? visibilityMillis
+        // Whole milliseconds: the mean is an average (543.5), and a lease's `charged` is a BIGINT column.
+        const expected = Math.round(row.mean ?? visibilityMillis)
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
       }
       const unkeyedHead = unkeyed[nextUnkeyed]
