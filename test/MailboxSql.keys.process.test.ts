@@ -180,13 +180,23 @@ for (const backend of backends) {
           }
           yield* victim.signal("SIGKILL")
           yield* victim.exited
-          for (let round = 0;; round++) {
+          const deadline = performance.now() + 40_000
+          for (;;) {
             const { settles } = parse(workers.map((child) => child.output()))
             const done = new Set([...settles].filter(([, settle]) => !settle.expired).map(([id]) => id.split("/")[0]))
             if (done.size === total) break
-            if (round > 4000) {
+            if (performance.now() > deadline) {
+              const rows = yield* sql`SELECT seq, key, visible_at, receipt_handle, delivery_count, ${now} AS now
+                FROM ${messages} WHERE queue = 'jobs'`
+              const state = yield* admin.keys("jobs")
+              const all = parse(workers.map((child) => child.output())).claims
+              const missing = rows.map((row) => JSON.stringify(row)).join("\n")
               return yield* Effect.dieMessage(
-                `only ${done.size} of ${total} settled:\n${workers.map((c) => c.output()).join("\n")}`
+                `only ${done.size} of ${total} settled; left: ${missing}\nkeys: ${
+                  JSON.stringify(state)
+                }\nvictim ${victim.pid}; claims of the left: ${
+                  JSON.stringify(all.filter((claim) => !done.has(String(claim.n))))
+                }`
               )
             }
             yield* Effect.sleep("10 millis")
