@@ -184,7 +184,9 @@ for (const backend of backends) {
           for (;;) {
             const { settles } = parse(workers.map((child) => child.output()))
             const done = new Set([...settles].filter(([, settle]) => !settle.expired).map(([id]) => id.split("/")[0]))
-            if (done.size === total) break
+            // The table empty: the killed worker may have acknowledged its last message just before the SIGKILL,
+            // without printing it (checked below).
+            if (done.size === total || (yield* jobs.approximateCount) === 0) break
             if (performance.now() > deadline) {
               const rows = yield* sql`SELECT seq, key, visible_at, receipt_handle, delivery_count, ${now} AS now
                 FROM ${messages} WHERE queue = 'jobs'`
@@ -226,15 +228,25 @@ for (const backend of backends) {
           expect(samples).toBeGreaterThan(50)
           // The limits were reached (the test has teeth): every key at its limit at some sample.
           for (const key of KEYS) expect(highest.get(key)).toBe(limitOf(key))
-          // The killed worker held leases; each was claimed again, and never before its end.
+          // The killed worker held leases; each was claimed again, and never before its end — unless its
+          // acknowledgement landed before the SIGKILL took the process (no later claim, and the row is gone: only an
+          // acknowledgement deletes one here).
           expect(killed.length).toBeGreaterThanOrEqual(1)
+          const acknowledgedUnprinted = new Set<number>()
+          let reclaimed = 0
           for (const lease of killed) {
             const next = claims.find((claim) => claim.n === lease.n && claim.delivery === lease.delivery + 1)
-            expect(next, `${lease.n} claimed again`).toBeDefined()
-            expect(next!.at).toBeGreaterThanOrEqual(lease.end)
+            if (next === undefined) {
+              acknowledgedUnprinted.add(lease.n)
+              continue
+            }
+            reclaimed++
+            expect(next.at).toBeGreaterThanOrEqual(lease.end)
           }
+          expect(reclaimed).toBeGreaterThanOrEqual(1)
           // Every message settled once (a lease that ran out and was settled late fails its acknowledgement).
-          expect(settled.size).toBe(total)
+          for (const n of acknowledgedUnprinted) expect(settled.has(n), `${n} settled elsewhere too`).toBe(false)
+          expect(settled.size + acknowledgedUnprinted.size).toBe(total)
           expect([...settled.values()].filter((count) => count !== 1)).toEqual([])
           expect(yield* jobs.approximateCount).toBe(0)
         }).pipe(Effect.provideService(SqlClient.SqlClient, backend.client()), Effect.scoped),
