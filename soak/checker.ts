@@ -837,6 +837,88 @@ export const judge = (events: ReadonlyArray<Event>, dump: Dump, unreadable = 0):
     }
   }
 
+  // --- 8. Keys: no key over its limit, every key progressed -------------------------------------------
+  // The limit is the claim's promise across processes: a key never has more than `limit` live leases — a
+  // lease live from its claim until it is settled or its visibility passes (so a killed or stopped worker's
+  // lease stops counting at its visibility, as the claim counts it). The orchestrator's samples read exactly
+  // that from the database, one statement each, many times a second through faults and drain.
+  {
+    const keys = line.of("keys")[0]
+    const name = "keys: no key over its limit of live leases, every key progressed, none lost"
+    if (keys === undefined) verdict(8, name, [], "not run (the run sent no keys)", true)
+    else {
+      const failures: Array<string> = []
+      const samples = line.of("key-leases")
+      const failed = line.of("key-leases-failed").length
+      const phase = line.of("phase")
+      const from = phase.find((p) => p.phase === "faults")?.t ?? -Infinity
+      const to = phase.find((p) => p.phase === "stop")?.t ?? Infinity
+      const during = samples.filter((sample) => sample.t >= from && sample.t <= to)
+      if (during.length === 0) failures.push("no sample of the keys' live leases during the run")
+      const highest = new Map<string, number>(keys.keys.map((key) => [key, 0]))
+      let atLimit = 0
+      for (const sample of samples) {
+        let full = false
+        for (const [key, live] of Object.entries(sample.live)) {
+          highest.set(key, Math.max(highest.get(key) ?? 0, live))
+          if (live >= keys.limit) full = true
+          if (live > keys.limit) {
+            failures.push(
+              `at ${new Date(sample.at).toISOString()} (database clock): key ${key} had ${live} live leases, ` +
+                `its limit is ${keys.limit}`
+            )
+          }
+        }
+        if (full) atLimit++
+      }
+      // Progress: every key's requests that were meant to complete did (a key the limit held for good, or a
+      // lease counted forever, would leave them undone), and every key completed some.
+      const perKey = new Map<string, { sent: number; completed: number; undone: Array<string> }>(
+        keys.keys.map((key) => [key, { sent: 0, completed: 0, undone: [] }])
+      )
+      for (const [requestId] of sent) {
+        const send = sends.get(requestId)
+        if (send?.key === undefined) continue
+        const entry = perKey.get(send.key)
+        if (entry === undefined) {
+          failures.push(`${requestId}: sent with key ${send.key}, which is none of the run's keys`)
+          continue
+        }
+        if (send.kind === "poison" || send.kind === "stubborn") continue
+        entry.sent++
+        const done = (line.byRequest.get(requestId) ?? []).some((a) => a.end?.outcome === "success")
+        if (done) entry.completed++
+        else entry.undone.push(requestId)
+      }
+      for (const [key, entry] of perKey) {
+        if (entry.sent > 0 && entry.completed === 0) failures.push(`key ${key}: ${entry.sent} sent, none completed`)
+        if (entry.undone.length > 0) {
+          failures.push(
+            `key ${key}: ${entry.undone.length} of ${entry.sent} never completed (${
+              entry.undone.slice(0, 5).join(", ")
+            })`
+          )
+        }
+      }
+      figures.push([
+        "keys (limit, completed/sent, highest live)",
+        `limit ${keys.limit}; ${
+          [...perKey].map(([key, entry]) => `${key} ${entry.completed}/${entry.sent} ≤${highest.get(key) ?? 0}`).join(
+            ", "
+          )
+        }; ${samples.length} samples (${atLimit} with a key at its limit, ${failed} failed)`
+      ])
+      verdict(
+        8,
+        name,
+        failures,
+        `${keys.keys.length} keys at limit ${keys.limit}, ${samples.length} samples, highest ${
+          Math.max(0, ...highest.values())
+        } live`
+      )
+    }
+  }
+
   // --- Figures of the faults ----------------------------------------------------------------------------
   {
     const faults = line.of("fault")

@@ -67,6 +67,8 @@ export type Payload =
     readonly kind: Kind
     readonly wantsReply: boolean
     readonly workMs: number
+    /** The request's key (its simulated tenant): the queue limits each key's live leases. */
+    readonly key?: string
   }
   | { readonly ev: "sent"; readonly requestId: string; readonly messageId: string }
   | { readonly ev: "send-failed"; readonly requestId: string; readonly error: string }
@@ -156,6 +158,14 @@ export type Payload =
   | { readonly ev: "sqlite-lock-held" }
   | { readonly ev: "sqlite-lock-released" }
   | { readonly ev: "drained"; readonly ok: boolean; readonly millis: number; readonly detail: string }
+  // The orchestrator: the requests queue's keys and the limit it set on them before the fleet started (the
+  // queue's default, so every key has it), then, many times a second until the stop, each key's live leases
+  // as one statement read them from the database: rows with a receipt handle whose visibility is still ahead
+  // on the database's clock (`at`) — a lease counts from its claim until it is settled or its visibility
+  // passes, so a killed or stopped worker's lease stops counting at its visibility, as the claim counts it.
+  | { readonly ev: "keys"; readonly queue: string; readonly keys: ReadonlyArray<string>; readonly limit: number }
+  | { readonly ev: "key-leases"; readonly at: number; readonly live: Readonly<Record<string, number>> }
+  | { readonly ev: "key-leases-failed"; readonly error: string }
 
 /** An event as stored. */
 export type Event = Base & Payload

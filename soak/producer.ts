@@ -5,7 +5,10 @@
  * work-lease offset available every `config.leaseOffsetEveryMs`; all the while, and
  * until SIGTERM, it receives the replies.
  *
- * History: `send` (the intent: request id, kind, whether it wants a reply), then `sent` with the message id,
+ * Each request is sent with a key, one of the run's simulated tenants (seeded), when the run has them: the
+ * orchestrator limited each key's live leases before the fleet started (checker property 8).
+ *
+ * History: `send` (the intent: request id, kind, whether it wants a reply, its key), then `sent` with the message id,
  * or `send-failed` — a send that failed may still have been stored (the connection broke after the commit),
  * so it is retried under a new request id and the checker does not count the old one as lost; `reply` per
  * reply received (its message id, so a reply redelivered to the producer is not mistaken for a second one);
@@ -29,7 +32,9 @@ process.on("exit", (code) => history.append({ ev: "exit-self", code }))
 const random = Random.make(config.seed, 1)
 
 /** The seeded mix. Stubborn requests take minutes to dead-letter (backoff 60 s × attempt): long runs only. */
-const nextRequest = (elapsedMs: number): Protocol.Body & { readonly wantsReply: boolean } => {
+const nextRequest = (
+  elapsedMs: number
+): Protocol.Body & { readonly wantsReply: boolean; readonly key: string | undefined } => {
   const stubbornAllowed = config.stubborn && config.seconds * 1000 - elapsedMs > 200_000
   const kind = random.pick<History.Kind>([
     ["fast", 93],
@@ -38,7 +43,10 @@ const nextRequest = (elapsedMs: number): Protocol.Body & { readonly wantsReply: 
     ["stubborn", stubbornAllowed ? 2 : 0]
   ])
   const workMs = kind === "slow" ? random.int(5000, 10_000) : kind === "fast" ? random.int(5, 40) : 0
-  return { kind, workMs, wantsReply: random.next() < 0.4 }
+  const wantsReply = random.next() < 0.4
+  const tenants = config.tenants ?? []
+  const key = tenants.length === 0 ? undefined : tenants[random.int(0, tenants.length - 1)]
+  return { kind, workMs, wantsReply, key }
 }
 
 const errorText = (error: unknown) =>
@@ -85,12 +93,22 @@ const program = Effect.gen(function*() {
       const elapsed = performance.now() - started
       if (elapsed >= config.seconds * 1000) break
       if (due > performance.now()) yield* Effect.sleep(due - performance.now())
-      const { wantsReply, ...body } = nextRequest(performance.now() - started)
+      const { key, wantsReply, ...body } = nextRequest(performance.now() - started)
       for (let retry = 0;; retry++) {
         const requestId = `r${i}${retry === 0 ? "" : `.${retry}`}`
-        history.append({ ev: "send", requestId, kind: body.kind, wantsReply, workMs: body.workMs })
+        history.append({
+          ev: "send",
+          requestId,
+          kind: body.kind,
+          wantsReply,
+          workMs: body.workMs,
+          ...(key === undefined ? {} : { key })
+        })
         const result = yield* Effect.either(
-          requests.send(MainLoop.request(body, { requestId }), wantsReply ? { replyTo: Protocol.repliesQueue } : {})
+          requests.send(MainLoop.request(body, { requestId }), {
+            ...(wantsReply ? { replyTo: Protocol.repliesQueue } : {}),
+            ...(key === undefined ? {} : { key })
+          })
         )
         if (result._tag === "Right") {
           history.append({ ev: "sent", requestId, messageId: result.right })

@@ -46,6 +46,10 @@ export interface Config {
   readonly leaseOffsetEveryMs: number
   /** WorkLeaseSql's maxRetries: a takeover counts as a failed attempt, and one past these gives the offset up. */
   readonly leaseMaxRetries: number
+  /** The simulated tenants: each request is sent with one of them as its key (absent: no keys). */
+  readonly tenants?: ReadonlyArray<string>
+  /** The requests queue's default limit of live leases per key, set before the fleet starts. */
+  readonly keyLimit?: number
 }
 
 /** The table prefix of every leasehold table of a soak. */

@@ -13,7 +13,8 @@
  *
  * The orchestrator is tooling, not library code: it uses Node's timers and child processes directly.
  */
-import { Effect, Layer, ManagedRuntime } from "effect"
+import { SqlClient } from "@effect/sql"
+import { Effect, Either, Layer, ManagedRuntime } from "effect"
 import { MailboxSql, MailboxSqlAdmin, MainLoop, MergeQueue } from "leasehold"
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { appendFileSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs"
@@ -325,6 +326,11 @@ const setup = (config: Protocol.Config) =>
       prefix: Protocol.prefix
     })
     yield* MailboxSqlAdmin.deadLetters({ prefix: Protocol.prefix })
+    // Keys: the queue's default limit, so every tenant's key has it (checker property 8).
+    if (config.keyLimit !== undefined) {
+      const queues = yield* MailboxSqlAdmin.queues({ prefix: Protocol.prefix })
+      yield* queues.setKeySettings(Protocol.requestsQueue, undefined, { limit: config.keyLimit })
+    }
     yield* MergeQueue.MergeQueue
     if (config.leaseWorkers > 0) yield* WorkLeases.setup(config)
   }).pipe(Effect.scoped)
@@ -344,6 +350,30 @@ const leftToDo = (config: Protocol.Config) =>
       replies: count(Protocol.repliesQueue),
       merges: merge.total - merge.byStatus.merged,
       leases
+    }
+  })
+
+/**
+ * Each key's live leases of the requests queue, in one statement on the database's clock: rows with a receipt
+ * handle whose visibility is still ahead — what the claim counts against a key's limit.
+ */
+const keyLeases = (config: Protocol.Config) =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    const now = sql.literal(
+      config.backend === "postgres"
+        ? "(floor(extract(epoch from statement_timestamp()) * 1000))::bigint"
+        : "CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+    )
+    const rows = yield* sql<{ key: string; live: number | string; at: number | string }>`SELECT key,
+        COUNT(*) AS live, MAX(${now}) AS at
+      FROM ${sql(`${Protocol.prefix}mailbox_messages`)}
+      WHERE queue = ${Protocol.requestsQueue} AND key IS NOT NULL AND receipt_handle IS NOT NULL
+        AND visible_at > ${now}
+      GROUP BY key`
+    return {
+      at: rows.length === 0 ? Date.now() : Number(rows[0]!.at),
+      live: Object.fromEntries(rows.map((row) => [row.key, Number(row.live)]))
     }
   })
 
@@ -445,7 +475,9 @@ const soak = async (options: Options): Promise<number> => {
     leaseDomains: 3,
     leaseTimeoutMs: 2000,
     leaseOffsetEveryMs: 400,
-    leaseMaxRetries: 3
+    leaseMaxRetries: 3,
+    tenants: ["t0", "t1", "t2", "t3"],
+    keyLimit: 2
   }
   const history = History.open(dir, "orchestrator")
   history.append({ ev: "config", config: { ...config, replay, commit: commit() } })
@@ -462,8 +494,26 @@ const soak = async (options: Options): Promise<number> => {
     void cleanup().finally(() => process.exit(130))
   })
 
+  let sampling = false
+  let sampler: Promise<void> = Promise.resolve()
   try {
     await runtime.runPromise(setup(config))
+    if (config.tenants !== undefined && config.keyLimit !== undefined) {
+      history.append({ ev: "keys", queue: Protocol.requestsQueue, keys: config.tenants, limit: config.keyLimit })
+    }
+    // Each key's live leases, sampled every 50 ms from the fleet's start until the stop (property 8). A sample
+    // that fails (the database down) is recorded as such; the next one tries again.
+    sampling = config.keyLimit !== undefined
+    sampler = (async () => {
+      while (sampling) {
+        const sample = await runtime.runPromise(Effect.either(keyLeases(config)))
+          .catch((error: unknown) => Either.left(error))
+        if (!sampling) break
+        if (Either.isRight(sample)) history.append({ ev: "key-leases", ...sample.right })
+        else history.append({ ev: "key-leases-failed", error: String(sample.left).slice(0, 300) })
+        await sleep(50)
+      }
+    })()
     const producer = fleet.start("producer")
     for (let i = 0; i < options.workers; i++) fleet.start("worker")
     for (let i = 0; i < options.mergeWorkers; i++) fleet.start("merge")
@@ -509,6 +559,8 @@ const soak = async (options: Options): Promise<number> => {
       }`
     )
 
+    sampling = false
+    await sampler
     history.append({ ev: "phase", phase: "stop" })
     await fleet.stopAll(config.shutdownTimeoutMs + 15_000)
     const database = await runtime.runPromise(dump(config))
@@ -516,6 +568,8 @@ const soak = async (options: Options): Promise<number> => {
     history.append({ ev: "phase", phase: "done" })
     history.close()
   } catch (error) {
+    sampling = false
+    await sampler
     say(`soak: the run failed: ${error instanceof Error ? error.stack : String(error)}`)
     await cleanup()
     say(`soak: history kept in ${dir}`)

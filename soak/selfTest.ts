@@ -7,7 +7,8 @@
  * that starts while the first holder is running unharmed (an overlapping `start` → unexplained duplicate), a
  * second reply, a merge transition by a fencing token older than one that already acted on the entry (a
  * zombie's write accepted after a takeover), a fenced work-lease write accepted out of fencing order, a
- * SIGTERM'd worker that exits 1, and a message left in the queue after the drain.
+ * SIGTERM'd worker that exits 1, a message left in the queue after the drain, and a key sampled with one live
+ * lease more than its limit.
  *
  * Used by test/soak.checker.test.ts (on the committed history soak/fixtures/history) and by
  * `npm run soak -- --self-test [DIR]`.
@@ -170,6 +171,26 @@ export const injections: ReadonlyArray<Injection> = [
         return `${term.target} exits 1 after its SIGTERM`
       }
       return { skip: "no SIGTERM'd process" }
+    }
+  },
+  {
+    name: "a key holds one live lease more than its limit (a claim that ignored the limit)",
+    property: 8,
+    inject: (copy) => {
+      const keys = ofKind(copy, "keys")[0]
+      if (keys === undefined) return { skip: "the history has no keys" }
+      // A sample with a key at its limit, that key one lease over: what a claim that did not count the key's
+      // live leases in its transaction (or counted an expired lease as gone too late, or a live one too early)
+      // would leave in the database.
+      const file = copy.files.get("orchestrator.jsonl") ?? []
+      const index = file.findIndex((e) =>
+        e.ev === "key-leases" && Object.values(e.live).some((live) => live === keys.limit)
+      )
+      if (index === -1) return { skip: "no sample with a key at its limit" }
+      const sample = file[index] as EventOf<"key-leases">
+      const [key] = Object.entries(sample.live).find(([, live]) => live === keys.limit)!
+      file[index] = { ...sample, live: { ...sample.live, [key]: keys.limit + 1 } }
+      return `${key} with ${keys.limit + 1} live leases in the sample at ${sample.at} (limit ${keys.limit})`
     }
   },
   {
