@@ -513,7 +513,8 @@ export const claim = (
           }
           if (leases >= settings.limit) continue
         }
-        const expected = row.mean ?? visibilityMillis
+        // Whole milliseconds: the lease's `charged` is a BIGINT (PostgreSQL refuses 685.5), the mean a float.
+        const expected = Math.round(row.mean ?? visibilityMillis)
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
       }
       const unkeyedHead = unkeyed[nextUnkeyed]
