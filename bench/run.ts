@@ -9,7 +9,8 @@
  * its section, never touching BENCHMARKS.md; `--rounds N` and `--jobs N` set
  * that comparison's measured rounds (default 7) and jobs per round (10,000),
  * e.g. `npm run bench -- --only durable --rounds 3 --jobs 10000`. `--only journal` runs
- * the agent step journal's section alone (bench/journal.ts), printed.
+ * the agent step journal's section alone (bench/journal.ts), printed. `--only keys` runs scheduling by
+ * key's section alone (bench/keys.ts: its environment variables set its rounds and sizes), printed.
  */
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
@@ -28,6 +29,7 @@ import { parseArgs } from "node:util"
 import * as Postgres from "../test/support/postgres.js"
 import * as BullMQ from "./bullmq.js"
 import { journalSection } from "./journal.js"
+import { keysSection, measureKeys } from "./keys.js"
 import { leasesSection, measureLeases } from "./leases.js"
 import type { LifeReport } from "./lifeFiles.js"
 import { PG_BOSS_BEST, type System, systems, type Throughput } from "./mailboxSql.js"
@@ -54,9 +56,9 @@ const positive = (name: string, text: string) => {
   }
   return n
 }
-if (options.only !== undefined && options.only !== "durable" && options.only !== "journal") {
+if (options.only !== undefined && !["durable", "journal", "keys"].includes(options.only)) {
   process.stderr.write(
-    `--only: the sections that run alone are "durable" and "journal", not ${JSON.stringify(options.only)}\n`
+    `--only: the sections that run alone are "durable", "journal" and "keys", not ${JSON.stringify(options.only)}\n`
   )
   process.exit(2)
 }
@@ -778,6 +780,20 @@ const journalOnly = async () => {
   log(section.join("\n"))
 }
 
+/** `--only keys`: scheduling by key's section alone (bench/keys.ts), on a cluster of its own, printed. */
+const keysOnly = async () => {
+  const log = (line: string) => process.stdout.write(line + "\n")
+  const scope = Effect.runSync(ScopeModule.make())
+  const { url } = await Effect.runPromise(ScopeModule.extend(Postgres.cluster, scope))
+  try {
+    const report = await measureKeys(url, log)
+    log("")
+    log(keysSection(report).join("\n"))
+  } finally {
+    await Effect.runPromise(ScopeModule.close(scope, Exit.void))
+  }
+}
+
 const main = async () => {
   const rows: Array<string> = []
   const log = (line: string) => process.stdout.write(line + "\n")
@@ -919,6 +935,8 @@ const main = async () => {
   for (const r of lifeReports) log(`message life (${r.backend}): ${r.files.length} files, ${r.functions} functions`)
   // How cost grows with the work (bench/scale.ts): backlog sizes, many queues, dead rows, a worker's memory.
   const scaleReport = await measureScale(url, log)
+  // What scheduling by key costs (bench/keys.ts): keyed ÷ plain, a large keyed backlog, plain now ÷ before.
+  const keysReport = await measureKeys(url, log)
   // Many long jobs beating in one process keep their leases (bench/leases.ts).
   const leasesFigures = await measureLeases(url, log)
   await Effect.runPromise(ScopeModule.close(clusterScope, Exit.void))
@@ -1067,6 +1085,7 @@ const main = async () => {
     ...lifeSection(lifeReports),
     ...journalLines,
     ...scaleSection(scaleReport),
+    ...keysSection(keysReport),
     ...leasesSection(leasesFigures),
     "## MergeQueue: claim → transitions → merged → release",
     "",
@@ -1112,4 +1131,5 @@ const main = async () => {
 
 if (options.only === "durable") durableOnly()
 else if (options.only === "journal") journalOnly()
+else if (options.only === "keys") keysOnly()
 else main()
