@@ -181,11 +181,10 @@ export const make = (store: Store, clock: Clock.Clock): DeadLetters => {
               ),
             // Sent by a worker in the span it handled the message in: a redrive continues that trace.
             onRight: (body) =>
-              currentTraceparent((traceparent) =>
-                // A keyed letter keeps its key and priority (migration 14's columns; a plain one writes as before).
-                {
-                  const placed = letter.key !== undefined || (letter.priority ?? 0) !== 0
-                  return sql`INSERT INTO ${table} (id, queue, body, reply_to, delivery_count, enqueued_at,
+              currentTraceparent((traceparent) => // A keyed letter keeps its key and priority (migration 14's columns; a plain one writes as before).
+              {
+                const placed = letter.key !== undefined || (letter.priority ?? 0) !== 0
+                return sql`INSERT INTO ${table} (id, queue, body, reply_to, delivery_count, enqueued_at,
                     dead_lettered_at, error_tag, error, traceparent${placed ? sql`, key, priority` : sql``})
                   VALUES (${letter.messageId}, ${letter.sourceMailbox}, ${body}, ${letter.replyTo ?? null},
                     ${letter.deliveryCount}, ${DateTime.toEpochMillis(letter.enqueuedAt)},
@@ -195,8 +194,7 @@ export const make = (store: Store, clock: Clock.Clock): DeadLetters => {
                   ON CONFLICT (id) DO UPDATE SET delivery_count = excluded.delivery_count,
                     dead_lettered_at = excluded.dead_lettered_at, error_tag = excluded.error_tag,
                     error = excluded.error, traceparent = excluded.traceparent`
-                }
-              ).pipe(Effect.as(letter.messageId), withStore)
+              }).pipe(Effect.as(letter.messageId), withStore)
           })
       }
     }

@@ -427,6 +427,9 @@ export const claim = (
   const queues = sql(tableOf(store.prefix))
   const columns = sql.literal(keyColumns)
   return Sql.writeTransaction(sql)(Effect.gen(function*() {
+    // A process stopped (SIGSTOP, a debugger) inside its claim holds the queue's row: the server ends its session
+    // after 5 s idle in the transaction, and the other processes' claims go on.
+    if (pg) yield* sql`SET LOCAL idle_in_transaction_session_timeout = '5s'`
     // The queue's turn (PostgreSQL: other processes' claims of the queue wait here), and the time.
     const head = yield* sql<KeyRow & { now: number | string; paused: number | string | null }>`SELECT ${columns},
         ${at} AS now, (SELECT paused FROM ${queues} WHERE name = ${queue}) AS paused
@@ -470,9 +473,9 @@ export const claim = (
     let cursor: { vtime: number; key: string } | undefined
     let exhausted = false
     const inList = (names: ReadonlyArray<string>) =>
-      pg ? sql`(SELECT json_array_elements_text(${JSON.stringify(names)}::json))` : sql`(SELECT value FROM json_each(${
-        JSON.stringify(names)
-      }))`
+      pg ?
+        sql`(SELECT json_array_elements_text(${JSON.stringify(names)}::json))` :
+        sql`(SELECT value FROM json_each(${JSON.stringify(names)}))`
     /**
      * What the walk needs of `batch`'s keys, in three statements for all of them: each one's ready messages in
      * claim order (at most `max`), its live leases, and — for one with nothing ready — whether it has any
@@ -511,7 +514,7 @@ export const claim = (
         AND key <> ''${
         cursor === undefined ?
           sql`` :
-          sql` AND (vtime > ${cursor.vtime} OR (vtime = ${cursor.vtime} AND key > ${cursor.key}))`
+          sql` AND (vtime, key) > (${cursor.vtime}, ${cursor.key})`
       }
         ORDER BY vtime, key LIMIT ${page}`
       if (more.length < page) exhausted = true

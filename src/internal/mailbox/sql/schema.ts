@@ -177,8 +177,7 @@ const createClaimFunction = (
         ? sql`
           IF EXISTS (SELECT 1 FROM ${sql(Keys.keysTable(store.prefix))} k WHERE k.queue = p_queue AND k.key = '')
           THEN RETURN; END IF;`
-        : sql``
-    }`
+        : sql``}`
     : sql``
   return sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_claim`)}(
           p_queue text, p_now bigint, p_visible_at bigint, p_max integer${receiver ? sql`, p_receiver text` : sql``})
