@@ -503,9 +503,10 @@ const keys = Command.make(
       }))
 ).pipe(
   Command.withDescription(
-    "The keys of a queue with unsettled messages (at most 10000, most pending first): ready, in flight,\n" +
-      "pending, the limit and weight in force, leased worker time in the key's busy period, and the start and\n" +
-      "token windows (used/allowed per interval). A queue that holds nothing exits 1.\n" +
+    "The keys of a queue with unsettled messages (at most 10000, most pending first): ready,\n" +
+      "in flight, pending, the limit and weight in force, leased worker time in the key's busy\n" +
+      "period, and the start and token windows (used/allowed per interval). A queue that holds\n" +
+      "nothing exits 1.\n" +
       "Example: leasehold mailbox keys requests --db ./.leasehold/demo.db"
   )
 )
@@ -580,8 +581,9 @@ const limitCommand = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "Sets a key's concurrency limit: at most N of its messages leased at once, across every process (0 holds\n" +
-      "the key); `none` clears it. Without --key: the queue's default for keys without their own.\n" +
+    "Sets a key's concurrency limit: at most N of its messages leased at once, across every\n" +
+      "process (0 holds the key); `none` clears it. Without --key: the queue's default for keys\n" +
+      "without their own.\n" +
       "Example: leasehold mailbox limit requests 4 --key acme --db ./.leasehold/demo.db"
   )
 )
@@ -601,8 +603,8 @@ const weightCommand = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "Sets a key's weight: its share of worker time relative to the other keys' (0.001 to 1000, default 1);\n" +
-      "`none` clears it. Without --key: the queue's default for keys without their own.\n" +
+    "Sets a key's weight: its share of worker time relative to the other keys' (0.001 to 1000,\n" +
+      "default 1); `none` clears it. Without --key: the queue's default for keys without their own.\n" +
       "Example: leasehold mailbox weight requests 2 --key acme --db ./.leasehold/demo.db"
   )
 )
@@ -681,10 +683,11 @@ const rateCommand = Command.make(
     })
 ).pipe(
   Command.withDescription(
-    "Sets a key's start rate (--starts: claims per interval) and token budget (--tokens: model tokens per\n" +
-      "interval), in fixed windows on the database's clock; `none` clears one. Without --key: the queue's\n" +
-      "default for keys without their own. The interval is at most 1d.\n" +
-      "Example: leasehold mailbox rate requests --starts 100/1m --tokens 90000/1m --key acme --db ./.leasehold/demo.db"
+    "Sets a key's start rate (--starts: claims per interval) and token budget (--tokens: model\n" +
+      "tokens per interval), in fixed windows on the database's clock; `none` clears one. Without --key:\n" +
+      "the queue's default for keys without their own. The interval is at most 1d.\n" +
+      "Example: leasehold mailbox rate requests --starts 100/1m --tokens 90000/1m --key acme\n" +
+      "  --db ./.leasehold/demo.db"
   )
 )
 
