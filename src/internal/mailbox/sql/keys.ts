@@ -32,6 +32,7 @@ import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import * as Effect from "effect/Effect"
+import * as Metric from "effect/Metric"
 import { MinHeap } from "../../heap.js"
 import * as Sql from "../../sql/common.js"
 import * as Scheduling from "../scheduling.js"
@@ -458,6 +459,8 @@ export const claim = (
     let nextUnkeyed = 0
     const picks: Array<Pick> = []
     const corrections: Array<Candidate> = []
+    // Metric hook (ops, issue 45): the keys this claim passed over, and why (Scheduling.keysHeldBack).
+    const held = { limit: new Set<string>(), starts: new Set<string>(), tokens: new Set<string>() }
     while (picks.length < max) {
       // The next page when the best key so far might be beaten by one not yet loaded.
       while (!exhausted && (heap.size === 0 || heap.peekKey()! > (cursor?.vtime ?? -Infinity))) {
@@ -478,11 +481,17 @@ export const claim = (
             row.startsUsed = 0
             row.changed = true
           }
-          if (row.startsUsed >= settings.startLimit) continue
+          if (row.startsUsed >= settings.startLimit) {
+            held.starts.add(row.key)
+            continue
+          }
         }
         if (settings.tokenLimit !== undefined && settings.tokenInterval !== undefined) {
           const window = Scheduling.windowStart(now, settings.tokenInterval)
-          if (window === row.tokensWindow && row.tokensUsed >= settings.tokenLimit) continue
+          if (window === row.tokensWindow && row.tokensUsed >= settings.tokenLimit) {
+            held.tokens.add(row.key)
+            continue
+          }
         }
         let waiting = ready.get(row.key)
         if (waiting === undefined) {
@@ -511,7 +520,10 @@ export const claim = (
             leases = Number(counted[0]?.n ?? 0)
             live.set(row.key, leases)
           }
-          if (leases >= settings.limit) continue
+          if (leases >= settings.limit) {
+            held.limit.add(row.key)
+            continue
+          }
         }
         const expected = row.mean ?? visibilityMillis
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
@@ -578,6 +590,14 @@ export const claim = (
             tokens_used = json_extract(s.value, '$[7]'), idle = json_extract(s.value, '$[8]')
           FROM json_each(${states}) AS s
           WHERE ${keys}.queue = ${queue} AND ${keys}.key = json_extract(s.value, '$[0]')`
+    }
+    for (const reason of ["limit", "starts", "tokens"] as const) {
+      if (held[reason].size > 0) {
+        yield* Metric.incrementBy(
+          Scheduling.keysHeldBack.pipe(Metric.tagged("queue", queue), Metric.tagged("reason", reason)),
+          held[reason].size
+        )
+      }
     }
     if (picks.length === 0) return []
     const order = new Map(picks.map((pick, index) => [pick.seq, index]))
