@@ -20,23 +20,27 @@ const held = (queue: string, reason: string) =>
 
 for (const backend of backends) {
   describe(`keysHeldBack on ${backend.label}`, () => {
-    it.live("counts keys a claim passed over at their limit or start rate, by queue and reason", () =>
-      Effect.gen(function*() {
-        const prefix = `km${++n}_`
-        const queue = `metered-${backend.label}`
-        const jobs = yield* MailboxSql.make({ name: queue, schema: Schema.String, prefix })
-        const admin = yield* MailboxSqlAdmin.queues({ prefix })
-        yield* admin.setKeySettings(queue, "acme", { limit: 1 })
-        yield* admin.setKeySettings(queue, "beta", { starts: { count: 1, per: "1 hour" } })
-        for (const key of ["acme", "acme", "beta", "beta"]) yield* jobs.send(key, { key })
-        const first = yield* jobs.receive({ visibilityTimeout: "10 minutes", maxMessages: 10 })
-        expect(first.map((message) => message.body).sort()).toEqual(["acme", "beta"])
-        const limitBefore = yield* held(queue, "limit")
-        const startsBefore = yield* held(queue, "starts")
-        expect(yield* jobs.receive({ visibilityTimeout: "10 minutes", maxMessages: 10, waitTime: 0 })).toEqual([])
-        expect((yield* held(queue, "limit")) - limitBefore).toBeGreaterThanOrEqual(1)
-        expect((yield* held(queue, "starts")) - startsBefore).toBeGreaterThanOrEqual(1)
-        expect(yield* held(queue, "tokens")).toBe(0)
-      }).pipe(Effect.scoped, Effect.provide(backend.context())), 60_000)
+    it.live(
+      "counts keys a claim passed over at their limit or start rate, by queue and reason",
+      () =>
+        Effect.gen(function*() {
+          const prefix = `km${++n}_`
+          const queue = `metered-${backend.label}`
+          const jobs = yield* MailboxSql.make({ name: queue, schema: Schema.String, prefix })
+          const admin = yield* MailboxSqlAdmin.queues({ prefix })
+          yield* admin.setKeySettings(queue, "acme", { limit: 1 })
+          yield* admin.setKeySettings(queue, "beta", { starts: { count: 1, per: "1 hour" } })
+          for (const key of ["acme", "acme", "beta", "beta"]) yield* jobs.send(key, { key })
+          const first = yield* jobs.receive({ visibilityTimeout: "10 minutes", maxMessages: 10 })
+          expect(first.map((message) => message.body).sort()).toEqual(["acme", "beta"])
+          const limitBefore = yield* held(queue, "limit")
+          const startsBefore = yield* held(queue, "starts")
+          expect(yield* jobs.receive({ visibilityTimeout: "10 minutes", maxMessages: 10, waitTime: 0 })).toEqual([])
+          expect((yield* held(queue, "limit")) - limitBefore).toBeGreaterThanOrEqual(1)
+          expect((yield* held(queue, "starts")) - startsBefore).toBeGreaterThanOrEqual(1)
+          expect(yield* held(queue, "tokens")).toBe(0)
+        }).pipe(Effect.scoped, Effect.provide(backend.context())),
+      60_000
+    )
   })
 }
