@@ -86,6 +86,7 @@ import type * as Scope from "effect/Scope"
 import * as Database from "./Database.js"
 import type { SchemaVersionError } from "./Errors.js"
 import * as FrontEnd from "./internal/mailbox/frontEnd.js"
+import * as Scheduling from "./internal/mailbox/scheduling.js"
 import {
   batchLimits,
   ClaimBatcher,
@@ -137,6 +138,14 @@ export const undecodableDeadLettered = counter(
   "leasehold_mailbox_undecodable_total",
   "Stored message bodies that no longer decoded and were moved to the dead-letter table"
 )
+
+/**
+ * Keys a claim passed over although it was looking for work, by queue and reason (`limit`, `starts`, `tokens`):
+ * a steadily growing `limit` count says a key's limit is what holds its messages back (scheduling by key).
+ *
+ * @category metrics
+ */
+export const keysHeldBack = Scheduling.keysHeldBack
 
 // ---------------------------------------------------------------------------
 // make

@@ -1,7 +1,8 @@
 /**
  * The console's browse page, `GET /queue?name=…`: one queue's queued, delayed, in-flight or dead-lettered
  * messages, a page at a time (`MailboxSqlAdmin.browse`: keyset-paged, so `next` links carry a cursor, never
- * an offset), oldest or newest first, filtered by id or by text in the body (a dead letter's: or its error).
+ * an offset), oldest or newest first, filtered by id, by key, or by text in the body (a dead letter's: or its
+ * error).
  * Each row links to the message page (message.ts). The page is drawn once per request (no live refresh: a
  * list one reads should not move under the reader) and says when it was read; it is bounded like the rest of
  * the console — at most `pageSize` rows of previews, each value escaped and cut.
@@ -53,6 +54,8 @@ export interface Query {
   readonly after: string | undefined
   readonly id: string
   readonly text: string
+  /** Only the messages sent with this key (scheduling by key); "" for all. */
+  readonly key: string
 }
 
 const short = (value: string | null, max = 200) => (value ?? "").trim().slice(0, max)
@@ -69,7 +72,9 @@ export const query = (params: URLSearchParams): Query => {
     order: params.get("order") === "newest" ? "newest" : "oldest",
     after: /^[\w-]{1,1200}$/.test(after) ? after : undefined,
     id: short(params.get("id")),
-    text: short(params.get("text"))
+    text: short(params.get("text")),
+    // A key is any name (spaces at its ends too): kept as given, only cut to a name's length.
+    key: (params.get("key") ?? "").slice(0, 200)
   }
 }
 
@@ -80,8 +85,17 @@ export const href = (query: Partial<Query> & { readonly name: string }): string 
   if (query.order === "newest") params.set("order", "newest")
   if (query.id !== undefined && query.id !== "") params.set("id", query.id)
   if (query.text !== undefined && query.text !== "") params.set("text", query.text)
+  if (query.key !== undefined && query.key !== "") params.set("key", query.key)
   if (query.after !== undefined) params.set("after", query.after)
   return `/queue?${params.toString()}`
+}
+
+/** The URL of a queue's keys page (keys.ts), sorted by `sort`. */
+export const keysHref = (query: { readonly name: string; readonly sort?: string; readonly dir?: "asc" | "desc" }) => {
+  const params = new URLSearchParams({ name: query.name })
+  if (query.sort !== undefined) params.set("sort", query.sort)
+  if (query.dir !== undefined) params.set("dir", query.dir)
+  return `/keys?${params.toString()}`
 }
 
 /** The URL of a message's page. */
@@ -163,13 +177,17 @@ export const page = (context: Context, query: Query, notice: string | undefined)
     const now = yield* Effect.clockWith((clock) => clock.currentTimeMillis)
     const { name, state } = query
     const title = `${name} · ${stateNames[state]}`
-    const crumbs = [`queue <b>${shown(name)}</b>`]
+    const crumbs = [
+      `queue <b>${shown(name)}</b>`,
+      ...(query.key === "" ? [] : [`key <b>${shown(query.key)}</b>`])
+    ]
     if (name === "") {
       return { status: 400, body: document(context, "no queue", [], `<p class="error">Which queue? (?name=…)</p>`) }
     }
     const filter = {
       ...(query.id === "" ? {} : { id: query.id }),
-      ...(query.text === "" ? {} : { text: query.text })
+      ...(query.text === "" ? {} : { text: query.text }),
+      ...(query.key === "" ? {} : { key: query.key })
     }
     const result = yield* read(
       context,
@@ -185,7 +203,7 @@ export const page = (context: Context, query: Query, notice: string | undefined)
     )
     const tabs = `<nav class="tabs" aria-label="States">${
       MailboxSqlAdmin.messageStates.map((each) =>
-        `<a href="${Page.escape(href({ name, state: each, order: query.order }))}"${
+        `<a href="${Page.escape(href({ name, state: each, order: query.order, key: query.key }))}"${
           each === state ? ` aria-current="page"` : ""
         }>${stateNames[each]}</a>`
       ).join("")
@@ -193,6 +211,7 @@ export const page = (context: Context, query: Query, notice: string | undefined)
     const form = `<form method="get" action="/queue" class="filter" role="search">
       <input type="hidden" name="name" value="${Page.escape(name)}"><input type="hidden" name="state" value="${state}">
       <label>id <input type="search" name="id" value="${Page.escape(query.id)}" size="14"></label>
+      <label>key <input type="search" name="key" value="${Page.escape(query.key)}" size="14"></label>
       <label>${state === "dead" ? "body or error" : "body"} contains <input type="search" name="text" value="${
       Page.escape(query.text)
     }" size="24"></label>
@@ -202,7 +221,9 @@ export const page = (context: Context, query: Query, notice: string | undefined)
       query.order === "newest" ? " selected" : ""
     }>newest first</option></select></label>
       <button type="submit">Show</button>${
-      query.id === "" && query.text === "" ? "" : ` <a href="${Page.escape(href({ name, state }))}">clear</a>`
+      query.id === "" && query.text === "" && query.key === ""
+        ? ""
+        : ` <a href="${Page.escape(href({ name, state }))}">clear</a>`
     }</form>`
     const listing = result._tag === "Left" ? readFailure(result.left) : list(result.right, query, now)
     return {
@@ -211,7 +232,9 @@ export const page = (context: Context, query: Query, notice: string | undefined)
         context,
         title,
         crumbs,
-        `<section id="messages"><h2>Queue <code>${shown(name)}</code></h2>${
+        `<section id="messages"><h2>Queue <code>${shown(name)}</code></h2><p class="note"><a href="${
+          Page.escape(keysHref({ name }))
+        }">Keys of this queue</a></p>${
           notice === undefined ? "" : `<p class="notice" role="status">${shown(notice, 300)}</p>`
         }${tabs}${form}${listing}<p class="updated">Read ${
           Page.escape(new Date(now).toISOString())
@@ -224,12 +247,14 @@ export const page = (context: Context, query: Query, notice: string | undefined)
 const list = (page: MailboxSqlAdmin.MessagePage, query: Query, now: number) => {
   const dead = query.state === "dead"
   const headers = dead
-    ? ["id", "deliveries", "enqueued", "dead-lettered", "error", "body"]
-    : ["id", "deliveries", "enqueued", query.state === "inFlight" ? "lease ends" : "visible", "held by", "body"]
+    ? ["id", "key", "deliveries", "enqueued", "dead-lettered", "error", "body"]
+    : ["id", "key", "deliveries", "enqueued", query.state === "inFlight" ? "lease ends" : "visible", "held by", "body"]
   const rows = page.rows.map((row) =>
     `<tr data-id="${Page.escape(row.id)}"><td><a href="${Page.escape(messageHref(row.queue, row.id, dead))}">${
       shown(row.id)
-    }</a></td><td>${row.deliveryCount}</td><td>${when(row.enqueuedAt, now)}</td><td>${when(row.at, now)}</td><td>${
+    }</a></td><td>${
+      row.key === undefined ? "–" : `<code class="key">${shown(row.key)}</code>`
+    }</td><td>${row.deliveryCount}</td><td>${when(row.enqueuedAt, now)}</td><td>${when(row.at, now)}</td><td>${
       dead
         ? `<b>${shown(row.errorTag ?? "")}</b> ${shown(row.error ?? "", 160)}`
         : row.receivedBy === undefined
@@ -258,7 +283,7 @@ const list = (page: MailboxSqlAdmin.MessagePage, query: Query, now: number) => {
   const empty = page.searchCut
     ? ""
     : `<p class="empty">${query.after === undefined ? "None" : "No more"}${
-      query.id === "" && query.text === "" ? "" : " that match"
+      query.id === "" && query.text === "" && query.key === "" ? "" : " that match"
     }.</p>`
   return page.rows.length === 0
     ? `${cut}${empty}${pager}`

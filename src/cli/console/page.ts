@@ -9,7 +9,8 @@
  * and every list is bounded (see snapshot.ts), so the page is bounded
  * however big the database is. Actions are plain forms posting the
  * process's token; a read-only console renders none. Queue names and
- * message ids link to the browse and message pages (browse.ts, message.ts).
+ * message ids link to the browse and message pages (browse.ts, message.ts), and each queue to its keys
+ * (keys.ts).
  * An action's notice is shown in the part it acted on (`noticeAt`), and the
  * live refresh keeps it there. When a refresh fails the script says since
  * when, and stops the clocks, until the server answers again.
@@ -193,7 +194,7 @@ const mailboxes = (part: Snapshot.Section<Snapshot.Mailboxes>, view: View, now: 
       queues.map((queue) => [
         `${link("/queue", { name: queue.queue }, shown(queue.queue))}${
           queue.paused ? ` <span class="paused" data-paused="true">paused</span>` : ""
-        }`,
+        } <small>${link("/keys", { name: queue.queue }, "keys")}</small>`,
         `<span data-count="queued">${queue.queued}</span>`,
         `<span data-count="inFlight">${queue.inFlight}</span>`,
         `<span data-count="delayed">${queue.delayed}</span>`,

@@ -1,6 +1,6 @@
 /**
  * The operator's console as an HTTP app (`leasehold console` serves it): `GET /` the page and `/live` its live
- * part (page.ts), `/queue` a queue's messages by page (browse.ts), `/message` and `/dead-letter` one whole
+ * part (page.ts), `/queue` a queue's messages by page (browse.ts), `/keys` a queue's keys (keys.ts), `/message` and `/dead-letter` one whole
  * (message.ts); `POST /actions/…` redrive or delete dead letters, recover the merge queue, delete a message no
  * receiver holds, pause, resume or drop a queue — each redirecting back (its `Referer`) with what it did, a
  * delete only after a confirmation posted with its one-time value (confirm.ts).
@@ -31,6 +31,7 @@ import * as HttpServers from "../../internal/httpServer.js"
 import * as StoredTime from "../../internal/storedTime.js"
 import * as Browse from "./browse.js"
 import * as Confirm from "./confirm.js"
+import * as Keys from "./keys.js"
 import * as Message from "./message.js"
 import * as Page from "./page.js"
 import * as Snapshot from "./snapshot.js"
@@ -361,6 +362,13 @@ export const make = (options: Options) =>
           const params = paramsOf(request)
           return answer((pages) => Browse.page(pages, Browse.query(params), params.get("notice") ?? undefined))
         })
+      ),
+      HttpRouter.get(
+        "/keys",
+        Effect.flatMap(
+          HttpServerRequest.HttpServerRequest,
+          (request) => answer((pages) => Keys.page(pages, Keys.query(paramsOf(request))))
+        )
       ),
       HttpRouter.get(
         "/message",

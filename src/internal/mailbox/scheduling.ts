@@ -66,6 +66,7 @@ import * as Either from "effect/Either"
 import { InvalidParameterError } from "../../Errors.js"
 import type { MailboxConnectionError } from "../../Mailbox.js"
 import * as Durations from "../duration.js"
+import { counter } from "../metrics.js"
 import * as Names from "../names.js"
 
 /** A rate: at most `count` per `per`. */
@@ -238,3 +239,14 @@ export interface DeliveryScheduling {
 /** The delivery's scheduling handle, when it has one (a wrapper made with `Object.create` charges through it). */
 export const scheduledOf = (message: object): DeliveryScheduling | undefined =>
   (message as { readonly [Scheduled]?: DeliveryScheduling })[Scheduled]
+
+/**
+ * Keys a claim passed over although it was looking for work, per queue (`queue`) and why (`reason`): `limit` (the
+ * key had ready messages but `limit` live leases), `starts` or `tokens` (over its start rate or token budget in
+ * this window). Each key counts at most once a claim for each reason. Per queue, never per key: key names are the
+ * senders' and unbounded.
+ */
+export const keysHeldBack = counter(
+  "leasehold_mailbox_keys_held_back_total",
+  "Keys a claim passed over: at their concurrency limit (reason=limit) or over a start rate or token budget"
+)

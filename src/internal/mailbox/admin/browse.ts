@@ -3,7 +3,8 @@
  * of its queued, delayed, in-flight or dead-lettered messages, and one message whole.
  *
  * Pages are keyset-paged, never by offset: messages on their sequence number, dead letters on
- * (dead_lettered_at, id) — their list order. A page's `next` cursor is where the next one starts, so rows sent
+ * (dead_lettered_at, id) — their list order. A page may be of one key's messages (`filter.key`: scheduling by
+ * key, mailbox migration 14), each row saying its key. A page's `next` cursor is where the next one starts, so rows sent
  * or settled meanwhile neither shift a page nor make it show a row twice.
  *
  * Every page is bounded in bytes and time whatever the database holds: at most `maxPageSize` rows, each body and
@@ -54,6 +55,7 @@ interface ListedRow {
   readonly at: Count
   readonly leased: Count | boolean
   readonly received_by: string | null
+  readonly key: string | null
   readonly error_tag: string | null
   readonly error: string | null
   readonly body: string
@@ -137,7 +139,10 @@ export const make = (store: Store, clock: Clock.Clock) => {
     ([message, dead]) => ({
       receivedBy: message.has("received_by"),
       traceparent: message.has("traceparent"),
-      deadTraceparent: dead.has("traceparent")
+      deadTraceparent: dead.has("traceparent"),
+      // Scheduling by key (mailbox migration 14) adds both tables' `key`.
+      key: message.has("key"),
+      deadKey: dead.has("key")
     })
   )
 
@@ -162,9 +167,16 @@ export const make = (store: Store, clock: Clock.Clock) => {
         if (seq === undefined) return { rows: [], next: undefined, searchCut: false }
         conditions.push(sql`seq = ${seq}`)
       }
+      const key = query.filter?.key
+      if (key !== undefined) {
+        // Before mailbox migration 14 no message has a key.
+        if (!has.key) return { rows: [], next: undefined, searchCut: false }
+        conditions.push(sql`key = ${key}`)
+      }
       const columnsShown = sql`seq AS id, queue, delivery_count, enqueued_at, visible_at AS at,
         CASE WHEN receipt_handle IS NOT NULL THEN 1 ELSE 0 END AS leased,
-        ${has.receivedBy ? sql`received_by` : sql`NULL AS received_by`}, NULL AS error_tag, NULL AS error,
+        ${has.receivedBy ? sql`received_by` : sql`NULL AS received_by`}, ${has.key ? sql`key` : sql`NULL AS key`},
+        NULL AS error_tag, NULL AS error,
         substr(body, 1, ${previewLength}) AS body, length(body) AS body_length`
       const text = query.filter?.text
       const scanned = sql`SELECT seq FROM ${messages} WHERE ${sql.and(conditions)}
@@ -225,9 +237,16 @@ export const make = (store: Store, clock: Clock.Clock) => {
         )
       }
       if (query.filter?.id !== undefined) conditions.push(sql`id = ${query.filter.id}`)
+      const has = yield* columns
+      if (query.filter?.key !== undefined) {
+        if (!has.deadKey) return { rows: [], next: undefined, searchCut: false }
+        conditions.push(sql`key = ${query.filter.key}`)
+      }
       const order = sql`ORDER BY dead_lettered_at ${direction}, id ${direction}`
       const columnsShown = sql`id, queue, delivery_count, enqueued_at, dead_lettered_at AS at, 0 AS leased,
-        NULL AS received_by, substr(error_tag, 1, ${previewLength}) AS error_tag,
+        NULL AS received_by, ${
+        has.deadKey ? sql`key` : sql`NULL AS key`
+      }, substr(error_tag, 1, ${previewLength}) AS error_tag,
         substr(error, 1, ${previewLength}) AS error, substr(body, 1, ${previewLength}) AS body,
         length(body) AS body_length`
       const text = query.filter?.text
@@ -411,6 +430,8 @@ const checkQuery = (query: MessageQuery): InvalidParameterError | undefined => {
   }
   const id = query.filter?.id
   if (id !== undefined && nameProblem(id) !== undefined) return invalid("filter.id", id, nameProblem(id)!)
+  const key = query.filter?.key
+  if (key !== undefined && nameProblem(key) !== undefined) return invalid("filter.key", key, nameProblem(key)!)
   return undefined
 }
 
@@ -431,6 +452,7 @@ const pageOf = <E, R>(
     enqueuedAt: StoredTime.decode(row.enqueued_at),
     at: StoredTime.decode(row.at),
     receivedBy: row.received_by ?? undefined,
+    key: row.key ?? undefined,
     errorTag: row.error_tag ?? undefined,
     error: row.error ?? undefined,
     body: row.body,

@@ -18,7 +18,7 @@ export const states: ReadonlyArray<MessageState> = ["queued", "delayed", "inFlig
 /**
  * A page of a queue's messages to read: `state`, `order` (`oldest`, the default, or `newest` first), `after` (a
  * page's `next` cursor), `filter` (`id`: that message only; `text`: bodies — and dead letters' errors — that
- * contain it, in any case) and `limit` (1..100, default 50).
+ * contain it, in any case; `key`: those sent with that key) and `limit` (1..100, default 50).
  *
  * @category models
  */
@@ -29,8 +29,13 @@ export interface MessageQuery {
   readonly order?: "oldest" | "newest" | undefined
   /** A page's `next`: the page after it. */
   readonly after?: string | undefined
-  /** The message whose id is `id` only; or those whose body (a dead letter's: or error) contains `text`. */
-  readonly filter?: { readonly id?: string | undefined; readonly text?: string | undefined } | undefined
+  /**
+   * The message whose id is `id` only; those whose body (a dead letter's: or error) contains `text`; those sent
+   * with the key `key` (scheduling by key, mailbox migration 14: none before it).
+   */
+  readonly filter?:
+    | { readonly id?: string | undefined; readonly text?: string | undefined; readonly key?: string | undefined }
+    | undefined
   /** At most `maxPageSize`; default 50. */
   readonly limit?: number | undefined
 }
@@ -50,6 +55,8 @@ export interface MessageRow {
   readonly at: DateTime.Utc
   /** The process that received it (`host:pid`), where recorded. */
   readonly receivedBy: string | undefined
+  /** The key it was sent with (scheduling by key), if any. */
+  readonly key: string | undefined
   /** A dead letter's error tag and the start of its error. */
   readonly errorTag: string | undefined
   readonly error: string | undefined

@@ -32,6 +32,7 @@ import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import * as Effect from "effect/Effect"
+import * as Metric from "effect/Metric"
 import { MinHeap } from "../../heap.js"
 import * as Sql from "../../sql/common.js"
 import * as Scheduling from "../scheduling.js"
@@ -541,6 +542,8 @@ export const claim = (
     let nextUnkeyed = 0
     const picks: Array<Pick> = []
     const corrections: Array<Candidate> = []
+    // The keys this claim passed over, and why (the metric `Scheduling.keysHeldBack`).
+    const held = { limit: new Set<string>(), starts: new Set<string>(), tokens: new Set<string>() }
     while (picks.length < max) {
       let fair: { row: KeyStateRow; candidate: Candidate; weight: number; expected: number } | undefined
       while (fair === undefined) {
@@ -561,16 +564,25 @@ export const claim = (
             row.startsUsed = 0
             row.changed = true
           }
-          if (row.startsUsed >= settings.startLimit) continue
+          if (row.startsUsed >= settings.startLimit) {
+            held.starts.add(row.key)
+            continue
+          }
         }
         if (settings.tokenLimit !== undefined && settings.tokenInterval !== undefined) {
           const window = Scheduling.windowStart(now, settings.tokenInterval)
           const used = window === row.tokensWindow ? row.tokensUsed : 0
-          if (used >= settings.tokenLimit) continue
+          if (used >= settings.tokenLimit) {
+            held.tokens.add(row.key)
+            continue
+          }
         }
         const waiting = ready.get(row.key) ?? []
         if (waiting.length === 0) continue
-        if (settings.limit !== undefined && (live.get(row.key) ?? 0) >= settings.limit) continue
+        if (settings.limit !== undefined && (live.get(row.key) ?? 0) >= settings.limit) {
+          held.limit.add(row.key)
+          continue
+        }
         // Whole milliseconds: the lease's `charged` is an integer column.
         const expected = Math.max(1, Math.round(row.mean ?? visibilityMillis))
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
@@ -637,6 +649,14 @@ export const claim = (
             tokens_used = json_extract(s.value, '$[7]'), idle = json_extract(s.value, '$[8]')
           FROM json_each(${states}) AS s
           WHERE ${keys}.queue = ${queue} AND ${keys}.key = json_extract(s.value, '$[0]')`
+    }
+    for (const reason of ["limit", "starts", "tokens"] as const) {
+      if (held[reason].size > 0) {
+        yield* Metric.incrementBy(
+          Scheduling.keysHeldBack.pipe(Metric.tagged("queue", queue), Metric.tagged("reason", reason)),
+          held[reason].size
+        )
+      }
     }
     if (picks.length === 0) return []
     const order = new Map(picks.map((pick, index) => [pick.seq, index]))
