@@ -294,9 +294,13 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
                 ${arrayLiteral(items.map((item) => String(item.timeoutMillis)))}::bigint[]) AS v(seq, handle, timeout)),
             target AS (SELECT m.seq, input.timeout FROM ${messages} m JOIN input ON m.seq = input.seq
               WHERE m.receipt_handle = input.handle AND m.visible_at > ${at} FOR UPDATE OF m SKIP LOCKED),
-            charge AS (${
-            Keys.chargeExtended(store, at, sql`FROM ${messages} m WHERE m.seq IN (SELECT seq FROM target)`)
-          }),
+            ${
+            // Only a queue this process claims through the scheduled claim has leases to charge (keys.ts).
+            store.scheduled.has(queue)
+              ? sql`charge AS (${
+                Keys.chargeExtended(store, at, sql`FROM ${messages} m WHERE m.seq IN (SELECT seq FROM target)`)
+              }),`
+              : sql``}
             upd AS (UPDATE ${messages} m SET visible_at = ${at} + target.timeout, extended_at = ${at},
                 ${Keys.chargedAfterExtension(store, at, sql`m`)}
               FROM target WHERE m.seq = target.seq
@@ -318,22 +322,28 @@ export const commitOf = (store: Store, statements: Statements, queue: string, no
               json_extract(value, '$[2]') AS timeout FROM json_each(${
           JSON.stringify(items.map((item) => [Number(item.seq), item.handle, item.timeoutMillis]))
         }))`
-        // Keyed leases charge their keys up to twice their age (keys.ts), in the same transaction.
-        return Effect.map(
-          Sql.writeTransaction(sql)(Effect.zipRight(
-            Keys.chargeExtended(
-              store,
-              at,
-              sql`FROM ${messages} m WHERE (m.seq, m.receipt_handle) IN (SELECT seq, handle FROM ${input})
-                AND m.visible_at > ${at}`
-            ),
-            sql<{ seq: number }>`UPDATE ${messages} SET visible_at = ${at} + input.timeout, extended_at = ${at},
+        const update = sql<
+          { seq: number }
+        >`UPDATE ${messages} SET visible_at = ${at} + input.timeout, extended_at = ${at},
               ${Keys.chargedAfterExtension(store, at, sql`${messages}`)}
             FROM ${input} AS input
             WHERE ${messages}.seq = input.seq AND ${messages}.receipt_handle = input.handle
               AND ${messages}.visible_at > ${at}
             RETURNING ${messages}.seq`
-          )),
+        // Keyed leases charge their keys up to twice their age (keys.ts), in the same transaction — only on a
+        // queue this process claims through the scheduled claim (a plain claim's leases have nothing to charge).
+        return Effect.map(
+          store.scheduled.has(queue)
+            ? Sql.writeTransaction(sql)(Effect.zipRight(
+              Keys.chargeExtended(
+                store,
+                at,
+                sql`FROM ${input} AS i JOIN ${messages} m ON m.seq = i.seq
+                  WHERE m.receipt_handle = i.handle AND m.visible_at > ${at}`
+              ),
+              update
+            ))
+            : update,
           (rows) => new Map(rows.map((row): [string, Outcome] => [String(row.seq), true]))
         )
       })
