@@ -234,10 +234,11 @@ export const schedulingContract = (label: string, scheduler: Scheduler) =>
             let now = 0
             let cSent = false
             let cStarted: number | undefined
+            let steps = 0
             while (now < end) {
-              // A macrotask turn per step: the simulation is thousands of steps of microtasks (and synchronous
-              // SQLite), and the test runner's worker must get to answer its own messages in between.
-              yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+              // A macrotask turn every 32 steps: the simulation is thousands of steps of microtasks (and
+              // synchronous SQLite), and the test runner's worker must get to answer its own messages in between.
+              if (++steps % 32 === 0) yield* Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
               for (let w = 0; w < workers.length; w++) {
                 if (workers[w] !== undefined) continue
                 const [message] = yield* mailbox.receive({ visibilityTimeout: Duration.millis(visibility) })

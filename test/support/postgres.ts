@@ -7,7 +7,7 @@
  * letting PostgreSQL tests skip: `.ci/run` installs the Debian package.
  */
 import { Effect } from "effect"
-import { execFileSync } from "node:child_process"
+import { execFile, execFileSync } from "node:child_process"
 import { chmodSync, mkdtempSync, rmSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
@@ -33,55 +33,66 @@ export const freePort = Effect.async<number>((resume) => {
   })
 })
 
-/** Runs a PostgreSQL binary, as the `postgres` user when this process is root. */
-const run = (binary: string, args: ReadonlyArray<string>) => {
-  const asRoot = process.getuid?.() === 0
-  const [command, argv] = asRoot ? ["runuser", ["-u", "postgres", "--", binary, ...args]] : [binary, [...args]]
-  return execFileSync(command as string, argv as Array<string>, { stdio: "pipe", encoding: "utf8" })
-}
+/**
+ * Runs a PostgreSQL binary, as the `postgres` user when this process is root. Asynchronously: `initdb` and
+ * `pg_ctl start -w` take tens of seconds on a loaded machine, and a test worker blocked that long misses
+ * vitest's 60 s answer to its progress report ("Timeout calling onTaskUpdate"), which fails the whole run.
+ */
+const run = (binary: string, args: ReadonlyArray<string>) =>
+  Effect.async<string, Error>((resume) => {
+    const asRoot = process.getuid?.() === 0
+    const [command, argv] = asRoot ? ["runuser", ["-u", "postgres", "--", binary, ...args]] : [binary, [...args]]
+    execFile(command as string, argv as Array<string>, { encoding: "utf8" }, (error, stdout, stderr) =>
+      resume(
+        error === null
+          ? Effect.succeed(stdout)
+          : Effect.fail(new Error(`${binary} ${args.join(" ")}: ${error.message} ${stderr}`))
+      ))
+  })
 
 /** Starts a cluster for the scope. */
 export const cluster: Effect.Effect<Cluster, Error, import("effect/Scope").Scope> = Effect.acquireRelease(
   Effect.gen(function*() {
     const port = yield* freePort
-    return yield* Effect.try({
-      try: () => {
-        const dir = mkdtempSync(join(tmpdir(), "leasehold-pg-"))
-        chmodSync(dir, 0o777)
-        if (process.getuid?.() === 0) execFileSync("chown", ["postgres", dir])
-        const data = join(dir, "data")
-        run("initdb", ["-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-        const start = () =>
-          run("pg_ctl", [
-            "-D",
-            data,
-            "-l",
-            join(dir, "server.log"),
-            "-w",
-            "-o",
-            `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off`,
-            "start"
-          ])
-        start()
-        const stop = () => run("pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"])
-        return {
-          dir,
-          data,
-          port,
-          url: `postgres://postgres@127.0.0.1:${port}/postgres`,
-          stop: Effect.asVoid(Effect.sync(stop)),
-          start: Effect.asVoid(Effect.sync(start))
-        }
-      },
-      catch: (error) =>
+    const dir = mkdtempSync(join(tmpdir(), "leasehold-pg-"))
+    const data = join(dir, "data")
+    const start = run("pg_ctl", [
+      "-D",
+      data,
+      "-l",
+      join(dir, "server.log"),
+      "-w",
+      "-o",
+      `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off`,
+      "start"
+    ])
+    const stop = run("pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"])
+    yield* Effect.gen(function*() {
+      chmodSync(dir, 0o777)
+      if (process.getuid?.() === 0) execFileSync("chown", ["postgres", dir])
+      yield* run("initdb", ["-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+      yield* start
+    }).pipe(
+      Effect.catchAllDefect((defect) => Effect.fail(new Error(String(defect)))),
+      Effect.mapError((error) =>
         new Error(
           `Cannot start a throwaway PostgreSQL cluster (${String(error)}). ` +
             "Install the server (apt-get install postgresql) so that initdb and pg_ctl are on the PATH."
         )
-    })
+      ),
+      Effect.tapError(() => Effect.sync(() => rmSync(dir, { recursive: true, force: true })))
+    )
+    return {
+      dir,
+      data,
+      port,
+      url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+      stop: Effect.orDie(stop).pipe(Effect.asVoid),
+      start: Effect.orDie(start).pipe(Effect.asVoid)
+    }
   }),
   ({ data, dir }) =>
-    Effect.ignore(Effect.try(() => run("pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"]))).pipe(
+    Effect.ignore(run("pg_ctl", ["-D", data, "-m", "immediate", "-w", "stop"])).pipe(
       Effect.zipRight(Effect.ignore(Effect.try(() => rmSync(dir, { recursive: true, force: true }))))
     )
 )
