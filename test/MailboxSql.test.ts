@@ -629,6 +629,14 @@ describe("MailboxSql lane on PostgreSQL", () => {
       Effect.merge
     )
 
+  /** The count once it is at most `n`, or the last count after 5 s. */
+  const sessionsAtMost = (application: string, n: number) =>
+    sessions(application).pipe(
+      Effect.filterOrFail((count) => count <= n, (count) => count),
+      Effect.retry({ schedule: Schedule.spaced("20 millis"), times: 250 }),
+      Effect.merge
+    )
+
   it.live(
     "claims, acknowledgements and sends run on one connection of the store's own, which closes with its last mailbox",
     () =>
@@ -668,7 +676,9 @@ describe("MailboxSql lane on PostgreSQL", () => {
         yield* Fiber.join(holding)
 
         yield* Scope.close(mailboxes, Exit.void)
-        expect(yield* sessionsReach("lane_test", 1)).toBe(1)
+        // LISTEN's and the lane's sessions end; the pool's own may stay or be recycled by the pool (a CI run under
+        // load saw it gone too), which is the pool's business, not the mailbox's.
+        expect(yield* sessionsAtMost("lane_test", 1)).toBeLessThanOrEqual(1)
       }).pipe(Effect.provide(MailboxResolver.layer()), Effect.scoped),
     30_000
   )
