@@ -848,6 +848,33 @@ describe.each(backends)("atk sql45: $label", (backend) => {
     300_000
   )
 
+  it.scoped("a key that takes most of a claim among many held keys is read past the claim's first share of it", () =>
+    Effect.gen(function*() {
+      const prefix = freshPrefix()
+      const mailbox = yield* mailboxOf(backend, prefix)
+      const admin = yield* adminOf(backend, prefix)
+      // 40 keys at their limit (1 live lease each, 1 more ready), and one key with 30 ready: a claim of 10 reads a
+      // share of each key's ready rows first (2 here), then more of the one key that can take them.
+      yield* admin.setKeySettings("q", undefined, { limit: 1 })
+      for (let i = 0; i < 40; i++) {
+        yield* mailbox.send(`held${i}a`, { key: `held${String(i).padStart(2, "0")}` })
+        yield* mailbox.send(`held${i}b`, { key: `held${String(i).padStart(2, "0")}` })
+      }
+      const leased: Array<string> = []
+      while (leased.length < 40) {
+        const got = yield* mailbox.receive({ maxMessages: 10, waitTime: 0 })
+        expect(got.length).toBeGreaterThan(0)
+        leased.push(...bodies(got))
+      }
+      expect(new Set(leased).size).toBe(40)
+      yield* admin.setKeySettings("q", "big", { limit: 100 })
+      for (let i = 0; i < 30; i++) yield* mailbox.send(`big${String(i).padStart(2, "0")}`, { key: "big" })
+      const first = yield* mailbox.receive({ maxMessages: 10, waitTime: 0 })
+      expect(bodies(first)).toEqual(Array.from({ length: 10 }, (_, i) => `big${String(i).padStart(2, "0")}`))
+      const second = yield* mailbox.receive({ maxMessages: 10, waitTime: 0 })
+      expect(bodies(second)).toEqual(Array.from({ length: 10 }, (_, i) => `big${String(i + 10).padStart(2, "0")}`))
+    }))
+
   it.scoped("weights at the extremes (0.001, 1000): a lone key gets every worker; nothing is lost", () =>
     Effect.gen(function*() {
       const prefix = freshPrefix()
