@@ -6,10 +6,10 @@
  * to the browse page of its messages. Keys are names another party chose: each one escaped and cut like every
  * other value of the console; like the browse page it is drawn once per request (it says when).
  */
-import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Scheduling from "../../internal/mailbox/scheduling.js"
 import * as MailboxSqlAdmin from "../../MailboxSqlAdmin.js"
+import { period, span } from "../keyText.js"
 import * as Browse from "./browse.js"
 import * as Page from "./page.js"
 
@@ -51,22 +51,12 @@ export const query = (params: URLSearchParams): Query => {
   }
 }
 
-/** Milliseconds as the page shows a span. */
-const span = (millis: number) =>
-  millis < 1000
-    ? `${Math.round(millis)} ms`
-    : millis < 120_000
-    ? `${(millis / 1000).toFixed(1)} s`
-    : millis < 7_200_000
-    ? `${(millis / 60_000).toFixed(1)} min`
-    : `${(millis / 3_600_000).toFixed(1)} h`
-
 const windowCell = (window: Scheduling.KeyState["starts"]) =>
   window === undefined
     ? "–"
-    : `<span data-used="${window.used}">${window.used}</span> / ${window.count} per ${
-      Page.escape(Duration.format(Duration.millis(window.perMillis)))
-    }${window.used >= window.count ? ` <span class="paused">held</span>` : ""}`
+    : `<span data-used="${window.used}">${window.used}</span> / ${window.count} per ${Page.escape(period(window))}${
+      window.used >= window.count ? ` <span class="paused">held</span>` : ""
+    }`
 
 /** The keys page of `query`. */
 export const page = (context: Browse.Context, query: Query) =>
