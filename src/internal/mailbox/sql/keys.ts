@@ -48,6 +48,17 @@ export const chargesTable = (prefix: string) => `${prefix}mailbox_key_charges`
 /** The key of the row holding a queue's defaults and share clock (no message key may be empty). */
 export const queueRow = ""
 
+/**
+ * Migration 15: the keyed leases, by key — what a claim counts against a key's limit (its rows with a receipt
+ * handle whose visibility has not passed). Without it a key's count read every row of the key (a backlog of 100
+ * a key: 7.7 ms for a page of 100 keys on SQLite, 0.24 ms with it). Unkeyed rows are not in it.
+ */
+export const migrateLeases = (store: Store): Effect.Effect<void, SqlError> => {
+  const { messages, sql } = store
+  return sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_key_leases`)} ON ${sql(messages)} (queue, key, visible_at)
+    WHERE receipt_handle IS NOT NULL AND key IS NOT NULL`.pipe(Effect.asVoid)
+}
+
 /** Migration 14: the messages' and dead letters' columns, the keys table, the ledger, the queues' flag. */
 export const migrate = (store: Store): Effect.Effect<void, SqlError> => {
   const { deadLetters, messages, sql } = store
@@ -501,11 +512,11 @@ export const claim = (
         const liveRows = !countLive ? sql`` : pg
           ? sql` UNION ALL SELECT NULL, NULL, key, NULL, NULL, NULL, NULL, count(*) FROM ${messages}
               WHERE queue = ${queue} AND key IN (SELECT json_array_elements(${input}::json)->>0)
-                AND receipt_handle IS NOT NULL AND visible_at > ${now}
+                AND key IS NOT NULL AND receipt_handle IS NOT NULL AND visible_at > ${now}
               GROUP BY key`
           : sql` UNION ALL SELECT NULL, NULL, key, NULL, NULL, NULL, NULL, count(*) FROM ${messages}
               WHERE queue = ${queue} AND key IN (SELECT json_extract(value, '$[0]') FROM json_each(${input}))
-                AND receipt_handle IS NOT NULL AND visible_at > ${now}
+                AND key IS NOT NULL AND receipt_handle IS NOT NULL AND visible_at > ${now}
               GROUP BY key`
         const rowsFound = yield* pg
           ? sql<Candidate & { live: number | string | null }>`SELECT m.seq, m.priority, m.key, m.leased_at,

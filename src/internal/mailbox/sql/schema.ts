@@ -153,7 +153,9 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
           createSettleFunction(store, { traceparents: true, charges: true })
         )
         : Effect.void
-    )
+    ),
+    // A keyed lease found by its key (keys.ts): a claim counts a key's live leases without reading its backlog.
+    "15_key_leases": Keys.migrateLeases(store)
   }
 }
 
