@@ -213,11 +213,18 @@ export interface Options {
   readonly name: string
   /** Bounds the unacknowledged messages: sends beyond it fail `MailboxFullError` (a positive integer). */
   readonly maxSize?: number | undefined
+  /**
+   * Publishes each key's live leases as the gauge `leasehold_mailbox_key_leases` (tagged `queue` and `key`; at
+   * most 1,000 keys, refreshed at most every 10 s). Off by default: key names are the senders', and every key
+   * shown stays a series.
+   */
+  readonly keyMetrics?: boolean | undefined
 }
 
 const decodeOptions = Options_.decoder("MailboxMemory.make", {
   name: QueueName,
-  maxSize: Schema.optionalWith(MaxSize, { exact: true })
+  maxSize: Schema.optionalWith(MaxSize, { exact: true }),
+  keyMetrics: Schema.optionalWith(Schema.Boolean, { exact: true })
 })
 
 /**
@@ -230,7 +237,7 @@ const decodeOptions = Options_.decoder("MailboxMemory.make", {
 export const make = <A, R = never>(
   options: Options
 ): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
-  Effect.flatMap(decodeOptions(options), ({ maxSize, name }) =>
+  Effect.flatMap(decodeOptions(options), ({ keyMetrics, maxSize, name }) =>
     Effect.flatMap(Effect.clock, (clock) => {
       const store = new Store<A>(clock)
       // Ids need to be unique, not secret (receipt handles are the secret): a random prefix and a counter.
@@ -272,14 +279,21 @@ export const make = <A, R = never>(
         return Effect.succeed(entry.id)
       }
 
-      /** Delivers up to `max` visible messages now, hiding each for `visibilityMillis`. */
-      const take = (max: number, visibilityMillis: number): Array<Message<A, R>> => {
+      /**
+       * Delivers up to `max` visible messages now, hiding each for `visibilityMillis`; the keys it passed over go
+       * in `held` (the metric `keysHeldBack`).
+       */
+      const take = (
+        max: number,
+        visibilityMillis: number,
+        held: Record<Scheduling.HeldBack, Set<string>>
+      ): Array<Message<A, R>> => {
         if (store.paused) return []
         const now = clock.unsafeCurrentTimeMillis()
         store.promote(now)
         const received: Array<Message<A, R>> = []
         while (received.length < max) {
-          const entry = store.takeNext(now)
+          const entry = store.takeNext(now, held)
           if (entry === undefined) break
           entry.deliveryCount++
           // Flattened by `toLowerCase` (a no-op on a UUID): Node's UUID is a tree of strings, several times the size.
@@ -294,7 +308,38 @@ export const make = <A, R = never>(
 
       const mailbox = FrontEnd.make<A, R>(name, {
         insert,
-        claim: (max, visibilityMillis) => Effect.sync(() => take(max, visibilityMillis)),
+        claim: (max, visibilityMillis) =>
+          Effect.suspend(() => {
+            const held = { limit: new Set<string>(), starts: new Set<string>(), tokens: new Set<string>() }
+            const received = take(max, visibilityMillis, held)
+            // A queue that never used a key pays nothing here.
+            if (store.keys.size === 0 && store.gaugesAt === undefined) return Effect.succeed(received)
+            const now = clock.unsafeCurrentTimeMillis()
+            const due = store.gaugesAt === undefined || now - store.gaugesAt >= Scheduling.gaugeEveryMillis ||
+              now < store.gaugesAt
+            if (due) store.gaugesAt = now
+            const leases = due && keyMetrics === true
+              ? new Map(
+                [...store.keys.values()].filter((line) => line.leases.size > 0).map((
+                  line
+                ) => [line.name, line.leases.size])
+              )
+              : undefined
+            return Effect.as(
+              Effect.zipRight(
+                Scheduling.countHeldBack(name, held),
+                due
+                  ? Scheduling.setGauges(
+                    name,
+                    [...store.keys.values()].filter((line) => line.pending > 0).length,
+                    leases,
+                    store.gaugedKeys
+                  )
+                  : Effect.void
+              ),
+              received
+            )
+          }),
         nextVisibleIn: Effect.sync(() => {
           // Paused: nothing is coming until a resume, which wakes the receivers.
           if (store.paused) return undefined

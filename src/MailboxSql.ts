@@ -180,6 +180,12 @@ export interface Options<A, I, R, IR> {
    * else `make` fails with a `SchemaVersionError` saying so.
    */
   readonly create?: boolean | undefined
+  /**
+   * Publishes each key's live leases as the gauge `leasehold_mailbox_key_leases` (tagged `queue` and `key`; at
+   * most 1,000 keys, refreshed by a claim at most every 10 s). Off by default: key names are the senders', and
+   * every key shown stays a series.
+   */
+  readonly keyMetrics?: boolean | undefined
 }
 
 /**
@@ -217,7 +223,8 @@ const decodeOptions = Options_.decoder("MailboxSql.make", {
     Options_.intBetween(1, maxBodyBytesLimit, `must be an integer in 1..${maxBodyBytesLimit} (256 MiB)`),
     { exact: true, default: () => defaultMaxBodyBytes }
   ),
-  create: Schema.optionalWith(Schema.Boolean, { exact: true, default: () => true })
+  create: Schema.optionalWith(Schema.Boolean, { exact: true, default: () => true }),
+  keyMetrics: Schema.optionalWith(Schema.Boolean, { exact: true })
 })
 
 /**
@@ -235,7 +242,7 @@ export const make = <A, I, R = never, IR = never>(
   SqlClient.SqlClient | Scope.Scope
 > =>
   Effect.gen(function*() {
-    const { create, maxBodyBytes, maxSize, name, pollInterval, prefix } = yield* decodeOptions(
+    const { create, keyMetrics, maxBodyBytes, maxSize, name, pollInterval, prefix } = yield* decodeOptions(
       yield* createFromEnv(options)
     )
     const sql = yield* SqlClient.SqlClient
@@ -243,6 +250,7 @@ export const make = <A, I, R = never, IR = never>(
     // The layer's store of this prefix (else one of this mailbox's own), held open while the mailbox is: the
     // first mailbox in starts its lane, listener and row; the last one out stops them.
     const store = yield* hold(sql, prefix).pipe(connectionError(name))
+    if (keyMetrics === true) store.keyMetrics.add(name)
     const scope = yield* Effect.scope
     const maxPollMillis = Math.max(1, Duration.toMillis(pollInterval ?? (store.dialect === "pg" ? 1000 : 250)))
     const clock = yield* Effect.clock

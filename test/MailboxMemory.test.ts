@@ -22,7 +22,7 @@ describe("MailboxMemory.make", () => {
 })
 
 schedulingContract("memory", {
-  make: (name) => MailboxMemory.make<string, string>({ name }),
+  make: (name, options) => MailboxMemory.make<string, string>({ name, ...options }),
   setKeySettings: MailboxMemory.setKeySettings,
   keys: MailboxMemory.keys
 })

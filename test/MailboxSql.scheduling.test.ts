@@ -25,10 +25,16 @@ for (const backend of backends) {
         )
     )
   schedulingContract(backend.label, {
-    make: (name) =>
+    make: (name, options) =>
       Effect.gen(function*() {
         const prefix = `sched${++prefixes}_`
-        const mailbox = yield* MailboxSql.make({ name, schema: Schema.String, replySchema: Schema.String, prefix })
+        const mailbox = yield* MailboxSql.make({
+          name,
+          schema: Schema.String,
+          replySchema: Schema.String,
+          prefix,
+          ...options
+        })
         where.set(mailbox, { prefix, name })
         return mailbox
       }).pipe(Effect.provide(backend.context())),

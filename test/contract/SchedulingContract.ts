@@ -5,13 +5,17 @@
  * simulation of four workers driving the mailbox itself.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Either, Fiber, type Scope, TestClock } from "effect"
+import { Duration, Effect, Either, Fiber, Metric, type Scope, TestClock } from "effect"
 import type { KeySettings, KeyState } from "../../src/internal/mailbox/scheduling.js"
+import * as Scheduling from "../../src/internal/mailbox/scheduling.js"
 import { chargeTokens, type Mailbox, type Message } from "../../src/Mailbox.js"
 
 /** How a backend is driven for the contract. */
 export interface Scheduler {
-  readonly make: (name: string) => Effect.Effect<Mailbox<string, string>, unknown, Scope.Scope>
+  readonly make: (
+    name: string,
+    options?: { readonly keyMetrics?: boolean }
+  ) => Effect.Effect<Mailbox<string, string>, unknown, Scope.Scope>
   readonly setKeySettings: (
     mailbox: Mailbox<string, string>,
     key: string | undefined,
@@ -45,6 +49,59 @@ const drain = (mailbox: Mailbox<string, string>, ack = true) =>
 export const schedulingContract = (label: string, scheduler: Scheduler) =>
   describe(`Scheduling contract: ${label}`, () => {
     const fresh = () => scheduler.make("scheduled")
+
+    describe("metrics", () => {
+      let queues = 0
+      const gauge = (metric: Metric.Metric.Gauge<number>, tags: ReadonlyArray<readonly [string, string]>) =>
+        Effect.map(
+          Metric.value(tags.reduce((m, [key, value]) => m.pipe(Metric.tagged(key, value)), metric)),
+          (state) => state.value
+        )
+
+      it.scoped(
+        "a claim counts the keys it held back, sets the active-keys gauge and, opted in, each key's live leases",
+        () =>
+          Effect.gen(function*() {
+            const name = `metered${++queues}${label.replace(/\W/g, "")}`
+            const mailbox = yield* scheduler.make(name, { keyMetrics: true })
+            yield* scheduler.setKeySettings(mailbox, "a", { limit: 1 })
+            yield* mailbox.send("a1", { key: "a" })
+            yield* mailbox.send("a2", { key: "a" })
+            yield* mailbox.send("b1", { key: "b" })
+            const first = yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+            expect(bodies(first).sort()).toEqual(["a1", "b1"])
+            expect(yield* gauge(Scheduling.keysActive, [["queue", name]])).toBe(2)
+            expect(yield* gauge(Scheduling.keyLeases, [["queue", name], ["key", "a"]])).toBe(1)
+            expect(yield* gauge(Scheduling.keyLeases, [["queue", name], ["key", "b"]])).toBe(1)
+            // a is at its limit with a2 ready: the next claim passes it over, and says so.
+            expect(yield* mailbox.receive({ maxMessages: 10 })).toEqual([])
+            const held = yield* Metric.value(
+              Scheduling.keysHeldBack.pipe(Metric.tagged("queue", name), Metric.tagged("reason", "limit"))
+            )
+            expect(held.count).toBeGreaterThanOrEqual(1)
+            // Settled, and a gauge's period later: b has gone, a holds a2's lease.
+            yield* Effect.forEach(first, (message) => message.acknowledge, { discard: true })
+            yield* TestClock.adjust("11 seconds")
+            expect(bodies(yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" }))).toEqual(["a2"])
+            expect(yield* gauge(Scheduling.keysActive, [["queue", name]])).toBe(1)
+            expect(yield* gauge(Scheduling.keyLeases, [["queue", name], ["key", "a"]])).toBe(1)
+            expect(yield* gauge(Scheduling.keyLeases, [["queue", name], ["key", "b"]])).toBe(0)
+          })
+      )
+
+      it.scoped("without keyMetrics no per-key series is made", () =>
+        Effect.gen(function*() {
+          const name = `unmetered${++queues}${label.replace(/\W/g, "")}`
+          const mailbox = yield* scheduler.make(name)
+          yield* mailbox.send("x", { key: "secret-tenant" })
+          expect((yield* mailbox.receive({ maxMessages: 10 })).length).toBe(1)
+          expect(yield* gauge(Scheduling.keysActive, [["queue", name]])).toBe(1)
+          const series = (yield* Metric.snapshot).filter((pair) =>
+            pair.metricKey.tags.some((tag) => tag.key === "key" && tag.value === "secret-tenant")
+          )
+          expect(series).toEqual([])
+        }))
+    })
 
     describe("keys and priorities", () => {
       it.scoped("a delivery carries its key and priority; a key's messages go lowest priority first", () =>

@@ -147,6 +147,9 @@ export class Store<A> {
   defaults: Settings = {}
   private nextSeq = 0
   closed = false
+  /** When this mailbox's claim last set its gauges (its clock's ms), and the keys its per-key gauge shows. */
+  gaugesAt: number | undefined = undefined
+  readonly gaugedKeys = new Set<string>()
   constructor(private readonly clock: Clock.Clock) {}
 
   /** The mailbox's time (its `Clock`'s: `TestClock` in a test). */
@@ -312,32 +315,42 @@ export class Store<A> {
 
   /** Whether `line` may start another entry now: under its limit and its rates. */
   eligible(line: KeyLine<A>, now: number): boolean {
+    return this.heldBack(line, now) === undefined
+  }
+
+  /** Why `line` may not start another entry now (at its limit, over a rate), or `undefined` if it may. */
+  heldBack(line: KeyLine<A>, now: number): Scheduling.HeldBack | undefined {
     const limit = this.setting(line, "limit")
-    if (limit !== undefined && line.leases.size >= limit) return false
+    if (limit !== undefined && line.leases.size >= limit) return "limit"
     const starts = this.setting(line, "startLimit")
     const startsPer = this.setting(line, "startIntervalMillis")
     if (starts !== undefined && startsPer !== undefined) {
       // A clock set back inside (or before) the window counts in it: only a later window starts afresh.
       const used = Scheduling.windowStart(now, startsPer) <= line.startsWindow ? line.startsUsed : 0
-      if (used >= starts) return false
+      if (used >= starts) return "starts"
     }
     const tokens = this.setting(line, "tokenLimit")
     const tokensPer = this.setting(line, "tokenIntervalMillis")
     if (tokens !== undefined && tokensPer !== undefined) {
       const used = Scheduling.windowStart(now, tokensPer) <= line.tokensWindow ? line.tokensUsed : 0
-      if (used >= tokens) return false
+      if (used >= tokens) return "tokens"
     }
-    return true
+    return undefined
   }
 
   /**
    * Takes the next entry to deliver: the eligible key with the lowest share clock (ties by name) against the
    * unkeyed line, the one whose head goes first by (priority, first enqueue).
    */
-  takeNext(now: number): Entry<A> | undefined {
+  takeNext(now: number, held?: Record<Scheduling.HeldBack, Set<string>>): Entry<A> | undefined {
     let pick: KeyLine<A> | undefined
     for (const line of this.keys.values()) {
-      if (line.ready.size === 0 || !this.eligible(line, now)) continue
+      if (line.ready.size === 0) continue
+      const reason = this.heldBack(line, now)
+      if (reason !== undefined) {
+        held?.[reason].add(line.name)
+        continue
+      }
       if (pick === undefined || line.vtime < pick.vtime || (line.vtime === pick.vtime && line.name < pick.name)) {
         pick = line
       }

@@ -61,8 +61,9 @@
  * their own; every field `null` clears the setting (unlimited, weight 1).
  */
 import * as Duration from "effect/Duration"
-import type * as Effect from "effect/Effect"
+import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
+import * as Metric from "effect/Metric"
 import { InvalidParameterError } from "../../Errors.js"
 import type { MailboxConnectionError } from "../../Mailbox.js"
 import * as Durations from "../duration.js"
@@ -250,3 +251,67 @@ export const keysHeldBack = counter(
   "leasehold_mailbox_keys_held_back_total",
   "Keys a claim passed over: at their concurrency limit (reason=limit) or over a start rate or token budget"
 )
+
+/**
+ * Keys of a queue with unsettled messages, per queue (`queue`), as the process that claims it last saw them: set
+ * by a claim at most every `gaugeEveryMillis` (SQLite, PostgreSQL: the keys the claim's walk has not found idle;
+ * memory: the keys with unsettled entries).
+ */
+export const keysActive = Metric.gauge("leasehold_mailbox_keys_active", {
+  description: "Keys of the queue with unsettled messages (scheduling by key), as a claim last counted them"
+})
+
+/**
+ * Opt-in (`keyMetrics: true` on `make`): each key's live leases — what its concurrency limit counts — tagged
+ * `queue` and `key`, for at most `keyGaugeLimit` keys a queue (the most leases), set by a claim at most every
+ * `gaugeEveryMillis`; a key that drops out is set to 0 once. Key names are the senders': every key ever shown
+ * stays a series of the process's registry, so turn it on only where keys are few and trusted.
+ */
+export const keyLeases = Metric.gauge("leasehold_mailbox_key_leases", {
+  description: "Live leases of a key (opt-in: keyMetrics), what its concurrency limit counts"
+})
+
+/** How often a claim refreshes the gauges of its queue, at most (the mailbox's clock). */
+export const gaugeEveryMillis = 10_000
+/** The most keys a queue's per-key gauge shows. */
+export const keyGaugeLimit = 1_000
+
+/** Sets the gauges of `queue`: its active keys, and (when given) each key's live leases, zeroing `shown` ones gone. */
+export const setGauges = (
+  queue: string,
+  active: number,
+  leases: ReadonlyMap<string, number> | undefined,
+  shown: Set<string>
+): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const updates: Array<Effect.Effect<void>> = [Metric.set(keysActive.pipe(Metric.tagged("queue", queue)), active)]
+    if (leases !== undefined) {
+      const top = [...leases].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).slice(0, keyGaugeLimit)
+      const now = new Set(top.map(([key]) => key))
+      for (const key of shown) if (!now.has(key)) top.push([key, 0])
+      shown.clear()
+      for (const key of now) shown.add(key)
+      for (const [key, n] of top) {
+        updates.push(Metric.set(keyLeases.pipe(Metric.tagged("queue", queue), Metric.tagged("key", key)), n))
+      }
+    }
+    return Effect.all(updates, { discard: true })
+  })
+
+/** The reason a key with ready work is passed over, for `keysHeldBack`. */
+export type HeldBack = "limit" | "starts" | "tokens"
+
+/** Counts the keys a claim of `queue` passed over, by reason (`keysHeldBack`). */
+export const countHeldBack = (
+  queue: string,
+  held: Readonly<Record<HeldBack, ReadonlySet<string>>>
+): Effect.Effect<void> =>
+  Effect.all(
+    (["limit", "starts", "tokens"] as const).filter((reason) => held[reason].size > 0).map((reason) =>
+      Metric.incrementBy(
+        keysHeldBack.pipe(Metric.tagged("queue", queue), Metric.tagged("reason", reason)),
+        held[reason].size
+      )
+    ),
+    { discard: true }
+  )

@@ -33,7 +33,6 @@ import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
 import type * as Statement from "@effect/sql/Statement"
 import * as Effect from "effect/Effect"
-import * as Metric from "effect/Metric"
 import { MinHeap } from "../../heap.js"
 import * as Sql from "../../sql/common.js"
 import * as Scheduling from "../scheduling.js"
@@ -736,15 +735,29 @@ export const claim = (
             idle = s.idle
           FROM s WHERE ${keys}.queue = ${queue} AND ${keys}.key = s.key`
     }
-    for (const reason of ["limit", "starts", "tokens"] as const) {
-      if (held[reason].size > 0) {
-        yield* Metric.incrementBy(
-          Scheduling.keysHeldBack.pipe(Metric.tagged("queue", queue), Metric.tagged("reason", reason)),
-          held[reason].size
+    yield* Scheduling.countHeldBack(queue, held)
+    // The queue's gauges, at most every `gaugeEveryMillis` (or when the clock went back), with this claim's leases.
+    const gauge = Effect.gen(function*() {
+      const gaugedAt = store.gaugesAt.get(queue)
+      if (gaugedAt !== undefined && now - gaugedAt < Scheduling.gaugeEveryMillis && now >= gaugedAt) return
+      store.gaugesAt.set(queue, now)
+      const active = yield* sql<{ n: number | string }>`SELECT count(*) AS n FROM ${keys}
+        WHERE queue = ${queue} AND idle = 0 AND key <> ''`
+      const leases = store.keyMetrics.has(queue)
+        ? new Map(
+          (yield* sql<{ key: string; n: number | string }>`SELECT key, count(*) AS n FROM ${messages}
+            WHERE queue = ${queue} AND key IS NOT NULL AND receipt_handle IS NOT NULL AND visible_at > ${now}
+            GROUP BY key`).map((row) => [row.key, Number(row.n)] as const)
         )
-      }
+        : undefined
+      let shown = store.gaugedKeys.get(queue)
+      if (shown === undefined) store.gaugedKeys.set(queue, shown = new Set())
+      yield* Scheduling.setGauges(queue, Number(active[0]?.n ?? 0), leases, shown)
+    })
+    if (picks.length === 0) {
+      yield* gauge
+      return []
     }
-    if (picks.length === 0) return []
     const order = new Map(picks.map((pick, index) => [pick.seq, index]))
     const lease = JSON.stringify(picks.map((pick) => [pick.seq, pick.charged, pick.weight]))
     const claimed = yield* pg
@@ -768,6 +781,7 @@ export const claim = (
         RETURNING ${messages}.seq, ${messages}.body, ${messages}.receipt_handle, ${messages}.delivery_count,
           ${messages}.enqueued_at, ${messages}.reply_to, ${messages}.traceparent, ${messages}.key,
           ${messages}.priority`
+    yield* gauge
     // In the order picked (the batcher keeps it: `Row.order`).
     return claimed.map((row) => ({ ...row, order: order.get(Number(row.seq)) ?? 0 }))
   }))

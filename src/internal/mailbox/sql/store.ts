@@ -79,6 +79,11 @@ export class Store {
   readonly recorded = new Set<string>()
   /** Queues this process has found scheduled by key (keys.ts): their claims go through the scheduled claim. */
   readonly scheduled = new Set<string>()
+  /** Queues whose claims publish each key's live leases (`keyMetrics` on `make`). */
+  readonly keyMetrics = new Set<string>()
+  /** When a claim of each queue last set its gauges (the database's ms), and the keys its per-key gauge shows. */
+  readonly gaugesAt = new Map<string, number>()
+  readonly gaugedKeys = new Map<string, Set<string>>()
   /** Restarts the LISTEN connection (PostgreSQL), after the server went away. */
   relisten: () => void = () => undefined
   /** The PostgreSQL client's settings, from which the lane's client is made; `undefined` on SQLite. */
