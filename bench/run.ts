@@ -10,7 +10,8 @@
  * that comparison's measured rounds (default 7) and jobs per round (10,000),
  * e.g. `npm run bench -- --only durable --rounds 3 --jobs 10000`. `--only journal` runs
  * the agent step journal's section alone (bench/journal.ts), printed. `--only keys` runs scheduling by
- * key's section alone (bench/keys.ts: its environment variables set its rounds and sizes), printed.
+ * key's section alone (bench/keys.ts: its environment variables set its rounds and sizes), printed, and with
+ * `--write` put into BENCHMARKS.md in place of its section (the rest of the file left as the last full run wrote it).
  */
 import { PgClient } from "@effect/sql-pg"
 import { SqliteClient } from "@effect/sql-sqlite-node"
@@ -18,7 +19,7 @@ import { Clock, Effect, Exit, Queue, Ref, Scheduler, type Scope } from "effect"
 import { Redacted, Scope as ScopeModule } from "effect"
 import { Database, Heartbeat, LeaseExtender, Mailbox, MailboxMemory, MainLoop } from "leasehold"
 import { spawn } from "node:child_process"
-import { writeFileSync } from "node:fs"
+import { readFileSync, writeFileSync } from "node:fs"
 import { mkdtempSync } from "node:fs"
 import * as os from "node:os"
 import { tmpdir } from "node:os"
@@ -44,6 +45,7 @@ const { values: options } = parseArgs({
   options: {
     only: { type: "string" },
     print: { type: "boolean", default: false },
+    write: { type: "boolean", default: false },
     rounds: { type: "string", default: "7" },
     jobs: { type: "string", default: "10000" }
   }
@@ -780,6 +782,28 @@ const journalOnly = async () => {
   log(section.join("\n"))
 }
 
+/**
+ * `--only keys --write`: the section put into BENCHMARKS.md in place of the one there (or before "Leases at
+ * scale", where the full run puts it); the rest of the file, from an earlier full run, is left as it is.
+ */
+const writeSection = (section: ReadonlyArray<string>) => {
+  const file = "BENCHMARKS.md"
+  const text = readFileSync(file, "utf8")
+  const heading = section.find((line) => line.startsWith("## "))!
+  const start = text.indexOf(`\n${heading}\n`)
+  const body = section.join("\n").replace(/\n+$/, "") + "\n\n"
+  let next: string
+  if (start >= 0) {
+    const end = text.indexOf("\n## ", start + 1)
+    next = text.slice(0, start + 1) + body + (end >= 0 ? text.slice(end + 1) : "")
+  } else {
+    const before = text.indexOf("\n## Leases at scale")
+    next = before >= 0 ? text.slice(0, before + 1) + body + text.slice(before + 1) : text + "\n" + body
+  }
+  writeFileSync(file, next)
+  process.stdout.write(`wrote the section "${heading.slice(3)}" into BENCHMARKS.md\n`)
+}
+
 /** `--only keys`: scheduling by key's section alone (bench/keys.ts), on a cluster of its own, printed. */
 const keysOnly = async () => {
   const log = (line: string) => process.stdout.write(line + "\n")
@@ -788,7 +812,9 @@ const keysOnly = async () => {
   try {
     const report = await measureKeys(url, log)
     log("")
-    log(keysSection(report).join("\n"))
+    const section = keysSection(report)
+    log(section.join("\n"))
+    if (options.write) writeSection(section)
   } finally {
     await Effect.runPromise(ScopeModule.close(scope, Exit.void))
   }

@@ -5,14 +5,18 @@
  * installs it).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Layer, Metric, TestClock } from "effect"
+import { Effect, Layer, Metric, Schema, TestClock } from "effect"
 import { execFileSync } from "node:child_process"
-import { existsSync } from "node:fs"
+import { existsSync, mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import * as Health from "../src/Health.js"
 import * as Scheduling from "../src/internal/mailbox/scheduling.js"
 import type { Message } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import * as MailboxSql from "../src/MailboxSql.js"
 
+const directory = mkdtempSync(join(tmpdir(), "leasehold-keymetrics-"))
 const promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].find((path) => existsSync(path))
 
 const hostile = [
@@ -53,6 +57,22 @@ describe("attack: per-key gauges", () => {
         expect(error.status).not.toBe(1)
       }
     }).pipe(Effect.provide(Layer.fresh(Health.layer({ port: 0, host: "127.0.0.1" }))), Effect.scoped))
+
+  it.scoped("keyMetrics that is not a boolean is refused naming it, on memory and on SQLite", () =>
+    Effect.gen(function*() {
+      for (const bad of ["yes", 1, null]) {
+        const memory = yield* Effect.flip(
+          MailboxMemory.make<string, string>({ name: "q", keyMetrics: bad as unknown as boolean })
+        )
+        expect(String(memory)).toContain("keyMetrics")
+        const sql = yield* Effect.flip(
+          MailboxSql.make({ name: "q", schema: Schema.String, keyMetrics: bad as unknown as boolean }).pipe(
+            Effect.provide(MailboxSql.layerSqlite({ filename: join(directory, "bad.db") }))
+          )
+        )
+        expect(String(sql)).toContain("keyMetrics")
+      }
+    }))
 
   it.scoped("1,500 keys in flight: the gauge shows 1,000 of them, the most leases first; a settled key drops to 0", () =>
     Effect.gen(function*() {
