@@ -875,6 +875,38 @@ describe.each(backends)("atk sql45: $label", (backend) => {
       expect(bodies(second)).toEqual(Array.from({ length: 10 }, (_, i) => `big${String(i + 10).padStart(2, "0")}`))
     }))
 
+  it.scoped("keyed and unkeyed messages go by first enqueue across a seq's digit boundary (9 before 10)", () =>
+    Effect.gen(function*() {
+      // Found by an attack: PostgreSQL's driver gives BIGINT seqs as strings, and the claim compared "9" < "10"
+      // as strings (false): an unkeyed message jumped the keyed one sent before it once seqs reached 10.
+      const prefix = freshPrefix()
+      const filler = yield* mailboxOf(backend, prefix, "filler")
+      const mailbox = yield* mailboxOf(backend, prefix)
+      for (let i = 0; i < 8; i++) yield* filler.send(`f${i}`)
+      yield* mailbox.send("keyed-first", { key: "k" })
+      for (let i = 0; i < 5; i++) yield* mailbox.send(`unkeyed${i}`)
+      expect(bodies(yield* mailbox.receive({ maxMessages: 1, visibilityTimeout: "1 hour" }))).toEqual(["keyed-first"])
+      expect(bodies(yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 hour" }))).toEqual(
+        Array.from({ length: 5 }, (_, i) => `unkeyed${i}`)
+      )
+    }))
+
+  it.scoped("at the longest prefix every table and index the mailbox makes keeps its whole name", () =>
+    Effect.gen(function*() {
+      if (backend.label !== "PostgreSQL") return
+      // PostgreSQL cuts names past 63 characters; the prefix rule leaves room for the longest derived name.
+      const prefix = `p${"x".repeat(35)}_`
+      expect(prefix.length).toBe(37)
+      yield* mailboxOf(backend, prefix)
+      const sql = backend.client()
+      const names = yield* sql<{ name: string }>`SELECT relname AS name FROM pg_class
+        WHERE relname LIKE ${`${prefix}%`} AND relkind IN ('r', 'i')`
+      expect(names.map((row) => row.name)).toContain(`${prefix}mailbox_messages_leased`)
+      for (const { name } of names) expect(name.length, name).toBeLessThanOrEqual(63)
+      // A name cut short would end mid-word: each is one the code derives, whole.
+      expect(names.some((row) => row.name.endsWith("_lease"))).toBe(false)
+    }))
+
   it.scoped("weights at the extremes (0.001, 1000): a lone key gets every worker; nothing is lost", () =>
     Effect.gen(function*() {
       const prefix = freshPrefix()

@@ -24,7 +24,8 @@
  * at least `V` (a key coming back from idle starts level, with no credit banked); for each key take its ready
  * messages by (priority, first enqueue) — a redelivered message keeps its place — unless it is at its limit
  * (live leases counted in the transaction), over its start rate or over its token budget; pick the lowest
- * clock, charge it the lease's expected length over its weight, and go again. Unkeyed messages of the queue
+ * clock (keys at one clock in the order they were loaded: those a send woke, then the page's by (clock, name) —
+ * not by name alone, as memory breaks ties), charge it the lease's expected length over its weight, and go again. Unkeyed messages of the queue
  * meet the fair pick by first enqueue. Cost: per claim, one page of keys (a quarter more than it claims, at
  * least 64) and one index range per key
  * looked at (its ready rows, and its live leases when it has a limit), plus the ledger since the last claim.
@@ -54,7 +55,7 @@ export const queueRow = ""
  */
 export const migrateLeases = (store: Store): Effect.Effect<void, SqlError> => {
   const { messages, sql } = store
-  return sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_key_leases`)} ON ${sql(messages)} (queue, key, visible_at)
+  return sql`CREATE INDEX IF NOT EXISTS ${sql(`${messages}_leased`)} ON ${sql(messages)} (queue, key, visible_at)
     WHERE receipt_handle IS NOT NULL AND key IS NOT NULL`.pipe(Effect.asVoid)
 }
 
@@ -402,8 +403,9 @@ const keyColumns =
 
 /** A candidate row of a key (or of the unkeyed), in claim order. */
 interface Candidate {
-  readonly seq: number
-  readonly priority: number
+  /** BIGINT: a string from PostgreSQL's driver (compare as numbers, never as the strings). */
+  readonly seq: number | string
+  readonly priority: number | string
   readonly key: string | null
   readonly leased_at: number | string | null
   readonly charged: number | string | null
@@ -669,7 +671,7 @@ export const claim = (
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
       }
       const unkeyedHead = unkeyed[nextUnkeyed]
-      if (fair !== undefined && (unkeyedHead === undefined || fair.candidate.seq < unkeyedHead.seq)) {
+      if (fair !== undefined && (unkeyedHead === undefined || Number(fair.candidate.seq) < Number(unkeyedHead.seq))) {
         const { candidate, expected, row, weight } = fair
         ready.get(row.key)!.shift()
         if (candidate.leased_at !== null) corrections.push(candidate)
