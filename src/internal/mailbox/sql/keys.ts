@@ -761,22 +761,26 @@ export const claim = (
       return []
     }
     const order = new Map(picks.map((pick, index) => [pick.seq, index]))
+    // The lease runs from this statement's time, not from `now`: `now` was read by the head, before the queue's
+    // turn came, and a claim that waited its turn behind another (one stopped inside its claim holds it up to 5 s)
+    // would hand out leases already spent — the worker's acknowledgement refused, the message claimed again
+    // while it ran (the PostgreSQL soak's unexplained duplicates). The guard stays at `now`: what was ready then.
     const lease = JSON.stringify(picks.map((pick) => [pick.seq, pick.charged, pick.weight]))
     const claimed = yield* pg
-      ? sql<Row>`UPDATE ${messages} m SET visible_at = ${now}::bigint + ${visibilityMillis},
+      ? sql<Row>`UPDATE ${messages} m SET visible_at = ${at} + ${visibilityMillis},
           receipt_handle = gen_random_uuid()::text, delivery_count = m.delivery_count + 1,
           received_by = ${store.receiver}, extended_at = NULL,
-          leased_at = CASE WHEN p.charged IS NULL THEN NULL ELSE ${now}::bigint END,
+          leased_at = CASE WHEN p.charged IS NULL THEN NULL ELSE ${at} END,
           charged = p.charged, lease_weight = p.weight
         FROM (SELECT (v->>0)::bigint AS seq, (v->>1)::bigint AS charged, (v->>2)::float8 AS weight
           FROM json_array_elements(${lease}::json) AS v) p
         WHERE m.seq = p.seq AND m.visible_at <= ${now}::bigint
         RETURNING m.seq, m.body, m.receipt_handle, m.delivery_count, m.enqueued_at, m.reply_to, m.traceparent,
           m.key, m.priority`
-      : sql<Row>`UPDATE ${messages} SET visible_at = ${now} + ${visibilityMillis},
+      : sql<Row>`UPDATE ${messages} SET visible_at = ${at} + ${visibilityMillis},
           receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
           received_by = ${store.receiver}, extended_at = NULL,
-          leased_at = CASE WHEN json_extract(p.value, '$[1]') IS NULL THEN NULL ELSE ${now} END,
+          leased_at = CASE WHEN json_extract(p.value, '$[1]') IS NULL THEN NULL ELSE ${at} END,
           charged = json_extract(p.value, '$[1]'), lease_weight = json_extract(p.value, '$[2]')
         FROM json_each(${lease}) AS p
         WHERE ${messages}.seq = json_extract(p.value, '$[0]') AND ${messages}.visible_at <= ${now}
