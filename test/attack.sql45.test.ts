@@ -398,28 +398,32 @@ describe.each(backends)("atk sql45: $label", (backend) => {
   // in the statement that waits for the queue's turn and leased from that time, so a claim that waited behind
   // another (one stopped inside its claim holds the turn up to 5 s) handed out leases already spent — the
   // worker's acknowledgement refused, the message claimed again while it ran. On the real clock.
-  it.scopedLive("a claim that waited its turn behind another still hands out a whole lease", () =>
-    Effect.gen(function*() {
-      const prefix = freshPrefix()
-      const mailbox = yield* mailboxOf(backend, prefix)
-      yield* mailbox.send("a", { key: "k" })
-      const sql = backend.client()
-      const held = yield* Deferred.make<void>()
-      // The queue's turn, held 1.5 s by another claimer (its row locked; on SQLite the file's write lock).
-      const holder = yield* Effect.fork(sql.withTransaction(Effect.gen(function*() {
-        yield* sql`UPDATE ${sql(`${prefix}mailbox_keys`)} SET vtime = vtime WHERE queue = 'q' AND key = ''`
-        yield* Deferred.succeed(held, undefined)
-        yield* Effect.sleep("1500 millis")
-      })))
-      yield* Deferred.await(held)
-      const [message] = yield* mailbox.receive({ visibilityTimeout: "1 second" })
-      yield* Fiber.join(holder)
-      expect(message?.body).toBe("a")
-      // Nobody else gets it while the lease runs, and its acknowledgement is accepted.
-      const other = yield* mailboxOf(backend, prefix)
-      expect(yield* other.receive({ visibilityTimeout: "1 second" })).toEqual([])
-      yield* message!.acknowledge
-    }), 20_000)
+  it.scopedLive(
+    "a claim that waited its turn behind another still hands out a whole lease",
+    () =>
+      Effect.gen(function*() {
+        const prefix = freshPrefix()
+        const mailbox = yield* mailboxOf(backend, prefix)
+        yield* mailbox.send("a", { key: "k" })
+        const sql = backend.client()
+        const held = yield* Deferred.make<void>()
+        // The queue's turn, held 1.5 s by another claimer (its row locked; on SQLite the file's write lock).
+        const holder = yield* Effect.fork(sql.withTransaction(Effect.gen(function*() {
+          yield* sql`UPDATE ${sql(`${prefix}mailbox_keys`)} SET vtime = vtime WHERE queue = 'q' AND key = ''`
+          yield* Deferred.succeed(held, undefined)
+          yield* Effect.sleep("1500 millis")
+        })))
+        yield* Deferred.await(held)
+        const [message] = yield* mailbox.receive({ visibilityTimeout: "1 second" })
+        yield* Fiber.join(holder)
+        expect(message?.body).toBe("a")
+        // Nobody else gets it while the lease runs, and its acknowledgement is accepted.
+        const other = yield* mailboxOf(backend, prefix)
+        expect(yield* other.receive({ visibilityTimeout: "1 second" })).toEqual([])
+        yield* message!.acknowledge
+      }),
+    20_000
+  )
 
   it.scoped("a receive with visibilityTimeout 0 does not lift a key over its limit", () =>
     Effect.gen(function*() {
