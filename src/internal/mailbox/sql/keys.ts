@@ -25,10 +25,12 @@
  * messages by (priority, first enqueue) — a redelivered message keeps its place — unless it is at its limit
  * (live leases counted in the transaction), over its start rate or over its token budget; pick the lowest
  * clock (keys at one clock in the order they were loaded: those a send woke, then the page's by (clock, name) —
- * not by name alone, as memory breaks ties), charge it the lease's expected length over its weight, and go again. Unkeyed messages of the queue
- * meet the fair pick by first enqueue. Cost: per claim, one page of keys (a quarter more than it claims, at
- * least 64) and one index range per key
- * looked at (its ready rows, and its live leases when it has a limit), plus the ledger since the last claim.
+ * not by name alone, as memory breaks ties), charge it the lease's expected length over its weight, and go
+ * again. Unkeyed messages of the queue meet the fair pick by first enqueue. Cost: per claim, one page of keys (a
+ * quarter more than it claims, at least 64) and one index range per key looked at (its ready rows, and its live
+ * leases when it has a limit), plus the ledger since the last claim. On PostgreSQL the reads before the walk and
+ * the writes after it are two calls of PL/pgSQL functions (migration 16, `createClaimFunctions`): four round
+ * trips a claim with the transaction's own, where its statements took ten.
  */
 import type * as SqlClient from "@effect/sql/SqlClient"
 import type { SqlError } from "@effect/sql/SqlError"
@@ -426,9 +428,140 @@ const maxPage = 1_024
 /** Below every priority (an INTEGER column): the start of a key's claim order. */
 const lowestPriority = -2_147_483_648
 
+/** A ledger entry as the claim reads it. */
+interface LedgerRow {
+  readonly key: string
+  readonly vtime: number | string
+  readonly leased: number | string
+  readonly held: number | string | null
+  readonly tokens: number | string | null
+  readonly at: number | string
+}
+
+/**
+ * Migration 16 (PostgreSQL): the scheduled claim's two round trips as PL/pgSQL functions, whose plans the server
+ * keeps (node-postgres sends every statement unnamed: parsed and planned each time) — the claim had ten round
+ * trips, and a claim waits its turn on the queue's row, so what one costs is what every claim of the queue waits.
+ * - `<prefix>mailbox_keys_look(queue, now, max, page)`: takes the queue's turn (its `''` row `FOR UPDATE`, and 5 s
+ *   of idle in the transaction at most), then reads — in a statement after the lock, so it sees what the claim
+ *   before it wrote — the time (the test's, or the server's clock now), the pause, the ledger (taken), the rows of
+ *   the keys it names, the walk's first page and, for those keys and the ledger's idle ones, each one's first
+ *   ready messages (a share of `max`), live leases and, with neither, whether it has a message at all; and the
+ *   unkeyed head. One JSON value (NULL: the queue is not scheduled).
+ * - `<prefix>mailbox_keys_lease(queue, states, lease, guard, at, visibility, receiver)`: writes the keys' rows
+ *   back and leases the picked messages still ready at `guard` (the look's time) from `at` (the test's time, or
+ *   the server's clock at this call: a lease runs from when it is made).
+ */
+export const createClaimFunctions = (store: Store): Effect.Effect<void, SqlError> => {
+  const { sql } = store
+  const keys = sql(keysTable(store.prefix))
+  const messages = sql(store.messages)
+  const columns = sql.literal(keyColumns)
+  const candidate = sql.literal("seq, priority, key, leased_at, charged, lease_weight, visible_at")
+  const nowMs = sql.literal("(floor(extract(epoch from clock_timestamp()) * 1000))::bigint")
+  return Effect.all([
+    sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_keys_look`)}(
+        p_queue text, p_now bigint, p_max integer, p_page integer)
+      RETURNS json LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+      DECLARE v_head json; v_now bigint; v_paused integer; v_out json;
+      BEGIN
+        PERFORM set_config('idle_in_transaction_session_timeout', '5s', true);
+        SELECT row_to_json(h) INTO v_head FROM (SELECT ${columns} FROM ${keys}
+          WHERE queue = p_queue AND key = '' FOR UPDATE) h;
+        IF v_head IS NULL THEN RETURN NULL; END IF;
+        v_now := coalesce(p_now, ${nowMs});
+        SELECT paused INTO v_paused FROM ${sql(tableOf(store.prefix))} WHERE name = p_queue;
+        IF coalesce(v_paused, 0) <> 0 THEN RETURN json_build_object('head', v_head, 'now', v_now, 'paused', 1); END IF;
+        WITH
+          ledger AS (DELETE FROM ${sql(chargesTable(store.prefix))} WHERE queue = p_queue
+            RETURNING key, vtime, leased, held, tokens, at),
+          loaded AS (SELECT ${columns} FROM ${keys} WHERE queue = p_queue AND key IN (SELECT key FROM ledger)),
+          page AS (SELECT ${columns} FROM ${keys} WHERE queue = p_queue AND idle = 0 AND key <> ''
+            ORDER BY vtime, key LIMIT p_page),
+          looked AS (SELECT key FROM loaded WHERE idle <> 0 UNION SELECT key FROM page),
+          cap AS (SELECT LEAST(p_max, GREATEST(2, ceil((2 * p_max)::numeric / GREATEST(count(*), 1))))::integer AS n
+            FROM looked),
+          ready AS (SELECT r.*, NULL::bigint AS live FROM looked l CROSS JOIN LATERAL (SELECT ${candidate}
+            FROM ${messages} WHERE queue = p_queue AND key = l.key AND visible_at <= v_now
+            ORDER BY priority, seq LIMIT (SELECT n FROM cap)) r),
+          live AS (SELECT NULL::bigint AS seq, key, count(*) AS live FROM ${messages}
+            WHERE queue = p_queue AND key IN (SELECT key FROM looked) AND receipt_handle IS NOT NULL
+              AND visible_at > v_now
+            GROUP BY key)
+        SELECT json_build_object('head', v_head, 'now', v_now, 'paused', 0,
+          'ledger', (SELECT json_agg(ledger) FROM ledger), 'loaded', (SELECT json_agg(loaded) FROM loaded),
+          'page', (SELECT json_agg(page ORDER BY vtime, key) FROM page),
+          'ready', (SELECT json_agg(x) FROM (SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at, live
+            FROM ready UNION ALL SELECT seq, NULL, key, NULL, NULL, NULL, NULL, live FROM live) x),
+          'present', (SELECT json_agg(l.key) FROM looked l WHERE NOT EXISTS (SELECT 1 FROM ready r WHERE r.key = l.key)
+            AND NOT EXISTS (SELECT 1 FROM live v WHERE v.key = l.key)
+            AND EXISTS (SELECT 1 FROM ${messages} m WHERE m.queue = p_queue AND m.key = l.key)),
+          'unkeyed', (SELECT json_agg(u ORDER BY priority, seq) FROM (SELECT ${candidate} FROM ${messages}
+            WHERE queue = p_queue AND key IS NULL AND visible_at <= v_now ORDER BY priority, seq LIMIT p_max) u),
+          'cap', (SELECT n FROM cap)) INTO v_out;
+        RETURN v_out;
+      END $$`,
+    sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_keys_lease`)}(
+        p_queue text, p_states json, p_lease json, p_guard bigint, p_at bigint, p_visibility bigint, p_receiver text)
+      RETURNS SETOF ${messages} LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+      DECLARE v_at bigint;
+      BEGIN
+        IF p_states IS NOT NULL THEN
+          UPDATE ${keys} k SET vtime = s.vtime, mean = CASE WHEN s.key = '' THEN k.mean ELSE s.mean END,
+            leased = s.leased, starts_window = s.sw, starts_used = s.su, tokens_window = s.tw, tokens_used = s.tu,
+            idle = s.idle
+          FROM (SELECT v->>0 AS key, (v->>1)::float8 AS vtime, (v->>2)::float8 AS mean, (v->>3)::float8 AS leased,
+            (v->>4)::bigint AS sw, (v->>5)::bigint AS su, (v->>6)::bigint AS tw, (v->>7)::bigint AS tu,
+            (v->>8)::integer AS idle FROM json_array_elements(p_states) AS v) s
+          WHERE k.queue = p_queue AND k.key = s.key;
+        END IF;
+        IF p_lease IS NULL THEN RETURN; END IF;
+        v_at := coalesce(p_at, ${nowMs});
+        RETURN QUERY UPDATE ${messages} m SET visible_at = v_at + p_visibility,
+          receipt_handle = gen_random_uuid()::text, delivery_count = m.delivery_count + 1,
+          received_by = p_receiver, extended_at = NULL,
+          leased_at = CASE WHEN p.charged IS NULL THEN NULL ELSE v_at END,
+          charged = p.charged, lease_weight = p.weight
+        FROM (SELECT (v->>0)::bigint AS seq, (v->>1)::bigint AS charged, (v->>2)::float8 AS weight
+          FROM json_array_elements(p_lease) AS v) p
+        WHERE m.seq = p.seq AND m.visible_at <= p_guard
+        RETURNING m.*;
+      END $$`
+  ], { discard: true })
+}
+
+/** What `<prefix>mailbox_keys_look` returns (JSON: BIGINTs as numbers), its parts NULL when empty. */
+interface Look {
+  readonly head: KeyRow
+  readonly now: number
+  readonly paused: number
+  readonly ledger?: ReadonlyArray<LedgerRow> | null
+  readonly loaded?: ReadonlyArray<KeyRow> | null
+  readonly page?: ReadonlyArray<KeyRow> | null
+  readonly ready?: FirstLook["ready"] | null
+  readonly present?: ReadonlyArray<string> | null
+  readonly unkeyed?: ReadonlyArray<Candidate> | null
+  readonly cap?: number | null
+}
+
+/** What PostgreSQL's claim function `<prefix>mailbox_keys_look` reads (after the head: `Look`). */
+interface FirstLook {
+  readonly ledger: ReadonlyArray<LedgerRow>
+  readonly loaded: ReadonlyArray<KeyRow>
+  readonly page: ReadonlyArray<KeyRow>
+  /** The woken and first page's keys' ready rows (each at most `cap`) and their live leases (`seq` NULL). */
+  readonly ready: ReadonlyArray<Candidate & { readonly live: number | string | null }>
+  /** Of those keys with nothing ready and no live lease, the ones with a message at all. */
+  readonly present: ReadonlyArray<string>
+  readonly unkeyed: ReadonlyArray<Candidate>
+  readonly cap: number
+}
+
 /**
  * The scheduled claim of up to `max` messages of `queue` (see the top comment), on `sql` (the store's client or
- * PostgreSQL's lane), in a write transaction; `at` is the claim's time as SQL, `now` its value.
+ * PostgreSQL's lane), in a write transaction; `at` is the claim's time as SQL (SQLite's), `testNow` the test's
+ * time (`undefined`: the database's clock). On PostgreSQL two calls of migration 16's functions
+ * (`createClaimFunctions`) do what SQLite's statements do, and the walk between them is the same.
  */
 export const claim = (
   store: Store,
@@ -436,7 +569,8 @@ export const claim = (
   queue: string,
   at: Statement.Fragment,
   visibilityMillis: number,
-  max: number
+  max: number,
+  testNow?: number
 ): Effect.Effect<ReadonlyArray<Row>, SqlError> => {
   const pg = store.dialect === "pg"
   const keys = sql(keysTable(store.prefix))
@@ -445,15 +579,22 @@ export const claim = (
   const queues = sql(tableOf(store.prefix))
   const columns = sql.literal(keyColumns)
   return Sql.writeTransaction(sql)(Effect.gen(function*() {
-    // A process stopped (SIGSTOP, a debugger) inside its claim holds the queue's row: the server ends its session
-    // after 5 s idle in the transaction, and the other processes' claims go on.
-    // (set_config(…, true) is SET LOCAL, in the statement that takes the queue's turn: one round trip less.)
-    // The queue's turn (PostgreSQL: other processes' claims of the queue wait here), and the time.
-    const head = yield* sql<KeyRow & { now: number | string; paused: number | string | null }>`SELECT ${columns},
-        ${at} AS now, (SELECT paused FROM ${queues} WHERE name = ${queue}) AS paused${
-      pg ? sql`, set_config('idle_in_transaction_session_timeout', '5s', true) AS timeout` : sql``
+    // More keys than the claim takes messages, so a claim of keys at one clock reads one page, not two.
+    const pageSize = Math.min(maxPage, Math.max(minPage, Math.ceil(max * 1.25)))
+    // PostgreSQL: the queue's turn and all the claim first reads, in one call (`createClaimFunctions`).
+    let look: Look | null = null
+    if (pg) {
+      const [called] = yield* sql<{ look: unknown }>`SELECT ${sql(`${store.prefix}mailbox_keys_look`)}(
+        ${queue}::text, ${testNow ?? null}::bigint, ${max}::integer, ${pageSize}::integer) AS look`
+      const value = called?.look ?? null
+      look = (typeof value === "string" ? JSON.parse(value) : value) as Look | null
     }
-      FROM ${keys} WHERE queue = ${queue} AND key = '' ${pg ? sql`FOR UPDATE` : sql``}`
+    // SQLite: the queue's turn is the file's write lock, which the transaction holds already; the time, the pause.
+    const head = pg
+      ? (look === null ? [] : [{ ...look.head, now: look.now, paused: look.paused }])
+      : yield* sql<KeyRow & { now: number | string; paused: number | string | null }>`SELECT ${columns},
+        ${at} AS now, (SELECT paused FROM ${queues} WHERE name = ${queue}) AS paused
+      FROM ${keys} WHERE queue = ${queue} AND key = ''`
     if (head.length === 0) {
       // Not scheduled after all (the send that marked it was rolled back): its claims go the plain way again.
       store.scheduled.delete(queue)
@@ -469,29 +610,30 @@ export const claim = (
       pg ?
         sql`(SELECT json_array_elements_text(${JSON.stringify(names)}::json))` :
         sql`(SELECT value FROM json_each(${JSON.stringify(names)}))`
+    // PostgreSQL read the ledger, its keys' rows, the first page and its keys, and the unkeyed head in the look
+    // (as the statements below read them); SQLite, in the process, runs those statements.
+    const first: FirstLook | undefined = look === null ? undefined : {
+      ledger: look.ledger ?? [],
+      loaded: look.loaded ?? [],
+      page: look.page ?? [],
+      ready: look.ready ?? [],
+      present: look.present ?? [],
+      unkeyed: look.unkeyed ?? [],
+      cap: Number(look.cap ?? max)
+    }
     // The ledger since the last claim: its keys' rows loaded and set right.
-    const entries = yield* sql<
-      {
-        key: string
-        vtime: number | string
-        leased: number | string
-        held: number | string | null
-        tokens: number | string | null
-        at: number | string
-      }
-    >`DELETE FROM ${charges} WHERE queue = ${queue} RETURNING key, vtime, leased, held, tokens, at`
+    const entries = first?.ledger ??
+      (yield* sql<LedgerRow>`DELETE FROM ${charges} WHERE queue = ${queue}
+        RETURNING key, vtime, leased, held, tokens, at`)
     if (entries.length > 0) {
       const named = [...new Set(entries.map((entry) => entry.key))]
       // The names as one JSON array: a ledger can name more keys than a statement takes parameters.
-      const loaded = yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND key IN ${
-        inList(named)
-      }`
+      const loaded = first?.loaded ??
+        (yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND key IN ${inList(named)}`)
       for (const row of loaded) rows.set(row.key, stateOf(row))
       fold(entries, rows, defaults, woken)
     }
     let V = defaults.vtime
-    // More keys than the claim takes messages, so a claim of keys at one clock reads one page, not two.
-    const pageSize = Math.min(maxPage, Math.max(minPage, Math.ceil(max * 1.25)))
     // The walk: active keys by (clock, name), a page at a time.
     const heap = new MinHeap<KeyStateRow>()
     let tie = 0
@@ -534,36 +676,55 @@ export const claim = (
                 AND i.visible_at <= ${now}
                 AND (i.priority, i.seq) > (json_extract(k.value, '$[1]'), json_extract(k.value, '$[2]'))
               ORDER BY i.priority, i.seq LIMIT ${cap})${liveRows}`
-        const found: Array<Candidate> = []
-        if (countLive) { for (const [name] of after) live.set(name, 0) }
-        for (const row of rowsFound) {
-          if (row.seq === null) live.set(row.key!, Number(row.live))
-          else found.push(row)
-        }
-        // Claim order within each key (the statement's order is unspecified).
-        found.sort((a, b) =>
-          a.key === b.key
-            ? (Number(a.priority) - Number(b.priority) || Number(a.seq) - Number(b.seq))
-            : (a.key! < b.key! ? -1 : 1)
-        )
-        const counts = new Map<string, number>()
-        for (const row of found) {
-          const list = ready.get(row.key!) ?? []
-          ready.set(row.key!, list)
-          list.push(row)
-          counts.set(row.key!, (counts.get(row.key!) ?? 0) + 1)
-        }
-        for (const [name] of after) {
-          if (!ready.has(name)) ready.set(name, [])
-          const list = ready.get(name)!
-          const last = list[list.length - 1]
-          if ((counts.get(name) ?? 0) === cap && last !== undefined) {
-            more.set(name, { priority: Number(last.priority), seq: Number(last.seq) })
-          } else {
-            more.delete(name)
-          }
-        }
+        absorb(after.map(([name]) => name), cap, rowsFound, countLive)
       })
+    /** Takes in what `readReady` read of `names` (and their live leases, with `countLive`). */
+    const absorb = (
+      names: ReadonlyArray<string>,
+      cap: number,
+      rowsFound: ReadonlyArray<Candidate & { readonly live: number | string | null }>,
+      countLive: boolean
+    ) => {
+      const found: Array<Candidate> = []
+      if (countLive) { for (const name of names) live.set(name, 0) }
+      for (const row of rowsFound) {
+        if (row.seq === null) live.set(row.key!, Number(row.live))
+        else found.push(row)
+      }
+      // Claim order within each key (the statement's order is unspecified).
+      found.sort((a, b) =>
+        a.key === b.key
+          ? (Number(a.priority) - Number(b.priority) || Number(a.seq) - Number(b.seq))
+          : (a.key! < b.key! ? -1 : 1)
+      )
+      const counts = new Map<string, number>()
+      for (const row of found) {
+        const list = ready.get(row.key!) ?? []
+        ready.set(row.key!, list)
+        list.push(row)
+        counts.set(row.key!, (counts.get(row.key!) ?? 0) + 1)
+      }
+      for (const name of names) {
+        if (!ready.has(name)) ready.set(name, [])
+        const list = ready.get(name)!
+        const last = list[list.length - 1]
+        if ((counts.get(name) ?? 0) === cap && last !== undefined) {
+          more.set(name, { priority: Number(last.priority), seq: Number(last.seq) })
+        } else {
+          more.delete(name)
+        }
+      }
+    }
+    /** Of `names`, those with nothing ready and no live lease that have no message at all (`some`: those that
+     * do) go idle: the walk skips them until a send wakes them. */
+    const idleEmpty = (names: ReadonlyArray<string>, some: ReadonlySet<string>) => {
+      for (const name of names) {
+        if (ready.get(name)!.length > 0 || live.get(name) !== 0 || some.has(name)) continue
+        const row = rows.get(name)!
+        row.idle = true
+        row.changed = true
+      }
+    }
     /**
      * What the walk needs of `batch`'s keys, in three statements for all of them: each one's first ready
      * messages in claim order (a share of `max`: the walk reads more of a key that runs out), its live leases,
@@ -579,25 +740,13 @@ export const claim = (
         if (empty.length === 0) return
         const any = yield* sql<{ key: string }>`SELECT DISTINCT key FROM ${messages}
           WHERE queue = ${queue} AND key IN ${inList(empty)}`
-        const some = new Set(any.map((row) => row.key))
-        for (const name of empty) {
-          if (some.has(name)) continue
-          const row = rows.get(name)!
-          row.idle = true
-          row.changed = true
-        }
+        idleEmpty(empty, new Set(any.map((row) => row.key)))
       })
-    const loadPage = Effect.gen(function*() {
-      const more = yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND idle = 0
-        AND key <> ''${
-        cursor === undefined ?
-          sql`` :
-          sql` AND (vtime, key) > (${cursor.vtime}, ${cursor.key})`
-      }
-        ORDER BY vtime, key LIMIT ${pageSize}`
-      if (more.length < pageSize) exhausted = true
+    /** A page of the walk read: its keys on the heap (returned), the walk's cursor past them. */
+    const takePage = (page: ReadonlyArray<KeyRow>) => {
+      if (page.length < pageSize) exhausted = true
       const batch: Array<KeyStateRow> = []
-      for (const found of more) {
+      for (const found of page) {
         cursor = { vtime: Number(found.vtime), key: found.key }
         // A row set right by the ledger is the one to use (its clock moved).
         const row = rows.get(found.key) ?? stateOf(found)
@@ -605,17 +754,34 @@ export const claim = (
         batch.push(row)
         heap.push(Math.max(row.vtime, V), row, tie++)
       }
-      yield* lookUp(batch)
-    })
-    if (woken.length > 0) {
-      for (const row of woken) heap.push(Math.max(row.vtime, V), row, tie++)
-      yield* lookUp(woken)
+      return batch
     }
-    yield* loadPage
+    const loadPage = Effect.gen(function*() {
+      const page = yield* sql<KeyRow>`SELECT ${columns} FROM ${keys} WHERE queue = ${queue} AND idle = 0
+        AND key <> ''${
+        cursor === undefined ?
+          sql`` :
+          sql` AND (vtime, key) > (${cursor.vtime}, ${cursor.key})`
+      }
+        ORDER BY vtime, key LIMIT ${pageSize}`
+      yield* lookUp(takePage(page))
+    })
+    for (const row of woken) heap.push(Math.max(row.vtime, V), row, tie++)
+    if (first === undefined) {
+      if (woken.length > 0) yield* lookUp(woken)
+      yield* loadPage
+    } else {
+      // The first look read the woken keys and the first page (as `lookUp` would, one cap for them all).
+      const batch = takePage(first.page)
+      const names = [...new Set([...woken, ...batch].map((row) => row.key))]
+      absorb(names, first.cap, first.ready, true)
+      idleEmpty(names, new Set(first.present))
+    }
     // The queue's unkeyed messages in claim order (a queue that schedules by key can have them too).
-    const unkeyed = yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at
-      FROM ${messages} WHERE queue = ${queue} AND key IS NULL AND visible_at <= ${now}
-      ORDER BY priority, seq LIMIT ${max}`
+    const unkeyed = first?.unkeyed ??
+      (yield* sql<Candidate>`SELECT seq, priority, key, leased_at, charged, lease_weight, visible_at
+        FROM ${messages} WHERE queue = ${queue} AND key IS NULL AND visible_at <= ${now}
+        ORDER BY priority, seq LIMIT ${max}`)
     let nextUnkeyed = 0
     const picks: Array<Pick> = []
     const corrections: Array<Candidate> = []
@@ -702,8 +868,9 @@ export const claim = (
     }
     // The keys' rows written back (their own columns only: settings are the operator's), and the queue's clock.
     const changed = [...rows.values()].filter((row) => row.changed).sort((a, b) => a.key < b.key ? -1 : 1)
+    let states: string | null = null
     if (changed.length > 0 || V !== defaults.vtime) {
-      const states = JSON.stringify([
+      states = JSON.stringify([
         ...changed.map((row) => [
           row.key,
           row.vtime,
@@ -717,25 +884,21 @@ export const claim = (
         ]),
         ...(V !== defaults.vtime ? [["", V, null, 0, 0, 0, 0, 0, 0]] : [])
       ])
-      yield* pg
-        ? sql`UPDATE ${keys} k SET vtime = s.vtime, mean = CASE WHEN s.key = '' THEN k.mean ELSE s.mean END,
-            leased = s.leased, starts_window = s.sw, starts_used = s.su, tokens_window = s.tw, tokens_used = s.tu,
-            idle = s.idle
-          FROM (SELECT v->>0 AS key, (v->>1)::float8 AS vtime, (v->>2)::float8 AS mean, (v->>3)::float8 AS leased,
-            (v->>4)::bigint AS sw, (v->>5)::bigint AS su, (v->>6)::bigint AS tw, (v->>7)::bigint AS tu,
-            (v->>8)::integer AS idle FROM json_array_elements(${states}::json) AS v) s
-          WHERE k.queue = ${queue} AND k.key = s.key`
-        // MATERIALIZED: without it SQLite's planner (no statistics) walks the queue's key rows and scans the
-        // array for each, quadratic in the keys a claim changes (a first claim after 2,000 fresh keys: 4 s; 10 ms
-        // with it, each key row found by its primary key).
-        : sql`WITH s AS MATERIALIZED (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS vtime,
-            json_extract(value, '$[2]') AS mean, json_extract(value, '$[3]') AS leased,
-            json_extract(value, '$[4]') AS sw, json_extract(value, '$[5]') AS su, json_extract(value, '$[6]') AS tw,
-            json_extract(value, '$[7]') AS tu, json_extract(value, '$[8]') AS idle FROM json_each(${states}))
+      // PostgreSQL writes them with the lease (`<prefix>mailbox_keys_lease`). MATERIALIZED: without it SQLite's
+      // planner (no statistics) walks the queue's key rows and scans the array for each, quadratic in the keys a
+      // claim changes (a first claim after 2,000 fresh keys: 4 s; 10 ms with it, each key row found by its
+      // primary key).
+      if (!pg) {
+        yield* sql`WITH s AS MATERIALIZED (SELECT json_extract(value, '$[0]') AS key,
+            json_extract(value, '$[1]') AS vtime, json_extract(value, '$[2]') AS mean,
+            json_extract(value, '$[3]') AS leased, json_extract(value, '$[4]') AS sw, json_extract(value, '$[5]') AS su,
+            json_extract(value, '$[6]') AS tw, json_extract(value, '$[7]') AS tu, json_extract(value, '$[8]') AS idle
+            FROM json_each(${states}))
           UPDATE ${keys} SET vtime = s.vtime, mean = CASE WHEN s.key = '' THEN ${keys}.mean ELSE s.mean END,
             leased = s.leased, starts_window = s.sw, starts_used = s.su, tokens_window = s.tw, tokens_used = s.tu,
             idle = s.idle
           FROM s WHERE ${keys}.queue = ${queue} AND ${keys}.key = s.key`
+      }
     }
     yield* Scheduling.countHeldBack(queue, held)
     // The queue's gauges, at most every `gaugeEveryMillis` (or when the clock went back), with this claim's leases.
@@ -756,27 +919,24 @@ export const claim = (
       if (shown === undefined) store.gaugedKeys.set(queue, shown = new Set())
       yield* Scheduling.setGauges(queue, Number(active[0]?.n ?? 0), leases, shown)
     })
+    // PostgreSQL: the keys' rows written back and the picks leased, in one call (`createClaimFunctions`).
+    const leaseFn = (lease: string | null) =>
+      sql<Row>`SELECT seq, body, receipt_handle, delivery_count, enqueued_at, reply_to, traceparent, key, priority
+        FROM ${sql(`${store.prefix}mailbox_keys_lease`)}(${queue}::text, ${states}::json, ${lease}::json,
+          ${now}::bigint, ${testNow ?? null}::bigint, ${visibilityMillis}::bigint, ${store.receiver}::text)`
     if (picks.length === 0) {
+      if (pg && states !== null) yield* leaseFn(null)
       yield* gauge
       return []
     }
     const order = new Map(picks.map((pick, index) => [pick.seq, index]))
-    // The lease runs from this statement's time, not from `now`: `now` was read by the head, before the queue's
-    // turn came, and a claim that waited its turn behind another (one stopped inside its claim holds it up to 5 s)
-    // would hand out leases already spent — the worker's acknowledgement refused, the message claimed again
-    // while it ran (the PostgreSQL soak's unexplained duplicates). The guard stays at `now`: what was ready then.
+    // The lease runs from when it is made (SQLite: this statement's time; PostgreSQL: the lease function's), not
+    // from `now`: a claim that read its time and then waited its turn behind another (one stopped inside its claim
+    // holds it up to 5 s) handed out leases already spent — the acknowledgement refused, the message claimed again
+    // while it ran (the PostgreSQL soak's unexplained duplicates at 1ccc8f5). The guard stays at `now`.
     const lease = JSON.stringify(picks.map((pick) => [pick.seq, pick.charged, pick.weight]))
     const claimed = yield* pg
-      ? sql<Row>`UPDATE ${messages} m SET visible_at = ${at} + ${visibilityMillis},
-          receipt_handle = gen_random_uuid()::text, delivery_count = m.delivery_count + 1,
-          received_by = ${store.receiver}, extended_at = NULL,
-          leased_at = CASE WHEN p.charged IS NULL THEN NULL ELSE ${at} END,
-          charged = p.charged, lease_weight = p.weight
-        FROM (SELECT (v->>0)::bigint AS seq, (v->>1)::bigint AS charged, (v->>2)::float8 AS weight
-          FROM json_array_elements(${lease}::json) AS v) p
-        WHERE m.seq = p.seq AND m.visible_at <= ${now}::bigint
-        RETURNING m.seq, m.body, m.receipt_handle, m.delivery_count, m.enqueued_at, m.reply_to, m.traceparent,
-          m.key, m.priority`
+      ? leaseFn(lease)
       : sql<Row>`UPDATE ${messages} SET visible_at = ${at} + ${visibilityMillis},
           receipt_handle = lower(hex(randomblob(16))), delivery_count = delivery_count + 1,
           received_by = ${store.receiver}, extended_at = NULL,

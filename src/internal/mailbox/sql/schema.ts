@@ -155,7 +155,9 @@ export const migrations = (store: Store): Record<string, Effect.Effect<void, Sql
         : Effect.void
     ),
     // A keyed lease found by its key (keys.ts): a claim counts a key's live leases without reading its backlog.
-    "15_key_leases": Keys.migrateLeases(store)
+    "15_key_leases": Keys.migrateLeases(store),
+    // PostgreSQL: the scheduled claim's two round trips as functions (keys.ts), whose plans the server keeps.
+    "16_keyed_claim": store.dialect === "pg" ? Keys.createClaimFunctions(store) : Effect.void
   }
 }
 

@@ -116,7 +116,7 @@ const withScheduling = (store: Store, plain: Statements): Statements => {
   const scheduled = (queue: string, now: Now, visibilityMillis: number, max: number) =>
     // On the pool, not PostgreSQL's lane: the claim waits its turn on the queue's row, and a process stopped
     // inside its claim must not hold every other process's settles and extensions (on their lanes) behind it.
-    Keys.claim(store, store.sql, queue, plain.at(now), visibilityMillis, max)
+    Keys.claim(store, store.sql, queue, plain.at(now), visibilityMillis, max, now)
   return {
     ...plain,
     claim: (queue, now, visibilityMillis, max) =>
