@@ -425,6 +425,34 @@ describe.each(backends)("atk sql45: $label", (backend) => {
     20_000
   )
 
+  // The claim's largest shape: receivers asking together are served by one claim of up to 1,000 messages, whose
+  // walk reads a page of 1,024 keys (on PostgreSQL through the look function, whose emptiness test was
+  // quadratic in the page before it was a set difference). Every key is served once, none over its limit.
+  it.scoped(
+    "one claim of 1,000 over a page of 1,024 keys serves each key once, none over its limit",
+    () =>
+      Effect.gen(function*() {
+        const prefix = freshPrefix()
+        const mailbox = yield* mailboxOf(backend, prefix)
+        const admin = yield* adminOf(backend, prefix)
+        yield* admin.setKeySettings("q", undefined, { limit: 1 })
+        const keys = Array.from({ length: 1_100 }, (_, i) => `t${String(i).padStart(4, "0")}`)
+        yield* Effect.forEach(keys, (key) =>
+          mailbox.send(`${key}#1`, { key }).pipe(
+            Effect.zipRight(mailbox.send(`${key}#2`, { key }))
+          ), { concurrency: 50, discard: true })
+        const got = (yield* Effect.all(
+          Array.from({ length: 120 }, () => mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })),
+          { concurrency: "unbounded" }
+        )).flat()
+        expect(got.length).toBe(keys.length)
+        expect(new Set(got.map((m) => m.key)).size).toBe(keys.length)
+        for (const m of got) expect(m.body).toBe(`${m.key}#1`)
+        expect(yield* mailbox.receive({ maxMessages: 10 })).toEqual([])
+      }),
+    120_000
+  )
+
   it.scoped("a receive with visibilityTimeout 0 does not lift a key over its limit", () =>
     Effect.gen(function*() {
       const prefix = freshPrefix()
