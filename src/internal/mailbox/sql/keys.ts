@@ -417,9 +417,17 @@ interface Candidate {
 
 /** Rows claimed, with the charge each one starts with. */
 interface Pick {
-  readonly seq: number
+  /** PostgreSQL: the text of the BIGINT (exact past 2^53); SQLite: its driver's number. */
+  readonly seq: string | number
   readonly charged: number | null
   readonly weight: number | null
+}
+
+/** Orders two seqs (non-negative integers, as text or numbers) exactly, past 2^53 too. */
+const compareSeq = (a: number | string, b: number | string): number => {
+  const x = String(a)
+  const y = String(b)
+  return x.length - y.length || (x < y ? -1 : x > y ? 1 : 0)
 }
 
 /** A page of the walk: a quarter more keys than the claim takes messages, within these bounds. */
@@ -462,7 +470,9 @@ export const createClaimFunctions = (store: Store): Effect.Effect<void, SqlError
   const keys = sql(keysTable(store.prefix))
   const messages = sql(store.messages)
   const columns = sql.literal(keyColumns)
-  const candidate = sql.literal("seq, priority, key, leased_at, charged, lease_weight, visible_at")
+  // A seq as text: JSON's numbers (JavaScript's) hold integers exactly only to 2^53. (So every ORDER BY names the
+  // table's seq, a BIGINT: the output's `seq` is the text, which orders "10" before "9".)
+  const candidate = sql.literal("seq::text AS seq, priority, key, leased_at, charged, lease_weight, visible_at")
   const nowMs = sql.literal("(floor(extract(epoch from clock_timestamp()) * 1000))::bigint")
   return Effect.all([
     sql`CREATE OR REPLACE FUNCTION ${sql(`${store.prefix}mailbox_keys_look`)}(
@@ -490,8 +500,8 @@ export const createClaimFunctions = (store: Store): Effect.Effect<void, SqlError
             FROM looked),
           ready AS (SELECT r.*, NULL::bigint AS live FROM looked l CROSS JOIN LATERAL (SELECT ${candidate}
             FROM ${messages} WHERE queue = p_queue AND key = l.key AND visible_at <= v_now
-            ORDER BY priority, seq LIMIT (SELECT n FROM cap)) r),
-          live AS (SELECT * FROM (SELECT NULL::bigint AS seq, l.key, (SELECT count(*) FROM ${messages}
+            ORDER BY priority, ${messages}.seq LIMIT (SELECT n FROM cap)) r),
+          live AS (SELECT * FROM (SELECT NULL::text AS seq, l.key, (SELECT count(*) FROM ${messages}
               WHERE queue = p_queue AND key = l.key AND receipt_handle IS NOT NULL AND visible_at > v_now) AS live
             FROM looked l) c WHERE live > 0),
           empty AS (SELECT key FROM looked EXCEPT SELECT key FROM ready EXCEPT SELECT key FROM live)
@@ -502,8 +512,9 @@ export const createClaimFunctions = (store: Store): Effect.Effect<void, SqlError
             FROM ready UNION ALL SELECT seq, NULL, key, NULL, NULL, NULL, NULL, live FROM live) x),
           'present', (SELECT json_agg(e.key) FROM empty e
             WHERE EXISTS (SELECT 1 FROM ${messages} m WHERE m.queue = p_queue AND m.key = e.key)),
-          'unkeyed', (SELECT json_agg(u ORDER BY priority, seq) FROM (SELECT ${candidate} FROM ${messages}
-            WHERE queue = p_queue AND key IS NULL AND visible_at <= v_now ORDER BY priority, seq LIMIT p_max) u),
+          'unkeyed', (SELECT json_agg(u ORDER BY u.priority, u.seq::bigint) FROM (SELECT ${candidate} FROM ${messages}
+            WHERE queue = p_queue AND key IS NULL AND visible_at <= v_now ORDER BY priority, ${messages}.seq
+            LIMIT p_max) u),
           'cap', (SELECT n FROM cap)) INTO v_out;
         RETURN v_out;
       END $$`,
@@ -514,6 +525,11 @@ export const createClaimFunctions = (store: Store): Effect.Effect<void, SqlError
       DECLARE v_at bigint;
       BEGIN
         IF p_states IS NOT NULL THEN
+          -- The rows locked first, in a statement of their own: the UPDATE after it (a new snapshot) then finds each
+          -- one's latest version by its ctid. In one statement a row another transaction changed meanwhile (an
+          -- operator's setKeySettings) had a new ctid its snapshot could not see, and its write-back was lost.
+          PERFORM 1 FROM json_array_elements(p_states) AS v
+            CROSS JOIN LATERAL (SELECT 1 FROM ${keys} WHERE queue = p_queue AND key = v->>0 LIMIT 1 FOR UPDATE) t;
           UPDATE ${keys} k SET vtime = s.vtime, mean = CASE WHEN s.key = '' THEN k.mean ELSE s.mean END,
             leased = s.leased, starts_window = s.sw, starts_used = s.su, tokens_window = s.tw, tokens_used = s.tu,
             idle = s.idle
@@ -532,7 +548,7 @@ export const createClaimFunctions = (store: Store): Effect.Effect<void, SqlError
           charged = p.charged, lease_weight = p.weight
         FROM (SELECT (v->>0)::bigint AS seq, (v->>1)::bigint AS charged, (v->>2)::float8 AS weight
           FROM json_array_elements(p_lease) AS v) p
-        WHERE m.seq = p.seq AND m.visible_at <= p_guard
+        WHERE m.seq = p.seq AND m.queue = p_queue AND m.visible_at <= p_guard
         RETURNING m.*;
       END $$`
   ], { discard: true })
@@ -581,6 +597,9 @@ export const claim = (
   testNow?: number
 ): Effect.Effect<ReadonlyArray<Row>, SqlError> => {
   const pg = store.dialect === "pg"
+  // A seq as the statements take it back: PostgreSQL's as text (a BIGINT past 2^53 stays exact; `::bigint` reads
+  // it), SQLite's as the number its driver gives.
+  const seqParam = (seq: number | string): string | number => pg ? String(seq) : Number(seq)
   const keys = sql(keysTable(store.prefix))
   const charges = sql(chargesTable(store.prefix))
   const messages = sql(store.messages)
@@ -650,13 +669,17 @@ export const claim = (
     let cursor: { vtime: number; key: string } | undefined
     let exhausted = false
     // Keys whose ready rows were read only up to a cap: more may follow the last one read (`readReady`).
-    const more = new Map<string, { priority: number; seq: number }>()
+    const more = new Map<string, { priority: number; seq: string | number }>()
     /**
      * Up to `cap` ready messages of each of `names` in claim order, after the given (priority, seq) — an index
      * range per key (PostgreSQL: LATERAL; SQLite: a correlated subquery), so a key's backlog is never read
      * whole (a window over every ready row of a page of keys read 1,172 rows per claim to use 80).
      */
-    const readReady = (after: ReadonlyArray<readonly [string, number, number]>, cap: number, countLive: boolean) =>
+    const readReady = (
+      after: ReadonlyArray<readonly [string, number, string | number]>,
+      cap: number,
+      countLive: boolean
+    ) =>
       Effect.gen(function*() {
         const input = JSON.stringify(after)
         // With `countLive`, each key's live leases too, in the same statement (rows with `live` set, no `seq`).
@@ -702,7 +725,7 @@ export const claim = (
       // Claim order within each key (the statement's order is unspecified).
       found.sort((a, b) =>
         a.key === b.key
-          ? (Number(a.priority) - Number(b.priority) || Number(a.seq) - Number(b.seq))
+          ? (Number(a.priority) - Number(b.priority) || compareSeq(a.seq, b.seq))
           : (a.key! < b.key! ? -1 : 1)
       )
       const counts = new Map<string, number>()
@@ -717,7 +740,7 @@ export const claim = (
         const list = ready.get(name)!
         const last = list[list.length - 1]
         if ((counts.get(name) ?? 0) === cap && last !== undefined) {
-          more.set(name, { priority: Number(last.priority), seq: Number(last.seq) })
+          more.set(name, { priority: Number(last.priority), seq: seqParam(last.seq) })
         } else {
           more.delete(name)
         }
@@ -743,7 +766,7 @@ export const claim = (
         const names = batch.map((row) => row.key).filter((name) => !ready.has(name))
         if (names.length === 0) return
         const cap = Math.min(max, Math.max(2, Math.ceil((2 * max) / names.length)))
-        yield* readReady(names.map((name) => [name, lowestPriority, -1] as const), cap, true)
+        yield* readReady(names.map((name) => [name, lowestPriority, seqParam(-1)] as const), cap, true)
         const empty = names.filter((name) => ready.get(name)!.length === 0 && live.get(name) === 0)
         if (empty.length === 0) return
         const any = yield* sql<{ key: string }>`SELECT DISTINCT key FROM ${messages}
@@ -845,7 +868,7 @@ export const claim = (
         fair = { row, candidate: waiting[0]!, weight: settings.weight, expected }
       }
       const unkeyedHead = unkeyed[nextUnkeyed]
-      if (fair !== undefined && (unkeyedHead === undefined || Number(fair.candidate.seq) < Number(unkeyedHead.seq))) {
+      if (fair !== undefined && (unkeyedHead === undefined || compareSeq(fair.candidate.seq, unkeyedHead.seq) < 0)) {
         const { candidate, expected, row, weight } = fair
         ready.get(row.key)!.shift()
         if (candidate.leased_at !== null) corrections.push(candidate)
@@ -856,14 +879,14 @@ export const claim = (
         row.changed = true
         if (row.startLimit !== undefined || defaults.startLimit !== undefined) row.startsUsed++
         live.set(row.key, (live.get(row.key) ?? 0) + 1)
-        picks.push({ seq: Number(candidate.seq), charged: expected, weight })
+        picks.push({ seq: seqParam(candidate.seq), charged: expected, weight })
         heap.push(row.vtime, row, tie++)
         continue
       }
       if (fair !== undefined) heap.push(Math.max(fair.row.vtime, V), fair.row, tie++)
       if (unkeyedHead === undefined) break
       nextUnkeyed++
-      picks.push({ seq: Number(unkeyedHead.seq), charged: null, weight: null })
+      picks.push({ seq: seqParam(unkeyedHead.seq), charged: null, weight: null })
     }
     // A re-claimed row whose last lease ran out: its key is set right for that lease (held until it expired).
     for (const candidate of corrections) {
@@ -937,7 +960,7 @@ export const claim = (
       yield* gauge
       return []
     }
-    const order = new Map(picks.map((pick, index) => [pick.seq, index]))
+    const order = new Map(picks.map((pick, index) => [String(pick.seq), index]))
     // The lease runs from when it is made (SQLite: this statement's time; PostgreSQL: the lease function's), not
     // from `now`: a claim that read its time and then waited its turn behind another (one stopped inside its claim
     // holds it up to 5 s) handed out leases already spent — the acknowledgement refused, the message claimed again
@@ -951,13 +974,14 @@ export const claim = (
           leased_at = CASE WHEN json_extract(p.value, '$[1]') IS NULL THEN NULL ELSE ${at} END,
           charged = json_extract(p.value, '$[1]'), lease_weight = json_extract(p.value, '$[2]')
         FROM json_each(${lease}) AS p
-        WHERE ${messages}.seq = json_extract(p.value, '$[0]') AND ${messages}.visible_at <= ${now}
+        WHERE ${messages}.seq = json_extract(p.value, '$[0]') AND ${messages}.queue = ${queue}
+          AND ${messages}.visible_at <= ${now}
         RETURNING ${messages}.seq, ${messages}.body, ${messages}.receipt_handle, ${messages}.delivery_count,
           ${messages}.enqueued_at, ${messages}.reply_to, ${messages}.traceparent, ${messages}.key,
           ${messages}.priority`
     yield* gauge
     // In the order picked (the batcher keeps it: `Row.order`).
-    return claimed.map((row) => ({ ...row, order: order.get(Number(row.seq)) ?? 0 }))
+    return claimed.map((row) => ({ ...row, order: order.get(String(row.seq)) ?? 0 }))
   }))
 }
 
