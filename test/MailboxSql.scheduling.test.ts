@@ -41,7 +41,6 @@ for (const backend of backends) {
     setKeySettings: (mailbox, key, settings) =>
       Effect.flatMap(admin(mailbox), ({ name, queues }) => queues.setKeySettings(name, key, settings)),
     keys: (mailbox) => Effect.flatMap(admin(mailbox), ({ name, queues }) => queues.keys(name)),
-    fairnessTimeout: 300_000,
-    fairnessSimulation: backend.label === "SQLite"
+    fairnessTimeout: 300_000
   })
 }

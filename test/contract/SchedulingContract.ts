@@ -24,12 +24,6 @@ export interface Scheduler {
   readonly keys: (mailbox: Mailbox<string, string>) => Effect.Effect<ReadonlyArray<KeyState>, unknown>
   /** How long the fairness simulation (10,100 messages, thousands of claims) may take on this backend. */
   readonly fairnessTimeout?: number | undefined
-  /**
-   * `false`: the simulation is not run here (PostgreSQL: its scheduled claim is SQLite's walk with other
-   * statements, covered by every other case; the simulation's thousands of round trips took 200 s on a loaded
-   * 2-core machine, more than CI's budget allows).
-   */
-  readonly fairnessSimulation?: boolean | undefined
 }
 
 const bodies = (messages: ReadonlyArray<{ readonly body: string }>) => messages.map((m) => m.body)
@@ -261,7 +255,7 @@ export const schedulingContract = (label: string, scheduler: Scheduler) =>
           expect(heavy).toBeLessThanOrEqual(13)
         }))
 
-      it.scoped.skipIf(scheduler.fairnessSimulation === false)(
+      it.scoped(
         "A's 100 two-hour runs and B's 10,000 five-second jobs on 4 workers: equal worker time (±10%) while both have work, and C's one job starts within one B job",
         () =>
           Effect.gen(function*() {
