@@ -30,6 +30,7 @@ import * as Schema from "effect/Schema"
 import { causeText } from "./internal/errors.js"
 import * as Optional from "./internal/optional.js"
 import * as Options from "./internal/options.js"
+import * as PgPool from "./internal/sql/pgPool.js"
 import * as Target from "./internal/sql/target.js"
 
 /**
@@ -241,17 +242,13 @@ const pg = (options: {
             "Database.layerSqlite)"
       )
     }
-    const PgClient = yield* driver(
-      shown,
-      ["@effect/sql-pg", "pg"],
-      "Database.layerPg",
-      () => import("@effect/sql-pg/PgClient")
-    )
-    return PgClient.layerConfig({
+    const drivers = yield* driver(shown, ["@effect/sql-pg", "pg"], "Database.layerPg", PgPool.load)
+    // The driver's client on a pool of its own whose interrupted statements cancel nothing (`pgPool.ts`).
+    return PgPool.layer(drivers, {
       // The URL as checked (without surrounding whitespace).
-      url: Config.succeed(Redacted.make(parsed.right.url)),
-      maxConnections: Config.succeed(maxConnections),
-      minConnections: Config.succeed(minConnections)
+      url: Redacted.make(parsed.right.url),
+      maxConnections,
+      minConnections
     }).pipe(
       Layer.tap((context) => {
         const sql = Context.get(context, SqlClient.SqlClient)
@@ -263,7 +260,7 @@ const pg = (options: {
       }),
       Layer.catchAll((error) =>
         Layer.fail(
-          error._tag === "ConfigError" ? error : new DatabaseError({
+          new DatabaseError({
             database: shown,
             reason: `the PostgreSQL server did not answer (${Target.scrub(causeText(error), target)}). ` +
               "Check the host, port and credentials, and that the server is running.",

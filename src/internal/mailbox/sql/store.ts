@@ -28,6 +28,7 @@ import { hostname } from "node:os"
 import { MailboxConnectionError, type ReplyTarget } from "../../../Mailbox.js"
 import type { Registry, TrackedLoop } from "../../registry.js"
 import * as Sql from "../../sql/common.js"
+import * as PgPool from "../../sql/pgPool.js"
 import * as Workers from "./workers.js"
 
 export interface Row {
@@ -214,8 +215,8 @@ const openLife = (stores: Stores, prefix: string): Effect.Effect<Store, SqlError
     if (store.pgConfig !== undefined) {
       const config = store.pgConfig
       // The store's client is PostgreSQL's, so its driver is installed; loaded here to keep it out of the core.
-      const PgClient = yield* Effect.promise(() => import("@effect/sql-pg/PgClient"))
-      const context = yield* Layer.build(PgClient.layer({ ...config, maxConnections: 1, minConnections: 1 }))
+      const drivers = yield* Effect.promise(PgPool.load)
+      const context = yield* Layer.build(PgPool.layer(drivers, { ...config, maxConnections: 1, minConnections: 1 }))
       store.lane = Context.get(context, SqlClient.SqlClient)
       yield* Effect.addFinalizer(() =>
         Effect.sync(() => {
