@@ -1,66 +1,14 @@
 /**
- * A throwaway Redis server for the benchmark's BullMQ rows: `redis-server` on
- * a free loopback port in a temporary directory, with persistence off
- * (`--save ""`, `--appendonly no`: like the PostgreSQL cluster's fsync=off, the
- * figures measure the software, not the disk), stopped and removed when the
- * scope closes.
- *
- * Where `redis-server` is missing and this process is root, Debian's
- * `redis-server` package is installed first. Anything that stops the server
- * from starting is a failure naming the reason, so the caller can skip the
- * Redis rows and say why; nothing else needs Redis (`.ci/run` does not).
+ * Redis for the benchmark's BullMQ rows: the throwaway server of test/support/redis.ts (persistence off, like
+ * the PostgreSQL cluster's fsync=off: the figures measure the software, not the disk), and the CPU a server
+ * spends, read from `/proc`. A server that cannot start is a failure naming the reason, so the caller can skip
+ * the Redis rows and say why.
  */
-import { Effect } from "effect"
 import { Redis as IORedis } from "ioredis"
-import { execFileSync, spawn } from "node:child_process"
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
-import { freePort } from "../test/support/postgres.js"
+import { readdirSync, readFileSync } from "node:fs"
 import { schedstats, type ServerCpu } from "./mailboxSql.js"
 
-/** A running server. */
-export interface Server {
-  readonly host: string
-  readonly port: number
-  readonly pid: number
-  /** `redis-server --version`'s version, e.g. `7.0.15`. */
-  readonly version: string
-}
-
-const versionOf = (): string | undefined => {
-  try {
-    const output = execFileSync("redis-server", ["--version"], { stdio: "pipe", encoding: "utf8" })
-    return /v=(\S+)/.exec(output)?.[1] ?? output.trim()
-  } catch {
-    return undefined
-  }
-}
-
-/** The installed version, installing Debian's package first when it is missing and we are root. */
-const ensureInstalled = Effect.suspend(() => {
-  const installed = versionOf()
-  if (installed !== undefined) return Effect.succeed(installed)
-  if (process.getuid?.() !== 0) {
-    return Effect.fail(new Error("redis-server is not installed and this process is not root to install it"))
-  }
-  return Effect.flatMap(
-    Effect.try({
-      try: () => {
-        const options = { stdio: "pipe", env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" } } as const
-        execFileSync("apt-get", ["update"], options)
-        execFileSync("apt-get", ["install", "-y", "--no-install-recommends", "redis-server"], options)
-      },
-      catch: (error) => new Error(`apt-get install redis-server failed: ${String(error).split("\n")[0]}`)
-    }),
-    () => {
-      const version = versionOf()
-      return version === undefined
-        ? Effect.fail(new Error("redis-server is still missing after apt-get install"))
-        : Effect.succeed(version)
-    }
-  )
-})
+export { type Server, server } from "../test/support/redis.js"
 
 /** The CPU time of every thread of `pid` (`/proc/<pid>/task/<tid>/schedstat`). */
 const cpuOf = (pid: number): ServerCpu => () => {
@@ -90,66 +38,3 @@ export const cpuAt = async (host: string, port: number): Promise<ServerCpu> => {
   })()
   return Number.isInteger(pid) && comm?.startsWith("redis") === true ? cpuOf(pid) : () => undefined
 }
-
-/** Starts a server for the scope; fails with the reason when it cannot be installed or started. */
-export const server: Effect.Effect<Server, Error, import("effect/Scope").Scope> = Effect.gen(function*() {
-  const version = yield* ensureInstalled
-  const port = yield* freePort
-  const dir = mkdtempSync(join(tmpdir(), "leasehold-redis-"))
-  yield* Effect.addFinalizer(() => Effect.ignore(Effect.try(() => rmSync(dir, { recursive: true, force: true }))))
-  const child = yield* Effect.acquireRelease(
-    Effect.sync(() =>
-      spawn("redis-server", [
-        "--port",
-        String(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        dir,
-        "--daemonize",
-        "no"
-      ], { stdio: ["ignore", "pipe", "pipe"] })
-    ),
-    (child) =>
-      child.exitCode !== null || child.signalCode !== null
-        ? Effect.void
-        : Effect.async<void>((resume) => {
-          child.once("exit", () => resume(Effect.void))
-          child.kill("SIGTERM")
-        }).pipe(Effect.timeout("10 seconds"), Effect.ignore)
-  )
-  yield* Effect.async<void, Error>((resume) => {
-    let output = ""
-    // Once ready the output is dropped: removing the listeners leaves the pipes flowing, so the server
-    // never blocks on a full one.
-    const detach = () => {
-      child.stdout!.off("data", onData)
-      child.stderr!.off("data", onData)
-      child.off("error", onError)
-      child.off("exit", onExit)
-    }
-    const settle = (result: Effect.Effect<void, Error>) => {
-      detach()
-      resume(result)
-    }
-    const onData = (chunk: Buffer) => {
-      output += chunk
-      if (/Ready to accept connections/.test(output)) settle(Effect.void)
-    }
-    const onError = (error: Error) => settle(Effect.fail(new Error(`cannot run redis-server: ${error.message}`)))
-    const onExit = (code: number | null) =>
-      settle(Effect.fail(new Error(`redis-server exited (${code}): ${output.trim()}`)))
-    child.stdout!.on("data", onData)
-    child.stderr!.on("data", onData)
-    child.once("error", onError)
-    child.once("exit", onExit)
-    return Effect.sync(detach)
-  }).pipe(
-    Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error("redis-server not ready after 10 s") })
-  )
-  return { host: "127.0.0.1", port, pid: child.pid!, version }
-})

@@ -1,0 +1,310 @@
+/**
+ * The Redis mailbox driver (issue 46, first part): a queue's storage on a Redis server, under the front end every
+ * backend shares (`../frontEnd.ts`), so what a user sees is what memory and SQL give. Each state change is one
+ * Lua script (`scripts.ts`) judged by the server's clock, guarded by the receipt handle and the lease's end.
+ *
+ * Not yet here (issue 46 goes on): replies written in the acknowledging script (a reply is sent, then the
+ * delivery acknowledged, as memory does), dead letters and redrive, the step journal, the workers' pulse,
+ * scheduling by key, browse, retention, pub/sub wake-ups across processes (other processes' sends are found by
+ * the bounded poll), Redis Cluster, and a public module. Its client is the caller's (`ioredis`), held for the
+ * mailbox's life.
+ */
+import * as DateTime from "effect/DateTime"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as FiberId from "effect/FiberId"
+import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
+import type { Redis } from "ioredis"
+import { randomUUID } from "node:crypto"
+import {
+  type InvalidParameterError,
+  type Mailbox,
+  MailboxConnectionError,
+  MailboxFullError,
+  MailboxResolver,
+  type Message,
+  ReceiptHandleExpiredError,
+  type ReplyError,
+  SerializationError
+} from "../../../Mailbox.js"
+import { storableText } from "../../names.js"
+import * as Options_ from "../../options.js"
+import { testTime } from "../../sql/common.js"
+import { validTraceparent } from "../../tracing.js"
+import * as FrontEnd from "../frontEnd.js"
+import { inLine } from "../settle.js"
+import { decoderOf, encoderOf, maxBodyBytesLimit } from "../sql/codec.js"
+import { MaxSize, QueueName, validateVisibility } from "../validation.js"
+import * as Scripts from "./scripts.js"
+
+/** Options of `make`. */
+export interface Options<A, I> {
+  /** The queue's name: the one name rule. */
+  readonly name: string
+  /** The bodies' schema (JSON on the server). */
+  readonly schema: Schema.Schema<A, I, never>
+  /** Bounds the unacknowledged messages: sends beyond it fail `MailboxFullError`. */
+  readonly maxSize?: number | undefined
+  /** What every key of this store begins with (default `leasehold:`). */
+  readonly prefix?: string | undefined
+}
+
+const decodeOptions = Options_.decoder("MailboxRedis.make", {
+  name: QueueName,
+  maxSize: Schema.optionalWith(MaxSize, { exact: true }),
+  prefix: Schema.optionalWith(Schema.String, { exact: true })
+})
+
+type Script = keyof typeof scriptSources
+const scriptSources = {
+  lhSend: Scripts.send,
+  lhClaim: Scripts.claim,
+  lhAcknowledge: Scripts.acknowledge,
+  lhNack: Scripts.nack,
+  lhExtend: Scripts.extend,
+  lhCheck: Scripts.check,
+  lhNextVisible: Scripts.nextVisible,
+  lhPurge: Scripts.purge
+} as const
+
+/** `redis` with the scripts defined (once per client: ioredis keeps them, sent by digest after the first call). */
+const withScripts = (redis: Redis) => {
+  const defined = redis as Redis & Partial<Record<Script, unknown>>
+  for (const [name, source] of Object.entries(scriptSources)) {
+    if (defined[name as Script] === undefined) redis.defineCommand(name, source)
+  }
+  return (script: Script, args: ReadonlyArray<string | number>): Promise<unknown> =>
+    (defined[script] as unknown as (...args: ReadonlyArray<string | number>) => Promise<unknown>)(...args)
+}
+
+/**
+ * A Redis-backed mailbox of queue `options.name` on `redis` (a connected `ioredis` client the caller owns),
+ * closed when the scope closes.
+ */
+export const make = <A, I, R = never>(
+  redis: Redis,
+  options: Options<A, I>
+): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
+  Effect.flatMap(decodeOptions(options), ({ maxSize, name, prefix }) =>
+    Effect.flatMap(Effect.clock, (clock) => {
+      const keys = Scripts.keysOf(prefix ?? "leasehold:", name)
+      const run = withScripts(redis)
+      const encode = encoderOf(options.schema, maxBodyBytesLimit)
+      const decode = decoderOf(options.schema)
+      const time = testTime(clock)
+      const nowArg = () => (time === undefined ? "" : time())
+      const store = <X>(f: () => Promise<X>) =>
+        Effect.tryPromise({ try: f, catch: (cause) => new MailboxConnectionError({ mailbox: name, cause }) })
+      // Sends and nacks of this process wake its sleeping receivers; other processes' are found by the poll.
+      let signal = Deferred.unsafeMake<void>(FiberId.none)
+      const wake = () => {
+        Deferred.unsafeDone(signal, Effect.void)
+        signal = Deferred.unsafeMake<void>(FiberId.none)
+      }
+      const expired = (id: string, handle: string) =>
+        new ReceiptHandleExpiredError({ mailbox: name, messageId: id, receiptHandle: handle })
+
+      class RedisMessage implements Message<A, R> {
+        finalized = false
+        constructor(
+          readonly id: string,
+          readonly body: A,
+          readonly receiptHandle: string,
+          readonly deliveryCount: number,
+          private readonly enqueuedAtMillis: number,
+          readonly replyTo: Option.Option<string>,
+          readonly traceparent: string | undefined
+        ) {}
+        get enqueuedAt(): DateTime.Utc {
+          return DateTime.unsafeMake(this.enqueuedAtMillis)
+        }
+        /** Runs `script` on this delivery; a 0 is a stale handle. */
+        private leased(script: Script, keyArgs: ReadonlyArray<string>, extra: ReadonlyArray<string | number>) {
+          return Effect.flatMap(
+            store(() => run(script, [...keyArgs, nowArg(), this.id, this.receiptHandle, keys.message, ...extra])),
+            (result) =>
+              result === 0 || result === null ? Effect.fail(expired(this.id, this.receiptHandle)) : Effect.void
+          )
+        }
+        get acknowledge() {
+          return Effect.tap(
+            this.leased("lhAcknowledge", [keys.hidden], []),
+            () => Effect.sync(() => (this.finalized = true))
+          )
+        }
+        nack(
+          visibilityTimeout?: Duration.DurationInput
+        ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+          return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
+            onLeft: Effect.fail,
+            onRight: (timeout) =>
+              Effect.tap(
+                this.leased("lhNack", [keys.ready, keys.hidden], [Duration.toMillis(timeout)]),
+                () =>
+                  Effect.sync(() => {
+                    this.finalized = true
+                    wake()
+                  })
+              )
+          })
+        }
+        extendVisibility(
+          timeout: Duration.DurationInput
+        ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+          return Either.match(validateVisibility("timeout", timeout), {
+            onLeft: Effect.fail,
+            onRight: (timeout) => this.leased("lhExtend", [keys.hidden], [Duration.toMillis(timeout)])
+          })
+        }
+        reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
+          return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
+            const refused = FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
+            if (refused !== undefined) return Effect.fail(refused)
+            return Effect.flatMap(
+              MailboxResolver,
+              (resolver) =>
+                Effect.flatMap(
+                  resolver.resolve(Option.getOrThrow(this.replyTo)),
+                  (target) => target.send(body)
+                )
+            )
+          })
+        }
+        replyAndAcknowledge(
+          body: R
+        ): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
+          // A stale delivery sends no reply; between the reply and the acknowledgement the lease can still run
+          // out (then the request is redelivered and replied again: at least once, as with any other store).
+          return Effect.zipRight(
+            this.leased("lhCheck", [keys.hidden], []),
+            Effect.zipLeft(this.reply(body), this.acknowledge)
+          )
+        }
+      }
+
+      const insert: FrontEnd.Driver<A, R>["insert"] = (body, delayMillis, replyTo, traceparent) => {
+        const encoded = encode(body)
+        if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
+        return Effect.flatMap(
+          store(() =>
+            run("lhSend", [
+              keys.ready,
+              keys.hidden,
+              keys.seq,
+              nowArg(),
+              delayMillis,
+              maxSize ?? 0,
+              keys.message,
+              encoded.right,
+              replyTo ?? "",
+              traceparent ?? ""
+            ])
+          ),
+          (id) => {
+            if (id === -1) return Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
+            wake()
+            return Effect.succeed(String(id))
+          }
+        )
+      }
+
+      const claim: FrontEnd.Driver<A, R>["claim"] = (max, visibilityMillis) =>
+        Effect.flatMap(
+          store(() =>
+            run("lhClaim", [
+              keys.ready,
+              keys.hidden,
+              keys.paused,
+              nowArg(),
+              max,
+              visibilityMillis,
+              keys.message,
+              ...Array.from({ length: max }, () => randomUUID())
+            ])
+          ),
+          (rows) => {
+            const received: Array<Message<A, R>> = []
+            const undecodable: Array<{ readonly id: string; readonly reason: string }> = []
+            for (const row of rows as ReadonlyArray<ReadonlyArray<string | number>>) {
+              const [id, handle, deliveries, text, enqueuedAt, replyTo, traceparent] = row
+              const body = decode(String(text))
+              if (Either.isLeft(body)) {
+                // Not yet a dead letter: left leased, it comes back when its visibility ends, logged each time.
+                undecodable.push({ id: String(id), reason: storableText(body.left, 1_000) })
+                continue
+              }
+              received.push(
+                new RedisMessage(
+                  String(id),
+                  body.right,
+                  String(handle),
+                  Number(deliveries),
+                  Number(enqueuedAt),
+                  replyTo === "" ? Option.none() : Option.some(String(replyTo)),
+                  traceparent === "" ? undefined : validTraceparent(String(traceparent))
+                )
+              )
+            }
+            return Effect.as(
+              Effect.forEach(undecodable, ({ id, reason }) =>
+                Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded`).pipe(
+                  Effect.annotateLogs("reason", reason)
+                ), { discard: true }),
+              received
+            )
+          }
+        )
+
+      const mailbox = FrontEnd.make<A, R>(name, {
+        insert,
+        claim,
+        nextVisibleIn: Effect.map(
+          store(() => run("lhNextVisible", [keys.ready, keys.hidden, keys.paused, nowArg()])),
+          (result) => (result === null ? undefined : Number(result))
+        ),
+        arm: () => signal,
+        count: Effect.map(
+          store(() => redis.multi().zcard(keys.ready).zcard(keys.hidden).exec()),
+          (results) => (results ?? []).reduce((sum, [, n]) => sum + Number(n ?? 0), 0)
+        ),
+        purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
+        poll: { firstMillis: 10, maxMillis: 250 },
+        sink: inLine,
+        local: { keys, redis, wake }
+      }, clock)
+      return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
+    }))
+
+/** Pauses the queue of `mailbox` (made by `make`): every process's receivers get nothing until `resume`. */
+export const pause = (
+  redis: Redis,
+  prefix: string | undefined,
+  name: string
+): Effect.Effect<void, MailboxConnectionError> =>
+  Effect.tryPromise({
+    try: () => redis.set(Scripts.keysOf(prefix ?? "leasehold:", name).paused, "1"),
+    catch: (cause) => new MailboxConnectionError({ mailbox: name, cause })
+  })
+
+/** Resumes the queue: receivers get its messages again (this process's sleeping ones at once). */
+export const resume = <A, R>(
+  redis: Redis,
+  prefix: string | undefined,
+  mailbox: Mailbox<A, R>
+): Effect.Effect<void, MailboxConnectionError> =>
+  Effect.tap(
+    Effect.tryPromise({
+      try: () => redis.del(Scripts.keysOf(prefix ?? "leasehold:", mailbox.name).paused),
+      catch: (cause) => new MailboxConnectionError({ mailbox: mailbox.name, cause })
+    }),
+    () =>
+      Effect.sync(() => {
+        const local = FrontEnd.fieldsOf(mailbox)[FrontEnd.LocalId] as { readonly wake?: () => void } | undefined
+        local?.wake?.()
+      })
+  )

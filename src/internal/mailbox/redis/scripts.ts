@@ -1,0 +1,170 @@
+/**
+ * The Redis mailbox's state changes, each one Lua script the server runs atomically (issue 46): a send, a claim,
+ * an acknowledgement, a nack, an extension, the count, the purge, the next visibility. Every lease check is the
+ * receipt handle and the lease's end against the server's clock (`TIME`), never a client's — or the test's
+ * `TestClock` time when one is given (`now`, the first argument; empty: the server's).
+ *
+ * A queue's keys (`keysOf`) share one hash tag, the queue's name in hex (a name may hold `{` or `}`), so a
+ * cluster keeps every key of a queue in one slot:
+ * - `<tag>:seq`: the last message number (its id; its place in the queue);
+ * - `<tag>:ready`: the visible messages, scored by number (claimed lowest first: a redelivered message keeps its
+ *   place);
+ * - `<tag>:hidden`: the delayed and leased ones, scored by when they become visible;
+ * - `<tag>:paused`: present while the queue is paused;
+ * - `<tag>:m:<id>`: a message's hash — `b` body (JSON), `e` enqueued at (ms), `d` deliveries, `v` visible at,
+ *   `h` the live receipt handle (empty: none), `r` reply-to, `t` traceparent (each absent when not given).
+ */
+
+/** The Redis keys of queue `name` under `prefix`. */
+export const keysOf = (prefix: string, name: string) => {
+  const tag = `${prefix}{${Buffer.from(name, "utf8").toString("hex")}}`
+  return {
+    seq: `${tag}:seq`,
+    ready: `${tag}:ready`,
+    hidden: `${tag}:hidden`,
+    paused: `${tag}:paused`,
+    message: `${tag}:m:`
+  }
+}
+
+/** The time: ARGV[1] when given (a test's clock), else the server's, in whole milliseconds. */
+const now = `
+local now = tonumber(ARGV[1])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end`
+
+/** Visible messages due by `now` moved from hidden to ready (at most 1,000 a call: a claim takes at most 10). */
+const promote = `
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZADD', KEYS[1], id, id)
+end`
+
+/**
+ * KEYS: ready, hidden, seq. ARGV: now, delay (ms), max size (0: none), message key prefix, body, reply-to (empty:
+ * none), traceparent (empty: none). Returns the id, or -1 when the queue is full.
+ */
+export const send = {
+  numberOfKeys: 3,
+  lua: `${now}
+local max = tonumber(ARGV[3])
+if max > 0 and redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) >= max then return -1 end
+local id = redis.call('INCR', KEYS[3])
+local m = ARGV[4] .. id
+local delay = tonumber(ARGV[2])
+redis.call('HSET', m, 'b', ARGV[5], 'e', now, 'd', 0, 'v', now + delay, 'h', '')
+if ARGV[6] ~= '' then redis.call('HSET', m, 'r', ARGV[6]) end
+if ARGV[7] ~= '' then redis.call('HSET', m, 't', ARGV[7]) end
+if delay == 0 then redis.call('ZADD', KEYS[1], id, id) else redis.call('ZADD', KEYS[2], now + delay, id) end
+return id`
+}
+
+/**
+ * KEYS: ready, hidden, paused. ARGV: now, max, visibility (ms), message key prefix, then one fresh receipt
+ * handle per message it may take. Returns, per message claimed, `{ id, handle, deliveries, body, enqueued at,
+ * reply-to, traceparent, lease end }` ('' for an absent field).
+ */
+export const claim = {
+  numberOfKeys: 3,
+  lua: `
+if redis.call('EXISTS', KEYS[3]) == 1 then return {} end${now}${promote}
+local visibility = tonumber(ARGV[3])
+local out = {}
+local handles = 5
+while #out < tonumber(ARGV[2]) do
+  local popped = redis.call('ZPOPMIN', KEYS[1])
+  if #popped == 0 then break end
+  local id = popped[1]
+  local m = ARGV[4] .. id
+  if redis.call('EXISTS', m) == 1 then
+    local handle = ARGV[handles]
+    handles = handles + 1
+    local deliveries = redis.call('HINCRBY', m, 'd', 1)
+    redis.call('HSET', m, 'h', handle, 'v', now + visibility)
+    redis.call('ZADD', KEYS[2], now + visibility, id)
+    local f = redis.call('HMGET', m, 'b', 'e', 'r', 't')
+    out[#out + 1] = { id, handle, deliveries, f[1], f[2], f[3] or '', f[4] or '', tostring(now + visibility) }
+  end
+end
+return out`
+}
+
+/** The lease check of the scripts below: 0 when `handle` (ARGV[3]) is not the live handle of message ARGV[2]. */
+const leased = `${now}
+local m = ARGV[4] .. ARGV[2]
+local f = redis.call('HMGET', m, 'h', 'v')
+if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or tonumber(f[2]) <= now then return 0 end`
+
+/** KEYS: hidden. ARGV: now, id, handle, message key prefix. 1: deleted; 0: the handle is stale. */
+export const acknowledge = {
+  numberOfKeys: 1,
+  lua: `${leased}
+redis.call('DEL', m)
+redis.call('ZREM', KEYS[1], ARGV[2])
+return 1`
+}
+
+/** KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms). 1: given back; 0: stale. */
+export const nack = {
+  numberOfKeys: 2,
+  lua: `${leased}
+local delay = tonumber(ARGV[5])
+redis.call('HSET', m, 'h', '', 'v', now + delay)
+if delay == 0 then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[2])
+else
+  redis.call('ZADD', KEYS[2], now + delay, ARGV[2])
+end
+return 1`
+}
+
+/** KEYS: hidden. ARGV: now, id, handle, message key prefix, timeout (ms). The new lease end; 0: stale. */
+export const extend = {
+  numberOfKeys: 1,
+  lua: `${leased}
+local ends = now + tonumber(ARGV[5])
+redis.call('HSET', m, 'v', ends)
+redis.call('ZADD', KEYS[1], ends, ARGV[2])
+return tostring(ends)`
+}
+
+/** KEYS: hidden. ARGV: now, id, handle, message key prefix. 1 while the handle holds the message; 0: stale. */
+export const check = {
+  numberOfKeys: 1,
+  lua: `${leased}
+return 1`
+}
+
+/**
+ * KEYS: ready, hidden, paused. ARGV: now. Milliseconds until the next message becomes visible (0 or less: one
+ * is visible now), or nil: none is coming (or the queue is paused).
+ */
+export const nextVisible = {
+  numberOfKeys: 3,
+  lua: `
+if redis.call('EXISTS', KEYS[3]) == 1 then return false end${now}
+if redis.call('ZCARD', KEYS[1]) > 0 then return 0 end
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #first == 0 then return false end
+return tostring(tonumber(first[2]) - now)`
+}
+
+/** KEYS: ready, hidden. ARGV: message key prefix. The messages deleted. */
+export const purge = {
+  numberOfKeys: 2,
+  lua: `
+local n = 0
+for k = 1, 2 do
+  local ids = redis.call('ZRANGE', KEYS[k], 0, -1)
+  for _, id in ipairs(ids) do
+    redis.call('DEL', ARGV[1] .. id)
+    n = n + 1
+  end
+  redis.call('DEL', KEYS[k])
+end
+return n`
+}
