@@ -9,11 +9,13 @@
  * the bounded poll), Redis Cluster, and a public module. Its client is the caller's (`ioredis`), held for the
  * mailbox's life.
  */
+import * as Cause from "effect/Cause"
 import * as DateTime from "effect/DateTime"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
 import * as FiberId from "effect/FiberId"
 import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
@@ -37,8 +39,9 @@ import * as Options_ from "../../options.js"
 import { testTime } from "../../sql/common.js"
 import { validTraceparent } from "../../tracing.js"
 import * as FrontEnd from "../frontEnd.js"
-import { inLine } from "../settle.js"
+import { Settles, type Sink } from "../settle.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "../sql/codec.js"
+import { GroupCommit } from "../sql/groupCommit.js"
 import { MaxSize, QueueName, validateVisibility } from "../validation.js"
 import * as Scripts from "./scripts.js"
 
@@ -64,7 +67,7 @@ type Script = keyof typeof scriptSources
 const scriptSources = {
   lhSend: Scripts.send,
   lhClaim: Scripts.claim,
-  lhAcknowledge: Scripts.acknowledge,
+  lhAcknowledgeAll: Scripts.acknowledgeAll,
   lhNack: Scripts.nack,
   lhExtend: Scripts.extend,
   lhCheck: Scripts.check,
@@ -90,195 +93,244 @@ export const make = <A, I, R = never>(
   redis: Redis,
   options: Options<A, I>
 ): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
-  Effect.flatMap(decodeOptions(options), ({ maxSize, name, prefix }) =>
-    Effect.flatMap(Effect.clock, (clock) => {
-      const keys = Scripts.keysOf(prefix ?? "leasehold:", name)
-      const run = withScripts(redis)
-      const encode = encoderOf(options.schema, maxBodyBytesLimit)
-      const decode = decoderOf(options.schema)
-      const time = testTime(clock)
-      const nowArg = () => (time === undefined ? "" : time())
-      const store = <X>(f: () => Promise<X>) =>
-        Effect.tryPromise({ try: f, catch: (cause) => new MailboxConnectionError({ mailbox: name, cause }) })
-      // Sends and nacks of this process wake its sleeping receivers; other processes' are found by the poll.
-      let signal = Deferred.unsafeMake<void>(FiberId.none)
-      const wake = () => {
-        Deferred.unsafeDone(signal, Effect.void)
-        signal = Deferred.unsafeMake<void>(FiberId.none)
-      }
-      const expired = (id: string, handle: string) =>
-        new ReceiptHandleExpiredError({ mailbox: name, messageId: id, receiptHandle: handle })
+  Effect.flatMap(
+    decodeOptions(options),
+    ({ maxSize, name, prefix }) =>
+      Effect.flatMap(Effect.zip(Effect.clock, Effect.scope), ([clock, scope]) => {
+        const keys = Scripts.keysOf(prefix ?? "leasehold:", name)
+        const run = withScripts(redis)
+        const encode = encoderOf(options.schema, maxBodyBytesLimit)
+        const decode = decoderOf(options.schema)
+        const time = testTime(clock)
+        const nowArg = () => (time === undefined ? "" : time())
+        const store = <X>(f: () => Promise<X>) =>
+          Effect.tryPromise({ try: f, catch: (cause) => new MailboxConnectionError({ mailbox: name, cause }) })
+        // Sends and nacks of this process wake its sleeping receivers; other processes' are found by the poll.
+        let signal = Deferred.unsafeMake<void>(FiberId.none)
+        const wake = () => {
+          Deferred.unsafeDone(signal, Effect.void)
+          signal = Deferred.unsafeMake<void>(FiberId.none)
+        }
+        const expired = (id: string, handle: string) =>
+          new ReceiptHandleExpiredError({ mailbox: name, messageId: id, receiptHandle: handle })
 
-      class RedisMessage implements Message<A, R> {
-        finalized = false
-        constructor(
-          readonly id: string,
-          readonly body: A,
-          readonly receiptHandle: string,
-          readonly deliveryCount: number,
-          private readonly enqueuedAtMillis: number,
-          readonly replyTo: Option.Option<string>,
-          readonly traceparent: string | undefined
-        ) {}
-        get enqueuedAt(): DateTime.Utc {
-          return DateTime.unsafeMake(this.enqueuedAtMillis)
-        }
-        /** Runs `script` on this delivery; a 0 is a stale handle. */
-        private leased(script: Script, keyArgs: ReadonlyArray<string>, extra: ReadonlyArray<string | number>) {
-          return Effect.flatMap(
-            store(() => run(script, [...keyArgs, nowArg(), this.id, this.receiptHandle, keys.message, ...extra])),
-            (result) =>
-              result === 0 || result === null ? Effect.fail(expired(this.id, this.receiptHandle)) : Effect.void
-          )
-        }
-        get acknowledge() {
-          return Effect.tap(
-            this.leased("lhAcknowledge", [keys.hidden], []),
-            () => Effect.sync(() => (this.finalized = true))
-          )
-        }
-        nack(
-          visibilityTimeout?: Duration.DurationInput
-        ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
-          return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
-            onLeft: Effect.fail,
-            onRight: (timeout) =>
-              Effect.tap(
-                this.leased("lhNack", [keys.ready, keys.hidden], [Duration.toMillis(timeout)]),
-                () =>
-                  Effect.sync(() => {
-                    this.finalized = true
-                    wake()
-                  })
-              )
-          })
-        }
-        extendVisibility(
-          timeout: Duration.DurationInput
-        ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
-          return Either.match(validateVisibility("timeout", timeout), {
-            onLeft: Effect.fail,
-            onRight: (timeout) => this.leased("lhExtend", [keys.hidden], [Duration.toMillis(timeout)])
-          })
-        }
-        reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
-          return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
-            const refused = FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
-            if (refused !== undefined) return Effect.fail(refused)
-            return Effect.flatMap(
-              MailboxResolver,
-              (resolver) =>
-                Effect.flatMap(
-                  resolver.resolve(Option.getOrThrow(this.replyTo)),
-                  (target) => target.send(body)
-                )
-            )
-          })
-        }
-        replyAndAcknowledge(
-          body: R
-        ): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
-          // A stale delivery sends no reply; between the reply and the acknowledgement the lease can still run
-          // out (then the request is redelivered and replied again: at least once, as with any other store).
-          return Effect.zipRight(
-            this.leased("lhCheck", [keys.hidden], []),
-            Effect.zipLeft(this.reply(body), this.acknowledge)
-          )
-        }
-      }
-
-      const insert: FrontEnd.Driver<A, R>["insert"] = (body, delayMillis, replyTo, traceparent) => {
-        const encoded = encode(body)
-        if (Either.isLeft(encoded)) return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
-        return Effect.flatMap(
-          store(() =>
-            run("lhSend", [
-              keys.ready,
-              keys.hidden,
-              keys.seq,
-              nowArg(),
-              delayMillis,
-              maxSize ?? 0,
-              keys.message,
-              encoded.right,
-              replyTo ?? "",
-              traceparent ?? ""
-            ])
-          ),
-          (id) => {
-            if (id === -1) return Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
-            wake()
-            return Effect.succeed(String(id))
-          }
+        // Acknowledgements that arrive while a batch is on its way go together in the next script call (one round
+        // trip for many: a worker's settles, `settleAll`'s group).
+        const settler = new GroupCommit<
+          { readonly id: string; readonly handle: string },
+          boolean,
+          MailboxConnectionError
+        >(
+          (items) =>
+            Effect.map(
+              store(() =>
+                run("lhAcknowledgeAll", [
+                  keys.hidden,
+                  nowArg(),
+                  keys.message,
+                  ...items.flatMap(({ handle, id }) => [id, handle])
+                ])
+              ),
+              (results) => (results as ReadonlyArray<number>).map((result) => result === 1)
+            ),
+          { maxItems: 500, maxBytes: 1 << 20, sizeOf: ({ handle, id }) => id.length + handle.length },
+          scope
         )
-      }
-
-      const claim: FrontEnd.Driver<A, R>["claim"] = (max, visibilityMillis) =>
-        Effect.flatMap(
-          store(() =>
-            run("lhClaim", [
-              keys.ready,
-              keys.hidden,
-              keys.paused,
-              nowArg(),
-              max,
-              visibilityMillis,
-              keys.message,
-              ...Array.from({ length: max }, () => randomUUID())
-            ])
-          ),
-          (rows) => {
-            const received: Array<Message<A, R>> = []
-            const undecodable: Array<{ readonly id: string; readonly reason: string }> = []
-            for (const row of rows as ReadonlyArray<ReadonlyArray<string | number>>) {
-              const [id, handle, deliveries, text, enqueuedAt, replyTo, traceparent] = row
-              const body = decode(String(text))
-              if (Either.isLeft(body)) {
-                // Not yet a dead letter: left leased, it comes back when its visibility ends, logged each time.
-                undecodable.push({ id: String(id), reason: storableText(body.left, 1_000) })
-                continue
+        /** Each acknowledgement without a reply a row of the group commit; with one, settled in line. */
+        const sink: Sink = {
+          offer: (message, reply, _resolver, _traceparent, done) => {
+            if (!(message instanceof RedisMessage) || (Option.isSome(reply) && Option.isSome(message.replyTo))) {
+              return false
+            }
+            const start = settler.offer({ id: message.id, handle: message.receiptHandle }, (result) => {
+              if (Exit.isFailure(result)) {
+                return done(new MailboxConnectionError({ mailbox: name, cause: Cause.squash(result.cause) }), undefined)
               }
-              received.push(
-                new RedisMessage(
-                  String(id),
-                  body.right,
-                  String(handle),
-                  Number(deliveries),
-                  Number(enqueuedAt),
-                  replyTo === "" ? Option.none() : Option.some(String(replyTo)),
-                  traceparent === "" ? undefined : validTraceparent(String(traceparent))
+              if (!result.value) return done(expired(message.id, message.receiptHandle), undefined)
+              message.finalized = true
+              done(undefined, undefined)
+            })
+            return start ?? true
+          }
+        }
+
+        class RedisMessage implements Message<A, R> {
+          finalized = false
+          constructor(
+            readonly id: string,
+            readonly body: A,
+            readonly receiptHandle: string,
+            readonly deliveryCount: number,
+            private readonly enqueuedAtMillis: number,
+            readonly replyTo: Option.Option<string>,
+            readonly traceparent: string | undefined
+          ) {}
+          get enqueuedAt(): DateTime.Utc {
+            return DateTime.unsafeMake(this.enqueuedAtMillis)
+          }
+          /** Runs `script` on this delivery; a 0 is a stale handle. */
+          private leased(script: Script, keyArgs: ReadonlyArray<string>, extra: ReadonlyArray<string | number>) {
+            return Effect.flatMap(
+              store(() => run(script, [...keyArgs, nowArg(), this.id, this.receiptHandle, keys.message, ...extra])),
+              (result) =>
+                result === 0 || result === null ? Effect.fail(expired(this.id, this.receiptHandle)) : Effect.void
+            )
+          }
+          get [Settles](): Sink {
+            return sink
+          }
+          get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
+            return Effect.flatMap(settler.submit({ id: this.id, handle: this.receiptHandle }), (settled) => {
+              if (!settled) return Effect.fail(expired(this.id, this.receiptHandle))
+              this.finalized = true
+              return Effect.void
+            })
+          }
+          nack(
+            visibilityTimeout?: Duration.DurationInput
+          ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+            return Either.match(validateVisibility("visibilityTimeout", visibilityTimeout), {
+              onLeft: Effect.fail,
+              onRight: (timeout) =>
+                Effect.tap(
+                  this.leased("lhNack", [keys.ready, keys.hidden], [Duration.toMillis(timeout)]),
+                  () =>
+                    Effect.sync(() => {
+                      this.finalized = true
+                      wake()
+                    })
                 )
+            })
+          }
+          extendVisibility(
+            timeout: Duration.DurationInput
+          ): Effect.Effect<void, ReceiptHandleExpiredError | InvalidParameterError | MailboxConnectionError> {
+            return Either.match(validateVisibility("timeout", timeout), {
+              onLeft: Effect.fail,
+              onRight: (timeout) => this.leased("lhExtend", [keys.hidden], [Duration.toMillis(timeout)])
+            })
+          }
+          reply(body: R): Effect.Effect<string, ReplyError, MailboxResolver> {
+            return Effect.suspend((): Effect.Effect<string, ReplyError, MailboxResolver> => {
+              const refused = FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
+              if (refused !== undefined) return Effect.fail(refused)
+              return Effect.flatMap(
+                MailboxResolver,
+                (resolver) =>
+                  Effect.flatMap(
+                    resolver.resolve(Option.getOrThrow(this.replyTo)),
+                    (target) => target.send(body)
+                  )
+              )
+            })
+          }
+          replyAndAcknowledge(
+            body: R
+          ): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
+            // A stale delivery sends no reply; between the reply and the acknowledgement the lease can still run
+            // out (then the request is redelivered and replied again: at least once, as with any other store).
+            return Effect.zipRight(
+              this.leased("lhCheck", [keys.hidden], []),
+              Effect.zipLeft(this.reply(body), this.acknowledge)
+            )
+          }
+        }
+
+        const insert: FrontEnd.Driver<A, R>["insert"] = (body, delayMillis, replyTo, traceparent) => {
+          const encoded = encode(body)
+          if (Either.isLeft(encoded)) {
+            return Effect.fail(new SerializationError({ mailbox: name, reason: encoded.left }))
+          }
+          return Effect.flatMap(
+            store(() =>
+              run("lhSend", [
+                keys.ready,
+                keys.hidden,
+                keys.seq,
+                nowArg(),
+                delayMillis,
+                maxSize ?? 0,
+                keys.message,
+                encoded.right,
+                replyTo ?? "",
+                traceparent ?? ""
+              ])
+            ),
+            (id) => {
+              if (id === -1) return Effect.fail(new MailboxFullError({ mailbox: name, maxSize: maxSize! }))
+              wake()
+              return Effect.succeed(String(id))
+            }
+          )
+        }
+
+        const claim: FrontEnd.Driver<A, R>["claim"] = (max, visibilityMillis) =>
+          Effect.flatMap(
+            store(() =>
+              run("lhClaim", [
+                keys.ready,
+                keys.hidden,
+                keys.paused,
+                nowArg(),
+                max,
+                visibilityMillis,
+                keys.message,
+                ...Array.from({ length: max }, () => randomUUID())
+              ])
+            ),
+            (rows) => {
+              const received: Array<Message<A, R>> = []
+              const undecodable: Array<{ readonly id: string; readonly reason: string }> = []
+              for (const row of rows as ReadonlyArray<ReadonlyArray<string | number>>) {
+                const [id, handle, deliveries, text, enqueuedAt, replyTo, traceparent] = row
+                const body = decode(String(text))
+                if (Either.isLeft(body)) {
+                  // Not yet a dead letter: left leased, it comes back when its visibility ends, logged each time.
+                  undecodable.push({ id: String(id), reason: storableText(body.left, 1_000) })
+                  continue
+                }
+                received.push(
+                  new RedisMessage(
+                    String(id),
+                    body.right,
+                    String(handle),
+                    Number(deliveries),
+                    Number(enqueuedAt),
+                    replyTo === "" ? Option.none() : Option.some(String(replyTo)),
+                    traceparent === "" ? undefined : validTraceparent(String(traceparent))
+                  )
+                )
+              }
+              return Effect.as(
+                Effect.forEach(undecodable, ({ id, reason }) =>
+                  Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded`).pipe(
+                    Effect.annotateLogs("reason", reason)
+                  ), { discard: true }),
+                received
               )
             }
-            return Effect.as(
-              Effect.forEach(undecodable, ({ id, reason }) =>
-                Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded`).pipe(
-                  Effect.annotateLogs("reason", reason)
-                ), { discard: true }),
-              received
-            )
-          }
-        )
+          )
 
-      const mailbox = FrontEnd.make<A, R>(name, {
-        insert,
-        claim,
-        nextVisibleIn: Effect.map(
-          store(() => run("lhNextVisible", [keys.ready, keys.hidden, keys.paused, nowArg()])),
-          (result) => (result === null ? undefined : Number(result))
-        ),
-        arm: () => signal,
-        count: Effect.map(
-          store(() => redis.multi().zcard(keys.ready).zcard(keys.hidden).exec()),
-          (results) => (results ?? []).reduce((sum, [, n]) => sum + Number(n ?? 0), 0)
-        ),
-        purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
-        poll: { firstMillis: 10, maxMillis: 250 },
-        sink: inLine,
-        local: { keys, redis, wake }
-      }, clock)
-      return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
-    }))
+        const mailbox = FrontEnd.make<A, R>(name, {
+          insert,
+          claim,
+          nextVisibleIn: Effect.map(
+            store(() => run("lhNextVisible", [keys.ready, keys.hidden, keys.paused, nowArg()])),
+            (result) => (result === null ? undefined : Number(result))
+          ),
+          arm: () => signal,
+          count: Effect.map(
+            store(() => redis.multi().zcard(keys.ready).zcard(keys.hidden).exec()),
+            (results) => (results ?? []).reduce((sum, [, n]) => sum + Number(n ?? 0), 0)
+          ),
+          purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
+          poll: { firstMillis: 10, maxMillis: 250 },
+          sink,
+          local: { keys, redis, wake }
+        }, clock)
+        return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
+      })
+  )
 
 /** Pauses the queue of `mailbox` (made by `make`): every process's receivers get nothing until `resume`. */
 export const pause = (

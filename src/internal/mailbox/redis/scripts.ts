@@ -1,6 +1,6 @@
 /**
  * The Redis mailbox's state changes, each one Lua script the server runs atomically (issue 46): a send, a claim,
- * an acknowledgement, a nack, an extension, the count, the purge, the next visibility. Every lease check is the
+ * a batch of acknowledgements, a nack, an extension, a lease check, the purge, the next visibility. Every lease check is the
  * receipt handle and the lease's end against the server's clock (`TIME`), never a client's — or the test's
  * `TestClock` time when one is given (`now`, the first argument; empty: the server's).
  *
@@ -98,15 +98,6 @@ local m = ARGV[4] .. ARGV[2]
 local f = redis.call('HMGET', m, 'h', 'v')
 if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or tonumber(f[2]) <= now then return 0 end`
 
-/** KEYS: hidden. ARGV: now, id, handle, message key prefix. 1: deleted; 0: the handle is stale. */
-export const acknowledge = {
-  numberOfKeys: 1,
-  lua: `${leased}
-redis.call('DEL', m)
-redis.call('ZREM', KEYS[1], ARGV[2])
-return 1`
-}
-
 /** KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms). 1: given back; 0: stale. */
 export const nack = {
   numberOfKeys: 2,
@@ -167,4 +158,26 @@ for k = 1, 2 do
   redis.call('DEL', KEYS[k])
 end
 return n`
+}
+
+/**
+ * KEYS: hidden. ARGV: now, message key prefix, then (id, handle) pairs: a batch of acknowledgements (the group
+ * commit of `driver.ts`), each checked as the lease check of the scripts above. Per pair 1: deleted; 0: its handle is stale.
+ */
+export const acknowledgeAll = {
+  numberOfKeys: 1,
+  lua: `${now}
+local out = {}
+for i = 3, #ARGV, 2 do
+  local m = ARGV[2] .. ARGV[i]
+  local f = redis.call('HMGET', m, 'h', 'v')
+  if f[1] == ARGV[i + 1] and f[1] ~= '' and tonumber(f[2]) > now then
+    redis.call('DEL', m)
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out`
 }
