@@ -3,7 +3,7 @@
  * passes (test/contract/MailboxContract.ts), on a throwaway `redis-server` (test/support/redis.ts): the same
  * behaviour as memory and SQL, under `TestClock` (the scripts take the test's time when a test gives one).
  */
-import { afterAll, beforeAll } from "@effect/vitest"
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Schema, Scope } from "effect"
 import { Redis } from "ioredis"
 import * as MailboxRedis from "../src/internal/mailbox/redis/driver.js"
@@ -39,3 +39,132 @@ mailboxContract(
     resume: (mailbox) => MailboxRedis.resume(redis, where.get(mailbox), mailbox)
   }
 )
+
+/** A mailbox of `name` on its own prefix, with a client of its own (as another process would have). */
+const mailboxOn = (client: Redis, name: string, prefix: string, maxSize?: number) =>
+  MailboxRedis.make<string, string, string>(client, {
+    name,
+    schema: Schema.String,
+    prefix,
+    ...(maxSize === undefined ? {} : { maxSize })
+  })
+
+const otherClient = Effect.acquireRelease(
+  Effect.sync(() => new Redis({ host: redis.options.host!, port: redis.options.port!, maxRetriesPerRequest: 1 })),
+  (client) => Effect.promise(() => client.quit())
+)
+
+describe("MailboxRedis beyond the contract", () => {
+  it.scopedLive(
+    "on the real clock, the server's TIME ends a lease: redelivered after 1 s, the old handle refused",
+    () =>
+      Effect.gen(function*() {
+        const mailbox = yield* mailboxOn(redis, "q", `live${++prefixes}:`)
+        yield* mailbox.send("m")
+        const [first] = yield* mailbox.receive({ visibilityTimeout: "1 second", waitTime: 0 })
+        expect(yield* mailbox.receive({ waitTime: 0 })).toEqual([])
+        // The long poll wakes on the lease's end (the server's next visibility), not on a poll of the client.
+        const [second] = yield* mailbox.receive({ waitTime: "3 seconds" })
+        expect(second!.deliveryCount).toBe(2)
+        expect((yield* Effect.flip(first!.acknowledge))._tag).toBe("ReceiptHandleExpiredError")
+        yield* second!.acknowledge
+        expect(yield* mailbox.approximateCount).toBe(0)
+      }),
+    30_000
+  )
+
+  it.scopedLive(
+    "two clients × 8 receivers over 600 messages: each acknowledged once, never two live leases",
+    () =>
+      Effect.gen(function*() {
+        const prefix = `two${++prefixes}:`
+        const a = yield* mailboxOn(redis, "q", prefix)
+        const b = yield* mailboxOn(yield* otherClient, "q", prefix)
+        const sent = new Set<string>()
+        for (let i = 0; i < 600; i++) sent.add(yield* (i % 2 === 0 ? a : b).send(`m${i}`))
+        const acked = new Map<string, number>()
+        const receiver = (mailbox: typeof a) =>
+          Effect.gen(function*() {
+            for (;;) {
+              const got = yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute", waitTime: 0 })
+              if (got.length === 0) return
+              for (const message of got) {
+                yield* message.acknowledge
+                acked.set(message.id, (acked.get(message.id) ?? 0) + 1)
+              }
+            }
+          })
+        yield* Effect.all(Array.from({ length: 16 }, (_, i) => receiver(i % 2 === 0 ? a : b)), {
+          concurrency: "unbounded"
+        })
+        expect(acked.size).toBe(600)
+        expect([...acked.values()].every((n) => n === 1)).toBe(true)
+        expect(new Set(acked.keys())).toEqual(sent)
+      }),
+    60_000
+  )
+
+  it.scoped("queue names with hash-tag braces, a key separator and unicode are queues of their own", () =>
+    Effect.gen(function*() {
+      const prefix = `names${++prefixes}:`
+      const names = ["{q}", "q}", "{", "}{", "a:ready", "q", "é", "\u{1F600}", "x".repeat(200)]
+      const boxes = yield* Effect.forEach(names, (name) => mailboxOn(redis, name, prefix))
+      yield* Effect.forEach(boxes, (box, i) => box.send(`for ${names[i]}`))
+      for (const [i, box] of boxes.entries()) {
+        const got = yield* box.receive({ maxMessages: 10 })
+        expect(got.map((m) => m.body)).toEqual([`for ${names[i]}`])
+      }
+      // Every key of a queue names one hash slot: one tag per queue.
+      const keys = yield* Effect.promise(() => redis.keys(`${prefix}*`))
+      for (const key of keys) expect(key).toMatch(new RegExp(`^${prefix}\\{[0-9a-f]+\\}:`))
+    }))
+
+  it.scoped("a 20 MB body goes through whole", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* mailboxOn(redis, "big", `big${++prefixes}:`)
+      const body = "ü".repeat(10_000_000)
+      yield* mailbox.send(body)
+      const [got] = yield* mailbox.receive()
+      expect(got!.body.length).toBe(body.length)
+      expect(got!.body === body).toBe(true)
+      yield* got!.acknowledge
+    }), 60_000)
+
+  it.scoped("a message's hash damaged by hand: typed errors, the other messages still delivered and settled", () =>
+    Effect.gen(function*() {
+      const prefix = `damage${++prefixes}:`
+      const mailbox = yield* mailboxOn(redis, "q", prefix)
+      const bad = yield* mailbox.send("not json after this")
+      yield* mailbox.send("fine")
+      const tag = `${prefix}{${Buffer.from("q").toString("hex")}}`
+      yield* Effect.promise(() => redis.hset(`${tag}:m:${bad}`, "b", "{not json"))
+      const got = yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })
+      expect(got.map((m) => m.body)).toEqual(["fine"])
+      // A lease end that is not a number: the script fails, as a typed error, not a crash.
+      yield* Effect.promise(() => redis.hset(`${tag}:m:${got[0]!.id}`, "v", "soon"))
+      const error = yield* Effect.flip(got[0]!.nack())
+      expect(error._tag).toBe("MailboxConnectionError")
+      expect(yield* mailbox.approximateCount).toBe(2)
+    }))
+
+  it.scoped("a server over maxmemory refuses sends (typed, nothing half-written) and still takes acknowledgements", () =>
+    Effect.gen(function*() {
+      const mailbox = yield* mailboxOn(redis, "q", `oom${++prefixes}:`)
+      yield* mailbox.send("before")
+      const [held] = yield* mailbox.receive({ visibilityTimeout: "1 minute" })
+      const used = Number(/used_memory:(\d+)/.exec(yield* Effect.promise(() => redis.info("memory")))![1])
+      yield* Effect.promise(() => redis.config("SET", "maxmemory-policy", "noeviction"))
+      yield* Effect.promise(() => redis.config("SET", "maxmemory", String(Math.max(1, used - 1_000_000))))
+      yield* Effect.gen(function*() {
+        const refused = yield* Effect.flip(mailbox.send("during"))
+        expect(refused._tag).toBe("MailboxConnectionError")
+        expect(String(refused.message)).toMatch(/OOM/)
+        expect(yield* mailbox.approximateCount).toBe(1)
+        // What frees memory is still taken: a worker's acknowledgement.
+        yield* held!.acknowledge
+        expect(yield* mailbox.approximateCount).toBe(0)
+      }).pipe(Effect.ensuring(Effect.promise(() => redis.config("SET", "maxmemory", "0"))))
+      yield* mailbox.send("after")
+      expect(yield* mailbox.approximateCount).toBe(1)
+    }))
+})

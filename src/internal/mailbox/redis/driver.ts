@@ -72,6 +72,7 @@ const scriptSources = {
   lhExtend: Scripts.extend,
   lhCheck: Scripts.check,
   lhNextVisible: Scripts.nextVisible,
+  lhCount: Scripts.count,
   lhPurge: Scripts.purge
 } as const
 
@@ -319,10 +320,7 @@ export const make = <A, I, R = never>(
             (result) => (result === null ? undefined : Number(result))
           ),
           arm: () => signal,
-          count: Effect.map(
-            store(() => redis.multi().zcard(keys.ready).zcard(keys.hidden).exec()),
-            (results) => (results ?? []).reduce((sum, [, n]) => sum + Number(n ?? 0), 0)
-          ),
+          count: Effect.map(store(() => run("lhCount", [keys.ready, keys.hidden])), Number),
           purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
           poll: { firstMillis: 10, maxMillis: 250 },
           sink,

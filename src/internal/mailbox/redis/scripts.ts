@@ -69,7 +69,7 @@ return id`
  */
 export const claim = {
   numberOfKeys: 3,
-  lua: `
+  lua: `#!lua flags=allow-oom
 if redis.call('EXISTS', KEYS[3]) == 1 then return {} end${now}${promote}
 local visibility = tonumber(ARGV[3])
 local out = {}
@@ -101,7 +101,8 @@ if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or tonumber(f[2]) <= now then 
 /** KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms). 1: given back; 0: stale. */
 export const nack = {
   numberOfKeys: 2,
-  lua: `${leased}
+  lua: `#!lua flags=allow-oom
+${leased}
 local delay = tonumber(ARGV[5])
 redis.call('HSET', m, 'h', '', 'v', now + delay)
 if delay == 0 then
@@ -116,7 +117,8 @@ return 1`
 /** KEYS: hidden. ARGV: now, id, handle, message key prefix, timeout (ms). The new lease end; 0: stale. */
 export const extend = {
   numberOfKeys: 1,
-  lua: `${leased}
+  lua: `#!lua flags=allow-oom
+${leased}
 local ends = now + tonumber(ARGV[5])
 redis.call('HSET', m, 'v', ends)
 redis.call('ZADD', KEYS[1], ends, ARGV[2])
@@ -126,7 +128,8 @@ return tostring(ends)`
 /** KEYS: hidden. ARGV: now, id, handle, message key prefix. 1 while the handle holds the message; 0: stale. */
 export const check = {
   numberOfKeys: 1,
-  lua: `${leased}
+  lua: `#!lua flags=allow-oom
+${leased}
 return 1`
 }
 
@@ -136,7 +139,7 @@ return 1`
  */
 export const nextVisible = {
   numberOfKeys: 3,
-  lua: `
+  lua: `#!lua flags=no-writes
 if redis.call('EXISTS', KEYS[3]) == 1 then return false end${now}
 if redis.call('ZCARD', KEYS[1]) > 0 then return 0 end
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
@@ -144,10 +147,17 @@ if #first == 0 then return false end
 return tostring(tonumber(first[2]) - now)`
 }
 
+/** KEYS: ready, hidden: the messages waiting, visible or not (read only: answered over maxmemory too). */
+export const count = {
+  numberOfKeys: 2,
+  lua: `#!lua flags=no-writes
+return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])`
+}
+
 /** KEYS: ready, hidden. ARGV: message key prefix. The messages deleted. */
 export const purge = {
   numberOfKeys: 2,
-  lua: `
+  lua: `#!lua flags=allow-oom
 local n = 0
 for k = 1, 2 do
   local ids = redis.call('ZRANGE', KEYS[k], 0, -1)
@@ -166,7 +176,8 @@ return n`
  */
 export const acknowledgeAll = {
   numberOfKeys: 1,
-  lua: `${now}
+  lua: `#!lua flags=allow-oom
+${now}
 local out = {}
 for i = 3, #ARGV, 2 do
   local m = ARGV[2] .. ARGV[i]
