@@ -3,8 +3,8 @@
  * driver's own pool sends `pg_cancel_backend` on another connection, which lands on whatever the interrupted
  * statement's connection runs next when that statement finished first (Effect-TS/effect#8068). With the
  * driver's cancel the first test failed 3 runs of 3 (bystanders' statements "canceling statement due to user
- * request"). Here the statement is left to finish: bystanders never fail, and a connection whose statement was
- * interrupted serves the next caller.
+ * request"). Here the interrupted statement's connection is retired: cancelled from a connection of its own and
+ * closed, never handed on, so bystanders never fail and the next caller does not wait for it.
  */
 import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
@@ -60,18 +60,23 @@ describe("Database.layerPg: interrupted statements", () => {
   )
 
   it.scopedLive(
-    "a statement interrupted while it runs finishes on the server; its connection then serves the next",
+    "a statement interrupted while it runs is cancelled, its connection retired: the next runs at once on a new one",
     () =>
       Effect.gen(function*() {
         const sql = yield* client(1)
-        const started = Date.now()
-        const sleeper = yield* Effect.fork(sql`SELECT pg_sleep(0.3)`)
+        const [before] = yield* sql<{ pid: number }>`SELECT pg_backend_pid() AS pid`
+        const sleeper = yield* Effect.fork(sql`SELECT pg_sleep(5)`)
         yield* Effect.sleep("50 millis")
+        const started = Date.now()
         yield* Fiber.interrupt(sleeper)
-        // The one connection: the next statement waits for the interrupted one, then runs.
-        const [row] = yield* sql<{ n: number }>`SELECT 41 + 1 AS n`
-        expect(row!.n).toBe(42)
-        expect(Date.now() - started).toBeGreaterThanOrEqual(250)
+        const [row] = yield* sql<{ pid: number }>`SELECT pg_backend_pid() AS pid`
+        expect(Date.now() - started).toBeLessThan(2_000)
+        expect(row!.pid).not.toBe(before!.pid)
+        // The retired backend is gone (cancelled, then its connection closed), not sleeping on.
+        yield* Effect.sleep("200 millis")
+        const [left] = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity
+          WHERE query = 'SELECT pg_sleep(5)' AND pid <> pg_backend_pid()`
+        expect(left!.n).toBe(0)
       }),
     30_000
   )

@@ -64,7 +64,7 @@ export const layer = (
   PgClient.layerFromPool({
     acquire: Effect.acquireRelease(
       Effect.suspend(() => {
-        const pool = new Pg.Pool({
+        const settings = {
           connectionString: config.url === undefined ? undefined : Redacted.value(config.url),
           user: config.username,
           host: config.host,
@@ -72,26 +72,36 @@ export const layer = (
           password: config.password === undefined ? undefined : Redacted.value(config.password),
           ssl: config.ssl,
           port: config.port,
-          connectionTimeoutMillis: config.connectTimeout === undefined
-            ? undefined
-            : Duration.toMillis(config.connectTimeout),
-          idleTimeoutMillis: config.idleTimeout === undefined ? undefined : Duration.toMillis(config.idleTimeout),
-          max: config.maxConnections,
-          min: config.minConnections,
-          maxLifetimeSeconds: config.connectionTTL === undefined ? undefined : Duration.toSeconds(config.connectionTTL),
           application_name: config.applicationName ?? "@effect/sql-pg",
           ...(config.types === undefined ? {} : { types: config.types })
-        })
+        }
+        const pool = retiring(
+          Pg,
+          new Pg.Pool({
+            ...settings,
+            connectionTimeoutMillis: config.connectTimeout === undefined
+              ? undefined
+              : Duration.toMillis(config.connectTimeout),
+            idleTimeoutMillis: config.idleTimeout === undefined ? undefined : Duration.toMillis(config.idleTimeout),
+            max: config.maxConnections,
+            min: config.minConnections,
+            maxLifetimeSeconds: config.connectionTTL === undefined
+              ? undefined
+              : Duration.toSeconds(config.connectionTTL)
+          }),
+          settings
+        )
         // An idle client's error (the server went away) is the pool's to handle: it drops the client.
         pool.on("error", () => undefined)
-        pool.on("connect", hideProcessId)
         return Effect.tryPromise({
           try: () => pool.query("SELECT 1"),
           catch: (cause) => cause
         }).pipe(
+          // Interruptible inside the acquisition, so the timeout can end a server that accepts and never answers.
+          Effect.interruptible,
           Effect.timeout(config.connectTimeout ?? Duration.seconds(5)),
           Effect.as(pool),
-          Effect.tapError(() => Effect.promise(() => pool.end().catch(() => undefined))),
+          Effect.tapError(() => Effect.sync(() => void pool.end().catch(() => undefined))),
           Effect.mapError((cause) => new SqlError({ cause, message: "PgClient: Failed to connect" }))
         )
       }),
@@ -101,7 +111,59 @@ export const layer = (
     ...(config.types === undefined ? {} : { types: config.types })
   })
 
-/** The driver reads `processID` to cancel; `undefined`, it does not (and node-postgres's own setter is ignored). */
-const hideProcessId = (client: Pg.PoolClient): void => {
-  Object.defineProperty(client, "processID", { configurable: true, get: () => undefined, set: () => undefined })
+/** The driver's cancel of an interrupted statement, as it sends it through the pool. */
+const driverCancel = /^SELECT pg_cancel_backend\((\d+)\)$/
+
+/**
+ * `pool`, whose connections an interrupted statement retires: the driver's cancel (`pool.query` of
+ * `pg_cancel_backend(pid)`) is answered at once and sent on a connection of its own, outside the pool (so a full
+ * pool does not hold it up), and the connection it names is closed when released rather than handed to anyone
+ * else — the cancel, however late it lands, finds only the statement it was meant for (or nothing).
+ */
+const retiring = (Pg: Drivers["Pg"], pool: Pg.Pool, settings: Pg.ClientConfig): Pg.Pool => {
+  const byProcess = new Map<number, Pg.PoolClient>()
+  const retired = new WeakSet<Pg.PoolClient>()
+  pool.on("connect", (client) => {
+    const processId = (client as { readonly processID?: number | null }).processID
+    if (typeof processId === "number") byProcess.set(processId, client)
+    // The pool sets `release` at each checkout: released while retired, the connection is closed, not kept.
+    let release: (error?: Error | boolean) => void = () => undefined
+    Object.defineProperty(client, "release", {
+      configurable: true,
+      get: () => (error?: Error | boolean) =>
+        release(error ?? (retired.has(client) ? new Error("interrupted statement: connection retired") : undefined)),
+      set: (assigned: typeof release) => {
+        release = assigned
+      }
+    })
+  })
+  pool.on("remove", (client) => {
+    const processId = (client as { readonly processID?: number | null }).processID
+    if (typeof processId === "number" && byProcess.get(processId) === client) byProcess.delete(processId)
+  })
+  const query = pool.query.bind(pool) as (...args: ReadonlyArray<unknown>) => unknown
+  Object.defineProperty(pool, "query", {
+    configurable: true,
+    value: (...args: ReadonlyArray<unknown>) => {
+      const match = typeof args[0] === "string" ? driverCancel.exec(args[0]) : null
+      const callback = args[args.length - 1]
+      if (match === null || typeof callback !== "function") return query(...args)
+      const client = byProcess.get(Number(match[1]))
+      if (client !== undefined) retired.add(client)
+      cancelAside(Pg, settings, Number(match[1]))
+      ;(callback as () => void)()
+      return undefined
+    }
+  })
+  return pool
+}
+
+/** `pg_cancel_backend(processId)` on a connection of its own, in the background; its failure is ignored. */
+const cancelAside = (Pg: Drivers["Pg"], settings: Pg.ClientConfig, processId: number): void => {
+  const client = new Pg.Client({ ...settings, connectionTimeoutMillis: 5_000, query_timeout: 5_000 })
+  client.on("error", () => undefined)
+  client.connect()
+    .then(() => client.query("SELECT pg_cancel_backend($1)", [processId]))
+    .catch(() => undefined)
+    .finally(() => void client.end().catch(() => undefined))
 }
