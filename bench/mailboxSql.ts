@@ -15,7 +15,7 @@
  * `npm run bench` runs each of these in a fresh process of its own, one round
  * per process (`system.ts`).
  */
-import { Effect, Layer, Schema } from "effect"
+import { Effect, Layer, Schema, type Scope } from "effect"
 import { Logger, makeWorkerUtils, run as graphileRun } from "graphile-worker"
 import { Mailbox, MailboxSql, MainLoop } from "leasehold"
 import { readdirSync, readFileSync } from "node:fs"
@@ -49,6 +49,7 @@ export const systems = {
   "graphile-worker batched": "postgres",
   "pg-boss best": "postgres",
   "pg-boss defaults": "postgres",
+  "leasehold Redis, ack only": "redis",
   "BullMQ Redis defaults": "redis",
   "BullMQ Redis best": "redis",
   "BullMQ on PostgreSQL": "postgres"
@@ -161,6 +162,13 @@ export const cpuMeter = (serverCpu: ServerCpu = postgresCpu) => {
 /** What a leasehold worker does per request: acknowledge only, or reply and acknowledge (one commit). */
 export type LeaseholdMode = "ack only" | "reply + ack"
 
+/** Opens a leasehold mailbox of `name` with bodies of `schema` (a backend's `make`, its store provided). */
+export type OpenMailbox<Env = never> = <A, I, R, RI>(
+  name: string,
+  schema: Schema.Schema<A, I, never>,
+  replySchema: Schema.Schema<R, RI, never> | undefined
+) => Effect.Effect<Mailbox.Mailbox<A, R>, unknown, Scope.Scope | Env>
+
 /**
  * leasehold: `jobs` requests through `concurrency` MainLoops (maxMessages 10) on a fresh table prefix. In
  * "ack only" mode the requests carry no `replyTo`, so the loop only acknowledges; in "reply + ack" mode they
@@ -174,15 +182,31 @@ export const leasehold = (
   mode: LeaseholdMode,
   serverCpu: ServerCpu = postgresCpu
 ): Effect.Effect<Throughput, unknown> =>
+  leaseholdOn<MailboxSql.Services>(
+    (name, schema, replySchema) =>
+      MailboxSql.make({ name, schema, ...(replySchema === undefined ? {} : { replySchema }), prefix }),
+    jobs,
+    concurrency,
+    mode,
+    serverCpu
+  ).pipe(Effect.provide(Layer.fresh(database)))
+
+/** `leasehold`'s round on the mailboxes `open` makes (any backend). */
+export const leaseholdOn = <Env = never>(
+  open: OpenMailbox<Env>,
+  jobs: number,
+  concurrency: number,
+  mode: LeaseholdMode,
+  serverCpu: ServerCpu
+): Effect.Effect<Throughput, unknown, Env> =>
   Effect.gen(function*() {
-    const requests = yield* MailboxSql.make({
-      name: "requests",
-      schema: MainLoop.requestSchema(Schema.Number),
-      replySchema: MainLoop.resultSchema(Schema.Number),
-      prefix
-    })
+    const requests = yield* open(
+      "requests",
+      MainLoop.requestSchema(Schema.Number),
+      MainLoop.resultSchema(Schema.Number)
+    )
     const responses = mode === "reply + ack"
-      ? yield* MailboxSql.make({ name: "responses", schema: MainLoop.resultSchema(Schema.Number), prefix })
+      ? yield* open("responses", MainLoop.resultSchema(Schema.Number), undefined)
       : undefined
     const sendOptions = responses === undefined ? undefined : { replyTo: responses.name }
     const enqueueStarted = yield* now
@@ -220,7 +244,7 @@ export const leasehold = (
       return yield* Effect.dieMessage("replies missing")
     }
     return { enqueue, process, ...cpu }
-  }).pipe(Effect.scoped, Effect.provide(Layer.merge(Layer.fresh(database), Mailbox.MailboxResolver.layer())))
+  }).pipe(Effect.scoped, Effect.provide(Mailbox.MailboxResolver.layer()))
 
 /** Polls `check` every 5 ms until it holds. */
 export const waitUntil = (check: () => Promise<boolean>): Effect.Effect<void> =>

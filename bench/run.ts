@@ -305,6 +305,7 @@ const DURABLE_SYSTEMS: ReadonlyArray<System> = [
   "leasehold SQLite, reply + ack",
   "leasehold PostgreSQL, ack only",
   "leasehold PostgreSQL, reply + ack",
+  "leasehold Redis, ack only",
   "graphile-worker defaults",
   "graphile-worker batched",
   "pg-boss best",
@@ -529,7 +530,17 @@ const durableSection = async (
     `leasehold SQLite, ack only ${fmt(sqlite)} jobs/s (target ≥ ${fmt(SQLITE_TARGET)}: ${
       target(sqlite >= SQLITE_TARGET)
     })`,
-    `reply + ack ÷ ack only, time per job: ${replyTarget("PostgreSQL")}, ${replyTarget("SQLite")}`
+    `reply + ack ÷ ack only, time per job: ${replyTarget("PostgreSQL")}, ${replyTarget("SQLite")}`,
+    ...("leasehold Redis, ack only" in runs && "BullMQ Redis best" in runs
+      ? [(() => {
+        const onRedis = processing("leasehold Redis, ack only") / processing("BullMQ Redis best")
+        return `leasehold Redis, ack only ÷ BullMQ Redis best, on one server: ${
+          onRedis.toFixed(2)
+        }× (target ≥ 2, issue ` +
+          `46: ${target(onRedis >= 2)}; Node CPU per job ${cpu("leasehold Redis, ack only", nodeCpu)} µs against ` +
+          `BullMQ's ${cpu("BullMQ Redis best", nodeCpu)} µs)`
+      })()]
+      : [])
   ]
   for (const line of targets) log(`target: ${line}`)
   const figures: DurableFigures = {

@@ -32,15 +32,19 @@
  * and its children; Redis: the process `INFO server` names) from Linux
  * `/proc`, when the server runs on this machine.
  */
-import { Cause, Effect, Option } from "effect"
+import { Cause, Effect, Option, type Schema } from "effect"
+import { Redis as IORedis } from "ioredis"
 import { MailboxSql } from "leasehold"
 import { parseArgs } from "node:util"
+// Not yet a module of the package (issue 46 goes on): the driver from the sources, bundled into this round.
+import * as MailboxRedis from "../src/internal/mailbox/redis/driver.js"
 import * as BullMQ from "./bullmq.js"
 import {
   clusterCpu,
   graphileWorker,
   isSystem,
   leasehold,
+  leaseholdOn,
   PG_BOSS_BEST,
   pgBoss,
   type System,
@@ -98,6 +102,23 @@ const round = (system: System, jobs: number, concurrency: number, prefix: string
         const [host, port] = [address.slice(0, address.lastIndexOf(":")), Number(address.split(":").pop())]
         if (host === "" || !Number.isInteger(port)) return yield* usage(`--redis must be host:port: ${address}`)
         const serverCpu = yield* Effect.promise(() => Redis.cpuAt(host, port))
+        if (system === "leasehold Redis, ack only") {
+          return yield* Effect.scoped(Effect.flatMap(
+            Effect.acquireRelease(
+              Effect.sync(() => new IORedis({ host, port })),
+              (client) => Effect.promise(() => client.quit())
+            ),
+            (client) =>
+              leaseholdOn(
+                <A, I, R, RI>(name: string, schema: Schema.Schema<A, I>, _replies?: Schema.Schema<R, RI>) =>
+                  MailboxRedis.make<A, I, R>(client, { name, schema, prefix: `${prefix}:` }),
+                jobs,
+                concurrency,
+                "ack only",
+                serverCpu
+              )
+          ))
+        }
         const settings = system === "BullMQ Redis best" ? BullMQ.REDIS_BEST : BullMQ.defaults(concurrency)
         return yield* BullMQ.onRedis({ host, port }, prefix, jobs, settings, serverCpu)
       }
