@@ -7,6 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Schema, Scope } from "effect"
 import { Redis } from "ioredis"
 import * as MailboxRedis from "../src/internal/mailbox/redis/driver.js"
+import { MailboxResolver } from "../src/Mailbox.js"
+import * as MailboxMemory from "../src/MailboxMemory.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
 import * as RedisServer from "./support/redis.js"
 
@@ -166,5 +168,62 @@ describe("MailboxRedis beyond the contract", () => {
       }).pipe(Effect.ensuring(Effect.promise(() => redis.config("SET", "maxmemory", "0"))))
       yield* mailbox.send("after")
       expect(yield* mailbox.approximateCount).toBe(1)
+    }))
+
+  it.scoped("a reply to a queue of the same server is written in the acknowledging script: full, nothing is done", () =>
+    Effect.gen(function*() {
+      const prefix = `reply${++prefixes}:`
+      const requests = yield* mailboxOn(redis, "requests", prefix)
+      const replies = yield* mailboxOn(redis, "replies", prefix, 1)
+      yield* replies.send("already here")
+      yield* requests.send("ask", { replyTo: "replies" })
+      const [request] = yield* requests.receive({ visibilityTimeout: "1 minute" })
+      const resolver = MailboxResolver.fromMailboxes(replies)
+      const full = yield* Effect.flip(
+        request!.replyAndAcknowledge("answer").pipe(Effect.provideService(MailboxResolver, resolver))
+      )
+      expect(full._tag).toBe("MailboxFullError")
+      // Nothing done: the request is still held by this delivery, the reply queue as it was.
+      expect(yield* replies.approximateCount).toBe(1)
+      const [old] = yield* replies.receive()
+      yield* old!.acknowledge
+      const id = yield* request!.replyAndAcknowledge("answer").pipe(Effect.provideService(MailboxResolver, resolver))
+      expect(yield* requests.approximateCount).toBe(0)
+      const [reply] = yield* replies.receive()
+      expect([reply!.id, reply!.body]).toEqual([id, "answer"])
+    }))
+
+  it.scoped("a reply the target's schema refuses fails SerializationError and leaves the request held", () =>
+    Effect.gen(function*() {
+      const prefix = `refuse${++prefixes}:`
+      const requests = yield* mailboxOn(redis, "requests", prefix)
+      const replies = yield* MailboxRedis.make<string, string, string>(redis, {
+        name: "replies",
+        schema: Schema.String.pipe(Schema.maxLength(3)),
+        prefix
+      })
+      yield* requests.send("ask", { replyTo: "replies" })
+      const [request] = yield* requests.receive({ visibilityTimeout: "1 minute" })
+      const error = yield* Effect.flip(
+        request!.replyAndAcknowledge("far too long").pipe(
+          Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(replies))
+        )
+      )
+      expect(error._tag).toBe("SerializationError")
+      expect(yield* replies.approximateCount).toBe(0)
+      yield* request!.acknowledge
+    }))
+
+  it.scoped("a reply to a mailbox of another store is sent, then the request acknowledged", () =>
+    Effect.gen(function*() {
+      const requests = yield* mailboxOn(redis, "requests", `elsewhere${++prefixes}:`)
+      const replies = yield* MailboxMemory.make<string>({ name: "replies" })
+      yield* requests.send("ask", { replyTo: "replies" })
+      const [request] = yield* requests.receive()
+      yield* request!.replyAndAcknowledge("answer").pipe(
+        Effect.provideService(MailboxResolver, MailboxResolver.fromMailboxes(replies))
+      )
+      expect(yield* requests.approximateCount).toBe(0)
+      expect((yield* replies.receive()).map((m) => m.body)).toEqual(["answer"])
     }))
 })

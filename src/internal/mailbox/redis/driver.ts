@@ -37,13 +37,22 @@ import {
 import { storableText } from "../../names.js"
 import * as Options_ from "../../options.js"
 import { testTime } from "../../sql/common.js"
-import { validTraceparent } from "../../tracing.js"
+import { traceparentOf, validTraceparent } from "../../tracing.js"
 import * as FrontEnd from "../frontEnd.js"
 import { Settles, type Sink } from "../settle.js"
 import { decoderOf, encoderOf, maxBodyBytesLimit } from "../sql/codec.js"
 import { GroupCommit } from "../sql/groupCommit.js"
 import { MaxSize, QueueName, validateVisibility } from "../validation.js"
 import * as Scripts from "./scripts.js"
+
+/** What a Redis mailbox carries for another mailbox's replies to it (`FrontEnd.LocalId`). */
+interface Local {
+  readonly keys: ReturnType<typeof Scripts.keysOf> & { readonly name: string }
+  readonly redis: Redis
+  readonly wake: () => void
+  readonly encode: (body: unknown) => Either.Either<string, string>
+  readonly maxSize: number | undefined
+}
 
 /** Options of `make`. */
 export interface Options<A, I> {
@@ -71,6 +80,7 @@ const scriptSources = {
   lhNack: Scripts.nack,
   lhExtend: Scripts.extend,
   lhCheck: Scripts.check,
+  lhReplyAndAcknowledge: Scripts.replyAndAcknowledge,
   lhNextVisible: Scripts.nextVisible,
   lhCount: Scripts.count,
   lhPurge: Scripts.purge
@@ -228,12 +238,54 @@ export const make = <A, I, R = never>(
           replyAndAcknowledge(
             body: R
           ): Effect.Effect<string, ReplyError | ReceiptHandleExpiredError, MailboxResolver> {
-            // A stale delivery sends no reply; between the reply and the acknowledgement the lease can still run
-            // out (then the request is redelivered and replied again: at least once, as with any other store).
-            return Effect.zipRight(
-              this.leased("lhCheck", [keys.hidden], []),
-              Effect.zipLeft(this.reply(body), this.acknowledge)
-            )
+            return Effect.gen(this, function*() {
+              const refused = FrontEnd.replyRefused(this.id, this.finalized, this.replyTo)
+              if (refused !== undefined) return yield* Effect.fail(refused)
+              const resolver = yield* MailboxResolver
+              const target = yield* resolver.resolve(Option.getOrThrow(this.replyTo))
+              const local = FrontEnd.fieldsOf(target)[FrontEnd.LocalId] as Local | undefined
+              if (local === undefined || local.redis !== redis) {
+                // Another store: the reply is sent, then the delivery acknowledged — between them the lease can
+                // run out (then the request is redelivered and replied again: at least once). A stale delivery
+                // sends none.
+                yield* this.leased("lhCheck", [keys.hidden], [])
+                const id = yield* target.send(body)
+                yield* this.acknowledge
+                return id
+              }
+              // A queue of this server: the reply and the acknowledgement in one script.
+              const encoded: Either.Either<string, string> = local.encode(body)
+              if (Either.isLeft(encoded)) {
+                return yield* Effect.fail(new SerializationError({ mailbox: local.keys.name, reason: encoded.left }))
+              }
+              const text = encoded.right
+              const traceparent = yield* Effect.withFiberRuntime<string | undefined>((fiber) =>
+                Effect.succeed(traceparentOf(fiber.currentSpan))
+              )
+              const result = yield* store(() =>
+                run("lhReplyAndAcknowledge", [
+                  keys.hidden,
+                  local.keys.ready,
+                  local.keys.hidden,
+                  local.keys.seq,
+                  nowArg(),
+                  this.id,
+                  this.receiptHandle,
+                  keys.message,
+                  local.keys.message,
+                  local.maxSize ?? 0,
+                  text,
+                  traceparent ?? ""
+                ])
+              )
+              if (result === 0) return yield* Effect.fail(expired(this.id, this.receiptHandle))
+              if (result === -1) {
+                return yield* Effect.fail(new MailboxFullError({ mailbox: local.keys.name, maxSize: local.maxSize! }))
+              }
+              this.finalized = true
+              local.wake()
+              return String(result)
+            })
           }
         }
 
@@ -324,7 +376,7 @@ export const make = <A, I, R = never>(
           purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
           poll: { firstMillis: 10, maxMillis: 250 },
           sink,
-          local: { keys, redis, wake }
+          local: { keys: { ...keys, name }, redis, wake, encode, maxSize } satisfies Local
         }, clock)
         return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
       })

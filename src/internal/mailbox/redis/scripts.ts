@@ -192,3 +192,25 @@ for i = 3, #ARGV, 2 do
 end
 return out`
 }
+
+/**
+ * KEYS: the delivery's hidden set, then the reply queue's ready, hidden and seq. ARGV: now, id, handle, message
+ * key prefix, the reply queue's message key prefix, its max size (0: none), the reply's body, its traceparent
+ * (empty: none). The reply stored and the delivery acknowledged in one step: the reply's id; 0: the handle is
+ * stale (no reply written); -1: the reply queue is full (nothing done). Both queues on one server: not yet for a
+ * cluster, whose queues' keys are in different slots.
+ */
+export const replyAndAcknowledge = {
+  numberOfKeys: 4,
+  lua: `#!lua flags=allow-oom,allow-cross-slot-keys${leased}
+local max = tonumber(ARGV[6])
+if max > 0 and redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3]) >= max then return -1 end
+local id = redis.call('INCR', KEYS[4])
+local r = ARGV[5] .. id
+redis.call('HSET', r, 'b', ARGV[7], 'e', now, 'd', 0, 'v', now, 'h', '')
+if ARGV[8] ~= '' then redis.call('HSET', r, 't', ARGV[8]) end
+redis.call('ZADD', KEYS[2], id, id)
+redis.call('DEL', m)
+redis.call('ZREM', KEYS[1], ARGV[2])
+return id`
+}
