@@ -4,7 +4,7 @@
  * behaviour as memory and SQL, under `TestClock` (the scripts take the test's time when a test gives one).
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Schema, Scope } from "effect"
+import { Effect, Exit, Fiber, Schema, Scope } from "effect"
 import { Redis } from "ioredis"
 import * as MailboxRedis from "../src/internal/mailbox/redis/driver.js"
 import { MailboxResolver } from "../src/Mailbox.js"
@@ -226,4 +226,28 @@ describe("MailboxRedis beyond the contract", () => {
       expect(yield* requests.approximateCount).toBe(0)
       expect((yield* replies.receive()).map((m) => m.body)).toEqual(["answer"])
     }))
+
+  it.scopedLive(
+    "a send of another client wakes a sleeping receiver at once (pub/sub), not at its next poll",
+    () =>
+      Effect.gen(function*() {
+        const prefix = `wake${++prefixes}:`
+        const sender = yield* mailboxOn(redis, "q", prefix)
+        const receiver = yield* mailboxOn(yield* otherClient, "q", prefix)
+        const latencies: Array<number> = []
+        for (let i = 0; i < 5; i++) {
+          const waiting = yield* Effect.fork(receiver.receive({ waitTime: "10 seconds" }))
+          // Long enough for the poll to back off to its 250 ms.
+          yield* Effect.sleep(`${700 + i * 37} millis`)
+          const sentAt = Date.now()
+          yield* sender.send(`m${i}`)
+          const [got] = yield* Fiber.join(waiting)
+          latencies.push(Date.now() - sentAt)
+          yield* got!.acknowledge
+        }
+        // By the poll alone, each would wait up to 250 ms (all five under 80 ms: about 1 chance in 300).
+        expect(Math.max(...latencies)).toBeLessThan(80)
+      }),
+    30_000
+  )
 })

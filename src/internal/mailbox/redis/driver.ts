@@ -122,6 +122,21 @@ export const make = <A, I, R = never>(
           Deferred.unsafeDone(signal, Effect.void)
           signal = Deferred.unsafeMake<void>(FiberId.none)
         }
+        // Other processes' messages: their scripts publish on the queue's wake channel. Subscribed when a receiver
+        // first sleeps (a process that only sends opens no second connection), closed with the mailbox; the
+        // bounded poll stays, for a message published while the subscription was down.
+        let subscriber: Redis | undefined
+        const listen = () => {
+          if (subscriber !== undefined) return
+          const listening = redis.duplicate()
+          subscriber = listening
+          listening.on("error", () => undefined)
+          listening.on("message", () => wake())
+          listening.subscribe(keys.wake).catch(() => undefined)
+        }
+        const unlisten = Effect.suspend(() =>
+          subscriber === undefined ? Effect.void : Effect.promise(() => subscriber!.quit().catch(() => undefined))
+        )
         const expired = (id: string, handle: string) =>
           new ReceiptHandleExpiredError({ mailbox: name, messageId: id, receiptHandle: handle })
 
@@ -204,7 +219,7 @@ export const make = <A, I, R = never>(
               onLeft: Effect.fail,
               onRight: (timeout) =>
                 Effect.tap(
-                  this.leased("lhNack", [keys.ready, keys.hidden], [Duration.toMillis(timeout)]),
+                  this.leased("lhNack", [keys.ready, keys.hidden], [Duration.toMillis(timeout), keys.wake]),
                   () =>
                     Effect.sync(() => {
                       this.finalized = true
@@ -275,7 +290,8 @@ export const make = <A, I, R = never>(
                   local.keys.message,
                   local.maxSize ?? 0,
                   text,
-                  traceparent ?? ""
+                  traceparent ?? "",
+                  local.keys.wake
                 ])
               )
               if (result === 0) return yield* Effect.fail(expired(this.id, this.receiptHandle))
@@ -306,7 +322,8 @@ export const make = <A, I, R = never>(
                 keys.message,
                 encoded.right,
                 replyTo ?? "",
-                traceparent ?? ""
+                traceparent ?? "",
+                keys.wake
               ])
             ),
             (id) => {
@@ -371,14 +388,17 @@ export const make = <A, I, R = never>(
             store(() => run("lhNextVisible", [keys.ready, keys.hidden, keys.paused, nowArg()])),
             (result) => (result === null ? undefined : Number(result))
           ),
-          arm: () => signal,
+          arm: () => {
+            listen()
+            return signal
+          },
           count: Effect.map(store(() => run("lhCount", [keys.ready, keys.hidden])), Number),
           purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
           poll: { firstMillis: 10, maxMillis: 250 },
           sink,
           local: { keys: { ...keys, name }, redis, wake, encode, maxSize } satisfies Local
         }, clock)
-        return Effect.as(Effect.addFinalizer(() => mailbox.close), mailbox)
+        return Effect.as(Effect.addFinalizer(() => Effect.zipRight(mailbox.close, unlisten)), mailbox)
       })
   )
 

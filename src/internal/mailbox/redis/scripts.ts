@@ -11,6 +11,8 @@
  *   place);
  * - `<tag>:hidden`: the delayed and leased ones, scored by when they become visible;
  * - `<tag>:paused`: present while the queue is paused;
+ * - `<tag>:wake`: the pub/sub channel a script publishes on when it makes a message visible now, which wakes
+ *   sleeping receivers of every process (a lost one is made up by their bounded poll);
  * - `<tag>:m:<id>`: a message's hash — `b` body (JSON), `e` enqueued at (ms), `d` deliveries, `v` visible at,
  *   `h` the live receipt handle (empty: none), `r` reply-to, `t` traceparent (each absent when not given).
  */
@@ -23,7 +25,9 @@ export const keysOf = (prefix: string, name: string) => {
     ready: `${tag}:ready`,
     hidden: `${tag}:hidden`,
     paused: `${tag}:paused`,
-    message: `${tag}:m:`
+    message: `${tag}:m:`,
+    /** Pub/sub: a message visible now (a send, a nack(0), a reply), for receivers of other processes. */
+    wake: `${tag}:wake`
   }
 }
 
@@ -45,7 +49,7 @@ end`
 
 /**
  * KEYS: ready, hidden, seq. ARGV: now, delay (ms), max size (0: none), message key prefix, body, reply-to (empty:
- * none), traceparent (empty: none). Returns the id, or -1 when the queue is full.
+ * none), traceparent (empty: none), the wake channel. Returns the id, or -1 when the queue is full.
  */
 export const send = {
   numberOfKeys: 3,
@@ -58,7 +62,12 @@ local delay = tonumber(ARGV[2])
 redis.call('HSET', m, 'b', ARGV[5], 'e', now, 'd', 0, 'v', now + delay, 'h', '')
 if ARGV[6] ~= '' then redis.call('HSET', m, 'r', ARGV[6]) end
 if ARGV[7] ~= '' then redis.call('HSET', m, 't', ARGV[7]) end
-if delay == 0 then redis.call('ZADD', KEYS[1], id, id) else redis.call('ZADD', KEYS[2], now + delay, id) end
+if delay == 0 then
+  redis.call('ZADD', KEYS[1], id, id)
+  redis.call('PUBLISH', ARGV[8], '')
+else
+  redis.call('ZADD', KEYS[2], now + delay, id)
+end
 return id`
 }
 
@@ -98,7 +107,10 @@ local m = ARGV[4] .. ARGV[2]
 local f = redis.call('HMGET', m, 'h', 'v')
 if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or tonumber(f[2]) <= now then return 0 end`
 
-/** KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms). 1: given back; 0: stale. */
+/**
+ * KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms), the wake channel. 1: given back; 0:
+ * stale.
+ */
 export const nack = {
   numberOfKeys: 2,
   lua: `#!lua flags=allow-oom
@@ -108,6 +120,7 @@ redis.call('HSET', m, 'h', '', 'v', now + delay)
 if delay == 0 then
   redis.call('ZREM', KEYS[2], ARGV[2])
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[2])
+  redis.call('PUBLISH', ARGV[6], '')
 else
   redis.call('ZADD', KEYS[2], now + delay, ARGV[2])
 end
@@ -196,7 +209,7 @@ return out`
 /**
  * KEYS: the delivery's hidden set, then the reply queue's ready, hidden and seq. ARGV: now, id, handle, message
  * key prefix, the reply queue's message key prefix, its max size (0: none), the reply's body, its traceparent
- * (empty: none). The reply stored and the delivery acknowledged in one step: the reply's id; 0: the handle is
+ * (empty: none), the reply queue's wake channel. The reply stored and the delivery acknowledged in one step: the reply's id; 0: the handle is
  * stale (no reply written); -1: the reply queue is full (nothing done). Both queues on one server: not yet for a
  * cluster, whose queues' keys are in different slots.
  */
@@ -210,6 +223,7 @@ local r = ARGV[5] .. id
 redis.call('HSET', r, 'b', ARGV[7], 'e', now, 'd', 0, 'v', now, 'h', '')
 if ARGV[8] ~= '' then redis.call('HSET', r, 't', ARGV[8]) end
 redis.call('ZADD', KEYS[2], id, id)
+redis.call('PUBLISH', ARGV[9], '')
 redis.call('DEL', m)
 redis.call('ZREM', KEYS[1], ARGV[2])
 return id`
