@@ -4,11 +4,13 @@
  * behaviour as memory and SQL, under `TestClock` (the scripts take the test's time when a test gives one).
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Schema, Scope } from "effect"
+import { Effect, Exit, Fiber, Option, Schema, Scope } from "effect"
 import { Redis } from "ioredis"
+import { journalOf } from "../src/internal/journal.js"
 import * as MailboxRedis from "../src/internal/mailbox/redis/driver.js"
 import { MailboxResolver } from "../src/Mailbox.js"
 import * as MailboxMemory from "../src/MailboxMemory.js"
+import { journalContract } from "./contract/JournalContract.js"
 import { mailboxContract } from "./contract/MailboxContract.js"
 import * as RedisServer from "./support/redis.js"
 
@@ -54,6 +56,17 @@ const mailboxOn = (client: Redis, name: string, prefix: string, maxSize?: number
 const otherClient = Effect.acquireRelease(
   Effect.sync(() => new Redis({ host: redis.options.host!, port: redis.options.port!, maxRetriesPerRequest: 1 })),
   (client) => Effect.promise(() => client.quit())
+)
+
+// The step journal's contract: lease-checked appends, deleted with the acknowledgement, kept with a dead letter.
+journalContract(
+  "Redis",
+  (options) =>
+    Effect.suspend(() =>
+      MailboxRedis.make<string, string, string>(redis, { ...options, schema: Schema.String, prefix: `j${++prefixes}:` })
+    ),
+  (_, message) =>
+    Effect.map(journalOf(message)!.load, (steps) => steps.length === 0 ? Option.none() : Option.some(steps))
 )
 
 describe("MailboxRedis beyond the contract", () => {

@@ -3,11 +3,14 @@
  * backend shares (`../frontEnd.ts`), so what a user sees is what memory and SQL give. Each state change is one
  * Lua script (`scripts.ts`) judged by the server's clock, guarded by the receipt handle and the lease's end.
  *
- * Not yet here (issue 46 goes on): replies written in the acknowledging script (a reply is sent, then the
- * delivery acknowledged, as memory does), dead letters and redrive, the step journal, the workers' pulse,
- * scheduling by key, browse, retention, pub/sub wake-ups across processes (other processes' sends are found by
- * the bounded poll), Redis Cluster, and a public module. Its client is the caller's (`ioredis`), held for the
- * mailbox's life.
+ * Its messages: acknowledgements group-committed (`GroupCommit`, one script call for many); a reply to a queue of
+ * the same server stored in the acknowledging script; the step journal (`internal/journal.ts`) kept beside the
+ * message, appended under its lease, deleted with the acknowledgement unless kept. Receivers of other processes
+ * are woken by pub/sub, with the front end's bounded poll behind it.
+ *
+ * Not yet here (issue 46 goes on): dead letters and redrive, the workers' pulse, scheduling by key, browse,
+ * retention, Redis Cluster (a reply crosses two queues' slots), and a public module. Its client is the caller's
+ * (`ioredis`), held for the mailbox's life.
  */
 import * as Cause from "effect/Cause"
 import * as DateTime from "effect/DateTime"
@@ -34,6 +37,7 @@ import {
   type ReplyError,
   SerializationError
 } from "../../../Mailbox.js"
+import { type DeliveryJournal, Journaled, maxSteps, type StoredStep } from "../../journal.js"
 import { storableText } from "../../names.js"
 import * as Options_ from "../../options.js"
 import { testTime } from "../../sql/common.js"
@@ -83,7 +87,10 @@ const scriptSources = {
   lhReplyAndAcknowledge: Scripts.replyAndAcknowledge,
   lhNextVisible: Scripts.nextVisible,
   lhCount: Scripts.count,
-  lhPurge: Scripts.purge
+  lhPurge: Scripts.purge,
+  lhJournalAppend: Scripts.journalAppend,
+  lhJournalTruncate: Scripts.journalTruncate,
+  lhIdentity: Scripts.identity
 } as const
 
 /** `redis` with the scripts defined (once per client: ioredis keeps them, sent by digest after the first call). */
@@ -137,13 +144,18 @@ export const make = <A, I, R = never>(
         const unlisten = Effect.suspend(() =>
           subscriber === undefined ? Effect.void : Effect.promise(() => subscriber!.quit().catch(() => undefined))
         )
+        // The store's identity (drawn once, kept in Redis under the prefix): with the queue and the message's number,
+        // a message's identity across stores, the base of its tools' idempotency keys.
+        const storeIdentity = Effect.cached(
+          store(() => run("lhIdentity", [`${prefix ?? "leasehold:"}identity`, randomUUID()]))
+        ).pipe(Effect.runSync, Effect.map(String))
         const expired = (id: string, handle: string) =>
           new ReceiptHandleExpiredError({ mailbox: name, messageId: id, receiptHandle: handle })
 
         // Acknowledgements that arrive while a batch is on its way go together in the next script call (one round
         // trip for many: a worker's settles, `settleAll`'s group).
         const settler = new GroupCommit<
-          { readonly id: string; readonly handle: string },
+          { readonly id: string; readonly handle: string; readonly keep: boolean },
           boolean,
           MailboxConnectionError
         >(
@@ -154,12 +166,13 @@ export const make = <A, I, R = never>(
                   keys.hidden,
                   nowArg(),
                   keys.message,
-                  ...items.flatMap(({ handle, id }) => [id, handle])
+                  keys.journal,
+                  ...items.flatMap(({ handle, id, keep }) => [id, handle, keep ? "1" : "0"])
                 ])
               ),
               (results) => (results as ReadonlyArray<number>).map((result) => result === 1)
             ),
-          { maxItems: 500, maxBytes: 1 << 20, sizeOf: ({ handle, id }) => id.length + handle.length },
+          { maxItems: 500, maxBytes: 1 << 20, sizeOf: ({ handle, id }) => id.length + handle.length + 1 },
           scope
         )
         /** Each acknowledgement without a reply a row of the group commit; with one, settled in line. */
@@ -168,20 +181,28 @@ export const make = <A, I, R = never>(
             if (!(message instanceof RedisMessage) || (Option.isSome(reply) && Option.isSome(message.replyTo))) {
               return false
             }
-            const start = settler.offer({ id: message.id, handle: message.receiptHandle }, (result) => {
-              if (Exit.isFailure(result)) {
-                return done(new MailboxConnectionError({ mailbox: name, cause: Cause.squash(result.cause) }), undefined)
+            const start = settler.offer(
+              { id: message.id, handle: message.receiptHandle, keep: message.kept },
+              (result) => {
+                if (Exit.isFailure(result)) {
+                  return done(
+                    new MailboxConnectionError({ mailbox: name, cause: Cause.squash(result.cause) }),
+                    undefined
+                  )
+                }
+                if (!result.value) return done(expired(message.id, message.receiptHandle), undefined)
+                message.finalized = true
+                done(undefined, undefined)
               }
-              if (!result.value) return done(expired(message.id, message.receiptHandle), undefined)
-              message.finalized = true
-              done(undefined, undefined)
-            })
+            )
             return start ?? true
           }
         }
 
         class RedisMessage implements Message<A, R> {
           finalized = false
+          /** The journal outlives the acknowledgement (the loop dead-letters the request: `DeliveryJournal.keep`). */
+          kept = false
           constructor(
             readonly id: string,
             readonly body: A,
@@ -205,12 +226,48 @@ export const make = <A, I, R = never>(
           get [Settles](): Sink {
             return sink
           }
+          /** The message's step journal (`internal/journal.ts`): appended and cut only under this delivery's lease. */
+          get [Journaled](): DeliveryJournal {
+            return {
+              identity: Effect.map(storeIdentity, (store) => `${store}.${keys.tag}.${this.id}`),
+              load: Effect.map(
+                store(() => redis.lrange(keys.journal + this.id, 0, maxSteps)),
+                (steps) =>
+                  steps.map((text): StoredStep => {
+                    const step = JSON.parse(text) as {
+                      readonly p: number
+                      readonly k: string
+                      readonly e: string
+                      readonly r?: string
+                    }
+                    return { position: step.p, key: step.k, entry: step.e, requestId: step.r }
+                  })
+              ),
+              append: (step) =>
+                this.leased("lhJournalAppend", [keys.hidden], [
+                  keys.journal,
+                  JSON.stringify({
+                    p: step.position,
+                    k: step.key,
+                    e: step.entry,
+                    ...(step.requestId === undefined ? {} : { r: step.requestId })
+                  })
+                ]),
+              truncate: (from) => this.leased("lhJournalTruncate", [keys.hidden], [keys.journal, from]),
+              keep: Effect.sync(() => {
+                this.kept = true
+              })
+            }
+          }
           get acknowledge(): Effect.Effect<void, ReceiptHandleExpiredError | MailboxConnectionError> {
-            return Effect.flatMap(settler.submit({ id: this.id, handle: this.receiptHandle }), (settled) => {
-              if (!settled) return Effect.fail(expired(this.id, this.receiptHandle))
-              this.finalized = true
-              return Effect.void
-            })
+            return Effect.flatMap(
+              settler.submit({ id: this.id, handle: this.receiptHandle, keep: this.kept }),
+              (settled) => {
+                if (!settled) return Effect.fail(expired(this.id, this.receiptHandle))
+                this.finalized = true
+                return Effect.void
+              }
+            )
           }
           nack(
             visibilityTimeout?: Duration.DurationInput
@@ -291,7 +348,9 @@ export const make = <A, I, R = never>(
                   local.maxSize ?? 0,
                   text,
                   traceparent ?? "",
-                  local.keys.wake
+                  local.keys.wake,
+                  keys.journal,
+                  this.kept ? "1" : "0"
                 ])
               )
               if (result === 0) return yield* Effect.fail(expired(this.id, this.receiptHandle))
@@ -393,7 +452,7 @@ export const make = <A, I, R = never>(
             return signal
           },
           count: Effect.map(store(() => run("lhCount", [keys.ready, keys.hidden])), Number),
-          purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message])), Number),
+          purge: Effect.map(store(() => run("lhPurge", [keys.ready, keys.hidden, keys.message, keys.journal])), Number),
           poll: { firstMillis: 10, maxMillis: 250 },
           sink,
           local: { keys: { ...keys, name }, redis, wake, encode, maxSize } satisfies Local

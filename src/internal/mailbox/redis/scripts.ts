@@ -13,6 +13,8 @@
  * - `<tag>:paused`: present while the queue is paused;
  * - `<tag>:wake`: the pub/sub channel a script publishes on when it makes a message visible now, which wakes
  *   sleeping receivers of every process (a lost one is made up by their bounded poll);
+ * - `<tag>:j:<id>`: a message's step journal, a list of steps as JSON (`p` position, `k` key, `e` entry, `r`
+ *   request id), appended only under the delivery's lease, deleted with the acknowledgement unless kept;
  * - `<tag>:m:<id>`: a message's hash — `b` body (JSON), `e` enqueued at (ms), `d` deliveries, `v` visible at,
  *   `h` the live receipt handle (empty: none), `r` reply-to, `t` traceparent (each absent when not given).
  */
@@ -21,11 +23,14 @@
 export const keysOf = (prefix: string, name: string) => {
   const tag = `${prefix}{${Buffer.from(name, "utf8").toString("hex")}}`
   return {
+    tag,
     seq: `${tag}:seq`,
     ready: `${tag}:ready`,
     hidden: `${tag}:hidden`,
     paused: `${tag}:paused`,
     message: `${tag}:m:`,
+    /** A message's step journal (a list of JSON steps), by id: `journal + id`. */
+    journal: `${tag}:j:`,
     /** Pub/sub: a message visible now (a send, a nack(0), a reply), for receivers of other processes. */
     wake: `${tag}:wake`
   }
@@ -167,7 +172,7 @@ export const count = {
 return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])`
 }
 
-/** KEYS: ready, hidden. ARGV: message key prefix. The messages deleted. */
+/** KEYS: ready, hidden. ARGV: message key prefix, journal key prefix. The messages deleted, with their journals. */
 export const purge = {
   numberOfKeys: 2,
   lua: `#!lua flags=allow-oom
@@ -175,7 +180,7 @@ local n = 0
 for k = 1, 2 do
   local ids = redis.call('ZRANGE', KEYS[k], 0, -1)
   for _, id in ipairs(ids) do
-    redis.call('DEL', ARGV[1] .. id)
+    redis.call('DEL', ARGV[1] .. id, ARGV[2] .. id)
     n = n + 1
   end
   redis.call('DEL', KEYS[k])
@@ -184,19 +189,21 @@ return n`
 }
 
 /**
- * KEYS: hidden. ARGV: now, message key prefix, then (id, handle) pairs: a batch of acknowledgements (the group
- * commit of `driver.ts`), each checked as the lease check of the scripts above. Per pair 1: deleted; 0: its handle is stale.
+ * KEYS: hidden. ARGV: now, message key prefix, journal key prefix, then (id, handle, keep) triples: a batch of
+ * acknowledgements (the group commit of `driver.ts`), each checked as the lease check of the scripts above, each
+ * message's journal deleted with it unless kept ('1'). Per triple 1: deleted; 0: its handle is stale.
  */
 export const acknowledgeAll = {
   numberOfKeys: 1,
   lua: `#!lua flags=allow-oom
 ${now}
 local out = {}
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 3 do
   local m = ARGV[2] .. ARGV[i]
   local f = redis.call('HMGET', m, 'h', 'v')
   if f[1] == ARGV[i + 1] and f[1] ~= '' and tonumber(f[2]) > now then
     redis.call('DEL', m)
+    if ARGV[i + 2] == '0' then redis.call('DEL', ARGV[3] .. ARGV[i]) end
     redis.call('ZREM', KEYS[1], ARGV[i])
     out[#out + 1] = 1
   else
@@ -209,7 +216,8 @@ return out`
 /**
  * KEYS: the delivery's hidden set, then the reply queue's ready, hidden and seq. ARGV: now, id, handle, message
  * key prefix, the reply queue's message key prefix, its max size (0: none), the reply's body, its traceparent
- * (empty: none), the reply queue's wake channel. The reply stored and the delivery acknowledged in one step: the reply's id; 0: the handle is
+ * (empty: none), the reply queue's wake channel, the delivery's journal key prefix, whether its journal is kept
+ * ('1'). The reply stored and the delivery acknowledged in one step: the reply's id; 0: the handle is
  * stale (no reply written); -1: the reply queue is full (nothing done). Both queues on one server: not yet for a
  * cluster, whose queues' keys are in different slots.
  */
@@ -225,6 +233,48 @@ if ARGV[8] ~= '' then redis.call('HSET', r, 't', ARGV[8]) end
 redis.call('ZADD', KEYS[2], id, id)
 redis.call('PUBLISH', ARGV[9], '')
 redis.call('DEL', m)
+if ARGV[11] == '0' then redis.call('DEL', ARGV[10] .. ARGV[2]) end
 redis.call('ZREM', KEYS[1], ARGV[2])
 return id`
+}
+
+/**
+ * KEYS: hidden. ARGV: now, id, handle, message key prefix, journal key prefix, the step (JSON). Appends the step to
+ * the message's journal while this delivery holds the message: 1; 0: the handle is stale (nothing written).
+ */
+export const journalAppend = {
+  numberOfKeys: 1,
+  lua: `${leased}
+redis.call('RPUSH', ARGV[5] .. ARGV[2], ARGV[6])
+return 1`
+}
+
+/**
+ * KEYS: hidden. ARGV: now, id, handle, message key prefix, journal key prefix, from position. Deletes the steps at
+ * that position and after while this delivery holds the message: 1; 0: stale (nothing changed).
+ */
+export const journalTruncate = {
+  numberOfKeys: 1,
+  lua: `#!lua flags=allow-oom
+${leased}
+local j = ARGV[5] .. ARGV[2]
+local steps = redis.call('LRANGE', j, 0, -1)
+local from = tonumber(ARGV[6])
+for i, step in ipairs(steps) do
+  if tonumber(cjson.decode(step).p) >= from then
+    if i == 1 then redis.call('DEL', j) else redis.call('LTRIM', j, 0, i - 2) end
+    return 1
+  end
+end
+return 1`
+}
+
+/** KEYS: the store's identity key. ARGV: a fresh identity. The store's identity, drawn by the first caller. */
+export const identity = {
+  numberOfKeys: 1,
+  lua: `
+local found = redis.call('GET', KEYS[1])
+if found then return found end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]`
 }
