@@ -8,8 +8,11 @@
  * message, appended under its lease, deleted with the acknowledgement unless kept. Receivers of other processes
  * are woken by pub/sub, with the front end's bounded poll behind it.
  *
+ * On a Redis Cluster each queue's keys share one slot (one hash tag); a reply to a queue of another slot is sent,
+ * then the request acknowledged (at least once), as to another store.
+ *
  * Not yet here (issue 46 goes on): dead letters and redrive, the workers' pulse, scheduling by key, browse,
- * retention, Redis Cluster (a reply crosses two queues' slots), and a public module. Its client is the caller's
+ * retention, and a public module. Its client is the caller's
  * (`ioredis`), held for the mailbox's life.
  */
 import * as Cause from "effect/Cause"
@@ -24,7 +27,7 @@ import * as Option from "effect/Option"
 import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
-import type { Redis } from "ioredis"
+import type { Cluster, Redis } from "ioredis"
 import { randomUUID } from "node:crypto"
 import {
   type InvalidParameterError,
@@ -49,10 +52,13 @@ import { GroupCommit } from "../sql/groupCommit.js"
 import { MaxSize, QueueName, validateVisibility } from "../validation.js"
 import * as Scripts from "./scripts.js"
 
+/** A server, or a Redis Cluster (a queue's keys share one hash tag: each script runs on the queue's slot). */
+export type Client = Redis | Cluster
+
 /** What a Redis mailbox carries for another mailbox's replies to it (`FrontEnd.LocalId`). */
 interface Local {
   readonly keys: ReturnType<typeof Scripts.keysOf> & { readonly name: string }
-  readonly redis: Redis
+  readonly redis: Client
   readonly wake: () => void
   readonly encode: (body: unknown) => Either.Either<string, string>
   readonly maxSize: number | undefined
@@ -94,8 +100,8 @@ const scriptSources = {
 } as const
 
 /** `redis` with the scripts defined (once per client: ioredis keeps them, sent by digest after the first call). */
-const withScripts = (redis: Redis) => {
-  const defined = redis as Redis & Partial<Record<Script, unknown>>
+const withScripts = (redis: Client) => {
+  const defined = redis as Client & Partial<Record<Script, unknown>>
   for (const [name, source] of Object.entries(scriptSources)) {
     if (defined[name as Script] === undefined) redis.defineCommand(name, source)
   }
@@ -108,7 +114,7 @@ const withScripts = (redis: Redis) => {
  * closed when the scope closes.
  */
 export const make = <A, I, R = never>(
-  redis: Redis,
+  redis: Client,
   options: Options<A, I>
 ): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
   Effect.flatMap(
@@ -132,7 +138,7 @@ export const make = <A, I, R = never>(
         // Other processes' messages: their scripts publish on the queue's wake channel. Subscribed when a receiver
         // first sleeps (a process that only sends opens no second connection), closed with the mailbox; the
         // bounded poll stays, for a message published while the subscription was down.
-        let subscriber: Redis | undefined
+        let subscriber: Client | undefined
         const listen = () => {
           if (subscriber !== undefined) return
           const listening = redis.duplicate()
@@ -316,10 +322,12 @@ export const make = <A, I, R = never>(
               const resolver = yield* MailboxResolver
               const target = yield* resolver.resolve(Option.getOrThrow(this.replyTo))
               const local = FrontEnd.fieldsOf(target)[FrontEnd.LocalId] as Local | undefined
-              if (local === undefined || local.redis !== redis) {
-                // Another store: the reply is sent, then the delivery acknowledged — between them the lease can
-                // run out (then the request is redelivered and replied again: at least once). A stale delivery
-                // sends none.
+              // One script only where both queues' keys are on one server: a cluster keeps each queue on the slot
+              // of its own tag.
+              if (local === undefined || local.redis !== redis || (redis.isCluster && local.keys.tag !== keys.tag)) {
+                // Another store, or a cluster: the reply is sent, then the delivery acknowledged — between them the
+                // lease can run out (then the request is redelivered and replied again: at least once). A stale
+                // delivery sends none.
                 yield* this.leased("lhCheck", [keys.hidden], [])
                 const id = yield* target.send(body)
                 yield* this.acknowledge
@@ -463,7 +471,7 @@ export const make = <A, I, R = never>(
 
 /** Pauses the queue of `mailbox` (made by `make`): every process's receivers get nothing until `resume`. */
 export const pause = (
-  redis: Redis,
+  redis: Client,
   prefix: string | undefined,
   name: string
 ): Effect.Effect<void, MailboxConnectionError> =>
@@ -474,7 +482,7 @@ export const pause = (
 
 /** Resumes the queue: receivers get its messages again (this process's sleeping ones at once). */
 export const resume = <A, R>(
-  redis: Redis,
+  redis: Client,
   prefix: string | undefined,
   mailbox: Mailbox<A, R>
 ): Effect.Effect<void, MailboxConnectionError> =>
