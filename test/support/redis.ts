@@ -61,13 +61,21 @@ const ensureInstalled = Effect.suspend(() => {
 /** Starts a server for the scope; fails with the reason when it cannot be installed or started. */
 export const server: Effect.Effect<Server, Error, import("effect/Scope").Scope> = Effect.suspend(() => serverWith([]))
 
-/** `server` with more of `redis-server`'s options (`--cluster-enabled yes`, say). */
-const serverWith = (extra: ReadonlyArray<string>): Effect.Effect<Server, Error, import("effect/Scope").Scope> =>
+/**
+ * `server` with more of `redis-server`'s options (`--cluster-enabled yes`, say), on `at`'s port and directory when
+ * given (a server started again over the files of one that was killed: the directory is then the caller's).
+ */
+export const serverWith = (
+  extra: ReadonlyArray<string>,
+  at?: { readonly port: number; readonly dir: string }
+): Effect.Effect<Server & { readonly dir: string }, Error, import("effect/Scope").Scope> =>
   Effect.gen(function*() {
     const version = yield* ensureInstalled
-    const port = yield* freePort
-    const dir = mkdtempSync(join(tmpdir(), "leasehold-redis-"))
-    yield* Effect.addFinalizer(() => Effect.ignore(Effect.try(() => rmSync(dir, { recursive: true, force: true }))))
+    const port = at?.port ?? (yield* freePort)
+    const dir = at?.dir ?? mkdtempSync(join(tmpdir(), "leasehold-redis-"))
+    if (at === undefined) {
+      yield* Effect.addFinalizer(() => Effect.ignore(Effect.try(() => rmSync(dir, { recursive: true, force: true }))))
+    }
     const child = yield* Effect.acquireRelease(
       Effect.sync(() =>
         spawn("redis-server", [
@@ -123,7 +131,7 @@ const serverWith = (extra: ReadonlyArray<string>): Effect.Effect<Server, Error, 
     }).pipe(
       Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error("redis-server not ready after 10 s") })
     )
-    return { host: "127.0.0.1", port, pid: child.pid!, version }
+    return { host: "127.0.0.1", port, pid: child.pid!, version, dir }
   })
 
 /**
