@@ -79,8 +79,31 @@ export interface Options<A, I> {
 const decodeOptions = Options_.decoder("MailboxRedis.make", {
   name: QueueName,
   maxSize: Schema.optionalWith(MaxSize, { exact: true }),
-  prefix: Schema.optionalWith(Schema.String, { exact: true })
+  // A Redis Cluster hashes a key by its first {…}: the queue's tag must be that, so the prefix has no braces.
+  prefix: Schema.optionalWith(
+    Options_.ruledString((value) =>
+      typeof value !== "string"
+        ? "must be a string"
+        : /[{}]/.test(value)
+        ? "may not hold { or } (a cluster hashes a key by its first {…}, which must be the queue's tag)"
+        : undefined
+    ),
+    { exact: true }
+  ),
+  // The client's own key prefix, given here from the client: the scripts build keys the client would not prefix.
+  clientKeyPrefix: Schema.optionalWith(
+    Options_.ruledString((value) =>
+      value === "" ? undefined : "must be empty: a client with ioredis' keyPrefix is not supported (give `prefix`)"
+    ),
+    { exact: true }
+  )
 })
+
+/** The `keyPrefix` a client was made with (ioredis': a server's options, or a cluster's `redisOptions`). */
+const keyPrefixOf = (redis: Client): string | undefined => {
+  const options = redis.options as { readonly keyPrefix?: string; readonly redisOptions?: { keyPrefix?: string } }
+  return options.keyPrefix ?? options.redisOptions?.keyPrefix
+}
 
 type Script = keyof typeof scriptSources
 const scriptSources = {
@@ -96,7 +119,8 @@ const scriptSources = {
   lhPurge: Scripts.purge,
   lhJournalAppend: Scripts.journalAppend,
   lhJournalTruncate: Scripts.journalTruncate,
-  lhIdentity: Scripts.identity
+  lhIdentity: Scripts.identity,
+  lhRelease: Scripts.release
 } as const
 
 /** `redis` with the scripts defined (once per client: ioredis keeps them, sent by digest after the first call). */
@@ -118,7 +142,7 @@ export const make = <A, I, R = never>(
   options: Options<A, I>
 ): Effect.Effect<Mailbox<A, R>, ParseResult.ParseError, Scope.Scope> =>
   Effect.flatMap(
-    decodeOptions(options),
+    decodeOptions({ ...options, clientKeyPrefix: keyPrefixOf(redis) }),
     ({ maxSize, name, prefix }) =>
       Effect.flatMap(Effect.zip(Effect.clock, Effect.scope), ([clock, scope]) => {
         const keys = Scripts.keysOf(prefix ?? "leasehold:", name)
@@ -152,9 +176,14 @@ export const make = <A, I, R = never>(
         )
         // The store's identity (drawn once, kept in Redis under the prefix): with the queue and the message's number,
         // a message's identity across stores, the base of its tools' idempotency keys.
-        const storeIdentity = Effect.cached(
-          store(() => run("lhIdentity", [`${prefix ?? "leasehold:"}identity`, randomUUID()]))
-        ).pipe(Effect.runSync, Effect.map(String))
+        // Kept once read; a failed read (the server away, or over maxmemory) is not kept: the next one tries again.
+        let identityRead: string | undefined
+        const storeIdentity = Effect.suspend(() =>
+          identityRead !== undefined ? Effect.succeed(identityRead) : Effect.map(
+            store(() => run("lhIdentity", [`${prefix ?? "leasehold:"}identity`, randomUUID()])),
+            (found) => (identityRead = String(found))
+          )
+        )
         const expired = (id: string, handle: string) =>
           new ReceiptHandleExpiredError({ mailbox: name, messageId: id, receiptHandle: handle })
 
@@ -236,24 +265,25 @@ export const make = <A, I, R = never>(
           get [Journaled](): DeliveryJournal {
             return {
               identity: Effect.map(storeIdentity, (store) => `${store}.${keys.tag}.${this.id}`),
+              // By position (the sorted set's score), at most maxSteps + 1.
               load: Effect.map(
-                store(() => redis.lrange(keys.journal + this.id, 0, maxSteps)),
-                (steps) =>
-                  steps.map((text): StoredStep => {
-                    const step = JSON.parse(text) as {
-                      readonly p: number
+                store(() => redis.zrange(keys.journal + this.id, 0, maxSteps)),
+                (members) =>
+                  members.map((member): StoredStep => {
+                    const space = member.indexOf(" ")
+                    const step = JSON.parse(member.slice(space + 1)) as {
                       readonly k: string
                       readonly e: string
                       readonly r?: string
                     }
-                    return { position: step.p, key: step.k, entry: step.e, requestId: step.r }
+                    return { position: Number(member.slice(0, space)), key: step.k, entry: step.e, requestId: step.r }
                   })
               ),
               append: (step) =>
                 this.leased("lhJournalAppend", [keys.hidden], [
                   keys.journal,
+                  step.position,
                   JSON.stringify({
-                    p: step.position,
                     k: step.key,
                     e: step.entry,
                     ...(step.requestId === undefined ? {} : { r: step.requestId })
@@ -401,20 +431,46 @@ export const make = <A, I, R = never>(
           )
         }
 
+        /**
+         * Messages claimed for a receive that was interrupted while its script was on its way: given back (visible
+         * again, the delivery not counted), or they would stay hidden for the whole visibility under a handle nobody
+         * holds. In the background: the receiver has gone.
+         */
+        const releaseClaimed = (rows: unknown) => {
+          const pairs = (rows as ReadonlyArray<ReadonlyArray<string | number>>).flatMap(([id, handle]) => [
+            String(id),
+            String(handle)
+          ])
+          if (pairs.length === 0) return
+          run("lhRelease", [keys.hidden, keys.ready, nowArg(), keys.message, keys.wake, ...pairs]).catch(() =>
+            undefined
+          )
+        }
+        const claimScript = (args: ReadonlyArray<string | number>) =>
+          Effect.async<unknown, MailboxConnectionError>((resume) => {
+            let interrupted = false
+            run("lhClaim", args).then(
+              (rows) => (interrupted ? releaseClaimed(rows) : resume(Effect.succeed(rows))),
+              (cause) => {
+                if (!interrupted) resume(Effect.fail(new MailboxConnectionError({ mailbox: name, cause })))
+              }
+            )
+            return Effect.sync(() => {
+              interrupted = true
+            })
+          })
         const claim: FrontEnd.Driver<A, R>["claim"] = (max, visibilityMillis) =>
           Effect.flatMap(
-            store(() =>
-              run("lhClaim", [
-                keys.ready,
-                keys.hidden,
-                keys.paused,
-                nowArg(),
-                max,
-                visibilityMillis,
-                keys.message,
-                ...Array.from({ length: max }, () => randomUUID())
-              ])
-            ),
+            claimScript([
+              keys.ready,
+              keys.hidden,
+              keys.paused,
+              nowArg(),
+              max,
+              visibilityMillis,
+              keys.message,
+              ...Array.from({ length: max }, () => randomUUID())
+            ]),
             (rows) => {
               const received: Array<Message<A, R>> = []
               const undecodable: Array<{ readonly id: string; readonly reason: string }> = []
@@ -439,10 +495,14 @@ export const make = <A, I, R = never>(
                 )
               }
               return Effect.as(
-                Effect.forEach(undecodable, ({ id, reason }) =>
-                  Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded`).pipe(
-                    Effect.annotateLogs("reason", reason)
-                  ), { discard: true }),
+                Effect.forEach(
+                  undecodable,
+                  ({ id, reason }) =>
+                    Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded`).pipe(
+                      Effect.annotateLogs("reason", reason)
+                    ),
+                  { discard: true }
+                ),
                 received
               )
             }

@@ -13,8 +13,9 @@
  * - `<tag>:paused`: present while the queue is paused;
  * - `<tag>:wake`: the pub/sub channel a script publishes on when it makes a message visible now, which wakes
  *   sleeping receivers of every process (a lost one is made up by their bounded poll);
- * - `<tag>:j:<id>`: a message's step journal, a list of steps as JSON (`p` position, `k` key, `e` entry, `r`
- *   request id), appended only under the delivery's lease, deleted with the acknowledgement unless kept;
+ * - `<tag>:j:<id>`: a message's step journal, a sorted set of steps scored by position (each member the position,
+ *   a space, and the step as JSON: `k` key, `e` entry, `r` request id), added to only under the delivery's lease,
+ *   deleted with the acknowledgement unless kept;
  * - `<tag>:m:<id>`: a message's hash — `b` body (JSON), `e` enqueued at (ms), `d` deliveries, `v` visible at,
  *   `h` the live receipt handle (empty: none), `r` reply-to, `t` traceparent (each absent when not given).
  */
@@ -106,11 +107,15 @@ end
 return out`
 }
 
-/** The lease check of the scripts below: 0 when `handle` (ARGV[3]) is not the live handle of message ARGV[2]. */
+/**
+ * The lease check of the scripts below: 0 when `handle` (ARGV[3]) is not the live handle of message ARGV[2] — a
+ * lease end that is not a number (a hash damaged by hand) is no lease, never a script error.
+ */
 const leased = `${now}
 local m = ARGV[4] .. ARGV[2]
 local f = redis.call('HMGET', m, 'h', 'v')
-if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or tonumber(f[2]) <= now then return 0 end`
+local ends = tonumber(f[2])
+if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or ends == nil or ends <= now then return 0 end`
 
 /**
  * KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms), the wake channel. 1: given back; 0:
@@ -201,7 +206,8 @@ local out = {}
 for i = 4, #ARGV, 3 do
   local m = ARGV[2] .. ARGV[i]
   local f = redis.call('HMGET', m, 'h', 'v')
-  if f[1] == ARGV[i + 1] and f[1] ~= '' and tonumber(f[2]) > now then
+  local ends = tonumber(f[2])
+  if f[1] == ARGV[i + 1] and f[1] ~= '' and ends ~= nil and ends > now then
     redis.call('DEL', m)
     if ARGV[i + 2] == '0' then redis.call('DEL', ARGV[3] .. ARGV[i]) end
     redis.call('ZREM', KEYS[1], ARGV[i])
@@ -239,40 +245,59 @@ return id`
 }
 
 /**
- * KEYS: hidden. ARGV: now, id, handle, message key prefix, journal key prefix, the step (JSON). Appends the step to
- * the message's journal while this delivery holds the message: 1; 0: the handle is stale (nothing written).
+ * KEYS: hidden. ARGV: now, id, handle, message key prefix, journal key prefix, the step's position, the step (JSON,
+ * its position first in the member so members never collide). Adds the step to the message's journal, a sorted set
+ * scored by position, while this delivery holds the message: 1; 0: the handle is stale (nothing written).
  */
 export const journalAppend = {
   numberOfKeys: 1,
   lua: `${leased}
-redis.call('RPUSH', ARGV[5] .. ARGV[2], ARGV[6])
+redis.call('ZADD', ARGV[5] .. ARGV[2], tonumber(ARGV[6]), ARGV[6] .. ' ' .. ARGV[7])
 return 1`
 }
 
 /**
  * KEYS: hidden. ARGV: now, id, handle, message key prefix, journal key prefix, from position. Deletes the steps at
- * that position and after while this delivery holds the message: 1; 0: stale (nothing changed).
+ * that position and after while this delivery holds the message (by score: no step is parsed): 1; 0: stale.
  */
 export const journalTruncate = {
   numberOfKeys: 1,
   lua: `#!lua flags=allow-oom
 ${leased}
-local j = ARGV[5] .. ARGV[2]
-local steps = redis.call('LRANGE', j, 0, -1)
-local from = tonumber(ARGV[6])
-for i, step in ipairs(steps) do
-  if tonumber(cjson.decode(step).p) >= from then
-    if i == 1 then redis.call('DEL', j) else redis.call('LTRIM', j, 0, i - 2) end
-    return 1
+redis.call('ZREMRANGEBYSCORE', ARGV[5] .. ARGV[2], tonumber(ARGV[6]), '+inf')
+return 1`
+}
+
+/**
+ * KEYS: hidden, ready. ARGV: now, message key prefix, wake channel, then (id, handle) pairs: messages a receive
+ * claimed but never had (it was interrupted while the claim was on its way), given back — visible at once, the
+ * delivery not counted — where the handle still holds them.
+ */
+export const release = {
+  numberOfKeys: 2,
+  lua: `#!lua flags=allow-oom
+${now}
+local n = 0
+for i = 4, #ARGV, 2 do
+  local m = ARGV[2] .. ARGV[i]
+  local f = redis.call('HMGET', m, 'h', 'v')
+  local ends = tonumber(f[2])
+  if f[1] == ARGV[i + 1] and f[1] ~= '' and ends ~= nil and ends > now then
+    redis.call('HSET', m, 'h', '', 'v', now)
+    redis.call('HINCRBY', m, 'd', -1)
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i])
+    n = n + 1
   end
 end
-return 1`
+if n > 0 then redis.call('PUBLISH', ARGV[3], '') end
+return n`
 }
 
 /** KEYS: the store's identity key. ARGV: a fresh identity. The store's identity, drawn by the first caller. */
 export const identity = {
   numberOfKeys: 1,
-  lua: `
+  lua: `#!lua flags=allow-oom
 local found = redis.call('GET', KEYS[1])
 if found then return found end
 redis.call('SET', KEYS[1], ARGV[1])
