@@ -4,7 +4,7 @@
  * behaviour as memory and SQL, under `TestClock` (the scripts take the test's time when a test gives one).
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Option, Schema, Scope } from "effect"
+import { Effect, Exit, Fiber, Option, Schema, Scope, TestClock } from "effect"
 import { Redis } from "ioredis"
 import { journalOf } from "../src/internal/journal.js"
 import * as MailboxRedis from "../src/internal/mailbox/redis/driver.js"
@@ -159,7 +159,29 @@ describe("MailboxRedis beyond the contract", () => {
       yield* Effect.promise(() => redis.hset(`${tag}:m:${got[0]!.id}`, "v", "soon"))
       const error = yield* Effect.flip(got[0]!.nack())
       expect(error._tag).toBe("ReceiptHandleExpiredError")
-      expect(yield* mailbox.approximateCount).toBe(2)
+      // The undecodable one was set aside as a dead letter: no longer counted.
+      expect(yield* mailbox.approximateCount).toBe(1)
+    }))
+
+  it.scoped("a body that cannot be decoded is dead-lettered with why, its journal kept: never delivered again", () =>
+    Effect.gen(function*() {
+      const prefix = `dead${++prefixes}:`
+      const mailbox = yield* mailboxOn(redis, "q", prefix)
+      const bad = yield* mailbox.send("poison")
+      const tag = `${prefix}{${Buffer.from("q").toString("hex")}}`
+      yield* Effect.promise(() => redis.zadd(`${tag}:j:${bad}`, 1, "1 {}"))
+      yield* Effect.promise(() => redis.hset(`${tag}:m:${bad}`, "b", "[1, 2"))
+      yield* mailbox.send("after")
+      expect((yield* mailbox.receive({ maxMessages: 10, visibilityTimeout: "1 minute" })).map((m) => m.body))
+        .toEqual(["after"])
+      // Past every visibility: the poison message does not come back.
+      yield* TestClock.adjust("2 hours")
+      expect((yield* mailbox.receive({ maxMessages: 10 })).map((m) => m.body)).toEqual(["after"])
+      expect(yield* Effect.promise(() => redis.zrange(`${tag}:dead`, 0, -1))).toEqual([bad])
+      const letter = yield* Effect.promise(() => redis.hgetall(`${tag}:dl:${bad}`))
+      expect(letter.b).toBe("[1, 2")
+      expect(letter.why).toMatch(/JSON/)
+      expect(yield* Effect.promise(() => redis.exists(`${tag}:m:${bad}`, `${tag}:j:${bad}`))).toBe(1)
     }))
 
   it.scoped("a server over maxmemory refuses sends (typed, nothing half-written) and still takes acknowledgements", () =>

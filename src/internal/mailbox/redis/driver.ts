@@ -11,7 +11,9 @@
  * On a Redis Cluster each queue's keys share one slot (one hash tag); a reply to a queue of another slot is sent,
  * then the request acknowledged (at least once), as to another store.
  *
- * Not yet here (issue 46 goes on): dead letters and redrive, the workers' pulse, scheduling by key, browse,
+ * A message whose body cannot be decoded is set aside as a dead letter (`scripts.ts`), with why.
+ *
+ * Not yet here (issue 46 goes on): an operator's view of the dead letters and their redrive, the workers' pulse, scheduling by key, browse,
  * retention, and a public module. Its client is the caller's
  * (`ioredis`), held for the mailbox's life.
  */
@@ -120,7 +122,8 @@ const scriptSources = {
   lhJournalAppend: Scripts.journalAppend,
   lhJournalTruncate: Scripts.journalTruncate,
   lhIdentity: Scripts.identity,
-  lhRelease: Scripts.release
+  lhRelease: Scripts.release,
+  lhDeadLetter: Scripts.deadLetter
 } as const
 
 /** `redis` with the scripts defined (once per client: ioredis keeps them, sent by digest after the first call). */
@@ -473,13 +476,13 @@ export const make = <A, I, R = never>(
             ]),
             (rows) => {
               const received: Array<Message<A, R>> = []
-              const undecodable: Array<{ readonly id: string; readonly reason: string }> = []
+              const undecodable: Array<{ readonly id: string; readonly handle: string; readonly reason: string }> = []
               for (const row of rows as ReadonlyArray<ReadonlyArray<string | number>>) {
                 const [id, handle, deliveries, text, enqueuedAt, replyTo, traceparent] = row
                 const body = decode(String(text))
                 if (Either.isLeft(body)) {
-                  // Not yet a dead letter: left leased, it comes back when its visibility ends, logged each time.
-                  undecodable.push({ id: String(id), reason: storableText(body.left, 1_000) })
+                  // Set aside as a dead letter (below): redelivered, it would come back at every visibility's end.
+                  undecodable.push({ id: String(id), handle: String(handle), reason: storableText(body.left, 1_000) })
                   continue
                 }
                 received.push(
@@ -494,14 +497,28 @@ export const make = <A, I, R = never>(
                   )
                 )
               }
+              if (undecodable.length === 0) return Effect.succeed(received)
               return Effect.as(
-                Effect.forEach(
-                  undecodable,
-                  ({ id, reason }) =>
-                    Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded`).pipe(
-                      Effect.annotateLogs("reason", reason)
-                    ),
-                  { discard: true }
+                Effect.zipRight(
+                  store(() =>
+                    run("lhDeadLetter", [
+                      keys.hidden,
+                      keys.dead,
+                      nowArg(),
+                      keys.message,
+                      keys.deadLetter,
+                      ...undecodable.flatMap(({ handle, id, reason }) => [id, handle, reason])
+                    ])
+                  ).pipe(
+                    Effect.catchAll((error) => Effect.logWarning("MailboxRedis: a dead letter not set aside", error))
+                  ),
+                  Effect.forEach(
+                    undecodable,
+                    ({ id, reason }) =>
+                      Effect.logWarning(`MailboxRedis: message ${id} of "${name}" cannot be decoded: dead-lettered`)
+                        .pipe(Effect.annotateLogs("reason", reason)),
+                    { discard: true }
+                  )
                 ),
                 received
               )

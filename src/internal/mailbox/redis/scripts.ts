@@ -16,6 +16,7 @@
  * - `<tag>:j:<id>`: a message's step journal, a sorted set of steps scored by position (each member the position,
  *   a space, and the step as JSON: `k` key, `e` entry, `r` request id), added to only under the delivery's lease,
  *   deleted with the acknowledgement unless kept;
+ * - `<tag>:dead`, `<tag>:dl:<id>`: the dead letters (messages whose body cannot be decoded), set aside with why;
  * - `<tag>:m:<id>`: a message's hash — `b` body (JSON), `e` enqueued at (ms), `d` deliveries, `v` visible at,
  *   `h` the live receipt handle (empty: none), `r` reply-to, `t` traceparent (each absent when not given).
  */
@@ -30,7 +31,11 @@ export const keysOf = (prefix: string, name: string) => {
     hidden: `${tag}:hidden`,
     paused: `${tag}:paused`,
     message: `${tag}:m:`,
-    /** A message's step journal (a list of JSON steps), by id: `journal + id`. */
+    /** The messages set aside as dead letters (a body that cannot be decoded), scored by when. */
+    dead: `${tag}:dead`,
+    /** A dead letter's hash (the message's, with `why` and `at`), by id: `deadLetter + id`. */
+    deadLetter: `${tag}:dl:`,
+    /** A message's step journal (a sorted set of steps), by id: `journal + id`. */
     journal: `${tag}:j:`,
     /** Pub/sub: a message visible now (a send, a nack(0), a reply), for receivers of other processes. */
     wake: `${tag}:wake`
@@ -302,4 +307,30 @@ local found = redis.call('GET', KEYS[1])
 if found then return found end
 redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]`
+}
+
+/**
+ * KEYS: hidden, dead. ARGV: now, message key prefix, dead letter key prefix, then (id, handle, why) triples: messages
+ * a claim took whose body cannot be decoded, set aside as dead letters (the hash moved, with why and when; the
+ * journal kept) where the handle still holds them — never delivered again, no longer counted. The ones moved.
+ */
+export const deadLetter = {
+  numberOfKeys: 2,
+  lua: `#!lua flags=allow-oom
+${now}
+local n = 0
+for i = 4, #ARGV, 3 do
+  local m = ARGV[2] .. ARGV[i]
+  local f = redis.call('HMGET', m, 'h', 'v')
+  local ends = tonumber(f[2])
+  if f[1] == ARGV[i + 1] and f[1] ~= '' and ends ~= nil and ends > now then
+    local dl = ARGV[3] .. ARGV[i]
+    redis.call('RENAME', m, dl)
+    redis.call('HSET', dl, 'why', ARGV[i + 2], 'at', now, 'h', '')
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('ZADD', KEYS[2], now, ARGV[i])
+    n = n + 1
+  end
+end
+return n`
 }
