@@ -163,6 +163,27 @@ describe("MailboxRedis beyond the contract", () => {
       expect(yield* mailbox.approximateCount).toBe(1)
     }))
 
+  it.scoped("a journal step damaged by hand (not JSON, wrong types, no position): load fails typed, never a defect", () =>
+    Effect.gen(function*() {
+      const prefix = `jdamage${++prefixes}:`
+      const mailbox = yield* mailboxOn(redis, "q", prefix)
+      yield* mailbox.send("m")
+      const [held] = yield* mailbox.receive({ visibilityTimeout: "1 minute" })
+      const journal = journalOf(held!)!
+      yield* journal.append({ position: 1, key: "1", entry: "{}", requestId: undefined })
+      const key = `${prefix}{${Buffer.from("q").toString("hex")}}:j:${held!.id}`
+      for (
+        const damaged of ["2 {not json", "3 {\"k\":1,\"e\":\"x\"}", "nospace", "x {\"k\":\"k\",\"e\":\"e\"}", "4 null"]
+      ) {
+        yield* Effect.promise(() => redis.zadd(key, 2, damaged))
+        const error = yield* Effect.flip(journal.load)
+        expect(error._tag).toBe("MailboxConnectionError")
+        yield* Effect.promise(() => redis.zrem(key, damaged))
+      }
+      expect((yield* journal.load).map((step) => step.position)).toEqual([1])
+      yield* held!.acknowledge
+    }))
+
   it.scoped("a body that cannot be decoded is dead-lettered with why, its journal kept: never delivered again", () =>
     Effect.gen(function*() {
       const prefix = `dead${++prefixes}:`

@@ -101,6 +101,24 @@ const decodeOptions = Options_.decoder("MailboxRedis.make", {
   )
 })
 
+/** A journal member (`<position> <JSON>`, `scripts.ts`) as a step; `undefined` for one that is not (a hand's). */
+const stepOf = (member: string): StoredStep | undefined => {
+  const space = member.indexOf(" ")
+  const position = Number(member.slice(0, space))
+  if (space < 1 || !Number.isSafeInteger(position)) return undefined
+  let step: { readonly k?: unknown; readonly e?: unknown; readonly r?: unknown } | null
+  try {
+    step = JSON.parse(member.slice(space + 1)) as typeof step
+  } catch {
+    return undefined
+  }
+  if (step === null || typeof step !== "object" || typeof step.k !== "string" || typeof step.e !== "string") {
+    return undefined
+  }
+  if (step.r !== undefined && typeof step.r !== "string") return undefined
+  return { position, key: step.k, entry: step.e, requestId: step.r }
+}
+
 /** The `keyPrefix` a client was made with (ioredis': a server's options, or a cluster's `redisOptions`). */
 const keyPrefixOf = (redis: Client): string | undefined => {
   const options = redis.options as { readonly keyPrefix?: string; readonly redisOptions?: { keyPrefix?: string } }
@@ -268,19 +286,22 @@ export const make = <A, I, R = never>(
           get [Journaled](): DeliveryJournal {
             return {
               identity: Effect.map(storeIdentity, (store) => `${store}.${keys.tag}.${this.id}`),
-              // By position (the sorted set's score), at most maxSteps + 1.
-              load: Effect.map(
+              // By position (the sorted set's score), at most maxSteps + 1; a member damaged by hand is the store's
+              // failure (typed, as a statement refused), never a defect.
+              load: Effect.flatMap(
                 store(() => redis.zrange(keys.journal + this.id, 0, maxSteps)),
-                (members) =>
-                  members.map((member): StoredStep => {
-                    const space = member.indexOf(" ")
-                    const step = JSON.parse(member.slice(space + 1)) as {
-                      readonly k: string
-                      readonly e: string
-                      readonly r?: string
-                    }
-                    return { position: Number(member.slice(0, space)), key: step.k, entry: step.e, requestId: step.r }
-                  })
+                (members) => {
+                  const steps = members.map(stepOf)
+                  const bad = members.find((_, index) => steps[index] === undefined)
+                  return bad === undefined
+                    ? Effect.succeed(steps as ReadonlyArray<StoredStep>)
+                    : Effect.fail(
+                      new MailboxConnectionError({
+                        mailbox: name,
+                        cause: new Error(`a journal step that is not one: ${bad.slice(0, 200)}`)
+                      })
+                    )
+                }
               ),
               append: (step) =>
                 this.leased("lhJournalAppend", [keys.hidden], [

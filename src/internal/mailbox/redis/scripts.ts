@@ -50,6 +50,17 @@ if now == nil then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end`
 
+/**
+ * Whether message hash `m` is held by `handle` now: the handle its live one and the lease not ended — a lease end
+ * that is not a number (a hash damaged by hand) is no lease, never a script error. After `now`.
+ */
+const held = `
+local function held(m, handle)
+  local f = redis.call('HMGET', m, 'h', 'v')
+  local ends = tonumber(f[2])
+  return f[1] == handle and f[1] ~= '' and ends ~= nil and ends > now
+end`
+
 /** Visible messages due by `now` moved from hidden to ready (at most 1,000 a call: a claim takes at most 10). */
 const promote = `
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
@@ -116,11 +127,9 @@ return out`
  * The lease check of the scripts below: 0 when `handle` (ARGV[3]) is not the live handle of message ARGV[2] — a
  * lease end that is not a number (a hash damaged by hand) is no lease, never a script error.
  */
-const leased = `${now}
+const leased = `${now}${held}
 local m = ARGV[4] .. ARGV[2]
-local f = redis.call('HMGET', m, 'h', 'v')
-local ends = tonumber(f[2])
-if f[1] ~= ARGV[3] or f[1] == '' or f[1] == false or ends == nil or ends <= now then return 0 end`
+if not held(m, ARGV[3]) then return 0 end`
 
 /**
  * KEYS: ready, hidden. ARGV: now, id, handle, message key prefix, delay (ms), the wake channel. 1: given back; 0:
@@ -206,13 +215,11 @@ return n`
 export const acknowledgeAll = {
   numberOfKeys: 1,
   lua: `#!lua flags=allow-oom
-${now}
+${now}${held}
 local out = {}
 for i = 4, #ARGV, 3 do
   local m = ARGV[2] .. ARGV[i]
-  local f = redis.call('HMGET', m, 'h', 'v')
-  local ends = tonumber(f[2])
-  if f[1] == ARGV[i + 1] and f[1] ~= '' and ends ~= nil and ends > now then
+  if held(m, ARGV[i + 1]) then
     redis.call('DEL', m)
     if ARGV[i + 2] == '0' then redis.call('DEL', ARGV[3] .. ARGV[i]) end
     redis.call('ZREM', KEYS[1], ARGV[i])
@@ -281,13 +288,11 @@ return 1`
 export const release = {
   numberOfKeys: 2,
   lua: `#!lua flags=allow-oom
-${now}
+${now}${held}
 local n = 0
 for i = 4, #ARGV, 2 do
   local m = ARGV[2] .. ARGV[i]
-  local f = redis.call('HMGET', m, 'h', 'v')
-  local ends = tonumber(f[2])
-  if f[1] == ARGV[i + 1] and f[1] ~= '' and ends ~= nil and ends > now then
+  if held(m, ARGV[i + 1]) then
     redis.call('HSET', m, 'h', '', 'v', now)
     redis.call('HINCRBY', m, 'd', -1)
     redis.call('ZREM', KEYS[1], ARGV[i])
@@ -317,13 +322,11 @@ return ARGV[1]`
 export const deadLetter = {
   numberOfKeys: 2,
   lua: `#!lua flags=allow-oom
-${now}
+${now}${held}
 local n = 0
 for i = 4, #ARGV, 3 do
   local m = ARGV[2] .. ARGV[i]
-  local f = redis.call('HMGET', m, 'h', 'v')
-  local ends = tonumber(f[2])
-  if f[1] == ARGV[i + 1] and f[1] ~= '' and ends ~= nil and ends > now then
+  if held(m, ARGV[i + 1]) then
     local dl = ARGV[3] .. ARGV[i]
     redis.call('RENAME', m, dl)
     redis.call('HSET', dl, 'why', ARGV[i + 2], 'at', now, 'h', '')
